@@ -1,0 +1,103 @@
+"""A real OS process for the multi-process tests: ``python -m tests.child ROLE JSON_ARGS``.
+
+It talks to the test database named by ``DATABASE_URL`` (set by the parent) and prints
+one JSON line per result on stdout. Roles that wait for a start signal poll for a file so
+that many processes start their work at the same moment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _emit(**data: Any) -> None:
+    print(json.dumps(data, default=str), flush=True)
+
+
+def _wait_for(path: str | None) -> None:
+    if not path:
+        return
+    deadline = time.monotonic() + 60
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("start signal never came")
+        time.sleep(0.005)
+
+
+def main() -> None:
+    role, args = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    import django
+
+    django.setup()
+    from zeroloss.service import ZeroLossMessageService
+
+    service = ZeroLossMessageService(instance_id=args.get("instance_id"), **args.get("overrides", {}))
+
+    if role == "persist":
+        for i in range(args["count"]):
+            service.persist_message(f"{args['prefix']}-{i}", args["queue"], {"n": i, "text": "x" * 50})
+        _emit(persisted=args["count"])
+        if args.get("hang"):
+            time.sleep(3600)
+    elif role == "claim_and_hang":
+        lease = service.mark_processing(args["message_id"])
+        _emit(token=str(lease.token) if lease else None, expires_at=lease.expires_at if lease else None)
+        time.sleep(3600)
+    elif role == "hold_and_renew":
+        leases = [service.mark_processing(m) for m in args["message_ids"]]
+        _emit(tokens={lease.message_id: str(lease.token) for lease in leases if lease})
+        end = time.monotonic() + args["seconds"]
+        while time.monotonic() < end:
+            for lease in leases:
+                if lease and not service.renew_lease(lease.message_id, lease.token):
+                    _emit(lost=lease.message_id)
+            time.sleep(args["renew_every"])
+        _emit(done=True)
+    elif role == "sweep":
+        _wait_for(args.get("start_file"))
+        requeued: list[str] = []
+        dead: list[str] = []
+        # Keep sweeping until a whole pass finds nothing, like the sweep loop does.
+        while True:
+            report = service.recover_orphaned_messages(batch_size=args.get("batch_size", 50))
+            requeued += report.requeued
+            dead += report.dead_lettered
+            if not report.total:
+                break
+        _emit(requeued=requeued, dead_lettered=dead)
+    elif role == "claim":
+        _wait_for(args.get("start_file"))
+        claims = []
+        while True:
+            leases = service.claim_next(args["queue"], limit=args.get("limit", 10))
+            if not leases:
+                break
+            claims += [[lease.message_id, str(lease.token), lease.expires_at.isoformat()] for lease in leases]
+        _emit(claims=claims)
+    elif role == "register_node":
+        node = service.register_replication_node(args["node_id"], args.get("address", ""), role=args.get("role", "node"))
+        _emit(node_id=node.node_id)
+    elif role == "list_nodes":
+        _emit(nodes=[n.node_id for n in service.get_replication_targets()])
+    elif role == "read":
+        message = service.get_message(args["message_id"])
+        lease = service.mark_processing(args["message_id"]) if args.get("claim") else None
+        _emit(
+            found=message is not None,
+            payload=message.payload if message else None,
+            status=message.status if message else None,
+            claimed=bool(lease),
+            valid=service.verify_message_integrity(args["message_id"]).valid,
+        )
+    else:
+        raise SystemExit(f"unknown role {role}")
+
+
+if __name__ == "__main__":
+    main()

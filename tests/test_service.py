@@ -1,0 +1,380 @@
+"""The ledger's transitions, in one process, against the real database of this pass."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+
+import pytest
+
+from zeroloss.exceptions import (
+    InvalidLeaseToken,
+    InvalidMessage,
+    InvalidPayload,
+    MessageConflict,
+    MessageNotFound,
+    PayloadTooLarge,
+)
+from zeroloss.models import Message, MessageEvent, PurgeRecord, Status
+from zeroloss.service import ZeroLossMessageService
+
+
+def reasons(message_id: str) -> list[str]:
+    return list(MessageEvent.objects.for_message(message_id).values_list("reason", flat=True))
+
+
+def nothing_written() -> None:
+    assert Message.objects.count() == 0
+    assert MessageEvent.objects.count() == 0
+
+
+class TestPersist:
+    def test_persist_stores_message_and_audit_row(self, service):
+        m = service.persist_message("m1", "emails", {"to": "a@example.com", "n": 1})
+        stored = Message.objects.get(message_id="m1")
+        assert m.pk == stored.pk
+        assert stored.status == Status.PENDING
+        assert stored.payload == {"to": "a@example.com", "n": 1}
+        assert stored.max_attempts == service.settings.MAX_ATTEMPTS
+        assert len(stored.checksum) == 64
+        assert stored.attempts == 0
+        event = MessageEvent.objects.get(message=stored)
+        assert (event.from_status, event.to_status, event.reason, event.actor) == ("", "pending", "persisted", "test-worker")
+        assert event.created_at == stored.created_at
+
+    def test_same_id_same_payload_is_idempotent(self, service):
+        first = service.persist_message("m1", "emails", {"a": 1, "b": [1, 2]})
+        again = service.persist_message("m1", "emails", {"b": [1, 2], "a": 1})
+        assert again.pk == first.pk
+        assert Message.objects.count() == 1
+        assert reasons("m1") == ["persisted"]
+
+    @pytest.mark.parametrize(("queue", "data"), [("emails", {"a": 2}), ("sms", {"a": 1})])
+    def test_same_id_different_content_conflicts_and_changes_nothing(self, service, queue, data):
+        service.persist_message("m1", "emails", {"a": 1})
+        before = Message.objects.values().get(message_id="m1")
+        with pytest.raises(MessageConflict, match="m1"):
+            service.persist_message("m1", queue, data)
+        assert Message.objects.values().get(message_id="m1") == before
+        assert reasons("m1") == ["persisted"]
+
+    def test_integral_floats_keep_their_checksum(self, service):
+        payload = {"big": 1e16, "neg_zero": -0.0, "small": 1.5e-7, "f": 2.5}
+        service.persist_message("floats", "q", payload)
+        assert service.verify_message_integrity("floats").valid
+
+    def test_batch_persist_is_all_or_nothing(self, service):
+        service.persist_message("taken", "q", {"v": 1})
+        with pytest.raises(MessageConflict):
+            service.persist_messages([("new-1", "q", {}), ("taken", "q", {"v": 2}), ("new-2", "q", {})])
+        assert list(Message.objects.values_list("message_id", flat=True)) == ["taken"]
+        stored = service.persist_messages([(f"b{i}", "q", {"i": i}) for i in range(1200)])
+        assert len(stored) == 1200
+        assert MessageEvent.objects.filter(reason="persisted").count() == 1201
+
+    def test_delay_makes_message_unavailable_until_then(self, service):
+        service.persist_message("later", "q", {}, delay=60)
+        assert service.mark_processing("later") is None
+        assert service.claim_next("q") == []
+
+
+class TestBadInput:
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "match"),
+        [
+            ({"data": {"x": object()}}, InvalidPayload, "not JSON-serialisable"),
+            ({"data": {"x": float("nan")}}, InvalidPayload, "not JSON-serialisable"),
+            ({"data": {"x": "a\x00b"}}, InvalidPayload, "NUL"),
+            ({"data": {"x": "y" * 300_000}}, PayloadTooLarge, "MAX_PAYLOAD_BYTES"),
+            ({"message_id": ""}, InvalidMessage, "non-empty"),
+            ({"message_id": "   "}, InvalidMessage, "non-empty"),
+            ({"message_id": "x" * 256}, InvalidMessage, "limit is 255"),
+            ({"message_id": "a\nb"}, InvalidMessage, "control"),
+            ({"message_id": 42}, InvalidMessage, "non-empty string"),
+            ({"queue_name": ""}, InvalidMessage, "queue_name"),
+            ({"queue_name": "q" * 101}, InvalidMessage, "limit is 100"),
+            ({"queue_name": "has space"}, InvalidMessage, "may only use"),
+            ({"max_attempts": 0}, InvalidMessage, "max_attempts"),
+            ({"max_attempts": True}, InvalidMessage, "max_attempts"),
+            ({"max_attempts": "3"}, InvalidMessage, "max_attempts"),
+        ],
+    )
+    def test_rejected_and_nothing_written(self, service, kwargs, error, match):
+        call = {"message_id": "m1", "queue_name": "emails", "data": {"ok": True}, **kwargs}
+        with pytest.raises(error, match=match):
+            service.persist_message(call["message_id"], call["queue_name"], call["data"], call.get("max_attempts"))
+        nothing_written()
+
+    def test_bad_delay(self, service):
+        with pytest.raises(InvalidMessage, match="delay"):
+            service.persist_message("m1", "q", {}, delay=-1)
+        nothing_written()
+
+    def test_malformed_token_raises_and_wrong_token_is_false(self, service):
+        service.persist_message("m1", "q", {})
+        lease = service.mark_processing("m1")
+        with pytest.raises(InvalidLeaseToken):
+            service.acknowledge_message("m1", "not-a-uuid")
+        with pytest.raises(InvalidLeaseToken):
+            service.renew_lease("m1", None)  # type: ignore[arg-type]
+        assert service.acknowledge_message("m1", uuid.uuid4()) is False
+        assert service.renew_lease("m1", uuid.uuid4()) is False
+        assert service.mark_failed("m1", uuid.uuid4(), "x") is False
+        assert Message.objects.get().status == Status.PROCESSING
+        assert service.acknowledge_message("m1", str(lease.token)) is True
+
+    def test_unknown_ids(self, service):
+        assert service.mark_processing("nope") is None
+        assert service.acknowledge_message("nope", uuid.uuid4()) is False
+        assert service.get_message("nope") is None
+        report = service.verify_message_integrity("nope")
+        assert not report.valid and "not found" in report.issues[0]
+        with pytest.raises(MessageNotFound):
+            service.retry_message("nope")
+        nothing_written()
+
+    def test_bad_claim_limit(self, service):
+        with pytest.raises(InvalidMessage, match="limit"):
+            service.claim_next("q", limit=0)
+
+    def test_unknown_setting_override(self, db):
+        from django.core.exceptions import ImproperlyConfigured
+
+        with pytest.raises(ImproperlyConfigured, match="ACK_TIMEOUTT"):
+            ZeroLossMessageService(ack_timeoutt=3)
+        with pytest.raises(ImproperlyConfigured, match="ACK_TIMEOUT"):
+            ZeroLossMessageService(ack_timeout=-1)
+
+
+class TestLeases:
+    def test_claim_sets_lease_from_database_clock(self, service):
+        service.persist_message("m1", "q", {"k": "v"})
+        before = service.database_now()
+        lease = service.mark_processing("m1")
+        after = service.database_now()
+        assert lease and lease.attempt == 1 and lease.payload == {"k": "v"} and lease.queue_name == "q"
+        ack = dt.timedelta(seconds=service.settings.ACK_TIMEOUT)
+        assert before + ack - dt.timedelta(milliseconds=5) <= lease.expires_at <= after + ack + dt.timedelta(milliseconds=5)
+        m = Message.objects.get()
+        assert (m.status, m.attempts, m.lease_token, m.claimed_by) == ("processing", 1, lease.token, "test-worker")
+        assert service.mark_processing("m1") is None  # already claimed
+
+    def test_claim_next_oldest_first_and_limit(self, service):
+        for i in range(5):
+            service.persist_message(f"m{i}", "q", {"i": i})
+        service.persist_message("other", "elsewhere", {})
+        leases = service.claim_next("q", limit=3)
+        assert [lease.message_id for lease in leases] == ["m0", "m1", "m2"]
+        assert len({lease.token for lease in leases}) == 3
+        assert [lease.message_id for lease in service.claim_next("q", limit=10)] == ["m3", "m4"]
+        assert service.claim_next("q") == []
+
+    def test_acknowledge_completes_once(self, service):
+        service.persist_message("m1", "q", {})
+        lease = service.mark_processing("m1")
+        assert service.acknowledge_message("m1", lease.token)
+        assert service.acknowledge_message("m1", lease.token) is False
+        m = Message.objects.get()
+        assert m.status == Status.COMPLETED and m.completed_at and m.lease_token is None
+        assert reasons("m1") == ["persisted", "claimed", "acknowledged"]
+
+    def test_renew_extends_and_expired_lease_cannot_renew_or_ack(self, db):
+        service = ZeroLossMessageService(ack_timeout=0.3)
+        service.persist_message("m1", "q", {})
+        lease = service.mark_processing("m1")
+        time.sleep(0.2)
+        assert service.renew_lease("m1", lease.token)
+        new_expiry = Message.objects.get().lease_expires_at
+        assert new_expiry > lease.expires_at
+        time.sleep(0.35)
+        assert service.renew_lease("m1", lease.token) is False
+        assert service.acknowledge_message("m1", lease.token) is False
+        assert Message.objects.get().status == Status.PROCESSING
+
+    def test_fencing_stale_holder_refused_new_holder_accepted(self, db):
+        slow = ZeroLossMessageService(ack_timeout=0.2, instance_id="slow")
+        fast = ZeroLossMessageService(instance_id="fast")
+        slow.persist_message("m1", "q", {})
+        stale = slow.mark_processing("m1")
+        time.sleep(0.25)
+        assert fast.recover_orphaned_messages().requeued == ["m1"]
+        fresh = fast.mark_processing("m1")
+        assert fresh and fresh.attempt == 2 and fresh.token != stale.token
+        assert slow.acknowledge_message("m1", stale.token) is False
+        assert slow.mark_failed("m1", stale.token, "late") is False
+        assert fast.acknowledge_message("m1", fresh.token) is True
+        m = Message.objects.get()
+        assert m.status == Status.COMPLETED and m.claimed_by == "fast"
+
+
+class TestFailures:
+    def test_failure_backs_off_then_dead_letters(self, db):
+        service = ZeroLossMessageService(max_attempts=2, retry_backoff={"BASE": 0.2, "MAX": 1})
+        service.persist_message("m1", "q", {})
+        lease = service.mark_processing("m1")
+        assert service.mark_failed("m1", lease.token, "boom 1")
+        m = Message.objects.get()
+        assert (m.status, m.last_error, m.lease_token) == ("pending", "boom 1", None)
+        assert service.mark_processing("m1") is None  # backing off
+        time.sleep(0.25)
+        lease = service.mark_processing("m1")
+        assert lease and lease.attempt == 2
+        assert service.mark_failed("m1", lease.token, "boom 2")
+        m = Message.objects.get()
+        assert (m.status, m.attempts, m.last_error) == ("dead", 2, "boom 2") and m.dead_at
+        assert reasons("m1") == ["persisted", "claimed", "failed", "claimed", "dead_lettered"]
+        events = MessageEvent.objects.for_message("m1")
+        assert events.last().detail == "boom 2"
+
+    def test_backoff_formula(self):
+        from zeroloss.conf import RetryBackoff
+
+        b = RetryBackoff(BASE=1, MAX=300)
+        assert [b.delay_for(n) for n in (1, 2, 3, 9, 10, 500)] == [1, 2, 4, 256, 300, 300]
+
+
+class TestSweep:
+    def test_expired_lease_requeued_exactly_once_and_renewed_one_untouched(self, db):
+        short = ZeroLossMessageService(ack_timeout=0.2, instance_id="short")
+        long = ZeroLossMessageService(ack_timeout=30, instance_id="long")
+        for mid in ("orphan", "alive"):
+            short.persist_message(mid, "q", {})
+        short.mark_processing("orphan")
+        long.mark_processing("alive")
+        time.sleep(0.25)
+        report = long.recover_orphaned_messages()
+        assert report.requeued == ["orphan"] and report.dead_lettered == []
+        assert long.recover_orphaned_messages().total == 0
+        assert reasons("orphan").count("lease_expired") == 1
+        orphan = Message.objects.get(message_id="orphan")
+        assert orphan.status == "pending" and orphan.lease_token is None and "short" in orphan.last_error
+        assert Message.objects.get(message_id="alive").status == "processing"
+        event = MessageEvent.objects.for_message("orphan").last()
+        assert event.actor == "sweep@long" and event.from_status == "processing"
+
+    def test_spent_attempts_are_dead_lettered(self, db):
+        service = ZeroLossMessageService(ack_timeout=0.1, max_attempts=1)
+        service.persist_message("m1", "q", {})
+        service.mark_processing("m1")
+        time.sleep(0.15)
+        report = service.recover_orphaned_messages()
+        assert report.dead_lettered == ["m1"] and report.requeued == []
+        assert Message.objects.get().status == Status.DEAD
+        assert reasons("m1")[-1] == "dead_lettered"
+
+    def test_batches_and_limit(self, db):
+        service = ZeroLossMessageService(ack_timeout=0.1)
+        service.persist_messages([(f"m{i}", "q", {}) for i in range(25)])
+        assert len(service.claim_next("q", limit=25)) == 25
+        time.sleep(0.15)
+        report = service.recover_orphaned_messages(batch_size=10, limit=15)
+        assert len(report.requeued) == 15
+        report = service.recover_orphaned_messages(batch_size=4)
+        assert len(report.requeued) == 10 and report.batches == 3
+        assert MessageEvent.objects.filter(reason="lease_expired").count() == 25
+
+
+class TestOperator:
+    def test_redrive_dead_letter(self, db):
+        service = ZeroLossMessageService(max_attempts=1)
+        service.persist_message("m1", "q", {})
+        service.mark_failed("m1", service.mark_processing("m1").token, "bad")
+        assert service.retry_message("m1", actor="alice") is True
+        m = Message.objects.get()
+        assert (m.status, m.attempts, m.dead_at) == ("pending", 0, None)
+        last = MessageEvent.objects.for_message("m1").last()
+        assert (last.reason, last.actor, last.from_status) == ("redriven_by_operator", "alice", "dead")
+        assert service.retry_message("m1") is False  # pending: nothing to do
+
+    def test_requeue_live_lease_needs_force_and_fences_worker(self, service):
+        service.persist_message("m1", "q", {})
+        lease = service.mark_processing("m1")
+        assert service.requeue_messages(["m1"], actor="bob") == []
+        assert service.requeue_messages(["m1"], actor="bob", force=True) == ["m1"]
+        assert service.acknowledge_message("m1", lease.token) is False
+        last = MessageEvent.objects.for_message("m1").last()
+        assert (last.reason, last.actor, last.detail) == ("requeued_by_operator", "bob", "live lease revoked")
+
+    def test_dead_letter_by_hand_requires_reason(self, service):
+        service.persist_message("m1", "q", {})
+        with pytest.raises(InvalidMessage, match="reason"):
+            service.dead_letter_messages(["m1"], reason=" ")
+        assert service.dead_letter_messages(["m1"], reason="poison: 50% off", actor="carol") == ["m1"]
+        m = Message.objects.get()
+        assert (m.status, m.last_error) == ("dead", "poison: 50% off")
+        assert MessageEvent.objects.for_message("m1").last().reason == "dead_lettered_by_operator"
+
+    def test_purge_counts_what_it_deletes(self, db):
+        service = ZeroLossMessageService()
+        service.persist_messages([(f"m{i}", "q" if i % 2 else "r", {}) for i in range(6)])
+        for lease in service.claim_next("q", 10) + service.claim_next("r", 10):
+            service.acknowledge_message(lease.message_id, lease.token)
+        assert service.cleanup_completed_messages(older_than=3600) == 0
+        time.sleep(0.05)
+        assert service.purge_messages(status="completed", older_than=0, batch_size=4) == 6
+        assert Message.objects.count() == 0 and MessageEvent.objects.count() == 0
+        assert sum(PurgeRecord.objects.values_list("count", flat=True)) == 6
+        with pytest.raises(InvalidMessage):
+            service.purge_messages(status="pending", older_than=0)
+
+
+class TestIntegrityAndStats:
+    def test_integrity_reports_each_problem(self, db):
+        service = ZeroLossMessageService(ack_timeout=0.1)
+        service.persist_message("ok", "q", {"v": 1})
+        assert service.verify_message_integrity("ok").valid
+        service.persist_message("tampered", "q", {"v": 1})
+        Message.objects.filter(message_id="tampered").update(payload={"v": 2})
+        report = service.verify_message_integrity("tampered")
+        assert not report.valid and report.issues[0].startswith("Checksum mismatch")
+        service.persist_message("stuck", "q", {})
+        service.mark_processing("stuck")
+        time.sleep(0.15)
+        assert service.verify_message_integrity("stuck").issues[0].startswith("Stuck in processing")
+        Message.objects.filter(message_id="ok").update(attempts=9, max_attempts=3)
+        assert service.verify_message_integrity("ok").issues == ["Attempts beyond max: 9/3"]
+
+    def test_replication_below_factor_is_reported_from_measurement(self, db):
+        service = ZeroLossMessageService(replication_factor=3)
+        service.register_replication_node("configured-1")
+        service.register_replication_node("configured-2")
+        service.persist_message("m1", "q", {})
+        report = service.verify_message_integrity("m1")
+        assert not report.valid
+        assert report.replication.confirmed == 1 and report.replication.required == 3
+        assert "Insufficient replication: 1/3" in report.issues[0]
+
+    def test_stats(self, db):
+        service = ZeroLossMessageService(ack_timeout=0.1)
+        service.persist_messages([("a", "q1", {}), ("b", "q1", {}), ("c", "q2", {})])
+        service.mark_processing("a")
+        time.sleep(0.15)
+        stats = service.get_stats()
+        assert stats.by_queue["q1"] == {"pending": 1, "processing": 1, "completed": 0, "dead": 0}
+        assert stats.totals["pending"] == 2 and stats.expired_leases == 1
+        assert stats.oldest_pending_age is not None and stats.oldest_pending_age > 0.1
+
+
+class TestNodes:
+    def test_register_is_idempotent_upsert(self, service):
+        service.register_replication_node("n2", "10.0.0.2:5432")
+        service.register_replication_node("n1", "10.0.0.1:5432", metadata={"zone": "a"})
+        node = service.register_replication_node("n1", "10.0.0.9:5432", role="standby")
+        assert node.address == "10.0.0.9:5432" and node.role == "standby"
+        assert [n.node_id for n in service.get_replication_targets()] == ["n1"]  # factor 1
+        wide = ZeroLossMessageService(replication_factor=3)
+        assert [n.node_id for n in wide.get_replication_targets()] == ["n1", "n2"]
+        assert service.unregister_replication_node("n1") is True
+        assert service.unregister_replication_node("n1") is False
+
+    @pytest.mark.parametrize(
+        "kwargs", [{"node_id": ""}, {"node_id": "n", "role": "boss"}, {"node_id": "n", "metadata": []}]
+    )
+    def test_bad_node_input(self, service, kwargs):
+        from zeroloss.models import ReplicationNode
+
+        node_id = kwargs.pop("node_id")
+        with pytest.raises(InvalidMessage):
+            service.register_replication_node(node_id, **kwargs)
+        assert ReplicationNode.objects.count() == 0

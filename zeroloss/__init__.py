@@ -1,0 +1,40 @@
+"""zeroloss: a durable, leased, audited message ledger for Django and Celery.
+
+The public API is re-exported lazily so that importing ``zeroloss`` never touches Django's
+app registry (safe in settings modules and Celery config).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Lease",
+    "RecoveryReport",
+    "ZeroLossMessageService",
+    "handler",
+    "send",
+]
+
+if TYPE_CHECKING:
+    from .handlers import handler
+    from .service import Lease, RecoveryReport, ZeroLossMessageService
+    from .transport import send
+
+
+def __getattr__(name: str) -> Any:
+    if name in {"Lease", "RecoveryReport", "ZeroLossMessageService"}:
+        from . import service
+
+        return getattr(service, name)
+    if name == "handler":
+        from .handlers import handler
+
+        return handler
+    if name == "send":
+        from .transport import send
+
+        return send
+    raise AttributeError(f"module 'zeroloss' has no attribute {name!r}")

@@ -1,0 +1,145 @@
+"""System checks with stable ids. Errors stop ``manage.py check``; warnings name a risk.
+
+| id              | meaning |
+| --------------- | ------- |
+| zeroloss.E001   | ``ZEROLOSS`` is not a dict |
+| zeroloss.E002   | unknown key in ``ZEROLOSS`` |
+| zeroloss.E003   | invalid value in ``ZEROLOSS`` |
+| zeroloss.E004   | the database is neither PostgreSQL nor SQLite |
+| zeroloss.E010   | ``PERSISTENCE_LEVEL = "replicated"`` on a database that cannot replicate |
+| zeroloss.W001   | ``SWEEP_INTERVAL`` is longer than ``ACK_TIMEOUT`` |
+| zeroloss.W002   | heartbeat interval is not shorter than ``ACK_TIMEOUT`` |
+| zeroloss.W003   | SQLite without ``transaction_mode = "IMMEDIATE"`` |
+| zeroloss.W010   | fewer streaming standbys than ``REPLICATION_FACTOR - 1`` (``check --database``) |
+| zeroloss.W011   | ``REPLICATION_FACTOR > 1`` on a database that cannot replicate |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from .conf import SettingError, ZeroLossSettings, parse_settings
+
+
+def _settings() -> tuple[ZeroLossSettings | None, list[CheckMessage]]:
+    try:
+        return parse_settings(getattr(settings, "ZEROLOSS", None)), []
+    except SettingError as exc:
+        return None, [Error(str(exc), hint=exc.hint, obj="settings.ZEROLOSS", id=exc.check_id)]
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    cfg, errors = _settings()
+    if cfg is None:
+        return errors
+    messages: list[CheckMessage] = []
+    if cfg.SWEEP_INTERVAL > cfg.ACK_TIMEOUT:
+        messages.append(
+            Warning(
+                f"SWEEP_INTERVAL ({cfg.SWEEP_INTERVAL:g}s) is longer than ACK_TIMEOUT ({cfg.ACK_TIMEOUT:g}s): "
+                "orphaned messages wait up to a whole sweep interval after their lease expired.",
+                hint="Set ZEROLOSS['SWEEP_INTERVAL'] to at most ACK_TIMEOUT (a third of it is a good start).",
+                obj="settings.ZEROLOSS",
+                id="zeroloss.W001",
+            )
+        )
+    if cfg.heartbeat_interval >= cfg.ACK_TIMEOUT:
+        messages.append(
+            Warning(
+                f"The heartbeat interval ({cfg.heartbeat_interval:g}s) is not shorter than ACK_TIMEOUT "
+                f"({cfg.ACK_TIMEOUT:g}s): live workers will lose their leases.",
+                hint="Leave HEARTBEAT_INTERVAL unset (ACK_TIMEOUT / 3) or make it well below ACK_TIMEOUT.",
+                obj="settings.ZEROLOSS",
+                id="zeroloss.W002",
+            )
+        )
+    return messages
+
+
+def _aliases(databases: Iterable[str] | None) -> list[str]:
+    return list(databases) if databases else [DEFAULT_DB_ALIAS]
+
+
+@register(Tags.database)
+def check_database(app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """Checks that need to talk to the database (``manage.py check --database default``)."""
+    cfg, _ = _settings()
+    if cfg is None or not databases:
+        return []
+    from .replication import requirement
+    from .service import ZeroLossMessageService
+
+    messages: list[CheckMessage] = []
+    for alias in databases:
+        if connections[alias].vendor != "postgresql" or cfg.REPLICATION_FACTOR == 1:
+            continue
+        req = requirement(ZeroLossMessageService(using=alias))
+        if not req.ok:
+            messages.append(
+                Warning(
+                    f"Database {alias!r}: {' '.join(req.problems)}",
+                    hint="Attach streaming standbys (docs/replication.md) or lower REPLICATION_FACTOR.",
+                    obj="settings.ZEROLOSS",
+                    id="zeroloss.W010",
+                )
+            )
+    return messages
+
+
+@register()
+def check_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Checks that only need the configured backend, not a connection."""
+    cfg, _ = _settings()
+    messages: list[CheckMessage] = []
+    for alias in _aliases(None):
+        if alias not in settings.DATABASES:
+            continue
+        conn = connections[alias]
+        if conn.vendor not in ("postgresql", "sqlite"):
+            messages.append(
+                Error(
+                    f"Database {alias!r} is {conn.vendor}; zeroloss supports PostgreSQL and SQLite.",
+                    obj="settings.DATABASES",
+                    id="zeroloss.E004",
+                )
+            )
+            continue
+        if conn.vendor == "sqlite":
+            mode = (conn.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
+            if str(mode).upper() != "IMMEDIATE":
+                messages.append(
+                    Warning(
+                        f"SQLite database {alias!r} does not use transaction_mode='IMMEDIATE': concurrent "
+                        "worker processes may fail with 'database is locked'.",
+                        hint='Add "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30} to the database.',
+                        obj="settings.DATABASES",
+                        id="zeroloss.W003",
+                    )
+                )
+            if cfg is not None and cfg.PERSISTENCE_LEVEL == "replicated":
+                messages.append(
+                    Error(
+                        f"PERSISTENCE_LEVEL is 'replicated' but database {alias!r} is SQLite, which cannot "
+                        "replicate: every persist would fail with ReplicationTimeout.",
+                        hint="Use PostgreSQL with streaming standbys, or PERSISTENCE_LEVEL='durable'.",
+                        obj="settings.ZEROLOSS",
+                        id="zeroloss.E010",
+                    )
+                )
+            elif cfg is not None and cfg.REPLICATION_FACTOR > 1:
+                messages.append(
+                    Warning(
+                        f"REPLICATION_FACTOR is {cfg.REPLICATION_FACTOR} but database {alias!r} is SQLite, which "
+                        "keeps one copy: integrity checks will report insufficient replication.",
+                        hint="Use PostgreSQL with streaming standbys, or REPLICATION_FACTOR=1.",
+                        obj="settings.ZEROLOSS",
+                        id="zeroloss.W011",
+                    )
+                )
+    return messages

@@ -1,0 +1,175 @@
+"""The ``ZEROLOSS`` setting: one typed object whose attributes are the defaults.
+
+Projects set a dict in their Django settings::
+
+    ZEROLOSS = {"ACK_TIMEOUT": 30, "MAX_ATTEMPTS": 5}
+
+:func:`get_settings` validates it and returns a frozen :class:`ZeroLossSettings`.
+Invalid values raise :class:`~django.core.exceptions.ImproperlyConfigured` at use and
+are reported by ``manage.py check`` with stable ids (see :mod:`zeroloss.checks`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+PERSISTENCE_LEVELS = ("durable", "replicated")
+
+
+@dataclass(frozen=True)
+class RetryBackoff:
+    """Exponential backoff after a failed attempt: ``min(BASE * 2 ** (attempt - 1), MAX)`` seconds."""
+
+    BASE: float = 1.0
+    MAX: float = 300.0
+
+    def delay_for(self, attempt: int) -> float:
+        # Cap the exponent so a large attempt count cannot overflow a float.
+        return float(min(self.BASE * (2 ** min(max(attempt - 1, 0), 60)), self.MAX))
+
+
+@dataclass(frozen=True)
+class ZeroLossSettings:
+    """Every zeroloss setting, with its default. Units are seconds unless named otherwise."""
+
+    #: Lease length. A worker that does not acknowledge or renew within it loses the message.
+    ACK_TIMEOUT: float = 5.0
+    #: How often a worker renews its lease while a handler runs (default: ACK_TIMEOUT / 3).
+    HEARTBEAT_INTERVAL: float | None = None
+    #: Attempts (claims) before a message is dead-lettered.
+    MAX_ATTEMPTS: int = 5
+    #: Delay before a failed message becomes claimable again.
+    RETRY_BACKOFF: RetryBackoff = field(default_factory=RetryBackoff)
+    #: "durable" (committed on the primary) or "replicated" (also confirmed by standbys).
+    PERSISTENCE_LEVEL: str = "durable"
+    #: Copies a message must have, the primary included.
+    REPLICATION_FACTOR: int = 1
+    #: How long "replicated" persistence waits for standbys before raising ReplicationTimeout.
+    REPLICATION_TIMEOUT: float = 5.0
+    #: A replication node not seen for this long counts as down.
+    NODE_TTL: float = 30.0
+    #: How often the recovery sweep runs (beat task, sweep loop, built-in worker).
+    SWEEP_INTERVAL: float = 2.0
+    #: Messages one sweep transaction moves at most.
+    SWEEP_BATCH_SIZE: int = 1000
+    #: A pending message not claimed for this long is published to the broker again.
+    REDISPATCH_AFTER: float = 30.0
+    #: Completed messages older than this are purged by ``cleanup_completed_messages``.
+    COMPLETED_RETENTION: float = 7 * 24 * 3600.0
+    #: Largest accepted payload, in bytes of canonical UTF-8 JSON.
+    MAX_PAYLOAD_BYTES: int = 256 * 1024
+    #: Seconds that status, dashboard, metrics and health reads may be cached (0 disables).
+    CACHE_TIMEOUT: float = 5.0
+    #: Thresholds for the health check: above them the check fails.
+    HEALTH_MAX_STUCK: int = 0
+    HEALTH_MAX_DEAD: int = 100
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.HEARTBEAT_INTERVAL if self.HEARTBEAT_INTERVAL is not None else self.ACK_TIMEOUT / 3
+
+
+class SettingError(ImproperlyConfigured):
+    """One invalid ``ZEROLOSS`` entry. ``check_id`` is the stable id ``manage.py check`` reports."""
+
+    def __init__(self, key: str, message: str, check_id: str = "zeroloss.E003") -> None:
+        super().__init__(f"ZEROLOSS[{key!r}]: {message}")
+        self.key = key
+        self.check_id = check_id
+        self.hint = message
+
+
+_NUMBER_FIELDS = {
+    "ACK_TIMEOUT": (False, 0.0),
+    "REPLICATION_TIMEOUT": (False, 0.0),
+    "NODE_TTL": (False, 0.0),
+    "SWEEP_INTERVAL": (False, 0.0),
+    "REDISPATCH_AFTER": (False, 0.0),
+    "COMPLETED_RETENTION": (False, 0.0),
+    "CACHE_TIMEOUT": (True, 0.0),
+}
+_INT_FIELDS = {
+    "MAX_ATTEMPTS": 1,
+    "REPLICATION_FACTOR": 1,
+    "SWEEP_BATCH_SIZE": 1,
+    "MAX_PAYLOAD_BYTES": 1,
+    "HEALTH_MAX_STUCK": 0,
+    "HEALTH_MAX_DEAD": 0,
+}
+
+
+def _number(key: str, value: Any, *, allow_zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SettingError(key, f"must be a number of seconds, got {value!r}.")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise SettingError(key, f"must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}.")
+    return float(value)
+
+
+def _integer(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingError(key, f"must be an integer, got {value!r}.")
+    if value < minimum:
+        raise SettingError(key, f"must be >= {minimum}, got {value!r}.")
+    return value
+
+
+def parse_settings(raw: Any) -> ZeroLossSettings:
+    """Validate a raw ``ZEROLOSS`` value; raise :class:`SettingError` on the first bad entry."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SettingError("*", f"ZEROLOSS must be a dict, got {type(raw).__name__}.", "zeroloss.E001")
+    known = {f.name for f in dataclasses.fields(ZeroLossSettings)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise SettingError(
+            unknown[0], f"unknown setting; known settings are {', '.join(sorted(known))}.", "zeroloss.E002"
+        )
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _NUMBER_FIELDS:
+            values[key] = _number(key, value, allow_zero=_NUMBER_FIELDS[key][0])
+        elif key in _INT_FIELDS:
+            values[key] = _integer(key, value, _INT_FIELDS[key])
+        elif key == "HEARTBEAT_INTERVAL":
+            values[key] = None if value is None else _number(key, value, allow_zero=False)
+        elif key == "PERSISTENCE_LEVEL":
+            if value not in PERSISTENCE_LEVELS:
+                raise SettingError(key, f"must be one of {PERSISTENCE_LEVELS}, got {value!r}.")
+            values[key] = value
+        elif key == "RETRY_BACKOFF":
+            if not isinstance(value, dict) or set(value) - {"BASE", "MAX"}:
+                raise SettingError(key, f'must be a dict like {{"BASE": 1, "MAX": 300}}, got {value!r}.')
+            base = _number(f"{key}.BASE", value.get("BASE", RetryBackoff.BASE), allow_zero=True)
+            cap = _number(f"{key}.MAX", value.get("MAX", RetryBackoff.MAX), allow_zero=True)
+            if cap < base:
+                raise SettingError(key, f"MAX ({cap}) must be >= BASE ({base}).")
+            values[key] = RetryBackoff(BASE=base, MAX=cap)
+    return ZeroLossSettings(**values)
+
+
+_cached: ZeroLossSettings | None = None
+
+
+def get_settings() -> ZeroLossSettings:
+    """The validated settings; raises ImproperlyConfigured when ``ZEROLOSS`` is invalid."""
+    global _cached
+    if _cached is None:
+        _cached = parse_settings(getattr(settings, "ZEROLOSS", None))
+    return _cached
+
+
+@receiver(setting_changed)
+def _reset_cache(*, setting: str, **kwargs: Any) -> None:
+    global _cached
+    if setting == "ZEROLOSS":
+        _cached = None

@@ -1,0 +1,63 @@
+"""Typed errors. Every one of them means: nothing was written."""
+
+from __future__ import annotations
+
+
+class ZeroLossError(Exception):
+    """Base class of every zeroloss error."""
+
+
+class InvalidMessage(ZeroLossError, ValueError):
+    """A message id, queue name, payload or attempt limit was rejected before anything was stored."""
+
+
+class InvalidPayload(InvalidMessage):
+    """The payload is not JSON-serialisable (or holds a value the database cannot store)."""
+
+
+class PayloadTooLarge(InvalidPayload):
+    """The canonical JSON payload is larger than ``ZEROLOSS["MAX_PAYLOAD_BYTES"]``."""
+
+
+class MessageConflict(ZeroLossError):
+    """A message with this id already exists with a different queue or payload."""
+
+    def __init__(self, message_id: str, detail: str) -> None:
+        super().__init__(f"Message {message_id!r} already exists with {detail}; nothing was changed.")
+        self.message_id = message_id
+
+
+class MessageNotFound(ZeroLossError, LookupError):
+    """No message has this id."""
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__(f"No message with id {message_id!r}.")
+        self.message_id = message_id
+
+
+class InvalidLeaseToken(ZeroLossError, ValueError):
+    """A lease token that is not a UUID at all (a wrong but well-formed token returns False instead)."""
+
+
+class ReplicationTimeout(ZeroLossError):
+    """The message is committed on the primary, but not enough standbys confirmed it in time.
+
+    ``persist_message`` is idempotent, so retrying with the same id and payload is safe.
+    """
+
+    def __init__(self, message_id: str, confirmed: int, required: int, timeout: float) -> None:
+        super().__init__(
+            f"Message {message_id!r} is committed on the primary but only {confirmed}/{required} copies "
+            f"were confirmed within {timeout:g}s; retrying persist_message with the same id is safe."
+        )
+        self.message_id = message_id
+        self.confirmed = confirmed
+        self.required = required
+
+
+class UnknownQueue(ZeroLossError, LookupError):
+    """No handler is registered for this queue."""
+
+    def __init__(self, queue_name: str) -> None:
+        super().__init__(f"No zeroloss handler is registered for queue {queue_name!r}.")
+        self.queue_name = queue_name

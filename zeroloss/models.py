@@ -1,0 +1,183 @@
+"""The ledger. Only :mod:`zeroloss.service` writes these rows; everything else reads them."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class Status(models.TextChoices):
+    PENDING = "pending", "Pending"
+    PROCESSING = "processing", "Processing"
+    COMPLETED = "completed", "Completed"
+    DEAD = "dead", "Dead"
+
+
+LIVE_STATUSES = (Status.PENDING, Status.PROCESSING)
+
+
+class MessageQuerySet(models.QuerySet["Message"]):
+    def pending(self) -> MessageQuerySet:
+        return self.filter(status=Status.PENDING)
+
+    def ready(self) -> MessageQuerySet:
+        """Pending and claimable now (database clock)."""
+        return self.filter(status=Status.PENDING, available_at__lte=Now())
+
+    def processing(self) -> MessageQuerySet:
+        return self.filter(status=Status.PROCESSING)
+
+    def stuck(self) -> MessageQuerySet:
+        """Processing with an expired lease: the sweep will requeue them."""
+        return self.filter(status=Status.PROCESSING, lease_expires_at__lt=Now())
+
+    def leased(self) -> MessageQuerySet:
+        """Processing under a live lease."""
+        return self.filter(status=Status.PROCESSING, lease_expires_at__gte=Now())
+
+    def completed(self) -> MessageQuerySet:
+        return self.filter(status=Status.COMPLETED)
+
+    def dead(self) -> MessageQuerySet:
+        return self.filter(status=Status.DEAD)
+
+
+class Message(models.Model):
+    """One message and its current state. Its history is in :class:`MessageEvent`."""
+
+    message_id = models.CharField(max_length=255, unique=True)
+    queue_name = models.CharField(max_length=100)
+    payload = models.JSONField()
+    checksum = models.CharField(max_length=64, help_text="SHA-256 of the canonical JSON payload.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField()
+    available_at = models.DateTimeField(help_text="Not claimable before this time.")
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=255, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+    replication_targets = models.JSONField(default=list, blank=True)
+    commit_lsn = models.BigIntegerField(
+        null=True, blank=True, help_text="PostgreSQL WAL position at or after this message's commit."
+    )
+    dispatched_at = models.DateTimeField(null=True, blank=True, help_text="Last publish to the broker.")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+    dead_at = models.DateTimeField(null=True, blank=True)
+
+    objects = MessageQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            # Claims: oldest available pending message of a queue. Partial, so retained
+            # completed rows never enter it.
+            models.Index(
+                fields=["queue_name", "available_at", "id"],
+                name="zeroloss_msg_claim_idx",
+                condition=Q(status="pending"),
+            ),
+            # The sweep: processing messages by lease expiry.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="zeroloss_msg_lease_idx",
+                condition=Q(status="processing"),
+            ),
+            models.Index(
+                fields=["queue_name", "dead_at"], name="zeroloss_msg_dead_idx", condition=Q(status="dead")
+            ),
+            # Retention purge of completed messages.
+            models.Index(
+                fields=["completed_at"], name="zeroloss_msg_done_idx", condition=Q(status="completed")
+            ),
+            models.Index(fields=["queue_name", "status"], name="zeroloss_msg_queue_status_idx"),
+            models.Index(fields=["created_at"], name="zeroloss_msg_created_idx"),
+        ]
+        permissions = [
+            ("requeue_message", "Can requeue stuck messages"),
+            ("force_requeue_message", "Can revoke a live lease and requeue"),
+            ("redrive_message", "Can redrive dead letters"),
+            ("deadletter_message", "Can dead-letter messages by hand"),
+            ("purge_message", "Can purge completed messages"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} ({self.queue_name}, {self.status})"
+
+
+class MessageEventQuerySet(models.QuerySet["MessageEvent"]):
+    def for_message(self, message_id: str) -> MessageEventQuerySet:
+        return self.filter(message__message_id=message_id).order_by("id")
+
+
+class MessageEvent(models.Model):
+    """Append-only audit trail: one row per transition, written in the transition's transaction."""
+
+    # No database-level FK constraint: purges delete events and messages in one set-based
+    # statement pair, and the conservation check (zeroloss_verify) reports any orphan.
+    message = models.ForeignKey(
+        Message, on_delete=models.DO_NOTHING, db_constraint=False, related_name="events"
+    )
+    from_status = models.CharField(max_length=16, blank=True, default="")
+    to_status = models.CharField(max_length=16)
+    reason = models.CharField(max_length=40)
+    actor = models.CharField(max_length=255)
+    attempt = models.PositiveIntegerField(default=0)
+    detail = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+
+    objects = MessageEventQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["message", "id"], name="zeroloss_event_msg_idx"),
+            models.Index(fields=["created_at"], name="zeroloss_event_created_idx"),
+            models.Index(fields=["reason", "created_at"], name="zeroloss_event_reason_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.from_status or '-'} -> {self.to_status} ({self.reason}) by {self.actor}"
+
+
+class PurgeRecord(models.Model):
+    """How many messages a purge deleted, so the conservation check stays exact after purges."""
+
+    queue_name = models.CharField(max_length=100)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    count = models.PositiveIntegerField()
+    actor = models.CharField(max_length=255)
+    purged_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.count} {self.status} from {self.queue_name}"
+
+
+class NodeRole(models.TextChoices):
+    PRIMARY = "primary", "Primary"
+    STANDBY = "standby", "Standby"
+    NODE = "node", "Node"
+
+
+class ReplicationNode(models.Model):
+    """A replication node shared by every instance; liveness comes from ``last_seen_at``."""
+
+    node_id = models.CharField(max_length=255, unique=True)
+    address = models.CharField(max_length=255, blank=True, default="")
+    role = models.CharField(max_length=16, choices=NodeRole.choices, default=NodeRole.NODE)
+    metadata = models.JSONField(default=dict, blank=True)
+    replay_lsn = models.BigIntegerField(
+        null=True, blank=True, help_text="Last WAL position the standby reported replayed."
+    )
+    flush_lsn = models.BigIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=32, blank=True, default="")
+    sync_state = models.CharField(max_length=16, blank=True, default="")
+    registered_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["node_id"]
+
+    def __str__(self) -> str:
+        return self.node_id
