@@ -111,5 +111,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
-    "loggers": {"zeroloss": {"handlers": ["stderr"], "level": os.environ.get("ZEROLOSS_LOG_LEVEL", "WARNING")}},
+    "loggers": {
+        "zeroloss": {"handlers": ["stderr"], "level": os.environ.get("ZEROLOSS_LOG_LEVEL", "WARNING")}
+    },
 }

@@ -81,7 +81,9 @@ def main() -> None:
             claims += [[lease.message_id, str(lease.token), lease.expires_at.isoformat()] for lease in leases]
         _emit(claims=claims)
     elif role == "register_node":
-        node = service.register_replication_node(args["node_id"], args.get("address", ""), role=args.get("role", "node"))
+        node = service.register_replication_node(
+            args["node_id"], args.get("address", ""), role=args.get("role", "node")
+        )
         _emit(node_id=node.node_id)
     elif role == "list_nodes":
         _emit(nodes=[n.node_id for n in service.get_replication_targets()])

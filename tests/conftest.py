@@ -71,7 +71,9 @@ class Children:
             raise AssertionError(f"child exited with {proc.wait()}: {_stderr(proc)}")
         return json.loads(line)
 
-    def run(self, role: str, args: dict[str, Any] | None = None, timeout: float = 120) -> list[dict[str, Any]]:
+    def run(
+        self, role: str, args: dict[str, Any] | None = None, timeout: float = 120
+    ) -> list[dict[str, Any]]:
         proc = self.spawn(role, args)
         return self.finish(proc, timeout)
 

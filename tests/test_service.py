@@ -40,7 +40,12 @@ class TestPersist:
         assert len(stored.checksum) == 64
         assert stored.attempts == 0
         event = MessageEvent.objects.get(message=stored)
-        assert (event.from_status, event.to_status, event.reason, event.actor) == ("", "pending", "persisted", "test-worker")
+        assert (event.from_status, event.to_status, event.reason, event.actor) == (
+            "",
+            "pending",
+            "persisted",
+            "test-worker",
+        )
         assert event.created_at == stored.created_at
 
     def test_same_id_same_payload_is_idempotent(self, service):
@@ -103,7 +108,9 @@ class TestBadInput:
     def test_rejected_and_nothing_written(self, service, kwargs, error, match):
         call = {"message_id": "m1", "queue_name": "emails", "data": {"ok": True}, **kwargs}
         with pytest.raises(error, match=match):
-            service.persist_message(call["message_id"], call["queue_name"], call["data"], call.get("max_attempts"))
+            service.persist_message(
+                call["message_id"], call["queue_name"], call["data"], call.get("max_attempts")
+            )
         nothing_written()
 
     def test_bad_delay(self, service):
@@ -155,9 +162,18 @@ class TestLeases:
         after = service.database_now()
         assert lease and lease.attempt == 1 and lease.payload == {"k": "v"} and lease.queue_name == "q"
         ack = dt.timedelta(seconds=service.settings.ACK_TIMEOUT)
-        assert before + ack - dt.timedelta(milliseconds=5) <= lease.expires_at <= after + ack + dt.timedelta(milliseconds=5)
+        assert (
+            before + ack - dt.timedelta(milliseconds=5)
+            <= lease.expires_at
+            <= after + ack + dt.timedelta(milliseconds=5)
+        )
         m = Message.objects.get()
-        assert (m.status, m.attempts, m.lease_token, m.claimed_by) == ("processing", 1, lease.token, "test-worker")
+        assert (m.status, m.attempts, m.lease_token, m.claimed_by) == (
+            "processing",
+            1,
+            lease.token,
+            "test-worker",
+        )
         assert service.mark_processing("m1") is None  # already claimed
 
     def test_claim_next_oldest_first_and_limit(self, service):

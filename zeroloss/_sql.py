@@ -48,11 +48,26 @@ class Dialect:
             parsed = parsed.replace(tzinfo=dt.UTC)
         return parsed
 
+    @classmethod
+    def at(cls, value: Any) -> dt.datetime:
+        """A non-null database timestamp as an aware UTC datetime."""
+        parsed = cls.to_datetime(value)
+        if parsed is None:
+            raise ValueError("expected a timestamp, got NULL")
+        return parsed
+
     @staticmethod
     def to_uuid(value: Any) -> uuid.UUID | None:
         if value is None or isinstance(value, uuid.UUID):
             return value
         return uuid.UUID(str(value))
+
+    @classmethod
+    def token(cls, value: Any) -> uuid.UUID:
+        parsed = cls.to_uuid(value)
+        if parsed is None:
+            raise ValueError("expected a lease token, got NULL")
+        return parsed
 
     @staticmethod
     def to_json(value: Any) -> Any:

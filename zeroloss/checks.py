@@ -67,7 +67,9 @@ def _aliases(databases: Iterable[str] | None) -> list[str]:
 
 
 @register(Tags.database)
-def check_database(app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any) -> list[CheckMessage]:
+def check_database(
+    app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
     """Checks that need to talk to the database (``manage.py check --database default``)."""
     cfg, _ = _settings()
     if cfg is None or not databases:
@@ -98,48 +100,54 @@ def check_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     cfg, _ = _settings()
     messages: list[CheckMessage] = []
     for alias in _aliases(None):
-        if alias not in settings.DATABASES:
-            continue
-        conn = connections[alias]
-        if conn.vendor not in ("postgresql", "sqlite"):
-            messages.append(
-                Error(
-                    f"Database {alias!r} is {conn.vendor}; zeroloss supports PostgreSQL and SQLite.",
-                    obj="settings.DATABASES",
-                    id="zeroloss.E004",
-                )
+        if alias in settings.DATABASES:
+            conn = connections[alias]
+            messages += backend_messages(alias, conn.vendor, conn.settings_dict.get("OPTIONS") or {}, cfg)
+    return messages
+
+
+def backend_messages(
+    alias: str, vendor: str, options: dict[str, Any], cfg: ZeroLossSettings | None
+) -> list[CheckMessage]:
+    if vendor not in ("postgresql", "sqlite"):
+        return [
+            Error(
+                f"Database {alias!r} is {vendor}; zeroloss supports PostgreSQL and SQLite.",
+                obj="settings.DATABASES",
+                id="zeroloss.E004",
             )
-            continue
-        if conn.vendor == "sqlite":
-            mode = (conn.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
-            if str(mode).upper() != "IMMEDIATE":
-                messages.append(
-                    Warning(
-                        f"SQLite database {alias!r} does not use transaction_mode='IMMEDIATE': concurrent "
-                        "worker processes may fail with 'database is locked'.",
-                        hint='Add "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30} to the database.',
-                        obj="settings.DATABASES",
-                        id="zeroloss.W003",
-                    )
-                )
-            if cfg is not None and cfg.PERSISTENCE_LEVEL == "replicated":
-                messages.append(
-                    Error(
-                        f"PERSISTENCE_LEVEL is 'replicated' but database {alias!r} is SQLite, which cannot "
-                        "replicate: every persist would fail with ReplicationTimeout.",
-                        hint="Use PostgreSQL with streaming standbys, or PERSISTENCE_LEVEL='durable'.",
-                        obj="settings.ZEROLOSS",
-                        id="zeroloss.E010",
-                    )
-                )
-            elif cfg is not None and cfg.REPLICATION_FACTOR > 1:
-                messages.append(
-                    Warning(
-                        f"REPLICATION_FACTOR is {cfg.REPLICATION_FACTOR} but database {alias!r} is SQLite, which "
-                        "keeps one copy: integrity checks will report insufficient replication.",
-                        hint="Use PostgreSQL with streaming standbys, or REPLICATION_FACTOR=1.",
-                        obj="settings.ZEROLOSS",
-                        id="zeroloss.W011",
-                    )
-                )
+        ]
+    messages: list[CheckMessage] = []
+    if vendor != "sqlite":
+        return messages
+    if str(options.get("transaction_mode")).upper() != "IMMEDIATE":
+        messages.append(
+            Warning(
+                f"SQLite database {alias!r} does not use transaction_mode='IMMEDIATE': concurrent "
+                "worker processes may fail with 'database is locked'.",
+                hint='Add "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30} to the database.',
+                obj="settings.DATABASES",
+                id="zeroloss.W003",
+            )
+        )
+    if cfg is not None and cfg.PERSISTENCE_LEVEL == "replicated":
+        messages.append(
+            Error(
+                f"PERSISTENCE_LEVEL is 'replicated' but database {alias!r} is SQLite, which cannot "
+                "replicate: every persist would fail with ReplicationTimeout.",
+                hint="Use PostgreSQL with streaming standbys, or PERSISTENCE_LEVEL='durable'.",
+                obj="settings.ZEROLOSS",
+                id="zeroloss.E010",
+            )
+        )
+    elif cfg is not None and cfg.REPLICATION_FACTOR > 1:
+        messages.append(
+            Warning(
+                f"REPLICATION_FACTOR is {cfg.REPLICATION_FACTOR} but database {alias!r} is SQLite, which "
+                "keeps one copy: integrity checks will report insufficient replication.",
+                hint="Use PostgreSQL with streaming standbys, or REPLICATION_FACTOR=1.",
+                obj="settings.ZEROLOSS",
+                id="zeroloss.W011",
+            )
+        )
     return messages

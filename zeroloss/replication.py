@@ -52,7 +52,9 @@ class Standby:
 
 def _check_node_id(node_id: Any) -> str:
     if not isinstance(node_id, str) or not node_id.strip() or len(node_id) > 255:
-        raise InvalidMessage(f"node_id must be a non-empty string of at most 255 characters, got {node_id!r}.")
+        raise InvalidMessage(
+            f"node_id must be a non-empty string of at most 255 characters, got {node_id!r}."
+        )
     return node_id
 
 
@@ -117,7 +119,9 @@ def is_live(node: ReplicationNode, cutoff: dt.datetime) -> bool:
 
 def live_nodes(service: ZeroLossMessageService) -> list[ReplicationNode]:
     return list(
-        ReplicationNode.objects.using(service.using).filter(last_seen_at__gte=live_cutoff(service)).order_by("node_id")
+        ReplicationNode.objects.using(service.using)
+        .filter(last_seen_at__gte=live_cutoff(service))
+        .order_by("node_id")
     )
 
 
@@ -178,7 +182,8 @@ def _record_lsn(service: ZeroLossMessageService, message_pks: Sequence[int], lsn
     with service.connection.cursor() as cursor:
         marks = ",".join(["%s"] * len(message_pks))
         cursor.execute(
-            f"UPDATE {MSG} SET commit_lsn = %s WHERE id IN ({marks}) AND commit_lsn IS NULL", [lsn, *message_pks]
+            f"UPDATE {MSG} SET commit_lsn = %s WHERE id IN ({marks}) AND commit_lsn IS NULL",
+            [lsn, *message_pks],
         )
 
 
@@ -196,7 +201,9 @@ def measure(service: ZeroLossMessageService, message: Message | None) -> Replica
     target = message.commit_lsn if message is not None else current_lsn(service)
     assert target is not None
     standbys = streaming_standbys(service)
-    confirmed_by = [s.application_name for s in standbys if s.replay_lsn is not None and s.replay_lsn >= target]
+    confirmed_by = [
+        s.application_name for s in standbys if s.replay_lsn is not None and s.replay_lsn >= target
+    ]
     if not standbys:
         detail = "no streaming standby is attached to the primary"
     else:
@@ -225,11 +232,15 @@ def confirm(service: ZeroLossMessageService, messages: Sequence[Message]) -> Non
     deadline = time.monotonic() + cfg.REPLICATION_TIMEOUT
     pause = 0.0005
     while True:
-        confirmed = sum(1 for s in streaming_standbys(service) if s.replay_lsn is not None and s.replay_lsn >= lsn)
+        confirmed = sum(
+            1 for s in streaming_standbys(service) if s.replay_lsn is not None and s.replay_lsn >= lsn
+        )
         if confirmed >= required:
             return
         if time.monotonic() >= deadline:
-            raise ReplicationTimeout(messages[0].message_id, 1 + confirmed, cfg.REPLICATION_FACTOR, cfg.REPLICATION_TIMEOUT)
+            raise ReplicationTimeout(
+                messages[0].message_id, 1 + confirmed, cfg.REPLICATION_FACTOR, cfg.REPLICATION_TIMEOUT
+            )
         time.sleep(pause)
         pause = min(pause * 2, 0.02)
 

@@ -203,7 +203,9 @@ def _seconds(value: float | dt.timedelta | None, name: str) -> float:
         return 0.0
     seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-        raise InvalidMessage(f"{name} must be a non-negative number of seconds or a timedelta, got {value!r}.")
+        raise InvalidMessage(
+            f"{name} must be a non-negative number of seconds or a timedelta, got {value!r}."
+        )
     return float(seconds)
 
 
@@ -279,7 +281,9 @@ class ZeroLossMessageService:
         if not isinstance(message_id, str) or not message_id.strip():
             raise InvalidMessage(f"{what} must be a non-empty string, got {message_id!r}.")
         if len(message_id) > MAX_MESSAGE_ID_LENGTH:
-            raise InvalidMessage(f"{what} is {len(message_id)} characters; the limit is {MAX_MESSAGE_ID_LENGTH}.")
+            raise InvalidMessage(
+                f"{what} is {len(message_id)} characters; the limit is {MAX_MESSAGE_ID_LENGTH}."
+            )
         if _CONTROL_RE.search(message_id):
             raise InvalidMessage(f"{what} must not contain control characters, got {message_id!r}.")
         return message_id
@@ -396,7 +400,14 @@ class ZeroLossMessageService:
             for chunk in _chunks(prepared, 500):
                 params: list[Any] = []
                 for p in chunk:
-                    params += [p.message_id, p.queue_name, p.encoded, p.checksum, p.max_attempts, *available_params]
+                    params += [
+                        p.message_id,
+                        p.queue_name,
+                        p.encoded,
+                        p.checksum,
+                        p.max_attempts,
+                        *available_params,
+                    ]
                 sql = (
                     f"INSERT INTO {MSG} (message_id, queue_name, payload, checksum, status, attempts, max_attempts, "
                     "available_at, claimed_by, last_error, replication_targets, created_at, updated_at) "
@@ -412,7 +423,7 @@ class ZeroLossMessageService:
                 by_id = {p.message_id: p for p in chunk}
                 for row in rows:
                     p = by_id[row[1]]
-                    created = d.to_datetime(row[4])
+                    created = d.at(row[4])
                     message = Message(
                         id=row[0],
                         message_id=p.message_id,
@@ -422,7 +433,7 @@ class ZeroLossMessageService:
                         status=Status.PENDING,
                         attempts=0,
                         max_attempts=p.max_attempts,
-                        available_at=d.to_datetime(row[8]),
+                        available_at=d.at(row[8]),
                         created_at=created,
                         updated_at=created,
                         replication_targets=[],
@@ -468,8 +479,8 @@ class ZeroLossMessageService:
         leases = [
             Lease(
                 message_id=row[1],
-                token=d.to_uuid(row[8]),  # type: ignore[arg-type]
-                expires_at=d.to_datetime(row[9]),  # type: ignore[arg-type]
+                token=d.token(row[8]),
+                expires_at=d.at(row[9]),
                 attempt=row[3],
                 queue_name=row[10],
                 payload=d.to_json(row[11]),
@@ -548,6 +559,7 @@ class ZeroLossMessageService:
                 return False
             attempts, max_attempts = row
             d = self.dialect
+            set_params: list[Any]
             if attempts >= max_attempts:
                 set_sql, set_params = f"status = 'dead', dead_at = {d.now}", []
                 reason = "'dead_lettered'"
@@ -571,7 +583,9 @@ class ZeroLossMessageService:
 
     # -- the recovery sweep -------------------------------------------------------------
 
-    def recover_orphaned_messages(self, *, batch_size: int | None = None, limit: int | None = None) -> RecoveryReport:
+    def recover_orphaned_messages(
+        self, *, batch_size: int | None = None, limit: int | None = None
+    ) -> RecoveryReport:
         """Requeue (or dead-letter) every processing message whose lease expired, exactly once.
 
         Safe with any number of concurrent sweepers: each row is moved by one conditional
@@ -646,7 +660,9 @@ class ZeroLossMessageService:
 
     def _known(self, message_ids: Sequence[str]) -> list[str]:
         ids = [self._check_id(m) for m in message_ids]
-        found = set(Message.objects.using(self.using).filter(message_id__in=ids).values_list("message_id", flat=True))
+        found = set(
+            Message.objects.using(self.using).filter(message_id__in=ids).values_list("message_id", flat=True)
+        )
         missing = [m for m in ids if m not in found]
         if missing:
             raise MessageNotFound(missing[0])
@@ -674,7 +690,9 @@ class ZeroLossMessageService:
             actor=actor or self.instance_id,
         )
 
-    def redrive_messages(self, message_ids: Sequence[str], *, actor: str | None = None, detail: str = "") -> list[str]:
+    def redrive_messages(
+        self, message_ids: Sequence[str], *, actor: str | None = None, detail: str = ""
+    ) -> list[str]:
         """Move dead letters back to pending with attempts reset. Returns the ids moved."""
         ids = self._known(message_ids)
         d = self.dialect
@@ -694,7 +712,9 @@ class ZeroLossMessageService:
             return True
         return bool(self.requeue_messages([message_id], actor=actor, force=force))
 
-    def dead_letter_messages(self, message_ids: Sequence[str], *, reason: str, actor: str | None = None) -> list[str]:
+    def dead_letter_messages(
+        self, message_ids: Sequence[str], *, reason: str, actor: str | None = None
+    ) -> list[str]:
         """Dead-letter pending or processing messages by hand (a live lease is revoked)."""
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidMessage("A reason is required to dead-letter a message by hand.")
@@ -763,7 +783,10 @@ class ZeroLossMessageService:
                     counts[queue] = counts.get(queue, 0) + 1
                 now = self.database_now()
                 PurgeRecord.objects.using(self.using).bulk_create(
-                    [PurgeRecord(queue_name=q, status=status, count=n, actor=actor, purged_at=now) for q, n in counts.items()]
+                    [
+                        PurgeRecord(queue_name=q, status=status, count=n, actor=actor, purged_at=now)
+                        for q, n in counts.items()
+                    ]
                 )
             purged += len(rows)
             if len(rows) < size:
@@ -844,8 +867,14 @@ class ZeroLossMessageService:
         except InvalidPayload as exc:  # pragma: no cover - stored payloads are always JSON
             actual = f"unreadable: {exc}"
         if actual != message.checksum:
-            issues.append(f"Checksum mismatch: stored {message.checksum[:12]}..., payload hashes to {actual[:12]}...")
-        if message.status == Status.PROCESSING and message.lease_expires_at and message.lease_expires_at < now:
+            issues.append(
+                f"Checksum mismatch: stored {message.checksum[:12]}..., payload hashes to {actual[:12]}..."
+            )
+        if (
+            message.status == Status.PROCESSING
+            and message.lease_expires_at
+            and message.lease_expires_at < now
+        ):
             overdue = (now - message.lease_expires_at).total_seconds()
             issues.append(
                 f"Stuck in processing: lease of {message.claimed_by} expired {overdue:.1f}s ago (the sweep will requeue it)"

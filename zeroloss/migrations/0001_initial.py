@@ -5,87 +5,194 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='PurgeRecord',
+            name="PurgeRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('queue_name', models.CharField(max_length=100)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('processing', 'Processing'), ('completed', 'Completed'), ('dead', 'Dead')], max_length=16)),
-                ('count', models.PositiveIntegerField()),
-                ('actor', models.CharField(max_length=255)),
-                ('purged_at', models.DateTimeField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("queue_name", models.CharField(max_length=100)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("processing", "Processing"),
+                            ("completed", "Completed"),
+                            ("dead", "Dead"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("count", models.PositiveIntegerField()),
+                ("actor", models.CharField(max_length=255)),
+                ("purged_at", models.DateTimeField()),
             ],
         ),
         migrations.CreateModel(
-            name='ReplicationNode',
+            name="ReplicationNode",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('node_id', models.CharField(max_length=255, unique=True)),
-                ('address', models.CharField(blank=True, default='', max_length=255)),
-                ('role', models.CharField(choices=[('primary', 'Primary'), ('standby', 'Standby'), ('node', 'Node')], default='node', max_length=16)),
-                ('metadata', models.JSONField(blank=True, default=dict)),
-                ('replay_lsn', models.BigIntegerField(blank=True, help_text='Last WAL position the standby reported replayed.', null=True)),
-                ('flush_lsn', models.BigIntegerField(blank=True, null=True)),
-                ('state', models.CharField(blank=True, default='', max_length=32)),
-                ('sync_state', models.CharField(blank=True, default='', max_length=16)),
-                ('registered_at', models.DateTimeField()),
-                ('last_seen_at', models.DateTimeField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("node_id", models.CharField(max_length=255, unique=True)),
+                ("address", models.CharField(blank=True, default="", max_length=255)),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[("primary", "Primary"), ("standby", "Standby"), ("node", "Node")],
+                        default="node",
+                        max_length=16,
+                    ),
+                ),
+                ("metadata", models.JSONField(blank=True, default=dict)),
+                (
+                    "replay_lsn",
+                    models.BigIntegerField(
+                        blank=True, help_text="Last WAL position the standby reported replayed.", null=True
+                    ),
+                ),
+                ("flush_lsn", models.BigIntegerField(blank=True, null=True)),
+                ("state", models.CharField(blank=True, default="", max_length=32)),
+                ("sync_state", models.CharField(blank=True, default="", max_length=16)),
+                ("registered_at", models.DateTimeField()),
+                ("last_seen_at", models.DateTimeField()),
             ],
             options={
-                'ordering': ['node_id'],
+                "ordering": ["node_id"],
             },
         ),
         migrations.CreateModel(
-            name='Message',
+            name="Message",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('message_id', models.CharField(max_length=255, unique=True)),
-                ('queue_name', models.CharField(max_length=100)),
-                ('payload', models.JSONField()),
-                ('checksum', models.CharField(help_text='SHA-256 of the canonical JSON payload.', max_length=64)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('processing', 'Processing'), ('completed', 'Completed'), ('dead', 'Dead')], default='pending', max_length=16)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('max_attempts', models.PositiveIntegerField()),
-                ('available_at', models.DateTimeField(help_text='Not claimable before this time.')),
-                ('lease_token', models.UUIDField(blank=True, null=True)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('claimed_by', models.CharField(blank=True, default='', max_length=255)),
-                ('last_error', models.TextField(blank=True, default='')),
-                ('replication_targets', models.JSONField(blank=True, default=list)),
-                ('commit_lsn', models.BigIntegerField(blank=True, help_text="PostgreSQL WAL position at or after this message's commit.", null=True)),
-                ('dispatched_at', models.DateTimeField(blank=True, help_text='Last publish to the broker.', null=True)),
-                ('created_at', models.DateTimeField()),
-                ('updated_at', models.DateTimeField()),
-                ('completed_at', models.DateTimeField(blank=True, null=True)),
-                ('dead_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("message_id", models.CharField(max_length=255, unique=True)),
+                ("queue_name", models.CharField(max_length=100)),
+                ("payload", models.JSONField()),
+                (
+                    "checksum",
+                    models.CharField(help_text="SHA-256 of the canonical JSON payload.", max_length=64),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("processing", "Processing"),
+                            ("completed", "Completed"),
+                            ("dead", "Dead"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("max_attempts", models.PositiveIntegerField()),
+                ("available_at", models.DateTimeField(help_text="Not claimable before this time.")),
+                ("lease_token", models.UUIDField(blank=True, null=True)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("claimed_by", models.CharField(blank=True, default="", max_length=255)),
+                ("last_error", models.TextField(blank=True, default="")),
+                ("replication_targets", models.JSONField(blank=True, default=list)),
+                (
+                    "commit_lsn",
+                    models.BigIntegerField(
+                        blank=True,
+                        help_text="PostgreSQL WAL position at or after this message's commit.",
+                        null=True,
+                    ),
+                ),
+                (
+                    "dispatched_at",
+                    models.DateTimeField(blank=True, help_text="Last publish to the broker.", null=True),
+                ),
+                ("created_at", models.DateTimeField()),
+                ("updated_at", models.DateTimeField()),
+                ("completed_at", models.DateTimeField(blank=True, null=True)),
+                ("dead_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'permissions': [('requeue_message', 'Can requeue stuck messages'), ('force_requeue_message', 'Can revoke a live lease and requeue'), ('redrive_message', 'Can redrive dead letters'), ('deadletter_message', 'Can dead-letter messages by hand'), ('purge_message', 'Can purge completed messages')],
-                'indexes': [models.Index(condition=models.Q(('status', 'pending')), fields=['queue_name', 'available_at', 'id'], name='zeroloss_msg_claim_idx'), models.Index(condition=models.Q(('status', 'processing')), fields=['lease_expires_at'], name='zeroloss_msg_lease_idx'), models.Index(condition=models.Q(('status', 'dead')), fields=['queue_name', 'dead_at'], name='zeroloss_msg_dead_idx'), models.Index(condition=models.Q(('status', 'completed')), fields=['completed_at'], name='zeroloss_msg_done_idx'), models.Index(fields=['queue_name', 'status'], name='zeroloss_msg_queue_status_idx'), models.Index(fields=['created_at'], name='zeroloss_msg_created_idx')],
+                "permissions": [
+                    ("requeue_message", "Can requeue stuck messages"),
+                    ("force_requeue_message", "Can revoke a live lease and requeue"),
+                    ("redrive_message", "Can redrive dead letters"),
+                    ("deadletter_message", "Can dead-letter messages by hand"),
+                    ("purge_message", "Can purge completed messages"),
+                ],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("status", "pending")),
+                        fields=["queue_name", "available_at", "id"],
+                        name="zeroloss_msg_claim_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status", "processing")),
+                        fields=["lease_expires_at"],
+                        name="zeroloss_msg_lease_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status", "dead")),
+                        fields=["queue_name", "dead_at"],
+                        name="zeroloss_msg_dead_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status", "completed")),
+                        fields=["completed_at"],
+                        name="zeroloss_msg_done_idx",
+                    ),
+                    models.Index(fields=["queue_name", "status"], name="zeroloss_msg_queue_status_idx"),
+                    models.Index(fields=["created_at"], name="zeroloss_msg_created_idx"),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='MessageEvent',
+            name="MessageEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('from_status', models.CharField(blank=True, default='', max_length=16)),
-                ('to_status', models.CharField(max_length=16)),
-                ('reason', models.CharField(max_length=40)),
-                ('actor', models.CharField(max_length=255)),
-                ('attempt', models.PositiveIntegerField(default=0)),
-                ('detail', models.TextField(blank=True, default='')),
-                ('created_at', models.DateTimeField()),
-                ('message', models.ForeignKey(db_constraint=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='events', to='zeroloss.message')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("from_status", models.CharField(blank=True, default="", max_length=16)),
+                ("to_status", models.CharField(max_length=16)),
+                ("reason", models.CharField(max_length=40)),
+                ("actor", models.CharField(max_length=255)),
+                ("attempt", models.PositiveIntegerField(default=0)),
+                ("detail", models.TextField(blank=True, default="")),
+                ("created_at", models.DateTimeField()),
+                (
+                    "message",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="events",
+                        to="zeroloss.message",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['message', 'id'], name='zeroloss_event_msg_idx'), models.Index(fields=['created_at'], name='zeroloss_event_created_idx'), models.Index(fields=['reason', 'created_at'], name='zeroloss_event_reason_idx')],
+                "indexes": [
+                    models.Index(fields=["message", "id"], name="zeroloss_event_msg_idx"),
+                    models.Index(fields=["created_at"], name="zeroloss_event_created_idx"),
+                    models.Index(fields=["reason", "created_at"], name="zeroloss_event_reason_idx"),
+                ],
             },
         ),
     ]

@@ -4,21 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='HandledRecord',
+            name="HandledRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('message_id', models.CharField(db_index=True, max_length=255)),
-                ('queue_name', models.CharField(max_length=100)),
-                ('worker', models.CharField(max_length=255)),
-                ('handled_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("message_id", models.CharField(db_index=True, max_length=255)),
+                ("queue_name", models.CharField(max_length=100)),
+                ("worker", models.CharField(max_length=255)),
+                ("handled_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
     ]

@@ -1,0 +1,35 @@
+# The two commands a newcomer needs:
+#   make demo   - run the zero-loss demo on the embedded default (SQLite, built-in worker)
+#   make test   - set everything up and run the whole test suite (PostgreSQL and SQLite passes)
+# Both create their own virtual environment. PYTHON picks the interpreter (3.11+), DJANGO
+# pins a Django release, VENV names the environment (one per interpreter/Django pair):
+#   make test PYTHON=python3.12 DJANGO='Django>=6.0,<6.2' VENV=.venv-dj6
+
+PYTHON ?= python3
+VENV ?= .venv
+DJANGO ?=
+BIN := $(VENV)/bin
+STAMP := $(BIN)/.zeroloss-installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "zeroloss needs Python 3.11 or newer: make ... PYTHON=python3.12")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' $(if $(DJANGO),'$(DJANGO)')
+	@touch $@
+
+demo: $(STAMP)
+	$(BIN)/python -m project.demo.run $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m tests.suite $(TEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/python -m tests.suite --lint-only
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+clean:
+	rm -rf .venv .venv-* var build *.egg-info

@@ -1,0 +1,132 @@
+"""Durability and concurrency with real OS processes that are really killed (SIGKILL)."""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+import pytest
+
+from zeroloss.models import Message, MessageEvent, Status
+from zeroloss.service import ZeroLossMessageService, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_message_persisted_by_killed_process_survives_and_is_claimable(children):
+    writer = children.spawn("persist", {"prefix": "crash", "queue": "q", "count": 20, "hang": True})
+    assert children.read_line(writer) == {"persisted": 20}
+    children.sigkill(writer)
+    [result] = children.run("read", {"message_id": "crash-7", "claim": True})
+    assert result == {
+        "found": True,
+        "payload": {"n": 7, "text": "x" * 50},
+        "status": "pending",
+        "claimed": True,
+        "valid": True,
+    }
+    # A service instance created after the crash ("restart") sees every message.
+    assert ZeroLossMessageService().get_stats().totals["pending"] == 19
+
+
+def test_killed_worker_lease_expires_and_sweep_requeues_exactly_once(children, live_service):
+    live_service.persist_message("job-1", "q", {"work": 1})
+    worker = children.spawn("claim_and_hang", {"message_id": "job-1", "overrides": {"ack_timeout": 0.5}})
+    claim = children.read_line(worker)
+    assert claim["token"]
+    children.sigkill(worker)
+    assert Message.objects.get().status == Status.PROCESSING
+    assert live_service.recover_orphaned_messages().total == 0  # lease still live
+    time.sleep(0.6)
+    sweeps = [children.spawn("sweep", {}) for _ in range(3)]
+    results = [children.finish(p)[0] for p in sweeps]
+    assert sorted(len(r["requeued"]) for r in results) == [0, 0, 1]
+    assert MessageEvent.objects.filter(reason="lease_expired").count() == 1
+    lease = live_service.mark_processing("job-1")
+    assert lease and lease.attempt == 2
+    assert live_service.acknowledge_message("job-1", claim["token"]) is False
+    assert live_service.acknowledge_message("job-1", lease.token) is True
+
+
+@pytest.mark.slow
+def test_four_concurrent_sweepers_move_500_orphans_exactly_once(children, live_service, tmp_path: Path):
+    live_service.persist_messages([(f"o{i}", "q", {"i": i}) for i in range(500)])
+    live_service.persist_messages([(f"live{i}", "q", {"i": i}) for i in range(5)])
+    holder = children.spawn(
+        "hold_and_renew",
+        {
+            "message_ids": [f"live{i}" for i in range(5)],
+            "seconds": 6,
+            "renew_every": 0.1,
+            "overrides": {"ack_timeout": 0.6},
+        },
+    )
+    assert len(children.read_line(holder)["tokens"]) == 5
+    short = ZeroLossMessageService(ack_timeout=0.3)
+    assert len(short.claim_next("q", limit=500)) == 500
+    time.sleep(0.8)  # every orphan's lease is now expired; the holder keeps renewing its own
+    start = tmp_path / "go"
+    sweepers = [children.spawn("sweep", {"start_file": str(start), "batch_size": 25}) for _ in range(4)]
+    time.sleep(1.5)  # let all four finish Django start-up and wait on the signal
+    start.touch()
+    results = [children.finish(p)[0] for p in sweepers]
+    swept = [mid for r in results for mid in r["requeued"]]
+    assert len(swept) == 500 and len(set(swept)) == 500
+    assert sum(1 for r in results if r["requeued"]) >= 2, "the sweepers did not actually overlap"
+    events = MessageEvent.objects.filter(reason="lease_expired")
+    assert events.count() == 500
+    per_message = collections.Counter(events.values_list("message__message_id", flat=True))
+    assert set(per_message.values()) == {1}
+    assert not any(m.startswith("live") for m in per_message)
+    [done, *lost] = children.finish(holder, timeout=30)
+    assert lost == [] or all("lost" not in line for line in [done, *lost])
+    assert Message.objects.filter(message_id__startswith="live", status="processing").count() == 5
+
+
+@pytest.mark.slow
+def test_eight_concurrent_claimers_never_share_a_message(children, live_service, tmp_path: Path):
+    live_service.persist_messages([(f"c{i}", "work", {"i": i}) for i in range(2000)])
+    start = tmp_path / "go"
+    claimers = [
+        children.spawn(
+            "claim", {"queue": "work", "limit": 10, "start_file": str(start), "instance_id": f"claimer-{n}"}
+        )
+        for n in range(8)
+    ]
+    time.sleep(2.5)
+    start.touch()
+    results = [children.finish(p, timeout=180)[0]["claims"] for p in claimers]
+    claimed = [c[0] for claims in results for c in claims]
+    assert len(claimed) == 2000
+    assert len(set(claimed)) == 2000, "a message was claimed under two live leases"
+    assert sum(1 for claims in results if claims) >= 4, "the claimers did not actually overlap"
+    rows = dict(Message.objects.values_list("message_id", "lease_token"))
+    for claims in results:
+        for message_id, token, _ in claims:
+            assert str(rows[message_id]) == token
+    assert MessageEvent.objects.filter(reason="claimed").count() == 2000
+
+
+def test_replication_nodes_are_shared_across_processes_and_restarts(children):
+    children.run("register_node", {"node_id": "node-b", "address": "10.0.0.2:5432"})
+    children.run("register_node", {"node_id": "node-a", "address": "10.0.0.1:5432"})
+    [seen] = children.run("list_nodes", {"overrides": {"replication_factor": 3}})
+    assert seen == {"nodes": ["node-a", "node-b"]}
+    fresh = ZeroLossMessageService(replication_factor=3)
+    assert [n.node_id for n in fresh.get_replication_targets()] == ["node-a", "node-b"]
+
+
+def test_sweep_returns_nothing_while_lease_is_renewed_by_live_process(children, live_service):
+    live_service.persist_message("kept", "q", {})
+    holder = children.spawn(
+        "hold_and_renew",
+        {"message_ids": ["kept"], "seconds": 2, "renew_every": 0.1, "overrides": {"ack_timeout": 0.4}},
+    )
+    children.read_line(holder)
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        assert live_service.recover_orphaned_messages().total == 0
+        time.sleep(0.05)
+    children.finish(holder)
+    assert wait_until(lambda: live_service.recover_orphaned_messages().requeued == ["kept"], timeout=3)

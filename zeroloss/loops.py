@@ -1,0 +1,89 @@
+"""Long-running loops (sweep, worker) as plain classes, separate from their commands."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from .service import RecoveryReport, ZeroLossMessageService
+
+logger = logging.getLogger("zeroloss")
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT; loops check it between units of work, so none is cut in half."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal_name = ""
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+    def set(self, reason: str = "") -> None:
+        self.signal_name = self.signal_name or reason
+        self.event.set()
+
+    def wait(self, seconds: float) -> bool:
+        return self.event.wait(seconds)
+
+    @contextmanager
+    def on_signals(self) -> Iterator[StopFlag]:
+        """Install SIGTERM/SIGINT handlers for the duration (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.set(signal.Signals(signum).name)
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+
+class SweepLoop:
+    """Run the recovery sweep once, or every ``interval`` seconds until stopped."""
+
+    def __init__(
+        self,
+        service: ZeroLossMessageService,
+        *,
+        interval: float | None = None,
+        batch_size: int | None = None,
+        stop: StopFlag | None = None,
+        on_report: Callable[[RecoveryReport], None] | None = None,
+    ) -> None:
+        self.service = service
+        self.interval = interval if interval is not None else service.settings.SWEEP_INTERVAL
+        self.batch_size = batch_size
+        self.stop = stop or StopFlag()
+        self.on_report = on_report
+        self.runs = 0
+
+    def run_once(self) -> RecoveryReport:
+        report = self.service.recover_orphaned_messages(batch_size=self.batch_size)
+        self.runs += 1
+        if report.total:
+            logger.info(
+                "sweep: requeued %d, dead-lettered %d", len(report.requeued), len(report.dead_lettered)
+            )
+        if self.on_report:
+            self.on_report(report)
+        return report
+
+    def run(self, *, max_runs: int | None = None) -> int:
+        """Loop until stopped (or ``max_runs``); returns the number of sweeps run."""
+        while not self.stop and (max_runs is None or self.runs < max_runs):
+            self.run_once()
+            if max_runs is not None and self.runs >= max_runs:
+                break
+            self.stop.wait(self.interval)
+        return self.runs
