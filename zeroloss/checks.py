@@ -10,7 +10,8 @@
 | zeroloss.W001   | ``SWEEP_INTERVAL`` is longer than ``ACK_TIMEOUT`` |
 | zeroloss.W002   | heartbeat interval is not shorter than ``ACK_TIMEOUT`` |
 | zeroloss.W003   | SQLite without ``transaction_mode = "IMMEDIATE"`` |
-| zeroloss.W010   | fewer streaming standbys than ``REPLICATION_FACTOR - 1`` (``check --database``) |
+| zeroloss.W010   | PostgreSQL with fewer streaming physical standbys than ``REPLICATION_FACTOR - 1``, |
+|                 | or a role that cannot read ``pg_stat_replication`` (``check --database default``) |
 | zeroloss.W011   | ``REPLICATION_FACTOR > 1`` on a database that cannot replicate |
 """
 
@@ -70,7 +71,10 @@ def _aliases(databases: Iterable[str] | None) -> list[str]:
 def check_database(
     app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """Checks that need to talk to the database (``manage.py check --database default``)."""
+    """Checks that need to talk to the database (``manage.py check --database default``).
+
+    W010 is measured on the primary (``pg_stat_replication``), never read from the node registry.
+    """
     cfg, _ = _settings()
     if cfg is None or not databases:
         return []
@@ -131,10 +135,15 @@ def backend_messages(
             )
         )
     if cfg is not None and cfg.PERSISTENCE_LEVEL == "replicated":
+        consequence = (
+            "every persist would fail with ReplicationTimeout."
+            if cfg.REPLICATION_FACTOR > 1
+            else "with REPLICATION_FACTOR=1 'replicated' promises nothing beyond 'durable'."
+        )
         messages.append(
             Error(
                 f"PERSISTENCE_LEVEL is 'replicated' but database {alias!r} is SQLite, which cannot "
-                "replicate: every persist would fail with ReplicationTimeout.",
+                f"replicate: {consequence}",
                 hint="Use PostgreSQL with streaming standbys, or PERSISTENCE_LEVEL='durable'.",
                 obj="settings.ZEROLOSS",
                 id="zeroloss.E010",

@@ -71,6 +71,17 @@ class SweepLoop:
     def run_once(self) -> RecoveryReport:
         report = self.service.recover_orphaned_messages(batch_size=self.batch_size)
         self.runs += 1
+        if self.service.connection.vendor == "postgresql":
+            # Standby liveness: one read of pg_stat_replication and an upsert per standby.
+            # Never allowed to stop the sweep (a standby in recovery, no privilege, ...).
+            from django.db import DatabaseError
+
+            from .replication import discover
+
+            try:
+                discover(self.service)
+            except DatabaseError as exc:
+                logger.warning("sweep: standby discovery failed: %s", exc)
         if report.total:
             logger.info(
                 "sweep: requeued %d, dead-lettered %d", len(report.requeued), len(report.dead_lettered)

@@ -1,18 +1,25 @@
 """Replication that tells the truth.
 
-Copies are *measured* from PostgreSQL's own streaming replication
-(``pg_stat_replication`` on the primary), never inferred from a configured number or
-from the node registry. The registry records which nodes exist and when they were last
-seen; it never counts as a copy by itself.
+Copies are *measured* from PostgreSQL's own streaming replication (``pg_stat_replication``
+on the primary), never inferred from a configured number or from the node registry. The
+registry records which nodes exist and when they were last seen; it never counts as a copy.
 
-A message's ``commit_lsn`` is a WAL position at or after its commit record: a standby
-whose ``replay_lsn`` has reached it holds the message and can serve it to readers.
+A message's ``commit_lsn`` is a WAL position at or after its commit record: a physical
+standby whose reported ``replay_lsn`` has reached it holds the message and serves it to
+readers. Positions are recorded by a small *marker* transaction committed with
+``synchronous_commit = remote_apply``: its commit record asks every standby to report its
+replay position the moment it replays it, so confirmation never waits for the standby's
+periodic status message (``wal_receiver_status_interval``, 10 s by default).
+
+Only physical walsenders count: logical subscribers, ``pg_receivewal`` and base backups
+appear in ``pg_stat_replication`` too, but do not hold a readable copy of the ledger.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,8 +33,14 @@ from .models import Message, NodeRole, ReplicationNode
 if TYPE_CHECKING:
     from .service import ReplicationStatus, ZeroLossMessageService
 
+logger = logging.getLogger("zeroloss")
+
 NODE = ReplicationNode._meta.db_table
 MSG = Message._meta.db_table
+
+#: WAL page headers (PostgreSQL's SizeOfXLogShortPHD / SizeOfXLogLongPHD on 64-bit builds).
+_SHORT_PAGE_HEADER = 24
+_LONG_PAGE_HEADER = 40
 
 
 @dataclass(frozen=True)
@@ -35,19 +48,39 @@ class Requirement:
     """Whether the configured replication can be met right now."""
 
     required: int  # standbys needed (REPLICATION_FACTOR - 1)
-    available: int  # standbys streaming now
+    available: int  # physical standbys streaming now
     ok: bool
     problems: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Standby:
+    """One row of the primary's ``pg_stat_replication``."""
+
     application_name: str
     client_addr: str
     state: str
     sync_state: str
     flush_lsn: int | None
     replay_lsn: int | None
+    #: A physical standby (not a logical subscriber, which is connected to a database).
+    physical: bool = True
+    #: False when this role may not read the row's details (it needs ``pg_monitor``).
+    visible: bool = True
+
+    @property
+    def streaming(self) -> bool:
+        return self.physical and self.state == "streaming" and self.replay_lsn is not None
+
+    def holds(self, lsn: int) -> bool:
+        return self.physical and self.replay_lsn is not None and self.replay_lsn >= lsn
+
+
+def format_lsn(lsn: int | None) -> str:
+    """``12345678`` -> ``0/BC614E``, PostgreSQL's own notation."""
+    if lsn is None:
+        return ""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
 
 
 def _check_node_id(node_id: Any) -> str:
@@ -56,6 +89,9 @@ def _check_node_id(node_id: Any) -> str:
             f"node_id must be a non-empty string of at most 255 characters, got {node_id!r}."
         )
     return node_id
+
+
+# -- the node registry ------------------------------------------------------------------
 
 
 def register_node(
@@ -70,6 +106,7 @@ def register_node(
     flush_lsn: int | None = None,
     replay_lsn: int | None = None,
 ) -> ReplicationNode:
+    """Idempotent upsert; counts as a heartbeat. The registry never counts as a copy."""
     _check_node_id(node_id)
     if role not in NodeRole.values:
         raise InvalidMessage(f"role must be one of {NodeRole.values}, got {role!r}.")
@@ -110,6 +147,7 @@ def unregister_node(service: ZeroLossMessageService, node_id: str) -> bool:
 
 
 def live_cutoff(service: ZeroLossMessageService) -> dt.datetime:
+    """Nodes last seen before this (database clock) are down."""
     return service.database_now() - dt.timedelta(seconds=service.settings.NODE_TTL)
 
 
@@ -132,25 +170,58 @@ def node_counts(service: ZeroLossMessageService) -> tuple[int, int]:
     return live, nodes.count() - live
 
 
+# -- measuring --------------------------------------------------------------------------
+
+
+def _is_postgres(service: ZeroLossMessageService) -> bool:
+    return service.connection.vendor == "postgresql"
+
+
+def in_recovery(service: ZeroLossMessageService) -> bool:
+    """True when the connection points at a standby rather than the primary."""
+    if not _is_postgres(service):
+        return False
+    with service.connection.cursor() as cursor:
+        cursor.execute("SELECT pg_is_in_recovery()")
+        return bool(cursor.fetchone()[0])
+
+
 def streaming_standbys(service: ZeroLossMessageService) -> list[Standby]:
-    """The primary's view of its standbys. Empty on SQLite and on a lone PostgreSQL."""
-    if service.connection.vendor != "postgresql":
+    """The primary's view of its walsenders. Empty on SQLite and on a lone PostgreSQL."""
+    if not _is_postgres(service):
         return []
     with service.connection.cursor() as cursor:
+        # Physical walsenders are not connected to a database; logical ones are.
         cursor.execute(
-            "SELECT application_name, COALESCE(host(client_addr), 'local'), state, sync_state, "
-            "(flush_lsn - '0/0'::pg_lsn)::bigint, (replay_lsn - '0/0'::pg_lsn)::bigint "
-            "FROM pg_stat_replication ORDER BY application_name"
+            "SELECT r.application_name, COALESCE(host(r.client_addr), 'local'), r.state, r.sync_state, "
+            "(r.flush_lsn - '0/0'::pg_lsn)::bigint, (r.replay_lsn - '0/0'::pg_lsn)::bigint, "
+            "a.datid IS NULL, r.state IS NOT NULL "
+            "FROM pg_stat_replication r LEFT JOIN pg_stat_activity a ON a.pid = r.pid "
+            "ORDER BY r.application_name, r.pid"
         )
-        return [Standby(r[0] or "", r[1], r[2] or "", r[3] or "", r[4], r[5]) for r in cursor.fetchall()]
+        return [
+            Standby(r[0] or "", r[1], r[2] or "", r[3] or "", r[4], r[5], bool(r[6]), bool(r[7]))
+            for r in cursor.fetchall()
+        ]
+
+
+def _visibility_problem(standbys: Sequence[Standby]) -> str:
+    hidden = sum(1 for s in standbys if not s.visible)
+    if not hidden:
+        return ""
+    return (
+        f"{hidden} walsender(s) are hidden from this database role: it cannot read pg_stat_replication "
+        "(GRANT pg_monitor TO <role>), so their copies cannot be measured."
+    )
 
 
 def requirement(service: ZeroLossMessageService, standbys: Sequence[Standby] | None = None) -> Requirement:
+    """Can REPLICATION_FACTOR be met right now? Measured, never configured."""
     cfg = service.settings
     required = cfg.REPLICATION_FACTOR - 1
-    if required == 0 and cfg.PERSISTENCE_LEVEL == "durable":
+    if required == 0:
         return Requirement(0, 0, True)
-    if service.connection.vendor != "postgresql":
+    if not _is_postgres(service):
         return Requirement(
             required,
             0,
@@ -162,29 +233,81 @@ def requirement(service: ZeroLossMessageService, standbys: Sequence[Standby] | N
         )
     if standbys is None:
         standbys = streaming_standbys(service)
-    available = sum(1 for s in standbys if s.state == "streaming")
+    available = sum(1 for s in standbys if s.streaming)
     problems = []
     if available < required:
         problems.append(
             f"Only {available} streaming standby(s); REPLICATION_FACTOR={cfg.REPLICATION_FACTOR} needs {required}."
         )
+        if cfg.PERSISTENCE_LEVEL == "replicated":
+            problems.append(
+                "Every 'replicated' persist will raise ReplicationTimeout until enough standbys stream."
+            )
+    hidden = _visibility_problem(standbys)
+    if hidden:
+        problems.append(hidden)
     return Requirement(required, available, not problems, problems)
 
 
-def current_lsn(service: ZeroLossMessageService) -> int:
-    with service.connection.cursor() as cursor:
-        cursor.execute("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint")
-        return int(cursor.fetchone()[0])
+def _normalise(lsn: int, block_size: int, segment_size: int) -> int:
+    # pg_current_wal_insert_lsn() is the start of the next record; when that falls just after
+    # a page header, the last record ended at the page boundary, which is what a standby
+    # reports as replayed. Without this, a confirmation could wait for unrelated WAL.
+    if lsn % segment_size == _LONG_PAGE_HEADER:
+        return lsn - _LONG_PAGE_HEADER
+    if lsn % block_size == _SHORT_PAGE_HEADER:
+        return lsn - _SHORT_PAGE_HEADER
+    return lsn
 
 
-def _record_lsn(service: ZeroLossMessageService, message_pks: Sequence[int], lsn: int) -> None:
-    # Metadata, not a state transition: the first bound observed after commit is kept.
+def _insert_lsn(service: ZeroLossMessageService) -> int:
+    """A WAL position at or after the end of every commit visible now (normalised)."""
     with service.connection.cursor() as cursor:
-        marks = ",".join(["%s"] * len(message_pks))
         cursor.execute(
-            f"UPDATE {MSG} SET commit_lsn = %s WHERE id IN ({marks}) AND commit_lsn IS NULL",
-            [lsn, *message_pks],
+            "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint, "
+            "current_setting('wal_block_size')::bigint, pg_size_bytes(current_setting('wal_segment_size'))"
         )
+        lsn, block, segment = cursor.fetchone()
+    return _normalise(int(lsn), int(block), int(segment))
+
+
+def _has_written(service: ZeroLossMessageService) -> bool:
+    with service.connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_xact_id_if_assigned() IS NOT NULL")
+        return bool(cursor.fetchone()[0])
+
+
+def current_lsn(service: ZeroLossMessageService) -> int:
+    return _insert_lsn(service)
+
+
+def record_commit(service: ZeroLossMessageService, messages: Sequence[Message], timeout: float) -> int:
+    """Record a WAL bound for ``messages`` (all committed) and ask standbys to report replay at once.
+
+    One short transaction: read the insert position (after every visible commit), store it in
+    ``commit_lsn`` where none is recorded yet (the first, tightest bound is kept), and commit
+    with ``synchronous_commit = remote_apply`` so each standby reports the moment it replays
+    this commit, which lies after the target. Returns the target position.
+    """
+    pks = [m.pk for m in messages]
+    marks = ",".join(["%s"] * len(pks))
+    with transaction.atomic(using=service.using), service.connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit TO remote_apply")
+        # If the primary has synchronous_standby_names, COMMIT waits for them: bound it.
+        cursor.execute(f"SET LOCAL statement_timeout TO {max(int(timeout * 1000), 1)}")
+        target = _insert_lsn(service)
+        if pks:
+            cursor.execute(
+                f"UPDATE {MSG} SET commit_lsn = %s WHERE id IN ({marks}) AND commit_lsn IS NULL",
+                [target, *pks],
+            )
+        cursor.execute("SELECT pg_current_xact_id()")  # a commit record even when nothing changed
+        if pks:
+            cursor.execute(f"SELECT id, commit_lsn FROM {MSG} WHERE id IN ({marks})", pks)
+            recorded = dict(cursor.fetchall())
+            for m in messages:
+                m.commit_lsn = recorded.get(m.pk, target)
+    return target
 
 
 def measure(service: ZeroLossMessageService, message: Message | None) -> ReplicationStatus:
@@ -192,68 +315,93 @@ def measure(service: ZeroLossMessageService, message: Message | None) -> Replica
     from .service import ReplicationStatus
 
     required = service.settings.REPLICATION_FACTOR
-    if service.connection.vendor != "postgresql":
-        return ReplicationStatus(1, required, True, f"{service.connection.vendor} keeps a single copy")
-    if message is not None and message.commit_lsn is None:
-        lsn = current_lsn(service)
-        _record_lsn(service, [message.pk], lsn)
-        message.commit_lsn = lsn
-    target = message.commit_lsn if message is not None else current_lsn(service)
-    assert target is not None
+    vendor = service.connection.vendor
+    if vendor != "postgresql":
+        return ReplicationStatus(1, required, True, f"{vendor} keeps a single copy: it cannot replicate")
+    if in_recovery(service):
+        return ReplicationStatus(
+            1,
+            required,
+            False,
+            "connected to a standby in recovery: copies can only be measured on the primary",
+        )
+    target: int | None = message.commit_lsn if message is not None else None
+    if message is not None and target is None:
+        if not service.connection.in_atomic_block:
+            # A "durable" message: its first verification records a conservative (later) bound.
+            record_commit(service, [message], service.settings.REPLICATION_TIMEOUT)
+            target = message.commit_lsn
+        elif _has_written(service):
+            # The message may be this transaction's own uncommitted write: no bound exists yet.
+            return ReplicationStatus(
+                1, required, False, "inside a transaction that has written: measurable once it commits"
+            )
+    if target is None:
+        target = _insert_lsn(service)
     standbys = streaming_standbys(service)
-    confirmed_by = [
-        s.application_name for s in standbys if s.replay_lsn is not None and s.replay_lsn >= target
-    ]
-    if not standbys:
-        detail = "no streaming standby is attached to the primary"
+    confirmed_by = [s.application_name or s.client_addr for s in standbys if s.holds(target)]
+    physical = [s for s in standbys if s.physical]
+    hidden = _visibility_problem(standbys)
+    if hidden:
+        detail = hidden
+    elif not physical:
+        detail = "no streaming standby is attached to the primary: PostgreSQL holds a single copy"
     else:
-        detail = f"{len(confirmed_by)} of {len(standbys)} standby(s) replayed this position"
-    return ReplicationStatus(1 + len(confirmed_by), required, True, detail, confirmed_by)
+        detail = (
+            f"{len(confirmed_by)} of {len(physical)} standby(s) replayed WAL position {format_lsn(target)}"
+        )
+    return ReplicationStatus(1 + len(confirmed_by), required, not hidden, detail, confirmed_by)
 
 
 def confirm(service: ZeroLossMessageService, messages: Sequence[Message]) -> None:
-    """``"replicated"`` persistence: wait until REPLICATION_FACTOR - 1 standbys replayed the commit."""
+    """``"replicated"`` persistence: wait until REPLICATION_FACTOR - 1 standbys replayed the commit.
+
+    Raises :class:`ReplicationTimeout` (the messages stay committed on the primary) when they
+    do not within ``REPLICATION_TIMEOUT``. Inside ``transaction.atomic`` nothing is committed
+    yet, so the wait runs when the outermost block commits and the error is raised from there.
+    """
     if not messages:
-        return
-    conn = service.connection
-    if conn.in_atomic_block:
-        # Not committed yet, so nothing can be confirmed; record the position once it is.
-        pks = [m.pk for m in messages]
-        transaction.on_commit(lambda: _record_lsn(service, pks, current_lsn(service)), using=service.using)
         return
     cfg = service.settings
     required = cfg.REPLICATION_FACTOR - 1
+    if required == 0:
+        return  # one copy is all that is asked, and the primary holds it
+    conn = service.connection
+    if conn.in_atomic_block:
+        pending = list(messages)
+        transaction.on_commit(lambda: confirm(service, pending), using=service.using)
+        return
     if conn.vendor != "postgresql":
         raise ReplicationTimeout(messages[0].message_id, 1, cfg.REPLICATION_FACTOR, 0)
-    lsn = current_lsn(service)
-    _record_lsn(service, [m.pk for m in messages], lsn)
-    for m in messages:
-        m.commit_lsn = m.commit_lsn or lsn
     deadline = time.monotonic() + cfg.REPLICATION_TIMEOUT
+    target = record_commit(service, messages, cfg.REPLICATION_TIMEOUT)
     pause = 0.0005
     while True:
-        confirmed = sum(
-            1 for s in streaming_standbys(service) if s.replay_lsn is not None and s.replay_lsn >= lsn
-        )
+        confirmed = sum(1 for s in streaming_standbys(service) if s.holds(target))
         if confirmed >= required:
             return
         if time.monotonic() >= deadline:
             raise ReplicationTimeout(
                 messages[0].message_id, 1 + confirmed, cfg.REPLICATION_FACTOR, cfg.REPLICATION_TIMEOUT
             )
-        time.sleep(pause)
+        time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
         pause = min(pause * 2, 0.02)
 
 
 def discover(service: ZeroLossMessageService) -> list[ReplicationNode]:
-    """Register every standby the primary streams to, with its state and positions."""
+    """Register (and heartbeat) every physical standby the primary streams to, with its positions.
+
+    A standby that disconnects is no longer refreshed and turns down after ``NODE_TTL``.
+    """
     nodes = []
     for s in streaming_standbys(service):
-        name = s.application_name or s.client_addr
+        if not s.physical or not s.visible:
+            continue
+        name = s.application_name or f"standby@{s.client_addr}"
         nodes.append(
             register_node(
                 service,
-                name,
+                name[:255],
                 address=s.client_addr,
                 role=NodeRole.STANDBY,
                 metadata={"discovered_from": "pg_stat_replication"},

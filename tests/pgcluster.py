@@ -1,0 +1,206 @@
+"""A throwaway PostgreSQL primary with a real streaming standby, for the replication tests.
+
+Everything lives in one temporary directory owned by the ``postgres`` OS user (PostgreSQL
+refuses to run as root): the primary is ``initdb``-ed with ``wal_level=replica`` and a
+pg_hba that allows replication from loopback; the standby is a ``pg_basebackup -R`` of it
+with its own ``application_name``. Both listen on free loopback ports and on a Unix socket
+inside the temporary directory, so nothing touches the machine's own cluster.
+
+Every step is bounded in time; a missing binary or a server that does not come up is an
+:class:`ClusterError` with the server log, never a skip.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+BIN = Path(os.environ.get("ZEROLOSS_PG_BIN", "/usr/lib/postgresql/15/bin"))
+STEP_TIMEOUT = 60
+
+
+class ClusterError(RuntimeError):
+    """The test cluster could not be set up; the message says why."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    if os.geteuid() != 0:
+        return cmd
+    runuser = shutil.which("runuser")
+    if runuser is None:
+        raise ClusterError("running as root but `runuser` is missing: cannot start PostgreSQL as postgres")
+    return [runuser, "-u", "postgres", "--", *cmd]
+
+
+class PgCluster:
+    """``start()`` the primary, ``start_standby()``/``stop_standby()`` at will, ``stop()`` removes it all."""
+
+    def __init__(self, *, standby_name: str = "zl-standby-1", dbname: str = "zeroloss") -> None:
+        for tool in ("initdb", "pg_ctl", "pg_basebackup", "postgres"):
+            if not (BIN / tool).is_file():
+                raise ClusterError(
+                    f"{BIN / tool} not found: the replication tests need the PostgreSQL server binaries "
+                    "(apt-get install postgresql-15, or set ZEROLOSS_PG_BIN)."
+                )
+        self.standby_name = standby_name
+        self.dbname = dbname
+        self.root = Path(tempfile.mkdtemp(prefix="zl-pgcluster-"))
+        os.chmod(self.root, 0o700)
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres", "postgres")
+        self.primary_dir = self.root / "primary"
+        self.standby_dir = self.root / "standby"
+        self.primary_port = free_port()
+        self.standby_port = free_port()
+        self._started: set[Path] = set()
+        atexit.register(self.stop)
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def _run(self, cmd: list[str], what: str, timeout: float = STEP_TIMEOUT) -> str:
+        try:
+            done = subprocess.run(
+                _as_postgres(cmd), capture_output=True, text=True, timeout=timeout, cwd=self.root
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ClusterError(f"{what} did not finish in {timeout}s: {exc.stderr!r}") from exc
+        if done.returncode != 0:
+            raise ClusterError(f"{what} failed ({done.returncode}): {done.stderr.strip()}{self._logs()}")
+        return done.stdout
+
+    def _logs(self) -> str:
+        out = []
+        for log in (self.root / "primary.log", self.root / "standby.log"):
+            if log.exists():
+                out.append(f"\n--- {log.name} (tail) ---\n" + "\n".join(log.read_text().splitlines()[-20:]))
+        return "".join(out)
+
+    def _pg_ctl_start(self, datadir: Path, port: int, log: Path) -> None:
+        opts = f"-c port={port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.root}"
+        self._run(
+            [str(BIN / "pg_ctl"), "start", "-w", "-t", "30", "-D", str(datadir), "-l", str(log), "-o", opts],
+            f"pg_ctl start {datadir.name}",
+        )
+        self._started.add(datadir)
+
+    def _pg_ctl_stop(self, datadir: Path, mode: str = "fast") -> None:
+        if datadir in self._started:
+            self._run(
+                [str(BIN / "pg_ctl"), "stop", "-w", "-t", "30", "-m", mode, "-D", str(datadir)],
+                f"pg_ctl stop {datadir.name}",
+            )
+            self._started.discard(datadir)
+
+    def url(self, *, standby: bool = False, dbname: str | None = None) -> str:
+        port = self.standby_port if standby else self.primary_port
+        return f"postgres://postgres@127.0.0.1:{port}/{dbname or self.dbname}"
+
+    def connect(self, *, standby: bool = False, dbname: str | None = None) -> psycopg.Connection:
+        return psycopg.connect(self.url(standby=standby, dbname=dbname), autocommit=True, connect_timeout=10)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._run(
+            [
+                str(BIN / "initdb"),
+                "-D",
+                str(self.primary_dir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-instructions",
+            ],
+            "initdb",
+        )
+        with open(self.primary_dir / "postgresql.conf", "a") as conf:
+            conf.write(
+                "\n# zeroloss test primary\nwal_level = replica\nmax_wal_senders = 10\nfsync = on\n"
+                "synchronous_commit = on\nmax_connections = 60\nshared_buffers = 32MB\n"
+                "wal_keep_size = 256MB\nhot_standby = on\n"
+            )
+        with open(self.primary_dir / "pg_hba.conf", "w") as hba:
+            hba.write(
+                "local all all trust\nlocal replication all trust\n"
+                "host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n"
+            )
+        self._pg_ctl_start(self.primary_dir, self.primary_port, self.root / "primary.log")
+        with self.connect(dbname="postgres") as conn:
+            conn.execute(f'CREATE DATABASE "{self.dbname}"')
+
+    def start_standby(self, *, timeout: float = 30) -> None:
+        """Start the standby (taking the base backup the first time) and wait until it streams."""
+        if not self.standby_dir.exists():
+            self._run(
+                [
+                    str(BIN / "pg_basebackup"),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.primary_port),
+                    "-U",
+                    "postgres",
+                    "-D",
+                    str(self.standby_dir),
+                    "-R",
+                    "-X",
+                    "stream",
+                    "-c",
+                    "fast",
+                ],
+                "pg_basebackup",
+            )
+            with open(self.standby_dir / "postgresql.auto.conf", "a") as auto:
+                auto.write(
+                    f"primary_conninfo = 'host=127.0.0.1 port={self.primary_port} user=postgres "
+                    f"application_name={self.standby_name}'\n"
+                )
+        self._pg_ctl_start(self.standby_dir, self.standby_port, self.root / "standby.log")
+        if not self.wait_streaming(1, timeout):
+            raise ClusterError(f"standby is not streaming after {timeout}s{self._logs()}")
+
+    def stop_standby(self) -> None:
+        self._pg_ctl_stop(self.standby_dir)
+
+    def restart_primary(self) -> None:
+        self._pg_ctl_stop(self.primary_dir)
+        self._pg_ctl_start(self.primary_dir, self.primary_port, self.root / "primary.log")
+
+    def streaming(self) -> int:
+        with self.connect() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+    def wait_streaming(self, count: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.streaming() == count:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def stop(self) -> None:
+        """Stop both servers and remove the directory. Safe to call twice, and on half-set-up clusters."""
+        for datadir in (self.standby_dir, self.primary_dir):
+            with contextlib.suppress(ClusterError):
+                self._pg_ctl_stop(datadir, mode="immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+        atexit.unregister(self.stop)

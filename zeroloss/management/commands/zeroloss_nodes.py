@@ -1,0 +1,164 @@
+"""``manage.py zeroloss_nodes list|register|unregister|discover``: the replication node registry.
+
+The registry says which nodes exist and when each was last seen (a node not seen for
+``NODE_TTL`` is shown ``down``, never deleted). Copies are *measured* separately, from the
+primary's ``pg_stat_replication``; the summary line and ``--json``'s ``replication`` object
+report that measurement.
+
+Exit codes: 0 success; 1 the replication requirement (``REPLICATION_FACTOR - 1`` streaming
+standbys) is not met (``list`` and ``discover``), or ``unregister`` found no such node;
+2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import CommandParser
+
+from ... import replication
+from ...exceptions import InvalidMessage
+from ...models import NodeRole, ReplicationNode
+from ...service import ZeroLossMessageService
+from ..base import WarningFound, ZeroLossCommand, format_duration
+
+ACTIONS = ("list", "register", "unregister", "discover")
+
+
+class Command(ZeroLossCommand):
+    help = (
+        "List, register, unregister or discover (from pg_stat_replication) replication nodes. "
+        "Exit code 1 when the replication requirement is not met."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("action", choices=ACTIONS, help="What to do.")
+        parser.add_argument("node_id", nargs="?", help="The node (register, unregister).")
+        parser.add_argument("--address", default="", help="register: host:port of the node.")
+        parser.add_argument(
+            "--role", default=NodeRole.NODE, choices=NodeRole.values, help="register: %(choices)s."
+        )
+        parser.add_argument(
+            "--metadata", default=None, help='register: a JSON object, e.g. \'{"zone": "a"}\'.'
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        service = self.service(options)
+        action = options["action"]
+        node_id = options["node_id"]
+        if action in ("register", "unregister") and not node_id:
+            self.usage_error(f"{action} needs a NODE_ID")
+        if action in ("list", "discover") and node_id:
+            self.usage_error(f"{action} takes no NODE_ID (got {node_id!r})")
+        if action == "register":
+            self._register(service, node_id, options)
+        elif action == "unregister":
+            if not service.unregister_replication_node(node_id):
+                raise WarningFound(f"no node {node_id!r} is registered; nothing was removed.")
+            if options["json"]:
+                self.emit_json({"unregistered": node_id})
+            else:
+                self.stdout.write(f"unregistered {node_id}")
+        else:
+            if action == "discover" and replication.in_recovery(service):
+                self.usage_error("this database is a standby in recovery: run discover against the primary")
+            discovered = replication.discover(service) if action == "discover" else None
+            self._report(service, options, discovered)
+
+    def _register(self, service: ZeroLossMessageService, node_id: str, options: dict[str, Any]) -> None:
+        metadata = None
+        if options["metadata"] is not None:
+            try:
+                metadata = json.loads(options["metadata"])
+            except ValueError as exc:
+                self.usage_error(f"--metadata is not JSON: {exc}")
+        try:
+            node = service.register_replication_node(
+                node_id, options["address"], role=options["role"], metadata=metadata
+            )
+        except InvalidMessage as exc:
+            self.usage_error(str(exc))
+        if options["json"]:
+            self.emit_json({"registered": self._node_dict(node, live=True, age=0.0)})
+        else:
+            self.stdout.write(
+                f"registered {node.node_id} ({node.role}{', ' + node.address if node.address else ''})"
+            )
+
+    @staticmethod
+    def _node_dict(node: ReplicationNode, *, live: bool, age: float) -> dict[str, Any]:
+        return {
+            "node_id": node.node_id,
+            "role": node.role,
+            "address": node.address,
+            "status": "live" if live else "down",
+            "last_seen_at": node.last_seen_at.isoformat(),
+            "last_seen_seconds_ago": round(age, 3),
+            "state": node.state,
+            "sync_state": node.sync_state,
+            "replay_lsn": replication.format_lsn(node.replay_lsn),
+            "flush_lsn": replication.format_lsn(node.flush_lsn),
+            "metadata": node.metadata,
+        }
+
+    def _report(
+        self,
+        service: ZeroLossMessageService,
+        options: dict[str, Any],
+        discovered: list[ReplicationNode] | None,
+    ) -> None:
+        now = service.database_now()
+        cutoff = replication.live_cutoff(service)
+        nodes = [
+            self._node_dict(
+                n, live=replication.is_live(n, cutoff), age=(now - n.last_seen_at).total_seconds()
+            )
+            for n in ReplicationNode.objects.using(service.using).order_by("node_id")
+        ]
+        standbys = replication.streaming_standbys(service)
+        req = replication.requirement(service, standbys)
+        cfg = service.settings
+        summary = {
+            "vendor": service.connection.vendor,
+            "persistence_level": cfg.PERSISTENCE_LEVEL,
+            "replication_factor": cfg.REPLICATION_FACTOR,
+            "standbys_required": req.required,
+            "standbys_streaming": req.available,
+            "ok": req.ok,
+            "problems": req.problems,
+        }
+        if options["json"]:
+            data: dict[str, Any] = {"nodes": nodes, "replication": summary}
+            if discovered is not None:
+                data["discovered"] = [n.node_id for n in discovered]
+            self.emit_json(data)
+        else:
+            if discovered is not None:
+                self.stdout.write(
+                    f"discovered {len(discovered)} standby(s) in pg_stat_replication"
+                    + (f": {', '.join(n.node_id for n in discovered)}" if discovered else "")
+                )
+            self.table(
+                ["NODE", "ROLE", "STATUS", "LAST SEEN", "ADDRESS", "STATE", "SYNC", "REPLAY LSN"],
+                [
+                    [
+                        n["node_id"],
+                        n["role"],
+                        n["status"],
+                        format_duration(n["last_seen_seconds_ago"]) + " ago",
+                        n["address"] or "-",
+                        n["state"] or "-",
+                        n["sync_state"] or "-",
+                        n["replay_lsn"] or "-",
+                    ]
+                    for n in nodes
+                ],
+            )
+            self.stdout.write(
+                f"replication: {req.available} streaming standby(s), {req.required} required "
+                f"(REPLICATION_FACTOR={cfg.REPLICATION_FACTOR}, PERSISTENCE_LEVEL={cfg.PERSISTENCE_LEVEL}): "
+                + ("ok" if req.ok else "NOT MET")
+            )
+        if not req.ok:
+            raise WarningFound(" ".join(req.problems))
