@@ -1,0 +1,385 @@
+"""``manage.py zeroloss_verify``: integrity of the messages and conservation of the ledger.
+
+Integrity, per message (all of them, or ``--sample N`` chosen at random): the payload
+still hashes to its checksum, attempts within ``max_attempts``, the lease is not expired
+(stuck), and with ``--replication`` the message's commit is *measured* on enough standbys.
+
+Conservation, set-based over the whole ledger (or ``--queue``), each count in one SQL
+statement so concurrent transitions never make it disagree with itself:
+
+- every audit row belongs to an existing message (purges delete both together);
+- every message has exactly one ``persisted`` event;
+- each message's status is the ``to_status`` of its latest event (over the sample with
+  ``--sample``);
+- persisted = pending + processing + completed + dead + purged, where *persisted* is the
+  ``persisted`` events still present plus the messages counted by purge records.
+
+Plus: dead letters above ``HEALTH_MAX_DEAD`` and the replication requirement.
+
+Exit codes (a monitor can page on them): 0 OK; 1 warning (stuck messages, dead letters
+above ``HEALTH_MAX_DEAD``); 2 critical (checksum mismatch, attempts beyond max, any
+conservation discrepancy, insufficient replication, replication requirement unmet) or bad
+arguments. JSON schema: docs/operations.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.management.base import CommandParser
+from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
+
+from ... import replication
+from ...models import Message, MessageEvent, PurgeRecord, Status
+from ...service import ZeroLossMessageService
+from ..base import (
+    EXIT_CRITICAL,
+    EXIT_OK,
+    EXIT_WARNING,
+    CriticalFound,
+    WarningFound,
+    ZeroLossCommand,
+    positive_int,
+)
+
+MSG = Message._meta.db_table
+EVT = MessageEvent._meta.db_table
+PURGE = PurgeRecord._meta.db_table
+
+CRITICAL = "critical"
+WARNING = "warning"
+
+# Issue text prefixes written by ZeroLossMessageService._verify -> (check name, severity).
+_INTEGRITY = {
+    "Checksum mismatch": ("checksum_mismatch", CRITICAL),
+    "Stuck in processing": ("stuck", WARNING),
+    "Attempts beyond max": ("attempts_exceeded", CRITICAL),
+    "Insufficient replication": ("replication_insufficient", CRITICAL),
+}
+
+
+@dataclass
+class Issue:
+    severity: str
+    check: str
+    detail: str
+    message_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "severity": self.severity,
+            "check": self.check,
+            "message_id": self.message_id,
+            "detail": self.detail,
+        }
+
+
+class Command(ZeroLossCommand):
+    help = (
+        "Verify message integrity (checksums, stuck leases, attempts, replication) and the "
+        "conservation of the ledger. Exit code 0 OK, 1 warning, 2 critical."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--queue", help="Only this queue (orphan audit rows are checked ledger-wide).")
+        parser.add_argument(
+            "--sample", type=positive_int, metavar="N", help="Check the integrity of N random messages."
+        )
+        parser.add_argument(
+            "--replication",
+            action="store_true",
+            help="Also measure each checked message's copies on the standbys (PostgreSQL).",
+        )
+        parser.add_argument(
+            "--max-issues",
+            type=positive_int,
+            default=100,
+            help="List at most this many issues (all are counted; default: %(default)s).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        service = self.service(options)
+        queue = self.check_queue(service, options["queue"])
+        self.issues: list[Issue] = []
+        self.issue_counts: dict[str, int] = {}
+        self.max_issues: int = options["max_issues"]
+        now = service.database_now()
+
+        integrity, checked_pks = self.integrity(service, queue, options)
+        conservation = self.conservation(service, queue, checked_pks if options["sample"] else None)
+        dead = Message.objects.using(service.using).dead()
+        if queue is not None:
+            dead = dead.filter(queue_name=queue)
+        dead_count = dead.count()
+        max_dead = service.settings.HEALTH_MAX_DEAD
+        if dead_count > max_dead:
+            self.add(
+                WARNING, "dead_letters", f"{dead_count} dead letter(s), above HEALTH_MAX_DEAD={max_dead}"
+            )
+        req = replication.requirement(service)
+        for problem in req.problems:
+            self.add(CRITICAL, "replication_requirement", problem)
+
+        severities = {i.severity for i in self.issues} | {
+            sev for check, sev in self._severity_of_counts().items() if self.issue_counts.get(check)
+        }
+        if CRITICAL in severities:
+            status, code = CRITICAL, EXIT_CRITICAL
+        elif WARNING in severities:
+            status, code = WARNING, EXIT_WARNING
+        else:
+            status, code = "ok", EXIT_OK
+        total = sum(self.issue_counts.values())
+        result: dict[str, Any] = {
+            "status": status,
+            "exit_code": code,
+            "database": service.using,
+            "queue": queue,
+            "checked_at": now.isoformat(),
+            "integrity": integrity,
+            "conservation": conservation,
+            "dead_letters": {"count": dead_count, "max": max_dead},
+            "replication": {
+                "required": req.required,
+                "available": req.available,
+                "ok": req.ok,
+                "problems": list(req.problems),
+            },
+            "issue_counts": dict(sorted(self.issue_counts.items())),
+            "issues": [i.as_dict() for i in self.issues],
+            "issues_total": total,
+            "issues_truncated": total > len(self.issues),
+        }
+        self.report(result, options)
+        if code == EXIT_CRITICAL:
+            raise CriticalFound(f"zeroloss_verify: critical: {total} issue(s)")
+        if code == EXIT_WARNING:
+            raise WarningFound(f"zeroloss_verify: warning: {total} issue(s)")
+
+    # -- bookkeeping --------------------------------------------------------------------
+
+    _SEVERITY: dict[str, str] = {check: sev for check, sev in _INTEGRITY.values()}
+
+    def _severity_of_counts(self) -> dict[str, str]:
+        return {
+            **self._SEVERITY,
+            "orphan_event": CRITICAL,
+            "missing_persisted_event": CRITICAL,
+            "duplicate_persisted_event": CRITICAL,
+            "status_mismatch": CRITICAL,
+            "unbalanced": CRITICAL,
+            "dead_letters": WARNING,
+            "replication_requirement": CRITICAL,
+        }
+
+    def add(self, severity: str, check: str, detail: str, message_id: str | None = None) -> None:
+        self.issue_counts[check] = self.issue_counts.get(check, 0) + 1
+        if len(self.issues) < self.max_issues:
+            self.issues.append(Issue(severity, check, detail, message_id))
+
+    def count_only(self, check: str, n: int) -> None:
+        """Count ``n`` more issues of ``check`` beyond those already listed (no detail)."""
+        if n > 0:
+            self.issue_counts[check] = self.issue_counts.get(check, 0) + n
+
+    # -- integrity ----------------------------------------------------------------------
+
+    def integrity(
+        self, service: ZeroLossMessageService, queue: str | None, options: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[int]]:
+        qs = Message.objects.using(service.using)
+        if queue is not None:
+            qs = qs.filter(queue_name=queue)
+        sample = options["sample"]
+        if sample:
+            messages = list(qs.order_by("?")[:sample])
+            total = len(messages)
+        else:
+            total = qs.count()
+            messages = None
+        now = service.database_now()
+        checked = 0
+        pks: list[int] = []
+        found = {check: 0 for check, _ in _INTEGRITY.values()}
+        bar = self.progress(total, "verify", options)
+        try:
+            source = messages if messages is not None else qs.order_by("id").iterator(chunk_size=2000)
+            for message in source:
+                report = service._verify(message, now, replication=options["replication"])
+                checked += 1
+                if sample:
+                    pks.append(message.pk)
+                for text in report.issues:
+                    check, severity = next(
+                        (v for prefix, v in _INTEGRITY.items() if text.startswith(prefix)),
+                        ("integrity", CRITICAL),
+                    )
+                    found[check] = found.get(check, 0) + 1
+                    self.add(severity, check, text, message.message_id)
+                if checked % 500 == 0:
+                    bar.advance(500)
+        finally:
+            bar.close()
+        return (
+            {
+                "messages_checked": checked,
+                "sampled": bool(sample),
+                "replication_checked": bool(options["replication"]),
+                **found,
+            },
+            pks,
+        )
+
+    # -- conservation -------------------------------------------------------------------
+
+    def conservation(
+        self, service: ZeroLossMessageService, queue: str | None, sample_pks: list[int] | None
+    ) -> dict[str, Any]:
+        alias = service.using
+        # One statement, one snapshot: a transition commits its message row and its audit
+        # row together, so these counts are mutually consistent even under load.
+        qfilter = " AND queue_name = %s" if queue else ""
+        qparams = [queue] if queue else []
+        persisted_sql = (
+            f"SELECT COUNT(*) FROM {EVT} WHERE reason = 'persisted'"
+            if not queue
+            else f"SELECT COUNT(*) FROM {EVT} e JOIN {MSG} m ON m.id = e.message_id "
+            "WHERE e.reason = 'persisted' AND m.queue_name = %s"
+        )
+        parts = [f"({persisted_sql})", f"(SELECT COALESCE(SUM(count), 0) FROM {PURGE} WHERE 1 = 1{qfilter})"]
+        params: list[Any] = [*qparams, *qparams]
+        statuses = [s.value for s in Status]
+        for status in statuses:
+            parts.append(f"(SELECT COUNT(*) FROM {MSG} WHERE status = %s{qfilter})")
+            params += [status, *qparams]
+        from django.db import connections
+
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join(parts), params)
+            row = cursor.fetchone()
+        persisted_events, purged = int(row[0]), int(row[1])
+        by_status = {s: int(n) for s, n in zip(statuses, row[2:], strict=True)}
+        persisted = persisted_events + purged
+        accounted = sum(by_status.values()) + purged
+        if persisted != accounted:
+            self.add(
+                CRITICAL,
+                "unbalanced",
+                f"{persisted} message(s) persisted ({persisted_events} persisted events + {purged} purged) but "
+                f"{accounted} accounted for ("
+                + ", ".join(f"{n} {s}" for s, n in by_status.items())
+                + f", {purged} purged)",
+            )
+
+        messages = Message.objects.using(alias)
+        events = MessageEvent.objects.using(alias)
+        if queue is not None:
+            messages = messages.filter(queue_name=queue)
+
+        orphans = events.filter(~Exists(Message.objects.using(alias).filter(pk=OuterRef("message_id"))))
+        if queue is not None:
+            orphans = orphans.none()  # an orphan has no queue; checked by the ledger-wide run
+        orphan_count = orphans.count()
+        for ev in orphans.order_by("id")[: self.max_issues]:
+            self.add(
+                CRITICAL,
+                "orphan_event",
+                f"audit row {ev.pk} ({ev.reason}, to {ev.to_status}) refers to missing message pk {ev.message_id}",
+            )
+        self.count_only("orphan_event", orphan_count - min(orphan_count, self.max_issues))
+
+        missing = messages.filter(~Exists(events.filter(message_id=OuterRef("pk"), reason="persisted")))
+        missing_count = missing.count()
+        for mid in missing.order_by("id").values_list("message_id", flat=True)[: self.max_issues]:
+            self.add(CRITICAL, "missing_persisted_event", "no 'persisted' audit row", mid)
+        self.count_only("missing_persisted_event", missing_count - min(missing_count, self.max_issues))
+
+        dups = (
+            events.filter(reason="persisted", message_id__in=messages.values("pk"))
+            .order_by()
+            .values("message_id")
+            .annotate(n=Count("id"))
+            .filter(n__gt=1)
+        )
+        dup_rows = list(dups)
+        names = dict(
+            messages.filter(pk__in=[r["message_id"] for r in dup_rows]).values_list("pk", "message_id")
+        )
+        for r in dup_rows:
+            self.add(
+                CRITICAL,
+                "duplicate_persisted_event",
+                f"{r['n']} 'persisted' audit rows",
+                names.get(r["message_id"]),
+            )
+
+        latest = events.filter(message_id=OuterRef("pk")).order_by("-id").values("to_status")[:1]
+        scope = messages if sample_pks is None else messages.filter(pk__in=sample_pks)
+        mismatched = scope.annotate(last_to=Subquery(latest)).filter(
+            Q(last_to__isnull=True) | ~Q(last_to=F("status"))
+        )
+        mismatch_count = mismatched.count()
+        for mid, status, last in mismatched.order_by("id").values_list("message_id", "status", "last_to")[
+            : self.max_issues
+        ]:
+            self.add(
+                CRITICAL,
+                "status_mismatch",
+                f"status is {status!r} but the latest audit row moved it to {last!r}",
+                mid,
+            )
+        self.count_only("status_mismatch", mismatch_count - min(mismatch_count, self.max_issues))
+
+        return {
+            "persisted": persisted,
+            "persisted_events": persisted_events,
+            "purged": purged,
+            **by_status,
+            "accounted": accounted,
+            "balanced": persisted == accounted,
+            "orphan_events": orphan_count,
+            "missing_persisted_event": missing_count,
+            "duplicate_persisted_event": len(dup_rows),
+            "status_mismatch": mismatch_count,
+            "status_checked": len(sample_pks) if sample_pks is not None else sum(by_status.values()),
+            "orphans_checked": queue is None,
+        }
+
+    # -- output -------------------------------------------------------------------------
+
+    def report(self, result: dict[str, Any], options: dict[str, Any]) -> None:
+        if options["json"]:
+            self.emit_json(result)
+            return
+        c = result["conservation"]
+        i = result["integrity"]
+        self.stdout.write(f"zeroloss_verify: {result['status'].upper()}")
+        self.stdout.write(
+            f"integrity: {i['messages_checked']} message(s) checked"
+            + (" (random sample)" if i["sampled"] else "")
+            + (", replication measured" if i["replication_checked"] else "")
+        )
+        self.stdout.write(
+            f"conservation: {c['persisted']} persisted = {c['pending']} pending + {c['processing']} processing + "
+            f"{c['completed']} completed + {c['dead']} dead + {c['purged']} purged "
+            f"-> {'balanced' if c['balanced'] else 'NOT BALANCED (accounted ' + str(c['accounted']) + ')'}"
+        )
+        rep = result["replication"]
+        self.stdout.write(
+            f"replication requirement: {'met' if rep['ok'] else 'NOT MET'} "
+            f"({rep['available']} streaming, {rep['required']} required)"
+        )
+        if result["issue_counts"]:
+            self.stdout.write("")
+            self.table(["check", "issues"], sorted(result["issue_counts"].items()))
+        if result["issues"]:
+            self.stdout.write("")
+            self.table(
+                ["severity", "check", "message_id", "detail"],
+                [[x["severity"], x["check"], x["message_id"] or "-", x["detail"]] for x in result["issues"]],
+            )
+            if result["issues_truncated"]:
+                self.stdout.write(
+                    f"... {result['issues_total'] - len(result['issues'])} more (raise --max-issues)"
+                )
