@@ -95,13 +95,16 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "")
+
 ZEROLOSS = {
     "ACK_TIMEOUT": float(os.environ.get("ZEROLOSS_ACK_TIMEOUT", 5)),
     "MAX_ATTEMPTS": 5,
-    "SWEEP_INTERVAL": 2,
+    "SWEEP_INTERVAL": float(os.environ.get("ZEROLOSS_SWEEP_INTERVAL", 2)),
+    "REDISPATCH_AFTER": float(os.environ.get("ZEROLOSS_REDISPATCH_AFTER", 30)),
+    # With a broker, Celery carries messages; without one, the built-in worker polls the ledger.
+    "TRANSPORT": "celery" if CELERY_BROKER_URL else "database",
 }
-
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

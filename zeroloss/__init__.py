@@ -14,10 +14,14 @@ __all__ = [
     "Lease",
     "RecoveryReport",
     "ZeroLossMessageService",
+    "handler",
+    "send",
 ]
 
 if TYPE_CHECKING:
+    from .handlers import handler
     from .service import Lease, RecoveryReport, ZeroLossMessageService
+    from .transport import send
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +29,12 @@ def __getattr__(name: str) -> Any:
         from . import service
 
         return getattr(service, name)
+    if name == "handler":
+        from .handlers import handler
+
+        return handler
+    if name == "send":
+        from .transport import send
+
+        return send
     raise AttributeError(f"module 'zeroloss' has no attribute {name!r}")

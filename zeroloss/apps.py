@@ -8,3 +8,6 @@ class ZeroLossConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .handlers import autodiscover
+
+        autodiscover()

@@ -22,6 +22,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 PERSISTENCE_LEVELS = ("durable", "replicated")
+TRANSPORTS = ("database", "celery")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class ZeroLossSettings:
     SWEEP_BATCH_SIZE: int = 1000
     #: A pending message not claimed for this long is published to the broker again.
     REDISPATCH_AFTER: float = 30.0
+    #: "database": workers poll the ledger (``zeroloss_worker``), no broker. "celery": ``send``
+    #: publishes a Celery task after commit and the sweep publishes again what the broker lost.
+    TRANSPORT: str = "database"
     #: Completed messages older than this are purged by ``cleanup_completed_messages``.
     COMPLETED_RETENTION: float = 7 * 24 * 3600.0
     #: Largest accepted payload, in bytes of canonical UTF-8 JSON.
@@ -145,6 +149,10 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
         elif key == "PERSISTENCE_LEVEL":
             if value not in PERSISTENCE_LEVELS:
                 raise SettingError(key, f"must be one of {PERSISTENCE_LEVELS}, got {value!r}.")
+            values[key] = value
+        elif key == "TRANSPORT":
+            if value not in TRANSPORTS:
+                raise SettingError(key, f"must be one of {TRANSPORTS}, got {value!r}.")
             values[key] = value
         elif key == "RETRY_BACKOFF":
             if not isinstance(value, dict) or set(value) - {"BASE", "MAX"}:

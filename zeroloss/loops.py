@@ -64,7 +64,7 @@ class SweepLoop:
         self.service = service
         self.interval = interval if interval is not None else service.settings.SWEEP_INTERVAL
         self.batch_size = batch_size
-        self.stop = stop or StopFlag()
+        self.stop = stop if stop is not None else StopFlag()
         self.on_report = on_report
         self.runs = 0
 

@@ -346,6 +346,7 @@ class ZeroLossMessageService:
         *,
         delay: float | dt.timedelta | None = None,
         actor: str | None = None,
+        dispatched: bool = False,
     ) -> PersistedMessage:
         """Store a message. Durable when it returns (or, inside a transaction, when that commits).
 
@@ -353,7 +354,11 @@ class ZeroLossMessageService:
         a different queue or payload raises :class:`MessageConflict` and changes nothing.
         """
         return self.persist_messages(
-            [(message_id, queue_name, data)], max_attempts=max_attempts, delay=delay, actor=actor
+            [(message_id, queue_name, data)],
+            max_attempts=max_attempts,
+            delay=delay,
+            actor=actor,
+            dispatched=dispatched,
         )[0]
 
     def persist_messages(
@@ -363,10 +368,13 @@ class ZeroLossMessageService:
         max_attempts: int | None = None,
         delay: float | dt.timedelta | None = None,
         actor: str | None = None,
+        dispatched: bool = False,
     ) -> list[PersistedMessage]:
         """Store many ``(message_id, queue_name, data)`` messages in one transaction.
 
         All or nothing: one invalid item or conflicting id and nothing of the batch is stored.
+        ``dispatched=True`` records that the caller will publish a broker message for each
+        (``zeroloss.send`` does, after commit); the sweep publishes again if none arrives.
         """
         prepared = [self._prepare(mid, q, data, max_attempts) for mid, q, data in items]
         if not prepared:
@@ -380,21 +388,27 @@ class ZeroLossMessageService:
         actor = actor or self.instance_id
         if len(prepared) == 1 and self.dialect.dml_cte:
             # One statement, autocommit: the fastest durable write PostgreSQL offers.
-            stored = self._insert(prepared, delay_s, actor)
+            stored = self._insert(prepared, delay_s, actor, dispatched)
             result = stored if stored else [self._existing(prepared[0])]
         else:
             with transaction.atomic(using=self.using):
-                stored = self._insert(prepared, delay_s, actor)
+                stored = self._insert(prepared, delay_s, actor, dispatched)
                 by_id = {m.message_id: m for m in stored}
                 result = [by_id.get(p.message_id) or self._existing(p) for p in prepared]
         if self.settings.PERSISTENCE_LEVEL == "replicated":
             self._confirm_replication(result)
         return result
 
-    def _insert(self, prepared: Sequence[_Prepared], delay_s: float, actor: str) -> list[Message]:
+    def _insert(
+        self, prepared: Sequence[_Prepared], delay_s: float, actor: str, dispatched: bool
+    ) -> list[Message]:
         d = self.dialect
         available_sql, available_params = d.now_plus(delay_s) if delay_s else (d.now, [])
-        row_sql = f"(%s, %s, %s{d.json_cast}, %s, 'pending', 0, %s, {available_sql}, '', '', '[]'{d.json_cast}, {d.now}, {d.now})"
+        dispatched_sql = d.now if dispatched else "NULL"
+        row_sql = (
+            f"(%s, %s, %s{d.json_cast}, %s, 'pending', 0, %s, {available_sql}, '', '', '[]'{d.json_cast}, "
+            f"{d.now}, {d.now}, {dispatched_sql})"
+        )
         result: list[Message] = []
         with self.connection.cursor() as cursor:
             for chunk in _chunks(prepared, 500):
@@ -410,7 +424,7 @@ class ZeroLossMessageService:
                     ]
                 sql = (
                     f"INSERT INTO {MSG} (message_id, queue_name, payload, checksum, status, attempts, max_attempts, "
-                    "available_at, claimed_by, last_error, replication_targets, created_at, updated_at) "
+                    "available_at, claimed_by, last_error, replication_targets, created_at, updated_at, dispatched_at) "
                     f"VALUES {','.join([row_sql] * len(chunk))} ON CONFLICT (message_id) DO NOTHING"
                 )
                 rows = self._transition(
@@ -520,6 +534,49 @@ class ZeroLossMessageService:
             )
             return cursor.rowcount == 1
 
+    def renew_leases(self, leases: Iterable[Lease]) -> set[str]:
+        """Renew many live leases in one statement; returns the ids whose lease was renewed."""
+        tokens = [self.dialect.token_param(lease.token) for lease in leases]
+        if not tokens:
+            return set()
+        d = self.dialect
+        expiry_sql, expiry_params = d.now_plus(self.settings.ACK_TIMEOUT)
+        renewed: set[str] = set()
+        with self.connection.cursor() as cursor:
+            for chunk in _chunks(tokens, 500):
+                # Tokens are unique per claim, so the token alone identifies the lease.
+                cursor.execute(
+                    f"UPDATE {MSG} SET lease_expires_at = {expiry_sql}, updated_at = {d.now} "
+                    f"WHERE lease_token IN ({','.join(['%s'] * len(chunk))}) AND status = 'processing' "
+                    f"AND lease_expires_at > {d.now} RETURNING message_id",
+                    [*expiry_params, *chunk],
+                )
+                renewed.update(row[0] for row in cursor.fetchall())
+        return renewed
+
+    def release_lease(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
+        """Give back a claimed message that was never started (clean shutdown).
+
+        Back to pending at once, and the unused attempt is not counted.
+        """
+        self._check_id(message_id)
+        token = self._check_token(lease_token)
+        d = self.dialect
+        sql = (
+            f"UPDATE {MSG} SET status = 'pending', attempts = attempts - 1, available_at = {d.now}, "
+            f"lease_token = NULL, lease_expires_at = NULL, updated_at = {d.now} "
+            f"WHERE message_id = %s AND lease_token = %s AND status = 'processing' AND lease_expires_at > {d.now}"
+        )
+        with self.connection.cursor() as cursor:
+            rows = self._transition(
+                cursor,
+                sql,
+                [message_id, token, "released unstarted at worker shutdown"],
+                returning=self._returning("processing", "'released'"),
+                actor=self.instance_id,
+            )
+        return len(rows) == 1
+
     def acknowledge_message(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
         """Complete the message, only for the holder of the current, unexpired lease (fencing)."""
         self._check_id(message_id)
@@ -625,6 +682,44 @@ class ZeroLossMessageService:
             if len(rows) < size:
                 break
         return RecoveryReport(requeued=requeued, dead_lettered=dead, batches=batches)
+
+    # -- dispatch bookkeeping (Celery transport) ----------------------------------------
+
+    def dispatch_candidates(self, *, limit: int = 1000, grace: float = 1.0) -> list[tuple[str, str, float]]:
+        """Pending, available messages that no live broker message is known to carry.
+
+        ``(message_id, queue_name, 0)`` for: never published (publish failed or was lost
+        with the process) for longer than ``grace``; changed since the last publish (requeued
+        by the sweep or an operator, backoff elapsed); or published more than
+        ``REDISPATCH_AFTER`` ago and still unclaimed (the broker lost it).
+        """
+        d = self.dialect
+        grace_sql, grace_params = d.now_plus(-grace)
+        stale_sql, stale_params = d.now_plus(-self.settings.REDISPATCH_AFTER)
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT message_id, queue_name FROM {MSG} WHERE status = 'pending' AND available_at <= {d.now} "
+                f"AND ((dispatched_at IS NULL AND updated_at < {grace_sql}) OR dispatched_at < updated_at "
+                f"OR dispatched_at < {stale_sql}) ORDER BY available_at, id LIMIT %s",
+                [*grace_params, *stale_params, limit],
+            )
+            return [(row[0], row[1], 0.0) for row in cursor.fetchall()]
+
+    def mark_dispatched(self, message_ids: Sequence[str], *, dispatched: bool = True) -> int:
+        """Record that a broker message was (or, with ``dispatched=False``, was not) published.
+
+        Bookkeeping for redispatch only: no state transition, no audit row.
+        """
+        value = self.dialect.now if dispatched else "NULL"
+        count = 0
+        with self.connection.cursor() as cursor:
+            for chunk in _chunks(list(message_ids), 500):
+                cursor.execute(
+                    f"UPDATE {MSG} SET dispatched_at = {value} WHERE message_id IN ({','.join(['%s'] * len(chunk))})",
+                    list(chunk),
+                )
+                count += cursor.rowcount
+        return count
 
     # -- operator transitions -----------------------------------------------------------
 

@@ -1,0 +1,38 @@
+"""The example project's handlers (used by the demo and by the tests' real workers).
+
+Each run writes a ``HandledRecord``: the handlers' own record of what ran, which the demo
+and the tests compare with the ledger to count lost and twice-handled messages.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import zeroloss
+from zeroloss.processing import Delivery
+
+from .models import HandledRecord
+
+
+def _record(delivery: Delivery) -> None:
+    payload = delivery.payload if isinstance(delivery.payload, dict) else {}
+    if payload.get("sleep"):
+        time.sleep(float(payload["sleep"]))
+    if payload.get("fail"):
+        raise RuntimeError(f"{delivery.message_id}: this message always fails (payload asked for it)")
+    HandledRecord.objects.create(
+        message_id=delivery.message_id, queue_name=delivery.queue_name, worker=f"{os.getpid()}"
+    )
+
+
+@zeroloss.handler("demo.record")
+def record(delivery: Delivery) -> None:
+    """At-least-once: the record commits before the acknowledgement."""
+    _record(delivery)
+
+
+@zeroloss.handler("demo.record_tx", transactional=True)
+def record_tx(delivery: Delivery) -> None:
+    """Exactly-once effects: the record commits in the acknowledgement's transaction."""
+    _record(delivery)

@@ -1,0 +1,63 @@
+"""``manage.py zeroloss_sweep`` as an ops script runs it: a real process, real signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from zeroloss.models import MessageEvent
+from zeroloss.service import ZeroLossMessageService
+
+from .conftest import ROOT, child_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_sweep_once_prints_what_it_did(capsys):
+    short = ZeroLossMessageService(ack_timeout=0.1)
+    short.persist_message("a", "q", {}, max_attempts=3)
+    short.persist_message("b", "q", {}, max_attempts=1)  # its first expiry spends it
+    assert len(short.claim_next("q", limit=2)) == 2
+    time.sleep(0.15)
+    call_command("zeroloss_sweep", "--json")
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"runs": 1, "requeued": ["a"], "dead_lettered": ["b"]}
+    assert MessageEvent.objects.filter(reason="lease_expired").count() == 1
+
+
+def test_sweep_loop_stops_cleanly_on_sigterm():
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "zeroloss_sweep", "--loop", "--interval", "0.1"],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "on SIGTERM" in err
+    assert int(err.split("stopped after ")[1].split(" ")[0]) >= 2
+
+
+def test_bad_arguments_exit_2():
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "zeroloss_sweep", "--batch-size", "-3"],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "expected a whole number >= 1" in proc.stderr
+    with pytest.raises(CommandError, match=r"(?i)unknown database alias 'nope'"):
+        call_command("zeroloss_sweep", "--database", "nope")

@@ -1,0 +1,237 @@
+"""Celery as transport, the database as record: real Redis broker, real Celery and
+``zeroloss_worker`` processes, killed with SIGKILL where the test says so."""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+
+import pytest
+import redis
+from django.db import transaction
+
+import zeroloss
+from project.celery import app as celery_app
+from project.demo.models import HandledRecord
+from zeroloss.exceptions import UnknownQueue
+from zeroloss.models import Message, MessageEvent, Status
+from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.tasks import beat_schedule_entry, deliver_message
+
+from .workers import celery_beat, celery_worker, db_worker
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+REDIS_URL = os.environ.get("ZEROLOSS_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def use_broker(url: str) -> None:
+    """Point this process's Celery app at ``url``, dropping pooled connections to the old one."""
+    celery_app.conf.broker_url = url
+    celery_app._pool = None
+    celery_app.amqp._producer_pool = None
+
+
+@pytest.fixture
+def broker(settings):
+    """Celery over the real Redis broker (a dedicated database index, emptied first)."""
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "TRANSPORT": "celery"}
+    old = celery_app.conf.broker_url
+    use_broker(REDIS_URL)
+    yield client
+    use_broker(old)
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def procs():
+    started = []
+    yield started
+    for proc in started:
+        proc.terminate(timeout=15)
+
+
+def handled_counts(queue: str) -> collections.Counter[str]:
+    return collections.Counter(
+        HandledRecord.objects.filter(queue_name=queue).values_list("message_id", flat=True)
+    )
+
+
+def all_completed(n: int) -> bool:
+    return Message.objects.filter(status=Status.COMPLETED).count() >= n
+
+
+def test_only_committed_sends_are_handled_each_exactly_once(broker, procs):
+    procs.append(celery_worker(REDIS_URL))
+    for batch in range(10):
+        try:
+            with transaction.atomic():
+                for i in range(100):
+                    zeroloss.send("demo.record_tx", {"batch": batch, "i": i}, message_id=f"b{batch}-{i}")
+                if batch == 3:
+                    raise RuntimeError("the business transaction failed")
+        except RuntimeError:
+            pass
+    assert Message.objects.count() == 900
+    assert wait_until(lambda: all_completed(900), timeout=120), procs[0].text[-3000:]
+    counts = handled_counts("demo.record_tx")
+    assert len(counts) == 900 and set(counts.values()) == {1}
+    assert not any(mid.startswith("b3-") for mid in counts)
+    assert MessageEvent.objects.filter(reason="acknowledged").count() == 900
+
+
+def test_duplicate_delivery_runs_handler_once(broker, procs):
+    message = zeroloss.send("demo.record", {"sleep": 0.3}, message_id="dup-1")
+    deliver_message.apply_async(args=(message.message_id,))
+    deliver_message.apply_async(args=(message.message_id,))
+    procs.append(celery_worker(REDIS_URL, concurrency=3))
+    assert wait_until(lambda: all_completed(1), timeout=30)
+    time.sleep(1)  # let the duplicates arrive and be absorbed
+    assert handled_counts("demo.record") == {"dup-1": 1}
+    assert MessageEvent.objects.filter(reason="claimed").count() == 1
+    assert procs[0].text.count("succeeded") >= 3  # all three deliveries ran; two were absorbed
+
+
+def test_sigkilled_celery_worker_loses_nothing(broker, procs, settings):
+    env = {"ZEROLOSS_ACK_TIMEOUT": "1.5", "ZEROLOSS_SWEEP_INTERVAL": "0.5", "ZEROLOSS_REDISPATCH_AFTER": "2"}
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "ACK_TIMEOUT": 1.5, "REDISPATCH_AFTER": 2.0}
+    first = celery_worker(REDIS_URL, concurrency=2, **env)
+    procs.append(first)
+    for i in range(120):
+        zeroloss.send("demo.record_tx", {"i": i, "sleep": 0.02}, message_id=f"k{i}")
+    assert wait_until(lambda: Message.objects.filter(status=Status.COMPLETED).count() >= 20, timeout=60)
+    first.sigkill_group()
+    in_flight = set(Message.objects.filter(status=Status.PROCESSING).values_list("message_id", flat=True))
+    assert Message.objects.exclude(status=Status.COMPLETED).exists(), (
+        "the kill came too late to test anything"
+    )
+    procs.append(celery_worker(REDIS_URL, concurrency=2, name="w2", **env))
+    service = ZeroLossMessageService()
+    from zeroloss.tasks import sweep
+
+    def recovered() -> bool:
+        sweep.apply()  # the beat task's body, run here so the test controls the clock
+        return all_completed(120)
+
+    assert wait_until(recovered, timeout=120, interval=0.5), procs[-1].text[-3000:]
+    counts = handled_counts("demo.record_tx")
+    assert len(counts) == 120 and set(counts.values()) == {1}
+    expired = collections.Counter(
+        MessageEvent.objects.filter(reason="lease_expired").values_list("message__message_id", flat=True)
+    )
+    assert set(expired) == in_flight
+    assert set(expired.values()) <= {1}
+    assert service.get_stats().totals["completed"] == 120
+
+
+def test_broker_flush_loses_no_message(broker, procs, settings):
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "REDISPATCH_AFTER": 1.0}
+    for i in range(200):
+        zeroloss.send("demo.record", {"i": i, "sleep": 0.005}, message_id=f"f{i}")
+    procs.append(celery_worker(REDIS_URL, concurrency=2, ZEROLOSS_REDISPATCH_AFTER="1"))
+    assert wait_until(lambda: Message.objects.filter(status=Status.COMPLETED).count() >= 10, timeout=60)
+    broker.flushdb()  # the broker loses every queued task
+    assert Message.objects.exclude(status=Status.COMPLETED).count() > 0
+    from zeroloss.tasks import sweep
+
+    def drained() -> bool:
+        sweep.apply()
+        return all_completed(200)
+
+    assert wait_until(drained, timeout=90, interval=0.5), procs[0].text[-3000:]
+    assert set(handled_counts("demo.record")) == {f"f{i}" for i in range(200)}
+
+
+def test_send_while_broker_is_down_is_stored_and_dispatched_later(broker, procs):
+    use_broker("redis://127.0.0.1:9/0")  # nothing listens there
+    started = time.monotonic()
+    message = zeroloss.send("demo.record", {"x": 1}, message_id="offline-1")
+    assert time.monotonic() - started < 10
+    assert Message.objects.get(message_id="offline-1").dispatched_at is None
+    use_broker(REDIS_URL)
+    procs.append(celery_worker(REDIS_URL))
+    from zeroloss.tasks import sweep
+
+    assert wait_until(lambda: (sweep.apply(), all_completed(1))[1], timeout=30, interval=0.5)
+    assert handled_counts("demo.record") == {message.message_id: 1}
+
+
+def test_send_rejects_unknown_queue_and_writes_nothing(broker):
+    with pytest.raises(UnknownQueue, match="no-such-queue"):
+        zeroloss.send("no-such-queue", {})
+    assert Message.objects.count() == 0
+
+
+def test_beat_runs_the_sweep(broker, procs, tmp_path, settings):
+    short = ZeroLossMessageService(ack_timeout=0.3)
+    short.persist_messages([(f"orphan{i}", "demo.record", {"i": i}) for i in range(5)])
+    assert len(short.claim_next("demo.record", limit=5)) == 5  # claimed, then the claimer "dies"
+    env = {"ZEROLOSS_SWEEP_INTERVAL": "0.5", "ZEROLOSS_REDISPATCH_AFTER": "1"}
+    procs.append(celery_worker(REDIS_URL, **env))
+    beat = celery_beat(REDIS_URL, tmp_path, **env)
+    procs.append(beat)
+    assert wait_until(lambda: all_completed(5), timeout=60), beat.text[-3000:]
+    sweeps = MessageEvent.objects.filter(reason="lease_expired")
+    assert sweeps.count() == 5 and all(e.actor.startswith("sweep@") for e in sweeps)
+    assert "zeroloss.sweep" in beat.text
+    assert beat_schedule_entry(3)["zeroloss-sweep"]["schedule"] == 3
+
+
+def test_db_worker_handles_everything_once_and_survives_sigkill(procs):
+    service = ZeroLossMessageService()
+    service.persist_messages([(f"d{i}", "demo.record_tx", {"i": i, "sleep": 0.01}) for i in range(150)])
+    env = {"ZEROLOSS_ACK_TIMEOUT": "1", "ZEROLOSS_SWEEP_INTERVAL": "0.3"}
+    first = db_worker("--queue", "demo.record_tx", "--concurrency", "2", "--batch-size", "5", **env)
+    procs.append(first)
+    assert wait_until(lambda: Message.objects.filter(status=Status.COMPLETED).count() >= 20, timeout=60), (
+        first.text
+    )
+    first.sigkill_group()
+    in_flight = set(Message.objects.filter(status=Status.PROCESSING).values_list("message_id", flat=True))
+    assert in_flight, "the kill found no message in flight"
+    second = db_worker("--queue", "demo.record_tx", "--concurrency", "2", "--burst", **env)
+    procs.append(second)
+    assert second.popen.wait(timeout=120) == 0, second.text
+    counts = handled_counts("demo.record_tx")
+    assert len(counts) == 150 and set(counts.values()) == {1}
+    expired = collections.Counter(
+        MessageEvent.objects.filter(reason="lease_expired").values_list("message__message_id", flat=True)
+    )
+    assert set(expired) == in_flight and set(expired.values()) == {1}
+
+
+def test_two_db_workers_never_run_a_message_twice(procs):
+    service = ZeroLossMessageService()
+    service.persist_messages([(f"p{i}", "demo.record", {"i": i}) for i in range(300)])
+    workers = [db_worker("--queue", "demo.record", "--batch-size", "7", "--burst") for _ in range(2)]
+    procs.extend(workers)
+    for w in workers:
+        assert w.popen.wait(timeout=120) == 0, w.text
+    counts = handled_counts("demo.record")
+    assert len(counts) == 300 and set(counts.values()) == {1}
+    assert len(set(HandledRecord.objects.values_list("worker", flat=True))) == 2
+
+
+def test_db_worker_sigterm_releases_unstarted_batch(procs):
+    service = ZeroLossMessageService()
+    service.persist_messages([(f"s{i}", "demo.record", {"i": i, "sleep": 0.2}) for i in range(20)])
+    worker = db_worker("--queue", "demo.record", "--batch-size", "10", "--no-sweep")
+    procs.append(worker)
+    assert wait_until(lambda: HandledRecord.objects.count() >= 1, timeout=30), worker.text
+    assert worker.terminate() == 0, worker.text
+    assert Message.objects.filter(status=Status.PROCESSING).count() == 0
+    released = MessageEvent.objects.filter(reason="released").count()
+    assert released >= 1
+    pending = Message.objects.filter(status=Status.PENDING)
+    assert all(m.attempts == 0 for m in pending)
+    assert pending.count() + Message.objects.filter(status=Status.COMPLETED).count() == 20
+
+
+def test_worker_rejects_unknown_queue():
+    proc = db_worker("--queue", "nope")
+    assert proc.popen.wait(timeout=30) == 2
+    assert "No handler is registered for queue(s) nope" in proc.text

@@ -1,0 +1,128 @@
+"""Real Celery workers, beat and ``zeroloss_worker`` processes for the transport tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .conftest import ROOT, child_env
+
+
+class Proc:
+    """A process in its own session (so SIGKILL reaches its whole group), with captured output."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.args = args
+        self.popen = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.output: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.output.append(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.output)
+
+    def wait_for(self, needle: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.text:
+            if self.popen.poll() is not None:
+                raise AssertionError(
+                    f"{self.args[2:4]} exited ({self.popen.returncode}) before {needle!r}:\n{self.text[-4000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{needle!r} not seen in {timeout}s:\n{self.text[-4000:]}")
+            time.sleep(0.05)
+
+    def sigkill_group(self) -> None:
+        os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout=10)
+        self._reader.join(timeout=5)
+        return self.popen.returncode
+
+
+def worker_env(broker_url: str, **extra: str) -> dict[str, str]:
+    env = child_env(CELERY_BROKER_URL=broker_url, ZEROLOSS_LOG_LEVEL="INFO")
+    env.update(extra)
+    return env
+
+
+def celery_worker(broker_url: str, *, concurrency: int = 2, name: str = "w1", **extra: str) -> Proc:
+    proc = Proc(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "project",
+            "worker",
+            "--pool",
+            "prefork",
+            "--concurrency",
+            str(concurrency),
+            "--loglevel",
+            "INFO",
+            "--hostname",
+            f"{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "--prefetch-multiplier",
+            "1",
+        ],
+        worker_env(broker_url, **extra),
+    )
+    proc.wait_for("ready.")
+    return proc
+
+
+def celery_beat(broker_url: str, schedule_dir: Path, **extra: str) -> Proc:
+    return Proc(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "project",
+            "beat",
+            "--loglevel",
+            "INFO",
+            "--schedule",
+            str(schedule_dir / "beat-schedule"),
+            "--pidfile",
+            "",
+        ],
+        worker_env(broker_url, **extra),
+    )
+
+
+def db_worker(*args: str, **extra: str) -> Proc:
+    env = child_env(ZEROLOSS_LOG_LEVEL="INFO")
+    env.update(extra)
+    return Proc([sys.executable, "manage.py", "zeroloss_worker", *args], env)

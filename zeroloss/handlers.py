@@ -1,0 +1,81 @@
+"""The handler registry: which Python callable processes which queue.
+
+Handlers live in a ``zeroloss_handlers`` module of any installed app (autodiscovered at
+start-up, like ``admin.py``), or anywhere that is imported before workers start::
+
+    import zeroloss
+
+    @zeroloss.handler("emails")
+    def send_email(delivery):
+        mail.send(to=delivery.payload["to"])
+
+    @zeroloss.handler("ledger", transactional=True)
+    def book(delivery):
+        Entry.objects.create(...)  # commits with the acknowledgement, or not at all
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .exceptions import InvalidMessage, UnknownQueue
+
+if TYPE_CHECKING:
+    from .processing import Delivery
+
+HandlerFunc = Callable[["Delivery"], Any]
+F = TypeVar("F", bound=HandlerFunc)
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    queue_name: str
+    func: HandlerFunc
+    #: Run the handler and the acknowledgement in one database transaction, so the handler's
+    #: writes to the same database happen exactly once.
+    transactional: bool = False
+
+    @property
+    def name(self) -> str:
+        return (
+            f"{getattr(self.func, '__module__', '?')}.{getattr(self.func, '__qualname__', repr(self.func))}"
+        )
+
+
+_registry: dict[str, HandlerSpec] = {}
+
+
+def handler(queue_name: str, *, transactional: bool = False) -> Callable[[F], F]:
+    """Register the decorated callable as the handler of ``queue_name``."""
+    from .service import ZeroLossMessageService
+
+    ZeroLossMessageService._check_queue(queue_name)
+
+    def decorator(func: F) -> F:
+        existing = _registry.get(queue_name)
+        spec = HandlerSpec(queue_name, func, transactional)
+        if existing is not None and existing.name != spec.name:
+            raise InvalidMessage(f"Queue {queue_name!r} already has a handler: {existing.name}.")
+        _registry[queue_name] = spec
+        return func
+
+    return decorator
+
+
+def get_handler(queue_name: str) -> HandlerSpec:
+    try:
+        return _registry[queue_name]
+    except KeyError:
+        raise UnknownQueue(queue_name) from None
+
+
+def registered_queues() -> list[str]:
+    return sorted(_registry)
+
+
+def autodiscover() -> None:
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("zeroloss_handlers")
