@@ -1,0 +1,164 @@
+"""The JSON health view, the snapshot cache behind it, and the snapshot API."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+from django.urls import reverse
+
+from tests.test_ops_support import clear_cache, make_completed, make_dead, make_stuck
+from zeroloss.health import health_report
+from zeroloss.service import ZeroLossMessageService
+from zeroloss.snapshot import Snapshot, cache_key, compute_snapshot, get_snapshot, invalidate
+
+pytestmark = pytest.mark.django_db
+
+HEALTH_KEYS = {"status", "checks", "problems", "taken_at", "cached"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    clear_cache()
+    yield
+    clear_cache()
+
+
+def health(client) -> tuple[int, dict]:
+    response = client.get("/zeroloss/health/")
+    assert response["Content-Type"] == "application/json"
+    assert "no-cache" in response["Cache-Control"]
+    data = response.json()
+    assert set(data) == HEALTH_KEYS
+    return response.status_code, data
+
+
+def test_url_is_routed():
+    assert reverse("zeroloss:health") == "/zeroloss/health/"
+
+
+def test_healthy(client):
+    make_completed(["c1"])
+    code, data = health(client)
+    assert code == 200
+    assert data["status"] == "ok"
+    assert data["problems"] == []
+    assert data["checks"]["stuck"] == {"ok": True, "value": 0, "max": 0}
+    assert data["checks"]["dead"] == {"ok": True, "value": 0, "max": 100}
+    assert data["checks"]["replication"] == {
+        "ok": True,
+        "required": 0,
+        "available": 0,
+        "problems": [],
+    }
+    assert data["checks"]["database"] == {"ok": True}
+
+
+def test_stuck_above_threshold_fails(client, settings):
+    make_stuck(["s1", "s2"])
+    code, data = health(client)
+    assert code == 503
+    assert data["status"] == "fail"
+    assert data["checks"]["stuck"] == {"ok": False, "value": 2, "max": 0}
+    assert data["problems"] == ["2 stuck message(s) (expired leases), above HEALTH_MAX_STUCK=0"]
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "HEALTH_MAX_STUCK": 2}
+    clear_cache()
+    assert health(client)[0] == 200
+
+
+def test_dead_above_threshold_fails(client, settings):
+    make_dead(["d1", "d2"])
+    assert health(client)[0] == 200
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "HEALTH_MAX_DEAD": 1}
+    clear_cache()
+    code, data = health(client)
+    assert code == 503
+    assert data["checks"]["dead"] == {"ok": False, "value": 2, "max": 1}
+
+
+def test_unmet_replication_requirement_fails(client, settings):
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "REPLICATION_FACTOR": 2}
+    code, data = health(client)
+    assert code == 503
+    assert data["checks"]["replication"]["ok"] is False
+    assert data["checks"]["replication"]["required"] == 1
+    assert data["problems"]  # says why, in words
+
+
+def test_unreadable_database_fails_without_raising():
+    report = health_report(ZeroLossMessageService(using="missing"))
+    assert report.healthy is False
+    assert report.checks == {"database": {"ok": False, "error": "ConnectionDoesNotExist"}}
+
+
+def test_health_is_cached_for_cache_timeout(client):
+    assert health(client)[0] == 200
+    make_stuck(["s1"])
+    code, data = health(client)
+    assert (code, data["cached"]) == (200, True)  # a few seconds stale, by design
+    invalidate(ZeroLossMessageService())
+    assert health(client)[0] == 503
+
+
+def test_only_safe_methods(client):
+    assert client.post("/zeroloss/health/").status_code == 405
+
+
+class TestSnapshot:
+    def test_round_trips_through_the_cache(self):
+        make_stuck(["s1"], queue="a")
+        make_dead(["d1"], queue="b")
+        service = ZeroLossMessageService()
+        fresh = get_snapshot(service)
+        assert fresh.cached is False
+        cached = get_snapshot(service)
+        assert cached.cached is True
+        assert cached.as_dict() | {"cached": False} == fresh.as_dict()
+        assert isinstance(cached, Snapshot)
+        assert (cached.stuck, cached.dead, cached.total) == (1, 1, 2)
+        assert cached.queues["a"].stuck == 1
+        assert cached.for_queue("b").total == 1
+        assert cached.for_queue("zzz").queues == {}
+
+    def test_use_cache_false_reads_and_refreshes(self):
+        service = ZeroLossMessageService()
+        assert get_snapshot(service).total == 0
+        service.persist_message("m", "q", {})
+        assert get_snapshot(service).total == 0
+        assert get_snapshot(service, use_cache=False).total == 1
+        assert get_snapshot(service).total == 1  # the fresh read refreshed the cache
+
+    def test_cache_key_follows_the_settings_that_change_the_answer(self):
+        assert cache_key(ZeroLossMessageService()) != cache_key(ZeroLossMessageService(replication_factor=2))
+        assert cache_key(ZeroLossMessageService()) == cache_key(ZeroLossMessageService(ack_timeout=9))
+
+    def test_cache_timeout_zero_disables_caching(self, settings):
+        settings.ZEROLOSS = {**settings.ZEROLOSS, "CACHE_TIMEOUT": 0}
+        service = ZeroLossMessageService()
+        get_snapshot(service)
+        service.persist_message("m", "q", {})
+        assert get_snapshot(service).total == 1
+
+    @override_settings(
+        CACHES={"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"}}
+    )
+    def test_a_broken_cache_never_breaks_a_read(self):
+        # Nothing listens on port 1: every cache call fails; the snapshot still comes back.
+        service = ZeroLossMessageService()
+        service.persist_message("m", "q", {})
+        assert get_snapshot(service).total == 1
+        assert get_snapshot(service).cached is False
+        invalidate(service)
+
+    def test_oldest_pending_age_ignores_messages_not_yet_due(self):
+        service = ZeroLossMessageService()
+        service.persist_message("later", "q", {}, delay=3600)
+        snap = compute_snapshot(service)
+        assert snap.queues["q"].oldest_pending_age == 0.0
+        service.persist_message("now", "r", {})
+        import time
+
+        time.sleep(0.2)
+        snap = compute_snapshot(service)
+        assert snap.queues["r"].oldest_pending_age is not None
+        assert snap.queues["r"].oldest_pending_age >= 0.2
+        assert snap.oldest_pending_age == snap.queues["r"].oldest_pending_age

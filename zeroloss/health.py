@@ -1,0 +1,155 @@
+"""Health of the ledger for load balancers and monitors.
+
+Unhealthy when any of these holds (thresholds in ``ZEROLOSS``):
+
+- more stuck messages (expired leases) than ``HEALTH_MAX_STUCK`` (default 0);
+- more dead letters than ``HEALTH_MAX_DEAD`` (default 100);
+- the replication requirement (``REPLICATION_FACTOR``/``PERSISTENCE_LEVEL``) is unmet, as
+  *measured* from the primary's streaming standbys;
+- the database cannot be read.
+
+:func:`health_view` is a plain JSON view (HTTP 200 healthy, 503 unhealthy), routed at
+``health/`` by ``zeroloss.urls``. When ``django-health-check`` is installed,
+:class:`ZeroLossHealthCheck` plugs into it (4.x ``HealthCheck`` API; on 3.x
+:class:`ZeroLossHealthCheckBackend` is the ``plugin_dir`` backend). Readings come from the
+cached snapshot (``CACHE_TIMEOUT``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+
+from .service import ZeroLossMessageService
+from .snapshot import get_snapshot
+
+logger = logging.getLogger("zeroloss")
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """The verdict and the numbers behind it (the JSON view's body, see docs/operations.md)."""
+
+    healthy: bool
+    checks: dict[str, dict[str, Any]]
+    problems: list[str] = field(default_factory=list)
+    taken_at: str | None = None
+    cached: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "status": "ok" if self.healthy else "fail",
+            "checks": self.checks,
+            "problems": list(self.problems),
+            "taken_at": self.taken_at,
+            "cached": self.cached,
+        }
+
+
+def health_report(service: ZeroLossMessageService | None = None, *, use_cache: bool = True) -> HealthReport:
+    """Evaluate the thresholds against a (possibly cached) snapshot; never raises on a DB failure."""
+    service = service or ZeroLossMessageService()
+    cfg = service.settings
+    try:
+        snap = get_snapshot(service, use_cache=use_cache)
+    except Exception as exc:
+        logger.exception("zeroloss: health check could not read the ledger")
+        return HealthReport(
+            healthy=False,
+            checks={"database": {"ok": False, "error": type(exc).__name__}},
+            problems=[f"database {service.using!r} could not be read ({type(exc).__name__})"],
+        )
+    stuck_ok = snap.stuck <= cfg.HEALTH_MAX_STUCK
+    dead_ok = snap.dead <= cfg.HEALTH_MAX_DEAD
+    rep = snap.replication
+    problems: list[str] = []
+    if not stuck_ok:
+        problems.append(
+            f"{snap.stuck} stuck message(s) (expired leases), above HEALTH_MAX_STUCK={cfg.HEALTH_MAX_STUCK}"
+        )
+    if not dead_ok:
+        problems.append(f"{snap.dead} dead letter(s), above HEALTH_MAX_DEAD={cfg.HEALTH_MAX_DEAD}")
+    problems += rep.problems if not rep.ok else []
+    if not rep.ok and not rep.problems:
+        problems.append("replication requirement unmet")
+    return HealthReport(
+        healthy=stuck_ok and dead_ok and rep.ok,
+        checks={
+            "database": {"ok": True},
+            "stuck": {"ok": stuck_ok, "value": snap.stuck, "max": cfg.HEALTH_MAX_STUCK},
+            "dead": {"ok": dead_ok, "value": snap.dead, "max": cfg.HEALTH_MAX_DEAD},
+            "replication": {"ok": rep.ok, **dataclasses.asdict(rep)},
+        },
+        problems=problems,
+        taken_at=snap.taken_at.isoformat(),
+        cached=snap.cached,
+    )
+
+
+@never_cache
+@require_safe
+def health_view(request: HttpRequest) -> JsonResponse:
+    """``{"status": "ok"|"fail", ...}`` with HTTP 200 or 503."""
+    report = health_report(ZeroLossMessageService(using=DEFAULT_DB_ALIAS))
+    return JsonResponse(report.as_dict(), status=200 if report.healthy else 503)
+
+
+# -- django-health-check --------------------------------------------------------------
+
+try:  # django-health-check >= 4: dataclass checks listed on HealthCheckView(checks=[...])
+    from health_check.base import HealthCheck as _HealthCheck4
+except ImportError:  # not installed, or 3.x
+    _HealthCheck4 = None
+
+try:  # django-health-check 3.x: backends registered with plugin_dir
+    from health_check.backends import BaseHealthCheckBackend as _Backend3
+except ImportError:
+    _Backend3 = None
+
+
+def _unhealthy_message(report: HealthReport) -> str:
+    return "; ".join(report.problems) or "unhealthy"
+
+
+if _HealthCheck4 is not None:
+    from asgiref.sync import sync_to_async
+    from health_check.exceptions import ServiceUnavailable
+
+    @dataclasses.dataclass
+    class ZeroLossHealthCheck(_HealthCheck4):
+        """``HealthCheckView.as_view(checks=[..., "zeroloss.health.ZeroLossHealthCheck"])``."""
+
+        alias: str = DEFAULT_DB_ALIAS
+
+        async def run(self) -> None:
+            # The request's own thread and connection, never a fresh one per executor thread.
+            report = await sync_to_async(self._report, thread_sensitive=True)()
+            if not report.healthy:
+                raise ServiceUnavailable(_unhealthy_message(report))
+
+        def _report(self) -> HealthReport:
+            return health_report(ZeroLossMessageService(using=self.alias))
+
+
+if _Backend3 is not None:
+    from health_check.exceptions import ServiceUnavailable as _Unavailable3
+
+    class ZeroLossHealthCheckBackend(_Backend3):
+        """For django-health-check 3.x: ``plugin_dir.register(ZeroLossHealthCheckBackend)``."""
+
+        critical_service = True
+
+        def check_status(self, subset: Any = None) -> None:
+            report = health_report()
+            if not report.healthy:
+                self.add_error(_Unavailable3(_unhealthy_message(report)))
+
+        def identifier(self) -> str:
+            return "zeroloss"
