@@ -65,7 +65,12 @@ def run(role: str, args: dict[str, Any]) -> int:
     if role == "persist":
         started = time.monotonic()
         try:
-            if args.get("atomic"):
+            if args.get("batch"):
+                stored = service.persist_messages(
+                    [(m, args.get("queue", "repl"), args["data"]) for m in args["batch"]]
+                )
+                _emit(ok=True, commit_lsns=[m.commit_lsn for m in stored], elapsed=time.monotonic() - started)
+            elif args.get("atomic"):
                 with transaction.atomic():
                     service.persist_message(args["message_id"], args.get("queue", "repl"), args["data"])
                     _emit(inside_atomic="returned")

@@ -133,6 +133,9 @@ def test_replicated_persist_is_confirmed_by_the_standby_and_readable_there(nodes
         "detail": report["detail"],
     }
     assert report["detail"].startswith("1 of 1 standby(s) replayed WAL position ")
+    batch = nodes.run("persist", {"batch": ["rb-1", "rb-2", "rb-3"], "data": {}, "zeroloss": REPLICATED}).one
+    assert batch["ok"] is True and len(set(batch["commit_lsns"])) == 1 and batch["commit_lsns"][0] > 0
+    assert all(nodes.standby_row(m) is not None for m in ("rb-1", "rb-2", "rb-3"))
     # Two copies exist; three are not claimed.
     three = nodes.run("verify", {"message_id": "r-1", "zeroloss": {"REPLICATION_FACTOR": 3}}).one
     assert three["valid"] is False and three["confirmed"] == 2

@@ -290,7 +290,6 @@ def record_commit(service: ZeroLossMessageService, messages: Sequence[Message], 
     this commit, which lies after the target. Returns the target position.
     """
     pks = [m.pk for m in messages]
-    marks = ",".join(["%s"] * len(pks))
     with transaction.atomic(using=service.using), service.connection.cursor() as cursor:
         cursor.execute("SET LOCAL synchronous_commit TO remote_apply")
         # If the primary has synchronous_standby_names, COMMIT waits for them: bound it.
@@ -298,12 +297,12 @@ def record_commit(service: ZeroLossMessageService, messages: Sequence[Message], 
         target = _insert_lsn(service)
         if pks:
             cursor.execute(
-                f"UPDATE {MSG} SET commit_lsn = %s WHERE id IN ({marks}) AND commit_lsn IS NULL",
-                [target, *pks],
+                f"UPDATE {MSG} SET commit_lsn = %s WHERE id = ANY(%s) AND commit_lsn IS NULL",
+                [target, pks],
             )
         cursor.execute("SELECT pg_current_xact_id()")  # a commit record even when nothing changed
         if pks:
-            cursor.execute(f"SELECT id, commit_lsn FROM {MSG} WHERE id IN ({marks})", pks)
+            cursor.execute(f"SELECT id, commit_lsn FROM {MSG} WHERE id = ANY(%s)", [pks])
             recorded = dict(cursor.fetchall())
             for m in messages:
                 m.commit_lsn = recorded.get(m.pk, target)
