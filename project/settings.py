@@ -100,6 +100,7 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "")
 ZEROLOSS = {
     "ACK_TIMEOUT": float(os.environ.get("ZEROLOSS_ACK_TIMEOUT", 5)),
     "MAX_ATTEMPTS": 5,
+    "RETRY_BACKOFF": {"BASE": float(os.environ.get("ZEROLOSS_RETRY_BACKOFF_BASE", 1)), "MAX": 300},
     "SWEEP_INTERVAL": float(os.environ.get("ZEROLOSS_SWEEP_INTERVAL", 2)),
     "REDISPATCH_AFTER": float(os.environ.get("ZEROLOSS_REDISPATCH_AFTER", 30)),
     # With a broker, Celery carries messages; without one, the built-in worker polls the ledger.

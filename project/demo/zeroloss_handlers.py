@@ -36,3 +36,15 @@ def record(delivery: Delivery) -> None:
 def record_tx(delivery: Delivery) -> None:
     """Exactly-once effects: the record commits in the acknowledgement's transaction."""
     _record(delivery)
+
+
+@zeroloss.handler("demo.orders", transactional=True)
+def book_order(delivery: Delivery) -> None:
+    """The demo's orders: the booking commits with the acknowledgement."""
+    _record(delivery)
+
+
+@zeroloss.handler("demo.emails", transactional=True)
+def send_email(delivery: Delivery) -> None:
+    """The demo's emails: some payloads always fail, to show the dead-letter path."""
+    _record(delivery)

@@ -1,0 +1,345 @@
+"""The zero-loss demo: ``make demo`` (or ``python -m project.demo.run``).
+
+On the embedded default (SQLite file, built-in database worker, no broker) it:
+
+1. migrates and creates an admin user, printing its credentials;
+2. sends a few thousand messages to two queues inside transactions;
+3. runs several worker processes, SIGKILLs one of them while it holds leases, and lets the
+   recovery sweep give its messages back;
+4. prints a live progress view, then a summary computed from the ledger and from the
+   handlers' own records (``HandledRecord``): sent, completed, recovered by the sweep,
+   dead-lettered, lost, handled twice;
+5. serves the admin and the dashboard at http://127.0.0.1:8000/admin/ until Ctrl-C
+   (``--no-serve`` skips this).
+
+With ``DATABASE_URL=postgres://...`` and ``CELERY_BROKER_URL=redis://...`` the same demo runs
+on PostgreSQL with Celery workers and beat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+VAR = Path(os.environ.get("ZEROLOSS_VAR_DIR", ROOT / "var"))
+ORDERS = "demo.orders"
+EMAILS = "demo.emails"
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--messages", type=int, default=3000, help="Messages to send (default 3000).")
+    parser.add_argument("--workers", type=int, default=3, help="Worker processes (default 3).")
+    parser.add_argument(
+        "--fail-every", type=int, default=50, help="Every Nth email always fails (dead letter)."
+    )
+    parser.add_argument(
+        "--no-serve", action="store_true", help="Exit after the summary instead of serving the admin."
+    )
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--json", metavar="FILE", help="Also write the summary as JSON to FILE.")
+    parser.add_argument("--timeout", type=float, default=300, help="Give up waiting after this many seconds.")
+    args = parser.parse_args()
+    if args.messages < 10 or args.workers < 2 or args.fail_every < 2:
+        parser.error("--messages must be >= 10, --workers >= 2 and --fail-every >= 2")
+    return args
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    # Short retry backoff so the dead-letter path shows within the demo's run time.
+    env.setdefault("ZEROLOSS_RETRY_BACKOFF_BASE", "0.2")
+    return env
+
+
+class Workers:
+    """The worker processes: ``zeroloss_worker`` on the embedded default, Celery with a broker."""
+
+    def __init__(self, count: int, celery: bool) -> None:
+        self.celery = celery
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.killed: list[int] = []
+        self.log = open(VAR / "demo-workers.log", "ab")  # noqa: SIM115
+        for n in range(count):
+            self.procs.append(self._start(n))
+        if celery:
+            self.procs.append(
+                self._spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "project",
+                        "beat",
+                        "--loglevel",
+                        "WARNING",
+                        "--schedule",
+                        str(VAR / "demo-beat-schedule"),
+                    ]
+                )
+            )
+
+    def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=_env(), stdout=self.log, stderr=self.log, start_new_session=True
+        )
+
+    def _start(self, n: int) -> subprocess.Popen[bytes]:
+        if self.celery:
+            return self._spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "project",
+                    "worker",
+                    "--pool",
+                    "prefork",
+                    "--concurrency",
+                    "1",
+                    "--loglevel",
+                    "WARNING",
+                    "--hostname",
+                    f"demo{n}@%h",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--prefetch-multiplier",
+                    "1",
+                ]
+            )
+        return self._spawn(
+            [
+                sys.executable,
+                "manage.py",
+                "zeroloss_worker",
+                "--queue",
+                ORDERS,
+                "--queue",
+                EMAILS,
+                "--batch-size",
+                "10",
+            ]
+        )
+
+    def pids(self, proc: subprocess.Popen[bytes]) -> set[int]:
+        """The process and its children (Celery's prefork pool runs handlers in children)."""
+        pids = {proc.pid}
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True)
+        pids |= {int(p) for p in out.stdout.split()}
+        return pids
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        self.killed.append(proc.pid)
+
+    def alive(self) -> int:
+        return sum(1 for p in self.procs if p.poll() is None)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def _counts(prefix: str) -> dict[str, int]:
+    from django.db.models import Count
+
+    from project.demo.models import HandledRecord
+    from zeroloss.models import Message, MessageEvent
+
+    mine = Message.objects.filter(message_id__startswith=prefix)
+    by_status = {row["status"]: row["n"] for row in mine.values("status").annotate(n=Count("id"))}
+    events = MessageEvent.objects.filter(message__message_id__startswith=prefix)
+    handled = HandledRecord.objects.filter(message_id__startswith=prefix)
+    twice = handled.values("message_id").annotate(n=Count("id")).filter(n__gt=1).count()
+    return {
+        "stored": sum(by_status.values()),
+        "pending": by_status.get("pending", 0),
+        "processing": by_status.get("processing", 0),
+        "completed": by_status.get("completed", 0),
+        "dead": by_status.get("dead", 0),
+        "recovered": events.filter(reason="lease_expired").count(),
+        "handled": handled.values("message_id").distinct().count(),
+        "handled_twice": twice,
+    }
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Any]:
+    tty = sys.stdout.isatty()
+
+    def show(line: str) -> None:
+        if tty:
+            sys.stdout.write("\r\033[K" + line)
+        else:
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    yield show
+    if tty:
+        sys.stdout.write("\n")
+
+
+def main() -> int:
+    args = _parse()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    os.environ.setdefault("ZEROLOSS_RETRY_BACKOFF_BASE", "0.2")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection, transaction
+
+    import zeroloss
+    from zeroloss.models import Message
+
+    celery = settings.ZEROLOSS.get("TRANSPORT") == "celery"
+    where = f"{connection.vendor} ({connection.settings_dict['NAME']})"
+    print(f"zeroloss demo on {where}, {'Celery workers + beat' if celery else 'built-in database workers'}")
+
+    call_command("migrate", verbosity=0)
+    password = secrets.token_urlsafe(9)
+    user_model = get_user_model()
+    admin, _ = user_model.objects.get_or_create(
+        username="admin", defaults={"is_staff": True, "is_superuser": True}
+    )
+    admin.is_staff = admin.is_superuser = True
+    admin.set_password(password)
+    admin.save()
+    print(f"admin user: admin / {password}")
+
+    run = uuid.uuid4().hex[:8]
+    prefix = f"demo-{run}-"
+    print(f"run {run}: sending {args.messages} messages to {ORDERS} and {EMAILS} ...")
+    started = time.monotonic()
+    workers = Workers(args.workers, celery)
+    sent = 0
+    failing = 0
+    emails_max_attempts = 3
+    try:
+        batch = 100
+        for start in range(0, args.messages, batch):
+            with transaction.atomic():
+                for i in range(start, min(start + batch, args.messages)):
+                    if i % 2:
+                        fail = (i // 2) % args.fail_every == 0
+                        failing += fail
+                        zeroloss.send(
+                            EMAILS,
+                            {"to": f"user{i}@example.com", "fail": fail, "sleep": 0.002},
+                            message_id=f"{prefix}{i}",
+                            max_attempts=emails_max_attempts,
+                        )
+                    else:
+                        zeroloss.send(ORDERS, {"order": i, "sleep": 0.002}, message_id=f"{prefix}{i}")
+                    sent += 1
+        print(
+            f"sent {sent} messages in {time.monotonic() - started:.1f}s "
+            f"({failing} emails are built to fail and will be dead-lettered)"
+        )
+
+        victim = workers.procs[0]
+        deadline = time.monotonic() + args.timeout
+        with _progress(True) as show:
+            while time.monotonic() < deadline:
+                c = _counts(prefix)
+                if victim.pid not in workers.killed:
+                    pids = workers.pids(victim)
+                    held = (
+                        Message.objects.filter(message_id__startswith=prefix, status="processing")
+                        .filter(claimed_by__regex=r":(" + "|".join(str(p) for p in pids) + r"):")
+                        .count()
+                    )
+                    if held and c["completed"] > args.messages // 10:
+                        workers.kill(victim)
+                        show(f"SIGKILL worker pid {victim.pid} while it holds {held} lease(s)")
+                        if sys.stdout.isatty():
+                            sys.stdout.write("\n")
+                show(
+                    f"completed {c['completed']:>5}  dead {c['dead']:>3}  pending {c['pending']:>5}  "
+                    f"processing {c['processing']:>3}  recovered by sweep {c['recovered']:>3}  "
+                    f"workers alive {workers.alive()}"
+                )
+                if c["completed"] + c["dead"] >= sent and victim.pid in workers.killed:
+                    break
+                time.sleep(0.5)
+        final = _counts(prefix)
+        lost = sent - final["stored"] + (final["completed"] - final["handled"])
+        summary = {
+            "run": run,
+            "database": connection.vendor,
+            "transport": "celery" if celery else "database",
+            "sent": sent,
+            "completed": final["completed"],
+            "recovered_by_sweep": final["recovered"],
+            "dead_lettered": final["dead"],
+            "still_pending_or_processing": final["pending"] + final["processing"],
+            "lost": lost,
+            "handled_twice": final["handled_twice"],
+            "killed_worker_pids": workers.killed,
+            "seconds": round(time.monotonic() - started, 1),
+        }
+        print("\nsummary (from the ledger and the handlers' own records)")
+        for key in (
+            "sent",
+            "completed",
+            "recovered_by_sweep",
+            "dead_lettered",
+            "still_pending_or_processing",
+            "lost",
+            "handled_twice",
+            "seconds",
+        ):
+            print(f"  {key.replace('_', ' '):<28} {summary[key]}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(summary, indent=2))
+        if args.no_serve:
+            return 0 if lost == 0 and final["handled_twice"] == 0 else 1
+        print(
+            f"\nadmin and dashboard: http://127.0.0.1:{args.port}/admin/  (admin / {password})  Ctrl-C stops"
+        )
+        server = subprocess.Popen(
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"],
+            cwd=ROOT,
+            env=_env(),
+        )
+        try:
+            server.wait()
+        except KeyboardInterrupt:
+            server.send_signal(signal.SIGINT)
+            server.wait(timeout=10)
+        return 0
+    finally:
+        workers.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
