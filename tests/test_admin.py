@@ -434,6 +434,24 @@ def test_detail_page_shows_integrity_lease_and_audit_trail(ledger: Ledger) -> No
     assert 'value="requeue_stuck"' not in html
     stuck = client.get(reverse("admin:zeroloss_message_change", args=[pk("s1")])).content.decode()
     assert "Stuck in processing" in stuck
+    # Only the actions that apply to the message's state are offered on its page.
+    root = client_for(make_user("root", superuser=True))
+    offered = {
+        mid: set(
+            re.findall(
+                r'name="action" value="([a-z_]+)"',
+                root.get(reverse("admin:zeroloss_message_change", args=[pk(mid)])).content.decode(),
+            )
+        )
+        for mid in ("p1", "s1", "l1", "d1", "c1")
+    }
+    assert offered == {
+        "p1": {"dead_letter"},
+        "s1": {"requeue_stuck", "force_requeue", "dead_letter"},
+        "l1": {"force_requeue", "dead_letter"},
+        "d1": {"redrive"},
+        "c1": set(),
+    }
 
 
 def test_dashboard_numbers(ledger: Ledger) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.utils import unquote
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -665,10 +666,21 @@ class MessageAdmin(admin.ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
+        obj = self.get_object(request, unquote(object_id))
+        relevant: set[str] = set()
+        if obj is not None:
+            lease, _left = _lease_info(obj, self._now(obj))
+            applies = {
+                "requeue_stuck": lease == "expired",
+                "force_requeue": obj.status == Status.PROCESSING,
+                "redrive": obj.status == Status.DEAD,
+                "dead_letter": obj.status in (Status.PENDING, Status.PROCESSING),
+            }
+            relevant = {name for name, ok in applies.items() if ok}
         allowed = [
             (name, entry[2])
             for name, entry in (self.get_actions(request) or {}).items()
-            if entry is not None and name in ("requeue_stuck", "force_requeue", "redrive", "dead_letter")
+            if entry is not None and name in relevant
         ]
         context = {"message_actions": allowed, **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context=context)

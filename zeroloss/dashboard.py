@@ -186,7 +186,7 @@ def throughput_chart(service: ZeroLossMessageService, now: dt.datetime) -> Chart
     peak = max([*completed, *persisted, 0])
     top = _nice_ceiling(peak)
     width, height, left, bottom = 720, 180, 48, 20
-    plot_w, plot_h = width - left - 8, height - bottom - 8
+    plot_w, plot_h = width - left - 24, height - bottom - 8
     slot = plot_w / CHART_MINUTES
     bars = []
     points = []

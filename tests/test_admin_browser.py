@@ -1,0 +1,212 @@
+"""The operator's desk in a real browser: headless Chromium (Debian's package) via Playwright.
+
+No browser is ever downloaded: Playwright drives ``/usr/bin/chromium`` (``ZEROLOSS_CHROMIUM``
+overrides the path). A missing Chromium is a failure, never a skip. Screenshots go to the
+test's tmp dir, and into ``ZEROLOSS_SCREENSHOTS_DIR`` when it is set (``docs/img/`` uses them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import connections
+
+from zeroloss.models import Message, MessageEvent, Status
+from zeroloss.service import ZeroLossMessageService
+
+CHROMIUM = os.environ.get("ZEROLOSS_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+OPERATOR_PERMS = (
+    "view_message",
+    "requeue_message",
+    "force_requeue_message",
+    "redrive_message",
+    "view_replicationnode",
+)
+
+
+@pytest.fixture
+def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(
+            f"Chromium not found at {CHROMIUM}: install Debian's package (apt-get install chromium) "
+            "or set ZEROLOSS_CHROMIUM. The browser tests never download a browser."
+        )
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls the test makes
+    # between page steps are ordinary synchronous ones.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1360, "height": 900}, device_scale_factor=1)
+            page = context.new_page()
+            page.set_default_timeout(15_000)
+            yield page
+        finally:
+            # ORM calls made while Playwright's loop runs get their own connection (Django's
+            # connections are context-local); close it so the test database can be dropped.
+            connections.close_all()
+            browser.close()
+
+
+class Shots:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        extra = os.environ.get("ZEROLOSS_SCREENSHOTS_DIR")
+        self.extra = Path(extra) if extra else None
+        self.taken: list[Path] = []
+
+    def take(self, page: Any, name: str, *, full_page: bool = True) -> Path:
+        path = self.tmp / name
+        page.screenshot(path=str(path), full_page=full_page)
+        assert path.stat().st_size > 10_000, f"{name} looks empty"
+        if self.extra is not None:
+            self.extra.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, self.extra / name)
+        self.taken.append(path)
+        return path
+
+
+def make_ledger() -> dict[str, Any]:
+    """A small, realistic ledger, made only through the service."""
+    worker = ZeroLossMessageService(instance_id="worker-a:4711")
+    worker.persist_messages(
+        [(f"order-{i}-email", "emails", {"order": i, "to": f"customer{i}@example.com"}) for i in range(1, 25)]
+    )
+    worker.persist_messages(
+        [(f"sms-{i}", "sms", {"to": f"+4420700{i:04d}", "text": "Your code"}) for i in range(1, 9)]
+    )
+    for lease in worker.claim_next("emails", limit=14):
+        worker.acknowledge_message(lease.message_id, lease.token)
+    for lease in worker.claim_next("sms", limit=3):
+        worker.acknowledge_message(lease.message_id, lease.token)
+    worker.persist_message("invoice-77", "billing", {"invoice": 77, "amount": "129.00"}, max_attempts=1)
+    lease = worker.mark_processing("invoice-77")
+    assert lease
+    worker.mark_failed("invoice-77", lease.token, "SMTPServerDisconnected('Connection unexpectedly closed')")
+    crashed = ZeroLossMessageService(instance_id="worker-b:912 (crashed)", ack_timeout=0.1)
+    crashed.persist_messages(
+        [("order-101-email", "emails", {"order": 101}), ("sms-101", "sms", {"to": "+1"})]
+    )
+    assert crashed.mark_processing("order-101-email")
+    assert crashed.mark_processing("sms-101")
+    live = ZeroLossMessageService(instance_id="worker-c:3301", ack_timeout=900)
+    live.persist_message("report-2024-q4", "reports", {"report": "q4", "format": "pdf"})
+    live_lease = live.mark_processing("report-2024-q4")
+    assert live_lease
+    ZeroLossMessageService().register_replication_node("standby-1", "10.0.0.12", role="standby")
+    time.sleep(0.3)  # the crashed worker's leases expire: two stuck messages
+    assert set(Message.objects.stuck().values_list("message_id", flat=True)) == {"order-101-email", "sms-101"}
+    return {"live": live, "live_lease": live_lease}
+
+
+def login(page: Any, base: str) -> None:
+    page.goto(f"{base}/admin/login/?next=/admin/")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "correct horse battery staple")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{base}/admin/")
+
+
+def run_action(page: Any, action: str) -> None:
+    page.select_option("select[name=action]", action)
+    page.click("button[name=index]")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_operator_desk_in_a_real_browser(live_server: Any, browser_page: Any, tmp_path: Path) -> None:
+    page = browser_page
+    base = live_server.url
+    shots = Shots(tmp_path)
+    ledger = make_ledger()
+    user = User.objects.create_user("operator", password="correct horse battery staple", is_staff=True)
+    for codename in OPERATOR_PERMS:
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label="zeroloss", codename=codename)
+        )
+
+    login(page, base)
+    # The admin index links the operator's desk.
+    assert page.locator("#zl-desk-link a", has_text="Dashboard").is_visible()
+
+    # Filter stuck messages.
+    page.goto(f"{base}/admin/zeroloss/message/")
+    page.click("#changelist-filter >> text=Expired (stuck)")
+    page.wait_for_url("**lease=stuck**")
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 2
+    assert page.locator("#result_list", has_text="expired (stuck)").count() == 1
+    assert page.locator("#result_list", has_text="worker-b:912 (crashed)").count() == 1
+    page.goto(f"{base}/admin/zeroloss/message/")
+    shots.take(page, "admin-changelist.png", full_page=False)
+
+    # Requeue them; the sweep would have done the same, exactly once.
+    page.goto(f"{base}/admin/zeroloss/message/?lease=stuck")
+    page.check("#action-toggle")
+    run_action(page, "requeue_stuck")
+    assert page.locator("ul.messagelist li.success").inner_text() == "2 stuck messages were requeued."
+    assert set(
+        Message.objects.filter(message_id__in=["order-101-email", "sms-101"]).values_list("status", flat=True)
+    ) == {Status.PENDING}
+    assert not Message.objects.stuck().exists()
+
+    # The new audit row, with the operator's name, on the detail page.
+    pk = Message.objects.get(message_id="order-101-email").pk
+    page.goto(f"{base}/admin/zeroloss/message/{pk}/change/")
+    last_row = page.locator("table.zl-audit tbody tr").last
+    assert "requeued_by_operator" in last_row.inner_text()
+    assert "operator" in last_row.inner_text()
+    assert page.locator(".field-integrity", has_text="valid").count() == 1
+    event = MessageEvent.objects.for_message("order-101-email").last()
+    assert event is not None
+    assert (event.reason, event.actor) == ("requeued_by_operator", "operator")
+
+    # Redrive the dead letter.
+    page.goto(f"{base}/admin/zeroloss/message/?status__exact=dead")
+    assert page.locator("#result_list tbody tr").count() == 1
+    page.check("#result_list tbody input.action-select")
+    run_action(page, "redrive")
+    assert "1 dead letter was redriven to pending" in page.locator("ul.messagelist").inner_text()
+    invoice = Message.objects.get(message_id="invoice-77")
+    assert (invoice.status, invoice.attempts) == (Status.PENDING, 0)
+
+    # Force-requeue a live lease: only after the confirmation page.
+    pk = Message.objects.get(message_id="report-2024-q4").pk
+    page.goto(f"{base}/admin/zeroloss/message/{pk}/change/")
+    shots.take(page, "admin-detail.png")
+    page.click("button[value=force_requeue]")
+    assert page.locator(".zl-warning", has_text="The running worker will lose its lease.").is_visible()
+    assert "acknowledgement will be refused" in page.locator(".zl-warning").inner_text()
+    assert Message.objects.get(message_id="report-2024-q4").status == Status.PROCESSING
+    page.click("input[type=submit][value='Yes, revoke the leases and requeue']")
+    assert "1 message was requeued; its lease was revoked." in page.locator("ul.messagelist").inner_text()
+    assert ledger["live"].acknowledge_message("report-2024-q4", ledger["live_lease"].token) is False
+
+    # The dashboard.
+    page.goto(f"{base}/admin/zeroloss/message/")
+    page.click("a.zl-dashboard-link")
+    page.wait_for_url("**/dashboard/")
+    assert page.locator("#zl-throughput rect.zl-bar").count() == 60
+    assert page.locator("#zl-stuck .zl-card-value").inner_text() == "0"
+    assert page.locator("#zl-dead .zl-card-value").inner_text() == "0"
+    assert page.locator("#zl-matrix tbody tr").count() == 4
+    assert page.locator("#zl-nodes", has_text="standby-1").count() == 1
+    assert page.locator("meta[http-equiv=refresh]").count() == 1
+    shots.take(page, "dashboard.png")
+    assert len(shots.taken) == 3
