@@ -402,6 +402,13 @@ class MessageAdmin(admin.ModelAdmin):
     def _run(
         self, request: HttpRequest, call: Callable[[list[str]], Sequence[str]], ids: list[str]
     ) -> list[str] | None:
+        if not ids:
+            self.message_user(
+                request,
+                _("None of the selected messages exists any more (purged meanwhile); nothing was changed."),
+                messages.WARNING,
+            )
+            return None
         try:
             return list(call(ids))
         except MessageNotFound as exc:
