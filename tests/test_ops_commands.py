@@ -354,17 +354,17 @@ class TestRequeueSelection:
 
     def test_older_than_uses_the_database_clock(self):
         make_dead(["old"])
-        time.sleep(1.2)
+        time.sleep(2.2)
         make_dead(["new"])
         dry = run(
-            "zeroloss_requeue", "--queue", "q", "--state", "dead", "--older-than", "1s", "--dry-run", "--json"
+            "zeroloss_requeue", "--queue", "q", "--state", "dead", "--older-than", "2s", "--dry-run", "--json"
         )
         assert json.loads(dry.out)["requeued"] == ["old"]
         r = run(
-            "zeroloss_requeue", "--queue", "q", "--state", "dead", "--older-than", "1s", "--yes", "--json"
+            "zeroloss_requeue", "--queue", "q", "--state", "dead", "--older-than", "2s", "--yes", "--json"
         )
         data = json.loads(r.out)
-        assert (data["requeued"], data["selection"]["older_than_seconds"]) == (["old"], 1.0)
+        assert (data["requeued"], data["selection"]["older_than_seconds"]) == (["old"], 2.0)
         assert statuses() == {"old": "pending", "new": "dead"}
         none = run("zeroloss_requeue", "--queue", "q", "--state", "dead", "--older-than", "1h", "--json")
         assert none.code == 0
@@ -453,11 +453,11 @@ class TestPurge:
 
     def test_older_than_keeps_recent_messages(self):
         make_completed(["old"])
-        time.sleep(1.2)
+        time.sleep(2.2)
         make_completed(["new"])
-        r = run("zeroloss_purge", "--older-than", "1s", "--yes")
+        r = run("zeroloss_purge", "--older-than", "2s", "--yes")
         assert r.code == 0
-        assert "purged 1 completed message(s) older than 1s" in r.out
+        assert "purged 1 completed message(s) older than 2s" in r.out
         assert statuses() == {"new": "completed"}
 
     def test_dry_run_changes_nothing(self):
