@@ -22,6 +22,9 @@ def _emit(**data: Any) -> None:
 def _wait_for(path: str | None) -> None:
     if not path:
         return
+    from django.db import connection
+
+    connection.ensure_connection()  # connect before the signal, so all start at once
     deadline = time.monotonic() + 60
     while not Path(path).exists():
         if time.monotonic() > deadline:

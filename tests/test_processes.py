@@ -68,7 +68,7 @@ def test_four_concurrent_sweepers_move_500_orphans_exactly_once(children, live_s
     assert len(short.claim_next("q", limit=500)) == 500
     time.sleep(0.8)  # every orphan's lease is now expired; the holder keeps renewing its own
     start = tmp_path / "go"
-    sweepers = [children.spawn("sweep", {"start_file": str(start), "batch_size": 25}) for _ in range(4)]
+    sweepers = [children.spawn("sweep", {"start_file": str(start), "batch_size": 5}) for _ in range(4)]
     time.sleep(1.5)  # let all four finish Django start-up and wait on the signal
     start.touch()
     results = [children.finish(p)[0] for p in sweepers]

@@ -70,6 +70,9 @@ class ZeroLossSettings:
     COMPLETED_RETENTION: float = 7 * 24 * 3600.0
     #: Largest accepted payload, in bytes of canonical UTF-8 JSON.
     MAX_PAYLOAD_BYTES: int = 256 * 1024
+    #: Prepare the hot-path statements once per PostgreSQL connection. Turn off behind a
+    #: pooler that cannot keep prepared statements (PgBouncer < 1.21 in transaction mode).
+    PREPARED_STATEMENTS: bool = True
     #: Seconds that status, dashboard, metrics and health reads may be cached (0 disables).
     CACHE_TIMEOUT: float = 5.0
     #: Thresholds for the health check: above them the check fails.
@@ -149,6 +152,10 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
         elif key == "PERSISTENCE_LEVEL":
             if value not in PERSISTENCE_LEVELS:
                 raise SettingError(key, f"must be one of {PERSISTENCE_LEVELS}, got {value!r}.")
+            values[key] = value
+        elif key == "PREPARED_STATEMENTS":
+            if not isinstance(value, bool):
+                raise SettingError(key, f"must be True or False, got {value!r}.")
             values[key] = value
         elif key == "TRANSPORT":
             if value not in TRANSPORTS:

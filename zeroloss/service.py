@@ -34,7 +34,6 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.utils import CursorWrapper
 
 from . import conf
 from ._sql import Dialect, dialect_for
@@ -242,32 +241,55 @@ class ZeroLossMessageService:
     def dialect(self) -> Dialect:
         return dialect_for(self.connection)
 
+    def _execute(
+        self, sql: str, params: Sequence[Any], *, prepare: bool = False
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """Run one statement; returns its rows (if any) and its row count.
+
+        On PostgreSQL the hot paths use a server-side-binding psycopg cursor on Django's own
+        connection (same transaction, same error wrapping) so their fixed-shape statements
+        can be prepared once per connection instead of parsed and planned on every call.
+        """
+        conn = self.connection
+        if prepare and self.dialect.vendor == "postgresql" and self.settings.PREPARED_STATEMENTS:
+            import psycopg
+
+            conn.ensure_connection()
+            if conn.in_atomic_block:
+                conn.validate_no_broken_transaction()
+            with conn.wrap_database_errors, psycopg.Cursor(conn.connection) as cur:
+                cur.execute(sql, params, prepare=True)
+                return (cur.fetchall() if cur.description else []), cur.rowcount
+        with conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            return (list(cursor.fetchall()) if cursor.description else []), cursor.rowcount
+
     def _transition(
         self,
-        cursor: CursorWrapper,
         change_sql: str,
         params: Sequence[Any],
         *,
         returning: str,
         actor: str,
+        prepare: bool = True,
     ) -> list[tuple[Any, ...]]:
         """Run one INSERT/UPDATE and write one audit row per changed message, atomically.
 
         ``returning`` must start with the eight ``_T_COLS`` (in that order).
         """
         if self.dialect.dml_cte:
-            cursor.execute(
+            rows, _ = self._execute(
                 f"WITH t AS ({change_sql} RETURNING {returning}), ev AS ({_EVENT_INSERT}) SELECT * FROM t",
                 [*params, actor],
+                prepare=prepare,
             )
-            return list(cursor.fetchall())
+            return rows
         with transaction.atomic(using=self.using):
-            cursor.execute(f"{change_sql} RETURNING {returning}", params)
-            rows = list(cursor.fetchall())
+            rows, _ = self._execute(f"{change_sql} RETURNING {returning}", params)
             for chunk in _chunks(rows, 400):
                 values = ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s)"] * len(chunk))
                 flat = [v for row in chunk for v in row[:8]]
-                cursor.execute(f"WITH t({_T_COLS}) AS (VALUES {values}) {_EVENT_INSERT}", [*flat, actor])
+                self._execute(f"WITH t({_T_COLS}) AS (VALUES {values}) {_EVENT_INSERT}", [*flat, actor])
         return rows
 
     @staticmethod
@@ -329,11 +351,8 @@ class ZeroLossMessageService:
 
     def database_now(self) -> dt.datetime:
         """The database clock, which decides every lease."""
-        with self.connection.cursor() as cursor:
-            cursor.execute(f"SELECT {self.dialect.now}", [])
-            value = self.dialect.to_datetime(cursor.fetchone()[0])
-        assert value is not None
-        return value
+        rows, _ = self._execute(f"SELECT {self.dialect.now}", [], prepare=True)
+        return self.dialect.at(rows[0][0])
 
     # -- persist ------------------------------------------------------------------------
 
@@ -410,51 +429,49 @@ class ZeroLossMessageService:
             f"{d.now}, {d.now}, {dispatched_sql})"
         )
         result: list[Message] = []
-        with self.connection.cursor() as cursor:
-            for chunk in _chunks(prepared, 500):
-                params: list[Any] = []
-                for p in chunk:
-                    params += [
-                        p.message_id,
-                        p.queue_name,
-                        p.encoded,
-                        p.checksum,
-                        p.max_attempts,
-                        *available_params,
-                    ]
-                sql = (
-                    f"INSERT INTO {MSG} (message_id, queue_name, payload, checksum, status, attempts, max_attempts, "
-                    "available_at, claimed_by, last_error, replication_targets, created_at, updated_at, dispatched_at) "
-                    f"VALUES {','.join([row_sql] * len(chunk))} ON CONFLICT (message_id) DO NOTHING"
+        for chunk in _chunks(prepared, 500):
+            params: list[Any] = []
+            for p in chunk:
+                params += [
+                    p.message_id,
+                    p.queue_name,
+                    p.encoded,
+                    p.checksum,
+                    p.max_attempts,
+                    *available_params,
+                ]
+            sql = (
+                f"INSERT INTO {MSG} (message_id, queue_name, payload, checksum, status, attempts, max_attempts, "
+                "available_at, claimed_by, last_error, replication_targets, created_at, updated_at, dispatched_at) "
+                f"VALUES {','.join([row_sql] * len(chunk))} ON CONFLICT (message_id) DO NOTHING"
+            )
+            rows = self._transition(
+                sql,
+                [*params, ""],
+                returning=self._returning("", "'persisted'") + ", available_at",
+                actor=actor,
+            )
+            by_id = {p.message_id: p for p in chunk}
+            for row in rows:
+                p = by_id[row[1]]
+                created = d.at(row[4])
+                message = Message(
+                    id=row[0],
+                    message_id=p.message_id,
+                    queue_name=p.queue_name,
+                    payload=json.loads(p.encoded),
+                    checksum=p.checksum,
+                    status=Status.PENDING,
+                    attempts=0,
+                    max_attempts=p.max_attempts,
+                    available_at=d.at(row[8]),
+                    created_at=created,
+                    updated_at=created,
+                    replication_targets=[],
                 )
-                rows = self._transition(
-                    cursor,
-                    sql,
-                    [*params, ""],
-                    returning=self._returning("", "'persisted'") + ", available_at",
-                    actor=actor,
-                )
-                by_id = {p.message_id: p for p in chunk}
-                for row in rows:
-                    p = by_id[row[1]]
-                    created = d.at(row[4])
-                    message = Message(
-                        id=row[0],
-                        message_id=p.message_id,
-                        queue_name=p.queue_name,
-                        payload=json.loads(p.encoded),
-                        checksum=p.checksum,
-                        status=Status.PENDING,
-                        attempts=0,
-                        max_attempts=p.max_attempts,
-                        available_at=d.at(row[8]),
-                        created_at=created,
-                        updated_at=created,
-                        replication_targets=[],
-                    )
-                    message._state.adding = False
-                    message._state.db = self.using
-                    result.append(message)
+                message._state.adding = False
+                message._state.db = self.using
+                result.append(message)
         return result
 
     def _existing(self, p: _Prepared) -> Message:
@@ -488,8 +505,7 @@ class ZeroLossMessageService:
             self._returning("pending", "'claimed'")
             + ", lease_token, lease_expires_at, queue_name, payload, max_attempts"
         )
-        with self.connection.cursor() as cursor:
-            rows = self._transition(cursor, sql, params, returning=returning, actor=self.instance_id)
+        rows = self._transition(sql, params, returning=returning, actor=self.instance_id)
         leases = [
             Lease(
                 message_id=row[1],
@@ -525,14 +541,14 @@ class ZeroLossMessageService:
         token = self._check_token(lease_token)
         d = self.dialect
         expiry_sql, expiry_params = d.now_plus(self.settings.ACK_TIMEOUT)
-        with self.connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {MSG} SET lease_expires_at = {expiry_sql}, updated_at = {d.now} "
-                f"WHERE message_id = %s AND lease_token = %s AND status = 'processing' "
-                f"AND lease_expires_at > {d.now}",
-                [*expiry_params, message_id, token],
-            )
-            return cursor.rowcount == 1
+        _, count = self._execute(
+            f"UPDATE {MSG} SET lease_expires_at = {expiry_sql}, updated_at = {d.now} "
+            f"WHERE message_id = %s AND lease_token = %s AND status = 'processing' "
+            f"AND lease_expires_at > {d.now}",
+            [*expiry_params, message_id, token],
+            prepare=True,
+        )
+        return count == 1
 
     def renew_leases(self, leases: Iterable[Lease]) -> set[str]:
         """Renew many live leases in one statement; returns the ids whose lease was renewed."""
@@ -542,16 +558,15 @@ class ZeroLossMessageService:
         d = self.dialect
         expiry_sql, expiry_params = d.now_plus(self.settings.ACK_TIMEOUT)
         renewed: set[str] = set()
-        with self.connection.cursor() as cursor:
-            for chunk in _chunks(tokens, 500):
-                # Tokens are unique per claim, so the token alone identifies the lease.
-                cursor.execute(
-                    f"UPDATE {MSG} SET lease_expires_at = {expiry_sql}, updated_at = {d.now} "
-                    f"WHERE lease_token IN ({','.join(['%s'] * len(chunk))}) AND status = 'processing' "
-                    f"AND lease_expires_at > {d.now} RETURNING message_id",
-                    [*expiry_params, *chunk],
-                )
-                renewed.update(row[0] for row in cursor.fetchall())
+        for chunk in _chunks(tokens, 500):
+            # Tokens are unique per claim, so the token alone identifies the lease.
+            rows, _ = self._execute(
+                f"UPDATE {MSG} SET lease_expires_at = {expiry_sql}, updated_at = {d.now} "
+                f"WHERE lease_token IN ({','.join(['%s'] * len(chunk))}) AND status = 'processing' "
+                f"AND lease_expires_at > {d.now} RETURNING message_id",
+                [*expiry_params, *chunk],
+            )
+            renewed.update(row[0] for row in rows)
         return renewed
 
     def release_lease(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
@@ -567,14 +582,12 @@ class ZeroLossMessageService:
             f"lease_token = NULL, lease_expires_at = NULL, updated_at = {d.now} "
             f"WHERE message_id = %s AND lease_token = %s AND status = 'processing' AND lease_expires_at > {d.now}"
         )
-        with self.connection.cursor() as cursor:
-            rows = self._transition(
-                cursor,
-                sql,
-                [message_id, token, "released unstarted at worker shutdown"],
-                returning=self._returning("processing", "'released'"),
-                actor=self.instance_id,
-            )
+        rows = self._transition(
+            sql,
+            [message_id, token, "released unstarted at worker shutdown"],
+            returning=self._returning("processing", "'released'"),
+            actor=self.instance_id,
+        )
         return len(rows) == 1
 
     def acknowledge_message(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
@@ -587,14 +600,12 @@ class ZeroLossMessageService:
             "lease_token = NULL, lease_expires_at = NULL, last_error = '' "
             f"WHERE message_id = %s AND lease_token = %s AND status = 'processing' AND lease_expires_at > {d.now}"
         )
-        with self.connection.cursor() as cursor:
-            rows = self._transition(
-                cursor,
-                sql,
-                [message_id, token, ""],
-                returning=self._returning("processing", "'acknowledged'"),
-                actor=self.instance_id,
-            )
+        rows = self._transition(
+            sql,
+            [message_id, token, ""],
+            returning=self._returning("processing", "'acknowledged'"),
+            actor=self.instance_id,
+        )
         return len(rows) == 1
 
     def mark_failed(self, message_id: str, lease_token: uuid.UUID | str, error: str) -> bool:
@@ -605,37 +616,35 @@ class ZeroLossMessageService:
         self._check_id(message_id)
         token = self._check_token(lease_token)
         error = str(error)[:MAX_ERROR_LENGTH]
-        with self.connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT attempts, max_attempts FROM {MSG} WHERE message_id = %s AND lease_token = %s "
-                "AND status = 'processing'",
-                [message_id, token],
-            )
-            row = cursor.fetchone()
-            if row is None:
-                return False
-            attempts, max_attempts = row
-            d = self.dialect
-            set_params: list[Any]
-            if attempts >= max_attempts:
-                set_sql, set_params = f"status = 'dead', dead_at = {d.now}", []
-                reason = "'dead_lettered'"
-            else:
-                available_sql, set_params = d.now_plus(self.settings.RETRY_BACKOFF.delay_for(attempts))
-                set_sql = f"status = 'pending', available_at = {available_sql}"
-                reason = "'failed'"
-            sql = (
-                f"UPDATE {MSG} SET {set_sql}, lease_token = NULL, lease_expires_at = NULL, last_error = %s, "
-                f"updated_at = {d.now} WHERE message_id = %s AND lease_token = %s AND status = 'processing' "
-                f"AND lease_expires_at > {d.now}"
-            )
-            rows = self._transition(
-                cursor,
-                sql,
-                [*set_params, error, message_id, token, error],
-                returning=self._returning("processing", reason),
-                actor=self.instance_id,
-            )
+        rows, _ = self._execute(
+            f"SELECT attempts, max_attempts FROM {MSG} WHERE message_id = %s AND lease_token = %s "
+            "AND status = 'processing'",
+            [message_id, token],
+            prepare=True,
+        )
+        if not rows:
+            return False
+        attempts, max_attempts = rows[0]
+        d = self.dialect
+        set_params: list[Any]
+        if attempts >= max_attempts:
+            set_sql, set_params = f"status = 'dead', dead_at = {d.now}", []
+            reason = "'dead_lettered'"
+        else:
+            available_sql, set_params = d.now_plus(self.settings.RETRY_BACKOFF.delay_for(attempts))
+            set_sql = f"status = 'pending', available_at = {available_sql}"
+            reason = "'failed'"
+        sql = (
+            f"UPDATE {MSG} SET {set_sql}, lease_token = NULL, lease_expires_at = NULL, last_error = %s, "
+            f"updated_at = {d.now} WHERE message_id = %s AND lease_token = %s AND status = 'processing' "
+            f"AND lease_expires_at > {d.now}"
+        )
+        rows = self._transition(
+            sql,
+            [*set_params, error, message_id, token, error],
+            returning=self._returning("processing", reason),
+            actor=self.instance_id,
+        )
         return len(rows) == 1
 
     # -- the recovery sweep -------------------------------------------------------------
@@ -674,8 +683,7 @@ class ZeroLossMessageService:
         )
         while limit is None or len(requeued) + len(dead) < limit:
             size = batch if limit is None else min(batch, limit - len(requeued) - len(dead))
-            with self.connection.cursor() as cursor:
-                rows = self._transition(cursor, sql, [size], returning=returning, actor=actor)
+            rows = self._transition(sql, [size], returning=returning, actor=actor)
             batches += 1
             for row in rows:
                 (dead if row[2] == Status.DEAD else requeued).append(row[1])
@@ -737,20 +745,18 @@ class ZeroLossMessageService:
     ) -> list[str]:
         d = self.dialect
         moved: list[str] = []
-        with self.connection.cursor() as cursor:
-            for chunk in _chunks(list(message_ids), 500):
-                sql = (
-                    f"UPDATE {MSG} SET {set_sql}, updated_at = {d.now} WHERE message_id IN "
-                    f"({','.join(['%s'] * len(chunk))}) AND status = '{from_status}'{condition}"
-                )
-                rows = self._transition(
-                    cursor,
-                    sql,
-                    [*set_params, *chunk, detail],
-                    returning=self._returning(from_status, f"'{reason}'"),
-                    actor=actor,
-                )
-                moved += [row[1] for row in rows]
+        for chunk in _chunks(list(message_ids), 500):
+            sql = (
+                f"UPDATE {MSG} SET {set_sql}, updated_at = {d.now} WHERE message_id IN "
+                f"({','.join(['%s'] * len(chunk))}) AND status = '{from_status}'{condition}"
+            )
+            rows = self._transition(
+                sql,
+                [*set_params, *chunk, detail],
+                returning=self._returning(from_status, f"'{reason}'"),
+                actor=actor,
+            )
+            moved += [row[1] for row in rows]
         return moved
 
     def _known(self, message_ids: Sequence[str]) -> list[str]:
