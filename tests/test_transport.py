@@ -235,3 +235,15 @@ def test_worker_rejects_unknown_queue():
     proc = db_worker("--queue", "nope")
     assert proc.popen.wait(timeout=30) == 2
     assert "No handler is registered for queue(s) nope" in proc.text
+
+
+@pytest.mark.postgres_only
+def test_idle_db_worker_wakes_on_notify_not_on_poll(procs):
+    worker = db_worker("--queue", "demo.record", "--poll-interval", "60", "--no-sweep")
+    procs.append(worker)
+    service = ZeroLossMessageService()
+    time.sleep(3)  # the worker is up, found nothing, and now sleeps up to 60 s between polls
+    started = time.monotonic()
+    service.persist_message("wake-1", "demo.record", {})
+    assert wait_until(lambda: all_completed(1), timeout=20), worker.text
+    assert time.monotonic() - started < 10  # far below the 60 s poll interval

@@ -24,6 +24,8 @@ class Dialect:
     #: Data-modifying CTEs let a transition and its audit row be one statement.
     dml_cte = False
     skip_locked = ""
+    #: Extra RETURNING column that wakes idle workers when a message becomes claimable.
+    wakeup_sql = ""
 
     def now_plus(self, seconds: float) -> tuple[str, list[Any]]:
         raise NotImplementedError
@@ -81,6 +83,8 @@ class PostgresDialect(Dialect):
     json_cast = "::jsonb"
     dml_cte = True
     skip_locked = " FOR UPDATE SKIP LOCKED"
+    # Delivered at commit, collapsed per transaction and queue; idle workers LISTEN on it.
+    wakeup_sql = ", pg_notify('zeroloss_wakeup', queue_name)"
 
     def now_plus(self, seconds: float) -> tuple[str, list[Any]]:
         return "(statement_timestamp() + %s * interval '1 second')", [float(seconds)]

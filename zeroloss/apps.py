@@ -7,7 +7,13 @@ class ZeroLossConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.conf import settings
+
         from . import checks  # noqa: F401  (registers the system checks)
         from .handlers import autodiscover
 
         autodiscover()
+        if "django_prometheus" in settings.INSTALLED_APPS:
+            from .metrics import register_default
+
+            register_default()

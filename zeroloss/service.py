@@ -448,7 +448,7 @@ class ZeroLossMessageService:
             rows = self._transition(
                 sql,
                 [*params, ""],
-                returning=self._returning("", "'persisted'") + ", available_at",
+                returning=self._returning("", "'persisted'") + ", available_at" + d.wakeup_sql,
                 actor=actor,
             )
             by_id = {p.message_id: p for p in chunk}

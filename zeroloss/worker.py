@@ -14,6 +14,7 @@ from django.db import connections
 from .loops import StopFlag, SweepLoop
 from .processing import LeaseKeeper, Outcome, process
 from .service import ZeroLossMessageService
+from .wakeup import Wakeup
 
 logger = logging.getLogger("zeroloss")
 
@@ -67,7 +68,7 @@ class Worker:
         self.stop = stop if stop is not None else StopFlag()
         self.stats = WorkerStats()
         self._lock = threading.Lock()
-        self._idle_threads = 0
+        self.wakeup = Wakeup(using, self.queues)
 
     def _service(self, n: int) -> ZeroLossMessageService:
         base = ZeroLossMessageService(using=self.using, instance_id=self.instance_id)
@@ -89,6 +90,7 @@ class Worker:
             threading.Thread(target=self._thread_main, args=(n,), name=f"zeroloss-worker-{n}", daemon=True)
             for n in range(self.concurrency)
         ]
+        self.wakeup.start()
         for t in threads:
             t.start()
         sweeper = SweepLoop(self._service(-1), stop=self.stop) if self.sweep else None
@@ -103,9 +105,12 @@ class Worker:
                     except Exception:
                         logger.exception("sweep failed; retrying next interval")
                     next_sweep = time.monotonic() + sweeper.interval
+                if self.stop:
+                    self.wakeup.event.set()  # idle threads notice the stop at once
                 for t in threads:
                     t.join(timeout=0.05)
         finally:
+            self.wakeup.stop()
             connections.close_all()
         return self.stats
 
@@ -136,7 +141,8 @@ class Worker:
                 idle_rounds += 1
                 if self.burst and idle_rounds >= 2 and self._all_idle():
                     return
-                self.stop.wait(self.poll_interval)
+                if not self.stop:
+                    self.wakeup.wait(self.poll_interval)
                 continue
             idle_rounds = 0
             keeper.hold(leases)
