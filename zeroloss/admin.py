@@ -685,7 +685,8 @@ class MessageAdmin(admin.ModelAdmin):
             }
             relevant = {name for name, ok in applies.items() if ok}
         allowed = [
-            (name, entry[2])
+            # Django 6.1 returns Action objects (indexing them is deprecated); 5.2 returns tuples.
+            (name, getattr(entry, "description", None) or entry[2])
             for name, entry in (self.get_actions(request) or {}).items()
             if entry is not None and name in relevant
         ]
