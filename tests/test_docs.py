@@ -1,0 +1,274 @@
+"""Every code sample in ``README.md`` and ``docs/*.md`` is executed, so the docs cannot drift.
+
+- ```` ```python ```` blocks run, one Markdown file at a time, in document order, in one shared
+  namespace (a later block may use what an earlier one defined), against the test database.
+  A ``ZEROLOSS`` dict a block defines is validated with the real settings parser, and an
+  ``INSTALLED_APPS`` list must name ``"zeroloss"``. Handlers the samples register are removed
+  afterwards, and the current Celery app is restored.
+- ```` ```pycon ```` blocks run as doctests in the same namespace.
+- ```` ```bash ```` blocks (also ``sh``/``shell``), line by line: ``python manage.py COMMAND ARGS``
+  must name an existing command whose own parser accepts ``ARGS``; read-only commands are
+  also run with ``call_command``, at that point of the document; ``make TARGET`` must name a
+  target of the Makefile; ``python -m project.demo.run ARGS`` must parse with the demo's parser.
+- Blocks meant only to be read use another info string (``text``, ``console``, ``ini``, ...);
+  a fence without one fails, so nothing is silently left unchecked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+import io
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import _state as celery_state
+from django.core import management
+from django.core.management.base import CommandError
+
+from zeroloss import handlers
+from zeroloss.conf import ZeroLossSettings, parse_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+RUN = {"python", "py", "python3"}
+DOCTEST = {"pycon"}
+SHELL = {"bash", "sh", "shell"}
+READ_ONLY = {
+    *("text", "console", "ini", "toml", "json", "jsonc", "yaml", "mermaid", "sql", "diff", "cfg"),
+    *("http", "django", "html", "nginx", "dockerfile"),
+}
+#: Pages other people are still writing: links to them may dangle until they land.
+EXPECTED_FROM_OTHERS = {"docs/benchmarks.md"}
+
+#: Commands that only read (or, for the sweep, do what the sweep does anyway): run for real.
+RUNNABLE = {"zeroloss_status", "zeroloss_verify", "zeroloss_sweep", "zeroloss_nodes", "check"}
+#: Options that make a runnable command loop until a signal: parse only.
+LOOPING = {"--loop", "--watch"}
+
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)[^`]*$")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int  # line of the opening fence, 1-based
+    info: str
+    text: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(path: Path) -> list[Block]:
+    """The fenced code blocks of a Markdown file (indented ones in list items too)."""
+    found: list[Block] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        match = _FENCE.match(lines[i])
+        if not match:
+            i += 1
+            continue
+        indent, fence, info = len(match["indent"]), match["fence"], match["info"].lower()
+        body: list[str] = []
+        j = i + 1
+        while j < len(lines) and not re.match(
+            rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}\s*$", lines[j]
+        ):
+            line = lines[j]
+            body.append(line[indent:] if line[:indent].strip() == "" else line.lstrip())
+            j += 1
+        found.append(Block(path, i + 1, info, "\n".join(body) + "\n"))
+        i = j + 1
+    return found
+
+
+def _makefile_targets() -> set[str]:
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    return {m[1] for m in re.finditer(r"^([A-Za-z0-9_.-]+)\s*:(?!=)", text, re.MULTILINE)}
+
+
+def _shell_commands(block: Block) -> list[list[str]]:
+    """Each command of a shell block as words: continuations joined, comments and env stripped."""
+    commands: list[list[str]] = []
+    for line in block.text.replace("\\\n", " ").splitlines():
+        for part in re.split(r"\s*(?:&&|\|\||;)\s*", line):
+            words = shlex.split(part, comments=True)
+            while words and _ASSIGNMENT.match(words[0]):
+                words.pop(0)
+            if words:
+                commands.append(words)
+    return commands
+
+
+def _is_python(word: str) -> bool:
+    return re.fullmatch(r"(?:\S*/)?python(?:3(?:\.\d+)?)?", word) is not None
+
+
+def check_manage(block: Block, argv: list[str]) -> None:
+    """The command exists, its own parser accepts the arguments; read-only ones are run."""
+    assert argv, f"{block.where}: 'python manage.py' without a command"
+    name, args = argv[0], argv[1:]
+    commands = management.get_commands()
+    assert name in commands, f"{block.where}: no management command {name!r}"
+    command = management.load_command_class(commands[name], name)
+    parser = command.create_parser("manage.py", name)
+    try:
+        parser.parse_args(args)
+    except (CommandError, SystemExit) as exc:
+        pytest.fail(f"{block.where}: manage.py {shlex.join(argv)}: arguments rejected: {exc}")
+    runnable = name in RUNNABLE and not LOOPING & set(args)
+    if name == "zeroloss_nodes":
+        runnable = runnable and bool(args) and args[0] == "list"
+    if runnable:
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            management.call_command(name, *args, stdout=out, stderr=err)
+        except CommandError as exc:
+            pytest.fail(
+                f"{block.where}: manage.py {shlex.join(argv)} failed ({exc.returncode}): {exc}\n"
+                f"{out.getvalue()}{err.getvalue()}"
+            )
+
+
+def check_demo_args(block: Block, args: list[str]) -> None:
+    from project.demo import run
+
+    saved = sys.argv
+    sys.argv = ["project.demo.run", *args]
+    try:
+        run._parse()
+    except SystemExit as exc:
+        pytest.fail(f"{block.where}: python -m project.demo.run {shlex.join(args)}: rejected ({exc})")
+    finally:
+        sys.argv = saved
+
+
+def check_shell(block: Block) -> None:
+    targets = _makefile_targets()
+    for words in _shell_commands(block):
+        if _is_python(words[0]) and words[1:2] == ["manage.py"]:
+            check_manage(block, words[2:])
+        elif _is_python(words[0]) and words[1:3] == ["-m", "project.demo.run"]:
+            check_demo_args(block, words[3:])
+        elif words[0] == "make":
+            named = [w for w in words[1:] if "=" not in w and not w.startswith("-")]
+            missing = sorted(set(named) - targets)
+            assert not missing, f"{block.where}: make target(s) {missing} not in the Makefile"
+
+
+def run_python(block: Block, namespace: dict[str, Any]) -> None:
+    # Padding keeps tracebacks pointing at the Markdown file's own line numbers.
+    code = compile("\n" * block.line + block.text, str(block.path), "exec")
+    exec(code, namespace)
+    zl = namespace.get("ZEROLOSS")
+    if isinstance(zl, dict):
+        parse_settings(zl)  # raises on an unknown key or a bad value, as manage.py check would
+    apps = namespace.get("INSTALLED_APPS")
+    if isinstance(apps, list | tuple):
+        assert "zeroloss" in apps, f"{block.where}: INSTALLED_APPS without 'zeroloss'"
+
+
+def run_doctest(block: Block, namespace: dict[str, Any]) -> None:
+    parser = doctest.DocTestParser()
+    test = parser.get_doctest(block.text, namespace, block.where, str(block.path), block.line)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    out = io.StringIO()
+    runner.run(test, out=out.write, clear_globs=False)
+    assert not runner.failures, out.getvalue()
+
+
+def test_docs_exist():
+    names = {p.relative_to(ROOT).as_posix() for p in DOCS}
+    for required in (
+        "README.md",
+        "docs/index.md",
+        "docs/quickstart.md",
+        "docs/concepts.md",
+        "docs/guarantees.md",
+        "docs/settings.md",
+        "docs/celery.md",
+        "docs/sweep.md",
+        "docs/upgrading.md",
+    ):
+        assert required in names
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_fence_has_a_known_info_string(path):
+    unknown = [
+        f"{b.where}: ```{b.info}" for b in blocks(path) if b.info not in RUN | DOCTEST | SHELL | READ_ONLY
+    ]
+    assert not unknown, "give these blocks an info string (python to run it, text/console to not): " + (
+        ", ".join(unknown)
+    )
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown file."""
+    anchors = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", path.read_text(encoding="utf-8"), re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower())
+        anchors.add(slug.replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_resolve(path):
+    text = path.read_text(encoding="utf-8")
+    broken = []
+    for target, anchor in re.findall(r"\]\(([^)\s#]*)(?:#([^)\s]*))?\)", text):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        resolved = (path.parent / target).resolve() if target else path
+        if not resolved.exists():
+            if resolved.relative_to(ROOT).as_posix() not in EXPECTED_FROM_OTHERS:
+                broken.append(target)
+            continue
+        if anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+            broken.append(f"{target}#{anchor}")
+    assert not broken, f"{path.relative_to(ROOT)}: broken links {broken}"
+
+
+def test_settings_page_covers_every_setting_and_check_id():
+    text = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    missing = [f.name for f in dataclasses.fields(ZeroLossSettings) if f"| `{f.name}` |" not in text]
+    assert not missing, f"docs/settings.md has no table row for {missing}"
+    source = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "zeroloss").glob("*.py"))
+    ids = sorted(set(re.findall(r"zeroloss\.[EW]\d{3}", source)))
+    assert ids
+    undocumented = [i for i in ids if f"`{i}`" not in text]
+    assert not undocumented, f"docs/settings.md does not list check ids {undocumented}"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_samples_run(path, settings):
+    # Samples may "send email": make sure that can only ever reach the test outbox.
+    assert settings.EMAIL_BACKEND == "django.core.mail.backends.locmem.EmailBackend"
+    # The samples describe the embedded default: no broker unless a sample says otherwise.
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "TRANSPORT": "database"}
+    registry = dict(handlers._registry)
+    celery_app = celery_state.get_current_app()
+    namespace: dict[str, Any] = {"__name__": f"docs.{path.stem}"}
+    try:
+        for block in blocks(path):
+            if block.info in RUN:
+                run_python(block, namespace)
+            elif block.info in DOCTEST:
+                run_doctest(block, namespace)
+            elif block.info in SHELL:
+                check_shell(block)
+    finally:
+        handlers._registry.clear()
+        handlers._registry.update(registry)
+        celery_app.set_current()
