@@ -1,0 +1,84 @@
+"""Benchmark child processes: ``python -m benchmarks.child ROLE JSON_ARGS``.
+
+Each prints ``{"ready": ...}`` once connected, waits for a line on stdin (the start barrier,
+so process start-up is never timed), runs, and prints one JSON result line.
+
+- ``raw-drain``: the raw-SQL claim + ack loop (psycopg only).
+- ``claimer``: ``ZeroLossMessageService.claim_next(limit=1)`` timed per call, then an ack, until
+  the queue is empty; prints one result line per round and waits for the next start line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+
+def _ready(**info: Any) -> None:
+    print(json.dumps({"ready": True, "pid": os.getpid(), **info}), flush=True)
+    sys.stdin.readline()
+
+
+def raw_drain(args: dict[str, Any]) -> dict[str, Any]:
+    import psycopg
+
+    from .raw import drain_loop
+
+    with psycopg.connect(args["url"], autocommit=True, prepare_threshold=0) as conn:
+        conn.execute("SELECT 1")
+        _ready()
+        started = time.perf_counter()
+        done = drain_loop(conn, queue=args["queue"], batch=args["batch"], actor=f"raw-{os.getpid()}")
+        return {"done": done, "elapsed": time.perf_counter() - started}
+
+
+def claimer(args: dict[str, Any]) -> dict[str, Any]:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from zeroloss.service import ZeroLossMessageService
+
+    service = ZeroLossMessageService(instance_id=f"claimer-{os.getpid()}")
+    service.database_now()  # connect before the barrier
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        backend = cur.fetchone()[0]
+    _ready(backend=backend)
+    rounds = []
+    while True:  # one round per start line; "exit" (or EOF) ends the process
+        latencies: list[float] = []
+        acked = 0
+        started = time.perf_counter()
+        while True:
+            t0 = time.perf_counter()
+            leases = service.claim_next(args["queue"], limit=args["limit"])
+            latencies.append((time.perf_counter() - t0) * 1000)
+            if not leases:
+                break
+            for lease in leases:
+                acked += service.acknowledge_message(lease.message_id, lease.token)
+        result = {"latencies_ms": latencies[:-1], "acked": acked, "elapsed": time.perf_counter() - started}
+        print(json.dumps(result), flush=True)
+        rounds.append(result)
+        if sys.stdin.readline().strip() in ("", "exit"):
+            return {"rounds": len(rounds)}
+
+
+ROLES = {"raw-drain": raw_drain, "claimer": claimer}
+
+
+def main() -> int:
+    role, raw_args = sys.argv[1], sys.argv[2]
+    result = ROLES[role](json.loads(raw_args))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

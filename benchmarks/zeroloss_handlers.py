@@ -1,0 +1,37 @@
+"""Benchmark-only handlers, autodiscovered through ``benchmarks.settings``.
+
+- ``bench.noop``: does nothing, so a drain measures the ledger and the worker, not a handler.
+- ``bench.kill``: on its first attempt writes a marker (pid, time) and hangs, so the suite can
+  SIGKILL the worker that holds it; on a later attempt writes a marker and returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import zeroloss
+from zeroloss.processing import Delivery
+
+from .db import MARKER_DIR_ENV
+
+
+@zeroloss.handler("bench.noop")
+def noop(delivery: Delivery) -> None:
+    return None
+
+
+@zeroloss.handler("bench.kill")
+def hang_first_attempt(delivery: Delivery) -> None:
+    started = time.time()
+    directory = Path(os.environ.get(MARKER_DIR_ENV, "."))
+    marker = directory / f"{delivery.message_id}.{delivery.attempt}"
+    tmp = directory / f".{marker.name}.tmp"
+    tmp.write_text(json.dumps({"pid": os.getpid(), "t": started, "attempt": delivery.attempt}))
+    tmp.rename(marker)
+    if delivery.attempt == 1:
+        deadline = time.monotonic() + 120  # the suite SIGKILLs this process long before
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
