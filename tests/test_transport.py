@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import collections
+import io
 import os
 import time
 
 import pytest
 import redis
-from django.db import transaction
+from django.core.management import call_command
+from django.db import connection, transaction
 
 import zeroloss
 from project.celery import app as celery_app
@@ -154,9 +156,12 @@ def test_send_while_broker_is_down_is_stored_and_dispatched_later(broker, procs)
     assert Message.objects.get(message_id="offline-1").dispatched_at is None
     use_broker(REDIS_URL)
     procs.append(celery_worker(REDIS_URL))
-    from zeroloss.tasks import sweep
 
-    assert wait_until(lambda: (sweep.apply(), all_completed(1))[1], timeout=30, interval=0.5)
+    def swept_and_done() -> bool:
+        call_command("zeroloss_sweep", stdout=io.StringIO())  # the ops command republishes too
+        return all_completed(1)
+
+    assert wait_until(swept_and_done, timeout=30, interval=0.5)
     assert handled_counts("demo.record") == {message.message_id: 1}
 
 
@@ -247,3 +252,17 @@ def test_idle_db_worker_wakes_on_notify_not_on_poll(procs):
     service.persist_message("wake-1", "demo.record", {})
     assert wait_until(lambda: all_completed(1), timeout=20), worker.text
     assert time.monotonic() - started < 10  # far below the 60 s poll interval
+
+
+@pytest.mark.postgres_only
+def test_db_worker_exits_1_when_the_database_drops_it(procs):
+    worker = db_worker("--queue", "demo.record", "--poll-interval", "0.1", "--no-sweep")
+    procs.append(worker)
+    time.sleep(3)  # up and polling
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name = ''"
+        )
+    assert worker.popen.wait(timeout=30) == 1, worker.text
+    assert "crashed" in worker.text

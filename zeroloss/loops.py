@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -69,8 +70,13 @@ class SweepLoop:
         self.runs = 0
 
     def run_once(self) -> RecoveryReport:
+        """Requeue expired leases; with the Celery transport, publish what needs a broker message."""
         report = self.service.recover_orphaned_messages(batch_size=self.batch_size)
         self.runs += 1
+        if self.service.settings.TRANSPORT == "celery":
+            from .transport import redispatch
+
+            report = dataclasses.replace(report, redispatched=redispatch(self.service))
         if self.service.connection.vendor == "postgresql":
             # Standby liveness: one read of pg_stat_replication and an upsert per standby.
             # Never allowed to stop the sweep (a standby in recovery, no privilege, ...).
@@ -82,9 +88,12 @@ class SweepLoop:
                 discover(self.service)
             except DatabaseError as exc:
                 logger.warning("sweep: standby discovery failed: %s", exc)
-        if report.total:
+        if report.total or report.redispatched:
             logger.info(
-                "sweep: requeued %d, dead-lettered %d", len(report.requeued), len(report.dead_lettered)
+                "sweep: requeued %d, dead-lettered %d, published again %d",
+                len(report.requeued),
+                len(report.dead_lettered),
+                len(report.redispatched),
             )
         if self.on_report:
             self.on_report(report)
@@ -92,8 +101,14 @@ class SweepLoop:
 
     def run(self, *, max_runs: int | None = None) -> int:
         """Loop until stopped (or ``max_runs``); returns the number of sweeps run."""
+        from django.db import DatabaseError
+
         while not self.stop and (max_runs is None or self.runs < max_runs):
-            self.run_once()
+            try:
+                self.run_once()
+            except DatabaseError as exc:  # a looping sweeper outlives a database outage
+                self.runs += 1
+                logger.error("sweep failed (%s); retrying in %ss", exc, self.interval)
             if max_runs is not None and self.runs >= max_runs:
                 break
             self.stop.wait(self.interval)

@@ -24,6 +24,7 @@ class WorkerStats:
     outcomes: Counter[str] = field(default_factory=Counter)
     sweeps: int = 0
     recovered: int = 0
+    crashed: bool = False
 
     @property
     def handled(self) -> int:
@@ -121,6 +122,7 @@ class Worker:
             self._loop(service, keeper)
         except Exception:
             logger.exception("worker thread %d crashed; its leases will expire and be swept", n)
+            self.stats.crashed = True
             self.stop.set("crash")
         finally:
             keeper.stop()

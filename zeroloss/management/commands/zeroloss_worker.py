@@ -1,6 +1,7 @@
 """``manage.py zeroloss_worker``: process messages straight from the database (no broker).
 
-Exit codes: 0 stopped cleanly; 2 bad arguments.
+Exit codes: 0 stopped cleanly (signal, ``--burst``, ``--max-messages``); 1 a worker thread
+crashed (e.g. the database went away), so a supervisor restarts it; 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -74,3 +75,5 @@ class Command(ZeroLossCommand):
             self.stdout.write(
                 ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "no messages handled"
             )
+        if stats.crashed:
+            raise CommandError("a worker thread crashed; see the log above", returncode=1)
