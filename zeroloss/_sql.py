@@ -108,11 +108,13 @@ class SQLiteDialect(Dialect):
         return token.hex
 
 
+_DIALECTS: dict[str, Dialect] = {"postgresql": PostgresDialect(), "sqlite": SQLiteDialect()}
+
+
 def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
-    if connection.vendor == "postgresql":
-        return PostgresDialect()
-    if connection.vendor == "sqlite":
-        return SQLiteDialect()
+    dialect = _DIALECTS.get(connection.vendor)
+    if dialect is not None:
+        return dialect
     from django.core.exceptions import ImproperlyConfigured
 
     raise ImproperlyConfigured(
