@@ -167,14 +167,16 @@ class Workers:
         self.log.close()
 
 
-def _held_by(prefix: str, pids: set[int]) -> int:
-    """Leases held right now by one of ``pids`` (a worker's instance id starts host:pid:)."""
+def _held_by(prefix: str, pids: set[int]) -> list[str]:
+    """Messages whose lease is held right now by one of ``pids`` (instance ids are host:pid:...)."""
     from zeroloss.models import Message
 
     pattern = r":(" + "|".join(str(p) for p in sorted(pids)) + r"):"
-    return Message.objects.filter(
-        message_id__startswith=prefix, status="processing", claimed_by__regex=pattern
-    ).count()
+    return list(
+        Message.objects.filter(
+            message_id__startswith=prefix, status="processing", claimed_by__regex=pattern
+        ).values_list("message_id", flat=True)
+    )
 
 
 def _counts(prefix: str) -> dict[str, int]:
@@ -194,7 +196,8 @@ def _counts(prefix: str) -> dict[str, int]:
         "processing": by_status.get("processing", 0),
         "completed": by_status.get("completed", 0),
         "dead": by_status.get("dead", 0),
-        "recovered": events.filter(reason="lease_expired").count(),
+        # Moved by a sweep: back to pending, or dead when that was the last attempt.
+        "recovered": events.filter(actor__startswith="sweep@").count(),
         "handled": handled.values("message_id").distinct().count(),
         "handled_twice": twice,
     }
@@ -279,22 +282,24 @@ def main() -> int:
         worker_pids = {proc.pid: workers.pids(proc) for proc in workers.workers}
         deadline = time.monotonic() + args.timeout
         next_view = 0.0
+        orphaned: list[str] = []
         with _progress(True) as show:
             while time.monotonic() < deadline:
                 c = _counts(prefix)
                 done = c["completed"] + c["dead"] >= sent
-                if not workers.killed and not done and c["completed"] > args.messages // 10:
+                if not orphaned and not done and c["completed"] > args.messages // 10 and workers.alive() > 1:
                     # Kill whichever worker is caught holding leases (SQLite may starve one).
                     for proc in workers.workers:
-                        held = _held_by(prefix, worker_pids[proc.pid])
-                        if held:
+                        if proc.poll() is None and _held_by(prefix, worker_pids[proc.pid]):
                             workers.kill(proc)
-                            show(f"SIGKILL worker pid {proc.pid} while it holds {held} lease(s)")
+                            # What it held at death is orphaned: only the sweep can free it.
+                            orphaned = _held_by(prefix, worker_pids[proc.pid])
+                            show(f"SIGKILL worker pid {proc.pid}: it died holding {len(orphaned)} lease(s)")
                             if sys.stdout.isatty():
                                 sys.stdout.write("\n")
                             break
                 if time.monotonic() >= next_view or done:
-                    if not workers.killed:  # Celery's pool children appear after start-up
+                    if not orphaned:  # Celery's pool children appear after start-up
                         worker_pids = {proc.pid: workers.pids(proc) for proc in workers.workers}
                     show(
                         f"completed {c['completed']:>5}  dead {c['dead']:>3}  pending {c['pending']:>5}  "
@@ -305,8 +310,8 @@ def main() -> int:
                 if done:
                     break
                 # Watch closely for a worker holding leases; after the kill, just report.
-                time.sleep(0.01 if not workers.killed else 0.25)
-        if not workers.killed:
+                time.sleep(0.01 if not orphaned else 0.25)
+        if not orphaned:
             print(
                 "note: every message finished before a worker was caught holding a lease; nothing was killed"
             )
@@ -324,6 +329,7 @@ def main() -> int:
             "lost": lost,
             "handled_twice": final["handled_twice"],
             "killed_worker_pids": workers.killed,
+            "orphaned_by_kill": len(orphaned),
             "seconds": round(time.monotonic() - started, 1),
         }
         print("\nsummary (from the ledger and the handlers' own records)")
@@ -341,7 +347,7 @@ def main() -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(summary, indent=2))
         if args.no_serve:
-            return 0 if lost == 0 and final["handled_twice"] == 0 and workers.killed else 1
+            return 0 if lost == 0 and final["handled_twice"] == 0 and orphaned else 1
         print(
             f"\nadmin and dashboard: http://127.0.0.1:{args.port}/admin/  (admin / {password})  Ctrl-C stops"
         )
