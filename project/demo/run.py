@@ -336,6 +336,7 @@ def main() -> int:
         for key in (
             "sent",
             "completed",
+            "orphaned_by_kill",
             "recovered_by_sweep",
             "dead_lettered",
             "still_pending_or_processing",
