@@ -24,8 +24,30 @@ from pathlib import Path
 
 import psycopg
 
-BIN = Path(os.environ.get("ZEROLOSS_PG_BIN", "/usr/lib/postgresql/15/bin"))
 STEP_TIMEOUT = 60
+
+
+def find_bin() -> Path:
+    """The PostgreSQL server binaries: ``ZEROLOSS_PG_BIN``, a Debian/Ubuntu install, ``pg_config
+    --bindir``, or the ``pgserver`` wheel (``pip install pgserver``), in that order."""
+    if os.environ.get("ZEROLOSS_PG_BIN"):
+        return Path(os.environ["ZEROLOSS_PG_BIN"])
+    versions = [p for p in Path("/usr/lib/postgresql").glob("*/bin") if (p / "initdb").is_file()]
+    if versions:
+        return max(versions, key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        bindir = Path(subprocess.run([pg_config, "--bindir"], capture_output=True, text=True).stdout.strip())
+        if (bindir / "initdb").is_file():
+            return bindir
+    try:
+        import pgserver
+    except ImportError:
+        return Path("/usr/lib/postgresql/15/bin")
+    return Path(pgserver.__file__).parent / "pginstall" / "bin"
+
+
+BIN = find_bin()
 
 
 class ClusterError(RuntimeError):
@@ -50,7 +72,10 @@ def _as_postgres(cmd: list[str]) -> list[str]:
 class PgCluster:
     """``start()`` the primary, ``start_standby()``/``stop_standby()`` at will, ``stop()`` removes it all."""
 
-    def __init__(self, *, standby_name: str = "zl-standby-1", dbname: str = "zeroloss") -> None:
+    def __init__(
+        self, *, standby_name: str = "zl-standby-1", dbname: str = "zeroloss", max_connections: int = 60
+    ) -> None:
+        self.max_connections = max_connections
         for tool in ("initdb", "pg_ctl", "pg_basebackup", "postgres"):
             if not (BIN / tool).is_file():
                 raise ClusterError(
@@ -132,7 +157,7 @@ class PgCluster:
         with open(self.primary_dir / "postgresql.conf", "a") as conf:
             conf.write(
                 "\n# zeroloss test primary\nwal_level = replica\nmax_wal_senders = 10\nfsync = on\n"
-                "synchronous_commit = on\nmax_connections = 60\nshared_buffers = 32MB\n"
+                f"synchronous_commit = on\nmax_connections = {self.max_connections}\nshared_buffers = 32MB\n"
                 "wal_keep_size = 256MB\nhot_standby = on\n"
             )
         with open(self.primary_dir / "pg_hba.conf", "w") as hba:

@@ -6,8 +6,13 @@
    ``postgres_only``: those use PostgreSQL-only features such as streaming replication).
 
 PostgreSQL comes from ``ZEROLOSS_TEST_POSTGRES_URL`` (default
-``postgres://postgres@127.0.0.1:5432/zeroloss``; the test database is ``test_<name>``).
-Services the tests need are checked first; a missing one is a clear failure, never a skip.
+``postgres://postgres@127.0.0.1:5432/zeroloss``; the test database is ``test_<name>``) and
+Redis from ``ZEROLOSS_TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379/15``). When a default
+is not reachable, the suite starts a private server for the run, on a free loopback port:
+PostgreSQL from the machine's server binaries or, failing those, from the ``pgserver`` wheel
+(installed into the virtual environment on demand); Redis from ``redis-server`` on the PATH.
+A URL you set explicitly is never replaced. A service that can be neither reached nor
+started is a clear failure (exit code 2), never a skip.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +41,91 @@ def _reachable(url: str, default_port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+class PrivateServices:
+    """Servers this run started itself; stopped when it ends."""
+
+    def __init__(self) -> None:
+        self.postgres: Any = None
+        self.redis: subprocess.Popen[bytes] | None = None
+        self.redis_dir: str | None = None
+
+    def start_postgres(self) -> str:
+        try:
+            from tests.pgcluster import ClusterError, PgCluster
+        except ImportError as exc:  # psycopg missing: the install step failed
+            raise RuntimeError(f"cannot start a private PostgreSQL: {exc}") from exc
+        try:
+            cluster = PgCluster(dbname="zeroloss", max_connections=200)
+        except ClusterError:
+            # No server binaries on this machine: the pgserver wheel carries them.
+            print("=== no PostgreSQL server binaries here; installing the pgserver wheel", flush=True)
+            if subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", "pgserver"]) != 0:
+                raise RuntimeError("pip install pgserver failed") from None
+            import importlib
+
+            import tests.pgcluster as pgcluster
+
+            importlib.reload(pgcluster)
+            cluster = pgcluster.PgCluster(dbname="zeroloss", max_connections=200)
+        try:
+            cluster.start()
+        except ClusterError as exc:
+            cluster.stop()
+            raise RuntimeError(str(exc)) from exc
+        self.postgres = cluster
+        url = cluster.url()
+        print(f"=== started a private PostgreSQL for this run: {url}", flush=True)
+        return url
+
+    def start_redis(self) -> str:
+        import shutil
+        import tempfile
+
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)")
+        from tests.pgcluster import free_port
+
+        port = free_port()
+        self.redis_dir = tempfile.mkdtemp(prefix="zl-redis-")
+        self.redis = subprocess.Popen(
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.redis_dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"redis://127.0.0.1:{port}/15"
+        deadline = time.monotonic() + 20
+        while not _reachable(url, port):
+            if time.monotonic() > deadline or self.redis.poll() is not None:
+                raise RuntimeError("the private redis-server did not start")
+            time.sleep(0.1)
+        print(f"=== started a private Redis for this run: {url}", flush=True)
+        return url
+
+    def stop(self) -> None:
+        if self.postgres is not None:
+            self.postgres.stop()
+        if self.redis is not None:
+            self.redis.terminate()
+            self.redis.wait(timeout=10)
+        if self.redis_dir:
+            import shutil
+
+            shutil.rmtree(self.redis_dir, ignore_errors=True)
 
 
 def _run(title: str, cmd: list[str], env: dict[str, str] | None = None) -> bool:
@@ -59,7 +150,7 @@ def main() -> int:
     results: dict[str, bool] = {}
     base_env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
     base_env["PYTHONPATH"] = str(ROOT)
-    base_env.setdefault("ZEROLOSS_TEST_REDIS_URL", DEFAULT_REDIS)
+    base_env["ZEROLOSS_TEST_REDIS_URL"] = os.environ.get("ZEROLOSS_TEST_REDIS_URL", DEFAULT_REDIS)
 
     if not args.skip_lint:
         results["ruff"] = _run("ruff", [py, "-m", "ruff", "check", "."], base_env)
@@ -74,19 +165,48 @@ def main() -> int:
     if args.lint_only:
         return _summary(results)
 
+    private = PrivateServices()
+    try:
+        return _tests(args, py, base_env, results, private)
+    finally:
+        private.stop()
+
+
+def _tests(
+    args: argparse.Namespace,
+    py: str,
+    base_env: dict[str, str],
+    results: dict[str, bool],
+    private: PrivateServices,
+) -> int:
     pg_url = os.environ.get("ZEROLOSS_TEST_POSTGRES_URL", DEFAULT_PG)
     redis_url = base_env["ZEROLOSS_TEST_REDIS_URL"]
     missing = []
     if args.only != "sqlite" and not _reachable(pg_url, 5432):
-        missing.append(f"PostgreSQL at {pg_url} (set ZEROLOSS_TEST_POSTGRES_URL)")
+        if "ZEROLOSS_TEST_POSTGRES_URL" in os.environ:
+            missing.append(f"PostgreSQL at {pg_url} (ZEROLOSS_TEST_POSTGRES_URL)")
+        else:
+            try:
+                pg_url = private.start_postgres()
+            except RuntimeError as exc:
+                missing.append(f"PostgreSQL at {pg_url}, and no private server could be started: {exc}")
     if not _reachable(redis_url, 6379):
-        missing.append(f"Redis at {redis_url} (set ZEROLOSS_TEST_REDIS_URL)")
+        if "ZEROLOSS_TEST_REDIS_URL" in os.environ:
+            missing.append(f"Redis at {redis_url} (ZEROLOSS_TEST_REDIS_URL)")
+        else:
+            try:
+                redis_url = private.start_redis()
+                base_env["ZEROLOSS_TEST_REDIS_URL"] = redis_url
+            except RuntimeError as exc:
+                missing.append(f"Redis at {redis_url}, and no private server could be started: {exc}")
     if missing:
         print(
             "The test suite needs these services and could not reach them:\n  " + "\n  ".join(missing),
             flush=True,
         )
         return 2
+    # The replication tests start their own primary and standby from the same binaries.
+    base_env.setdefault("ZEROLOSS_TEST_POSTGRES_URL", pg_url)
 
     pytest = [py, "-m", "pytest", *args.pytest_args]
     if args.only != "sqlite":
