@@ -228,7 +228,7 @@ def test_standby_down_replicated_persist_times_out_loses_nothing_and_recovers(
     first = nodes.run("persist", args).one
     assert first["ok"] is False and first["error"] == "ReplicationTimeout"
     assert (first["confirmed"], first["required"]) == (1, 2)
-    assert 1.0 <= first["elapsed"] < 3.0
+    assert 1.0 <= first["elapsed"] < 5.0  # the 1 s wait, plus a bounded commit, plus scheduling
     assert "committed on the primary but only 1/2 copies were confirmed within 1s" in first["text"]
     count, events, lsn = nodes.primary_counts("down-1")
     assert (count, events) == (1, 1) and lsn is not None  # on the primary, audited once

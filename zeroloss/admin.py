@@ -172,8 +172,21 @@ def _lease_info(message: Message, now: dt.datetime) -> tuple[str, float | None]:
 # -- messages -------------------------------------------------------------------------
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """The ledger is never edited through a form: every change is a service action."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):
+class MessageAdmin(ReadOnlyAdmin):
     list_display = (
         "message_id",
         "queue_name",
@@ -257,15 +270,6 @@ class MessageAdmin(admin.ModelAdmin):
         return super().has_view_permission(request, obj) or any(
             request.user.has_perm(p) for p in PERMISSIONS.values()
         )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Message | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Message | None = None) -> bool:
-        return False
 
     # -- queryset -------------------------------------------------------------------------
 
@@ -698,7 +702,7 @@ class MessageAdmin(admin.ModelAdmin):
 
 
 @admin.register(ReplicationNode)
-class ReplicationNodeAdmin(admin.ModelAdmin):
+class ReplicationNodeAdmin(ReadOnlyAdmin):
     list_display = (
         "node_id",
         "liveness",
@@ -729,15 +733,6 @@ class ReplicationNodeAdmin(admin.ModelAdmin):
         "metadata_pretty",
     )
     fields = readonly_fields
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: ReplicationNode | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: ReplicationNode | None = None) -> bool:
-        return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ReplicationNode]:
         return super().get_queryset(request).annotate(db_now=Now())
@@ -788,7 +783,7 @@ class ReplicationNodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(MessageEvent)
-class MessageEventAdmin(admin.ModelAdmin):
+class MessageEventAdmin(ReadOnlyAdmin):
     """The audit trail across messages: who did what, when. Append-only, so read-only here."""
 
     list_display = (
@@ -820,15 +815,6 @@ class MessageEventAdmin(admin.ModelAdmin):
     )
     fields = readonly_fields
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: MessageEvent | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: MessageEvent | None = None) -> bool:
-        return False
-
     def get_queryset(self, request: HttpRequest) -> QuerySet[MessageEvent]:
         return super().get_queryset(request).defer("message__payload", "message__replication_targets")
 
@@ -839,18 +825,9 @@ class MessageEventAdmin(admin.ModelAdmin):
 
 
 @admin.register(PurgeRecord)
-class PurgeRecordAdmin(admin.ModelAdmin):
+class PurgeRecordAdmin(ReadOnlyAdmin):
     list_display = ("purged_at", "queue_name", "status", "count", "actor")
     list_filter = ("status", "queue_name")
     ordering = ("-purged_at",)
     readonly_fields = ("purged_at", "queue_name", "status", "count", "actor")
     fields = readonly_fields
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: PurgeRecord | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: PurgeRecord | None = None) -> bool:
-        return False
