@@ -637,44 +637,56 @@ class ZeroLossMessageService:
             renewed.update(row[0] for row in rows)
         return renewed
 
+    def _fenced(
+        self,
+        message_id: str,
+        token: Any,
+        *,
+        set_sql: str,
+        set_params: Sequence[Any] = (),
+        reason_sql: str,
+        detail: str,
+    ) -> bool:
+        """The one shape of every lease holder's transition: it applies only while the caller
+        holds the current, unexpired lease (fencing), and writes its audit row with it."""
+        d = self.dialect
+        sql = (
+            f"UPDATE {MSG} SET {set_sql}, lease_token = NULL, lease_expires_at = NULL, updated_at = {d.now} "
+            f"WHERE message_id = %s AND lease_token = %s AND status = 'processing' AND lease_expires_at > {d.now}"
+        )
+        rows = self._transition(
+            sql,
+            [*set_params, message_id, token, detail],
+            returning=self._returning("processing", reason_sql),
+            actor=self.instance_id,
+        )
+        return len(rows) == 1
+
     def release_lease(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
         """Give back a claimed message that was never started (clean shutdown).
 
         Back to pending at once, and the unused attempt is not counted.
         """
         self._check_id(message_id)
-        token = self._check_token(lease_token)
-        d = self.dialect
-        sql = (
-            f"UPDATE {MSG} SET status = 'pending', attempts = attempts - 1, available_at = {d.now}, "
-            f"lease_token = NULL, lease_expires_at = NULL, updated_at = {d.now} "
-            f"WHERE message_id = %s AND lease_token = %s AND status = 'processing' AND lease_expires_at > {d.now}"
+        return self._fenced(
+            message_id,
+            self._check_token(lease_token),
+            set_sql=f"status = 'pending', attempts = attempts - 1, available_at = {self.dialect.now}",
+            reason_sql="'released'",
+            detail="released unstarted at worker shutdown",
         )
-        rows = self._transition(
-            sql,
-            [message_id, token, "released unstarted at worker shutdown"],
-            returning=self._returning("processing", "'released'"),
-            actor=self.instance_id,
-        )
-        return len(rows) == 1
 
     def acknowledge_message(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
         """Complete the message, only for the holder of the current, unexpired lease (fencing)."""
         self._check_id(message_id)
-        token = self._check_token(lease_token)
-        d = self.dialect
-        sql = (
-            f"UPDATE {MSG} SET status = 'completed', completed_at = {d.now}, updated_at = {d.now}, "
-            "lease_token = NULL, lease_expires_at = NULL, last_error = '' "
-            f"WHERE message_id = %s AND lease_token = %s AND status = 'processing' AND lease_expires_at > {d.now}"
+        now = self.dialect.now
+        return self._fenced(
+            message_id,
+            self._check_token(lease_token),
+            set_sql=f"status = 'completed', completed_at = {now}, last_error = ''",
+            reason_sql="'acknowledged'",
+            detail="",
         )
-        rows = self._transition(
-            sql,
-            [message_id, token, ""],
-            returning=self._returning("processing", "'acknowledged'"),
-            actor=self.instance_id,
-        )
-        return len(rows) == 1
 
     def mark_failed(self, message_id: str, lease_token: uuid.UUID | str, error: str) -> bool:
         """Record a failed attempt: back to pending after a backoff, or dead when attempts are spent.
@@ -694,26 +706,24 @@ class ZeroLossMessageService:
             return False
         attempts, max_attempts = rows[0]
         d = self.dialect
-        set_params: list[Any]
         if attempts >= max_attempts:
-            set_sql, set_params = f"status = 'dead', dead_at = {d.now}", []
-            reason = "'dead_lettered'"
-        else:
-            available_sql, set_params = d.now_plus(self.settings.RETRY_BACKOFF.delay_for(attempts))
-            set_sql = f"status = 'pending', available_at = {available_sql}"
-            reason = "'failed'"
-        sql = (
-            f"UPDATE {MSG} SET {set_sql}, lease_token = NULL, lease_expires_at = NULL, last_error = %s, "
-            f"updated_at = {d.now} WHERE message_id = %s AND lease_token = %s AND status = 'processing' "
-            f"AND lease_expires_at > {d.now}"
+            return self._fenced(
+                message_id,
+                token,
+                set_sql=f"status = 'dead', dead_at = {d.now}, last_error = %s",
+                set_params=[error],
+                reason_sql="'dead_lettered'",
+                detail=error,
+            )
+        available_sql, available_params = d.now_plus(self.settings.RETRY_BACKOFF.delay_for(attempts))
+        return self._fenced(
+            message_id,
+            token,
+            set_sql=f"status = 'pending', available_at = {available_sql}, last_error = %s",
+            set_params=[*available_params, error],
+            reason_sql="'failed'",
+            detail=error,
         )
-        rows = self._transition(
-            sql,
-            [*set_params, error, message_id, token, error],
-            returning=self._returning("processing", reason),
-            actor=self.instance_id,
-        )
-        return len(rows) == 1
 
     # -- the recovery sweep -------------------------------------------------------------
 
