@@ -760,6 +760,10 @@ class ZeroLossMessageService:
             "'lease held by ' || claimed_by || ' expired' AS detail"
         )
         while limit is None or len(requeued) + len(dead) < limit:
+            if not d.dml_cte and not self._any_expired():
+                # SQLite: a read needs no lock in WAL mode; the write transaction below takes
+                # the database's only write lock, so take it only when there is work.
+                break
             size = batch if limit is None else min(batch, limit - len(requeued) - len(dead))
             rows = self._transition(sql, [size], returning=returning, actor=actor)
             batches += 1
@@ -806,6 +810,13 @@ class ZeroLossMessageService:
                 )
                 count += cursor.rowcount
         return count
+
+    def _any_expired(self) -> bool:
+        rows, _ = self._execute(
+            f"SELECT 1 FROM {MSG} WHERE status = 'processing' AND lease_expires_at < {self.dialect.now} LIMIT 1",
+            [],
+        )
+        return bool(rows)
 
     # -- operator transitions -----------------------------------------------------------
 
