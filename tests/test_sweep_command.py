@@ -62,3 +62,25 @@ def test_bad_arguments_exit_2():
     assert "expected a whole number >= 1" in proc.stderr
     with pytest.raises(CommandError, match=r"(?i)unknown database alias 'nope'"):
         call_command("zeroloss_sweep", "--database", "nope")
+
+
+def test_stop_flag_set_by_a_signal_mid_wait_never_blocks():
+    """A signal handler runs between any two bytecodes of the main thread, including inside a
+    wait; setting the flag must never take a lock that the interrupted wait might hold."""
+    import os
+    import random
+    import threading
+
+    from zeroloss.loops import StopFlag
+
+    for _ in range(300):
+        flag = StopFlag()
+        with flag.on_signals():
+            timer = threading.Timer(random.uniform(0, 0.004), os.kill, [os.getpid(), signal.SIGTERM])
+            started = time.monotonic()
+            timer.start()
+            while not flag:
+                flag.wait(0.0003)
+            timer.join()
+        assert flag.signal_name == "SIGTERM"
+        assert time.monotonic() - started < 2

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -16,21 +17,39 @@ logger = logging.getLogger("zeroloss")
 
 
 class StopFlag:
-    """Set by SIGTERM/SIGINT; loops check it between units of work, so none is cut in half."""
+    """Set by SIGTERM/SIGINT; loops check it between units of work, so none is cut in half.
+
+    Deliberately lock-free. A signal handler runs in the main thread between two bytecodes,
+    possibly while that thread is inside ``threading.Event.wait`` holding the event's internal
+    lock; a handler that called ``Event.set`` would then wait for that lock forever (a
+    ``zeroloss_sweep --loop`` once hung exactly so). Setting a plain attribute cannot block,
+    and :meth:`wait` sleeps in short slices instead of waiting on a lock.
+    """
+
+    #: Longest a waiting loop takes to notice the flag.
+    SLICE = 0.05
 
     def __init__(self) -> None:
-        self.event = threading.Event()
+        self._stopped = False
         self.signal_name = ""
 
     def __bool__(self) -> bool:
-        return self.event.is_set()
+        return self._stopped
 
     def set(self, reason: str = "") -> None:
-        self.signal_name = self.signal_name or reason
-        self.event.set()
+        if not self.signal_name:
+            self.signal_name = reason
+        self._stopped = True
 
     def wait(self, seconds: float) -> bool:
-        return self.event.wait(seconds)
+        """Sleep up to ``seconds``; True as soon as the flag is set."""
+        deadline = time.monotonic() + seconds
+        while not self._stopped:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(remaining, self.SLICE))
+        return True
 
     @contextmanager
     def on_signals(self) -> Iterator[StopFlag]:
