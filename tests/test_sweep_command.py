@@ -40,10 +40,15 @@ def test_sweep_loop_stops_cleanly_on_sigterm():
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(2.5)
-    proc.send_signal(signal.SIGTERM)
-    # It stops after the unit of work in hand, which on SQLite may wait up to the lock timeout.
-    _, err = proc.communicate(timeout=60)
+    try:
+        time.sleep(2.5)
+        proc.send_signal(signal.SIGTERM)
+        # It stops after the unit of work in hand, which on SQLite may wait up to the lock timeout.
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # never leave a hung sweeper behind a failed test
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 0, err
     assert "on SIGTERM" in err
     assert int(err.split("stopped after ")[1].split(" ")[0]) >= 2
