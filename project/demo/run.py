@@ -68,6 +68,15 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """Linux: a worker gets SIGTERM if the demo itself dies (even by SIGKILL), so none is orphaned."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class Workers:
     """The worker processes: ``zeroloss_worker`` on the embedded default, Celery with a broker."""
 
@@ -99,7 +108,13 @@ class Workers:
 
     def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            cmd, cwd=ROOT, env=_env(), stdout=self.log, stderr=self.log, start_new_session=True
+            cmd,
+            cwd=ROOT,
+            env=_env(),
+            stdout=self.log,
+            stderr=self.log,
+            start_new_session=True,  # so a SIGKILL reaches a worker's whole group
+            preexec_fn=_die_with_parent,
         )
 
     def _start(self, n: int) -> subprocess.Popen[bytes]:
@@ -153,7 +168,11 @@ class Workers:
         self.killed.append(proc.pid)
 
     def alive(self) -> int:
-        return sum(1 for p in self.procs if p.poll() is None)
+        """Worker processes still running (beat, if any, is not a worker)."""
+        return sum(1 for p in self.workers if p.poll() is None)
+
+    def signal_group(self, proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+        os.killpg(proc.pid, sig)
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -288,16 +307,27 @@ def main() -> int:
                 c = _counts(prefix)
                 done = c["completed"] + c["dead"] >= sent
                 if not orphaned and not done and c["completed"] > args.messages // 10 and workers.alive() > 1:
-                    # Kill whichever worker is caught holding leases (SQLite may starve one).
+                    # Freeze each worker in turn (its whole process group, Celery's pool included);
+                    # a frozen worker's leases cannot change, so the count is exact. Kill the first
+                    # one caught holding leases, thaw the others.
                     for proc in workers.workers:
-                        if proc.poll() is None and _held_by(prefix, worker_pids[proc.pid]):
-                            workers.kill(proc)
-                            # What it held at death is orphaned: only the sweep can free it.
-                            orphaned = _held_by(prefix, worker_pids[proc.pid])
-                            show(f"SIGKILL worker pid {proc.pid}: it died holding {len(orphaned)} lease(s)")
-                            if sys.stdout.isatty():
-                                sys.stdout.write("\n")
-                            break
+                        if proc.poll() is not None:
+                            continue
+                        held: list[str] = []
+                        workers.signal_group(proc, signal.SIGSTOP)
+                        try:
+                            held = _held_by(prefix, worker_pids[proc.pid])
+                        finally:
+                            if not held:
+                                workers.signal_group(proc, signal.SIGCONT)
+                        if not held:
+                            continue
+                        workers.kill(proc)
+                        orphaned = held  # only the sweep can free these now
+                        show(f"SIGKILL worker pid {proc.pid}: it died holding {len(orphaned)} lease(s)")
+                        if sys.stdout.isatty():
+                            sys.stdout.write("\n")
+                        break
                 if time.monotonic() >= next_view or done:
                     if not orphaned:  # Celery's pool children appear after start-up
                         worker_pids = {proc.pid: workers.pids(proc) for proc in workers.workers}
