@@ -218,7 +218,9 @@ def test_two_db_workers_never_run_a_message_twice(procs):
         assert w.popen.wait(timeout=120) == 0, w.text
     counts = handled_counts("demo.record")
     assert len(counts) == 300 and set(counts.values()) == {1}
-    assert len(set(HandledRecord.objects.values_list("worker", flat=True))) == 2
+    if connection.vendor == "postgresql":
+        # SQLite serialises writers on one lock, so there one worker may drain the queue alone.
+        assert len(set(HandledRecord.objects.values_list("worker", flat=True))) == 2
 
 
 def test_db_worker_sigterm_releases_unstarted_batch(procs):
