@@ -52,8 +52,17 @@ class Proc:
             time.sleep(0.05)
 
     def sigkill_group(self) -> None:
+        """SIGKILL the whole group; return once nothing it started can still change the database.
+
+        ``kill`` only queues the signal, and a statement the process had already sent keeps
+        running in its PostgreSQL backend and may commit after the process is gone (a claim
+        seen in CI landed after the test had listed the in-flight messages). So wait for every
+        process of the group to be gone, then for their database sessions to end.
+        """
         os.killpg(self.popen.pid, signal.SIGKILL)
         self.popen.wait(timeout=10)
+        _wait_until_group_gone(self.popen.pid)
+        _wait_until_other_sessions_gone()
 
     def terminate(self, timeout: float = 30) -> int:
         if self.popen.poll() is None:
@@ -65,6 +74,49 @@ class Proc:
                 self.popen.wait(timeout=10)
         self._reader.join(timeout=5)
         return self.popen.returncode
+
+
+def _live_group_members(pgid: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process exited while we looked
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        state, _ppid, pgrp = text[text.rfind(")") + 2 :].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _wait_until_group_gone(pgid: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while members := _live_group_members(pgid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes {members} of group {pgid} outlived SIGKILL by {timeout}s")
+        time.sleep(0.02)
+
+
+def _wait_until_other_sessions_gone(timeout: float = 15) -> None:
+    """Wait until this test is the only client of its PostgreSQL database (no-op on SQLite)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return  # SQLite writes happen inside the process: a dead process writes nothing more
+    deadline = time.monotonic() + timeout
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT array_agg(pid) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
+            (others,) = cursor.fetchone()
+        if not others:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"database sessions {others} still open {timeout}s after the kill")
+        time.sleep(0.02)
 
 
 def worker_env(broker_url: str, **extra: str) -> dict[str, str]:
