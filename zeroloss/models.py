@@ -46,7 +46,9 @@ class MessageQuerySet(models.QuerySet["Message"]):
 class Message(models.Model):
     """One message and its current state. Its history is in :class:`MessageEvent`."""
 
-    message_id = models.CharField(max_length=255, unique=True)
+    # Unique through Meta.constraints, not unique=True: on PostgreSQL that would add a second,
+    # varchar_pattern_ops index for LIKE queries nothing runs, paid for on every insert.
+    message_id = models.CharField(max_length=255)
     queue_name = models.CharField(max_length=100)
     payload = models.JSONField()
     checksum = models.CharField(max_length=64, help_text="SHA-256 of the canonical JSON payload.")
@@ -95,6 +97,9 @@ class Message(models.Model):
             models.Index(fields=["queue_name", "status"], name="zeroloss_msg_queue_status_idx"),
             models.Index(fields=["created_at"], name="zeroloss_msg_created_idx"),
         ]
+        constraints = [
+            models.UniqueConstraint(fields=["message_id"], name="zeroloss_message_id_uniq"),
+        ]
         permissions = [
             ("requeue_message", "Can requeue stuck messages"),
             ("force_requeue_message", "Can revoke a live lease and requeue"),
@@ -117,8 +122,9 @@ class MessageEvent(models.Model):
 
     # No database-level FK constraint: purges delete events and messages in one set-based
     # statement pair, and the conservation check (zeroloss_verify) reports any orphan.
+    # db_index=False: the (message, id) index below serves every lookup by message.
     message = models.ForeignKey(
-        Message, on_delete=models.DO_NOTHING, db_constraint=False, related_name="events"
+        Message, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="events"
     )
     from_status = models.CharField(max_length=16, blank=True, default="")
     to_status = models.CharField(max_length=16)
