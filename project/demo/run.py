@@ -59,8 +59,8 @@ def _parse() -> argparse.Namespace:
     return args
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, **extra)
     env.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     # Short retry backoff so the dead-letter path shows within the demo's run time.
@@ -106,16 +106,21 @@ class Workers:
                 )
             )
 
-    def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, cmd: list[str], **env: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             cmd,
             cwd=ROOT,
-            env=_env(),
+            env=_env(**env),
             stdout=self.log,
             stderr=self.log,
             start_new_session=True,  # so a SIGKILL reaches a worker's whole group
             preexec_fn=_die_with_parent,
         )
+
+    @staticmethod
+    def app_name(n: int) -> str:
+        """The PostgreSQL application_name of worker ``n``'s sessions (libpq reads PGAPPNAME)."""
+        return f"zeroloss-demo-worker-{n}"
 
     def _start(self, n: int) -> subprocess.Popen[bytes]:
         if self.celery:
@@ -139,7 +144,8 @@ class Workers:
                     "--without-mingle",
                     "--prefetch-multiplier",
                     "1",
-                ]
+                ],
+                PGAPPNAME=self.app_name(n),
             )
         return self._spawn(
             [
@@ -152,7 +158,8 @@ class Workers:
                 EMAILS,
                 "--batch-size",
                 "10",
-            ]
+            ],
+            PGAPPNAME=self.app_name(n),
         )
 
     def pids(self, proc: subprocess.Popen[bytes]) -> set[int]:
@@ -173,6 +180,29 @@ class Workers:
 
     def signal_group(self, proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
+
+    def settle(self, proc: subprocess.Popen[bytes]) -> None:
+        """After SIGSTOP: wait until no statement of this worker is still running in PostgreSQL.
+
+        A frozen process sends nothing more, but a claim or acknowledgement it sent just before
+        keeps running in its backend and may commit after we count; on SQLite the writes happen
+        in the process itself, so freezing it is enough.
+        """
+        from django.db import connection
+
+        if connection.vendor != "postgresql":
+            return
+        time.sleep(0.1)  # let the backend read a statement already in its socket
+        deadline = time.monotonic() + 10
+        with connection.cursor() as cursor:
+            while time.monotonic() < deadline:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'active'",
+                    [self.app_name(self.workers.index(proc))],
+                )
+                if cursor.fetchone()[0] == 0:
+                    return
+                time.sleep(0.01)
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -316,6 +346,7 @@ def main() -> int:
                         held: list[str] = []
                         workers.signal_group(proc, signal.SIGSTOP)
                         try:
+                            workers.settle(proc)
                             held = _held_by(prefix, worker_pids[proc.pid])
                         finally:
                             if not held:
