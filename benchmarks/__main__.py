@@ -176,6 +176,8 @@ def _notes(suite: Any) -> None:
             f"{info['activity_samples']} pg_stat_activity samples (all heavyweight-lock waits: "
             f"{info['lock_wait_samples'] or 'none'}); max claim latency {max(info.get('max_ms', [0])):.1f} ms"
         )
+        if info.get("lock_wait_blockers"):
+            lines.append(f"blocked by (the blocker's current statement): {info['lock_wait_blockers']}")
         probe = info["skip_locked_probe"]
         lines.append(
             f"SKIP LOCKED probe: queue head locked by another transaction, claim_next "

@@ -605,6 +605,7 @@ class Suite:
             target=note,
         )
         waits: Counter[str] = Counter()
+        blocked_by: Counter[str] = Counter()
         samples = 0
         db.reset(self.conn)
         children = [Child("claimer", {"queue": "bench.latency", "limit": 1}, self.url) for _ in range(8)]
@@ -620,6 +621,7 @@ class Suite:
                 results = [c.next_line() for c in children]
                 monitor.stop()
                 waits.update(monitor.waits)
+                blocked_by.update(monitor.blocked_by)
                 samples += monitor.samples
                 latencies = sorted(x for r in results for x in r["latencies_ms"])
                 p50.values.append(_pct(latencies, 0.50))
@@ -647,6 +649,7 @@ class Suite:
             fig.info.update(
                 activity_samples=samples,
                 lock_wait_samples=dict(waits),
+                lock_wait_blockers=dict(blocked_by),
                 row_lock_wait_samples=row_waits,
                 claim_row_lock_wait_samples=claim_waits,
                 skip_locked_probe=probe,
@@ -725,6 +728,9 @@ class LockMonitor(threading.Thread):
         self.url = url
         self.backends = backends
         self.waits: Counter[str] = Counter()
+        # "claim waits on acknowledge": which statement each waiting one was blocked by, so a
+        # rare wait says where it came from the first time it is seen.
+        self.blocked_by: Counter[str] = Counter()
         self.samples = 0
         self._stop_event = threading.Event()
 
@@ -732,13 +738,17 @@ class LockMonitor(threading.Thread):
         with psycopg.connect(self.url, autocommit=True) as conn:
             while not self._stop_event.is_set():
                 rows = conn.execute(
-                    "SELECT wait_event_type, wait_event, query FROM pg_stat_activity WHERE pid = ANY(%s) "
-                    "AND state = 'active' AND wait_event_type = 'Lock'",
+                    "SELECT a.wait_event_type, a.wait_event, a.query, "
+                    "ARRAY(SELECT b.query FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(a.pid))) "
+                    "FROM pg_stat_activity a WHERE a.pid = ANY(%s) AND a.state = 'active' "
+                    "AND a.wait_event_type = 'Lock'",
                     [self.backends],
                 ).fetchall()
                 self.samples += 1
-                for kind, event, query in rows:
+                for kind, event, query, blockers in rows:
                     self.waits[f"{kind}:{event}:{_statement(query)}"] += 1
+                    blocking = " + ".join(sorted({_statement(b) for b in blockers})) or "(gone)"
+                    self.blocked_by[f"{_statement(query)} waits on {blocking}"] += 1
                 time.sleep(0.002)
 
     def stop(self) -> None:
