@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+from django.db import OperationalError, connection
 
 from zeroloss.exceptions import (
     InvalidLeaseToken,
@@ -394,3 +395,35 @@ class TestNodes:
         with pytest.raises(InvalidMessage):
             service.register_replication_node(node_id, **kwargs)
         assert ReplicationNode.objects.count() == 0
+
+
+class TestConnectionLifecycle:
+    """zeroloss keeps one psycopg cursor per connection; it must follow reconnects and errors."""
+
+    def test_transitions_continue_after_the_connection_is_dropped(self, transactional_db):
+        service = ZeroLossMessageService()
+        service.persist_message("before", "q", {})
+        connection.close()  # as Django does between requests, or after a lost connection
+        service.persist_message("after", "q", {})
+        leases = service.claim_next("q", limit=2)
+        assert [lease.message_id for lease in leases] == ["before", "after"]
+        assert all(service.acknowledge_message(lease.message_id, lease.token) for lease in leases)
+        assert reasons("after") == ["persisted", "claimed", "acknowledged"]
+
+    @pytest.mark.postgres_only
+    def test_a_statement_cancelled_by_the_server_changes_nothing_and_the_next_one_works(
+        self, transactional_db
+    ):
+        service = ZeroLossMessageService()
+        service.persist_message("first", "q", {})
+        with connection.cursor() as cursor:
+            cursor.execute("SET statement_timeout = '1ms'")
+        try:
+            with pytest.raises(OperationalError, match="statement timeout"):
+                service.persist_messages([(f"big-{i}", "q", {"i": i}) for i in range(20000)])
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SET statement_timeout = 0")
+        assert list(Message.objects.values_list("message_id", flat=True)) == ["first"]
+        service.persist_message("second", "q", {})  # the same cursor, after its failed statement
+        assert reasons("second") == ["persisted"]
