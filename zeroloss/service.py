@@ -117,13 +117,32 @@ class ReplicationStatus:
         return self.confirmed >= self.required
 
 
+#: Severities of integrity findings: a monitor pages on ``critical``.
+CRITICAL = "critical"
+WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class IntegrityFinding:
+    """One problem with one message. ``code`` is stable; ``detail`` is for people and may change."""
+
+    code: str
+    severity: str
+    detail: str
+
+
 @dataclass(frozen=True)
 class IntegrityReport:
     message_id: str
     valid: bool
-    issues: list[str]
+    findings: list[IntegrityFinding]
     status: str | None = None
     replication: ReplicationStatus | None = None
+
+    @property
+    def issues(self) -> list[str]:
+        """The findings as human-readable lines."""
+        return [f.detail for f in self.findings]
 
 
 @dataclass(frozen=True)
@@ -155,7 +174,8 @@ class _Prepared:
     max_attempts: int
 
 
-def _default_instance_id() -> str:
+def default_instance_id() -> str:
+    """``host:pid:random``: unique per process, recorded as the actor of its transitions."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
@@ -217,6 +237,33 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[start : start + size]
 
 
+def validate_message_id(message_id: Any, what: str = "message_id") -> str:
+    """``message_id`` if it is a valid message id; otherwise :class:`InvalidMessage`."""
+    if not isinstance(message_id, str) or not message_id.strip():
+        raise InvalidMessage(f"{what} must be a non-empty string, got {message_id!r}.")
+    if len(message_id) > MAX_MESSAGE_ID_LENGTH:
+        raise InvalidMessage(f"{what} is {len(message_id)} characters; the limit is {MAX_MESSAGE_ID_LENGTH}.")
+    if _CONTROL_RE.search(message_id):
+        raise InvalidMessage(f"{what} must not contain control characters, got {message_id!r}.")
+    return message_id
+
+
+def validate_queue_name(queue_name: Any) -> str:
+    """``queue_name`` if it is a valid queue name; otherwise :class:`InvalidMessage`."""
+    if not isinstance(queue_name, str) or not queue_name:
+        raise InvalidMessage(f"queue_name must be a non-empty string, got {queue_name!r}.")
+    if len(queue_name) > MAX_QUEUE_NAME_LENGTH:
+        raise InvalidMessage(
+            f"queue_name is {len(queue_name)} characters; the limit is {MAX_QUEUE_NAME_LENGTH}."
+        )
+    if not QUEUE_NAME_RE.match(queue_name):
+        raise InvalidMessage(
+            f"queue_name {queue_name!r} may only use letters, digits, '_', '.', ':' and '-', "
+            "starting with a letter or digit."
+        )
+    return queue_name
+
+
 class ZeroLossMessageService:
     """Every operation on the ledger. Cheap to construct; holds no message state.
 
@@ -233,7 +280,7 @@ class ZeroLossMessageService:
             raw[key] = value
         self.settings = conf.parse_settings(raw) if overrides else conf.get_settings()
         self.using = using
-        self.instance_id = instance_id or _default_instance_id()
+        self.instance_id = instance_id or default_instance_id()
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -317,30 +364,11 @@ class ZeroLossMessageService:
         )
 
     def _check_id(self, message_id: Any, what: str = "message_id") -> str:
-        if not isinstance(message_id, str) or not message_id.strip():
-            raise InvalidMessage(f"{what} must be a non-empty string, got {message_id!r}.")
-        if len(message_id) > MAX_MESSAGE_ID_LENGTH:
-            raise InvalidMessage(
-                f"{what} is {len(message_id)} characters; the limit is {MAX_MESSAGE_ID_LENGTH}."
-            )
-        if _CONTROL_RE.search(message_id):
-            raise InvalidMessage(f"{what} must not contain control characters, got {message_id!r}.")
-        return message_id
+        return validate_message_id(message_id, what)
 
     @staticmethod
     def _check_queue(queue_name: Any) -> str:
-        if not isinstance(queue_name, str) or not queue_name:
-            raise InvalidMessage(f"queue_name must be a non-empty string, got {queue_name!r}.")
-        if len(queue_name) > MAX_QUEUE_NAME_LENGTH:
-            raise InvalidMessage(
-                f"queue_name is {len(queue_name)} characters; the limit is {MAX_QUEUE_NAME_LENGTH}."
-            )
-        if not QUEUE_NAME_RE.match(queue_name):
-            raise InvalidMessage(
-                f"queue_name {queue_name!r} may only use letters, digits, '_', '.', ':' and '-', "
-                "starting with a letter or digit."
-            )
-        return queue_name
+        return validate_queue_name(queue_name)
 
     def _check_token(self, lease_token: Any) -> Any:
         if isinstance(lease_token, uuid.UUID):
@@ -1077,18 +1105,31 @@ class ZeroLossMessageService:
         self._check_id(message_id)
         message = self.get_message(message_id)
         if message is None:
-            return IntegrityReport(message_id, False, [f"Message {message_id!r} not found"])
-        return self._verify(message, self.database_now())
+            return IntegrityReport(
+                message_id,
+                False,
+                [IntegrityFinding("not_found", CRITICAL, f"Message {message_id!r} not found")],
+            )
+        return self.verify_message(message)
 
-    def _verify(self, message: Message, now: dt.datetime, *, replication: bool = True) -> IntegrityReport:
-        issues: list[str] = []
+    def verify_message(
+        self, message: Message, now: dt.datetime | None = None, *, replication: bool = True
+    ) -> IntegrityReport:
+        """Check a loaded message (``now``: the database clock, read if not given)."""
+        if now is None:
+            now = self.database_now()
+        findings: list[IntegrityFinding] = []
         try:
             actual = payload_checksum(canonical_json(message.payload))
         except InvalidPayload as exc:  # pragma: no cover - stored payloads are always JSON
             actual = f"unreadable: {exc}"
         if actual != message.checksum:
-            issues.append(
-                f"Checksum mismatch: stored {message.checksum[:12]}..., payload hashes to {actual[:12]}..."
+            findings.append(
+                IntegrityFinding(
+                    "checksum_mismatch",
+                    CRITICAL,
+                    f"Checksum mismatch: stored {message.checksum[:12]}..., payload hashes to {actual[:12]}...",
+                )
             )
         if (
             message.status == Status.PROCESSING
@@ -1096,15 +1137,32 @@ class ZeroLossMessageService:
             and message.lease_expires_at < now
         ):
             overdue = (now - message.lease_expires_at).total_seconds()
-            issues.append(
-                f"Stuck in processing: lease of {message.claimed_by} expired {overdue:.1f}s ago (the sweep will requeue it)"
+            findings.append(
+                IntegrityFinding(
+                    "stuck",
+                    WARNING,
+                    f"Stuck in processing: lease of {message.claimed_by} expired {overdue:.1f}s ago "
+                    "(the sweep will requeue it)",
+                )
             )
         if message.attempts > message.max_attempts:
-            issues.append(f"Attempts beyond max: {message.attempts}/{message.max_attempts}")
+            findings.append(
+                IntegrityFinding(
+                    "attempts_exceeded",
+                    CRITICAL,
+                    f"Attempts beyond max: {message.attempts}/{message.max_attempts}",
+                )
+            )
         status = self.replication_status(message) if replication else None
         if status is not None and not status.sufficient:
-            issues.append(f"Insufficient replication: {status.confirmed}/{status.required} ({status.detail})")
-        return IntegrityReport(message.message_id, not issues, issues, message.status, status)
+            findings.append(
+                IntegrityFinding(
+                    "replication_insufficient",
+                    CRITICAL,
+                    f"Insufficient replication: {status.confirmed}/{status.required} ({status.detail})",
+                )
+            )
+        return IntegrityReport(message.message_id, not findings, findings, message.status, status)
 
     def get_stats(self) -> Stats:
         from django.db.models import Count, Min

@@ -33,7 +33,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from ..models import Message
-from ..service import ZeroLossMessageService, _default_instance_id
+from ..service import ZeroLossMessageService, default_instance_id
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -218,7 +218,7 @@ class ZeroLossCommand(BaseCommand):
 
     def actor(self) -> str:
         """A unique actor name for this run, recorded in the audit trail and purge records."""
-        return f"cli:{self.command_name()}@{_default_instance_id()}"
+        return f"cli:{self.command_name()}@{default_instance_id()}"
 
     def check_queue(self, service: ZeroLossMessageService, queue: str | None) -> str | None:
         """``queue`` if the ledger has messages in it; otherwise a usage error (exit code 2)."""

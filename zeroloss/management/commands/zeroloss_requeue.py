@@ -28,7 +28,7 @@ from django.core.management.base import CommandParser
 from django.db.models import QuerySet
 
 from ...models import Message, Status
-from ...service import ZeroLossMessageService
+from ...service import ZeroLossMessageService, validate_message_id
 from ...snapshot import invalidate
 from ..base import CONFIRM_THRESHOLD, Incomplete, ZeroLossCommand, parse_duration, positive_int
 
@@ -98,7 +98,7 @@ class Command(ZeroLossCommand):
     ) -> dict[str, Any]:
         for mid in ids:
             try:
-                service._check_id(mid)
+                validate_message_id(mid)
             except Exception as exc:
                 self.usage_error(str(exc))
         rows: dict[str, tuple[str, dt.datetime | None]] = {}

@@ -50,13 +50,8 @@ PURGE = PurgeRecord._meta.db_table
 CRITICAL = "critical"
 WARNING = "warning"
 
-# Issue text prefixes written by ZeroLossMessageService._verify -> (check name, severity).
-_INTEGRITY = {
-    "Checksum mismatch": ("checksum_mismatch", CRITICAL),
-    "Stuck in processing": ("stuck", WARNING),
-    "Attempts beyond max": ("attempts_exceeded", CRITICAL),
-    "Insufficient replication": ("replication_insufficient", CRITICAL),
-}
+# The integrity finding codes (ZeroLossMessageService.verify_message), each counted in the JSON.
+_INTEGRITY_CODES = ("checksum_mismatch", "stuck", "attempts_exceeded", "replication_insufficient")
 
 
 @dataclass
@@ -159,7 +154,12 @@ class Command(ZeroLossCommand):
 
     # -- bookkeeping --------------------------------------------------------------------
 
-    _SEVERITY: dict[str, str] = {check: sev for check, sev in _INTEGRITY.values()}
+    _SEVERITY: dict[str, str] = {
+        "checksum_mismatch": CRITICAL,
+        "stuck": WARNING,
+        "attempts_exceeded": CRITICAL,
+        "replication_insufficient": CRITICAL,
+    }
 
     def _severity_of_counts(self) -> dict[str, str]:
         return {
@@ -201,22 +201,18 @@ class Command(ZeroLossCommand):
         now = service.database_now()
         checked = 0
         pks: list[int] = []
-        found = {check: 0 for check, _ in _INTEGRITY.values()}
+        found = dict.fromkeys(_INTEGRITY_CODES, 0)
         bar = self.progress(total, "verify", options)
         try:
             source = messages if messages is not None else qs.order_by("id").iterator(chunk_size=2000)
             for message in source:
-                report = service._verify(message, now, replication=options["replication"])
+                report = service.verify_message(message, now, replication=options["replication"])
                 checked += 1
                 if sample:
                     pks.append(message.pk)
-                for text in report.issues:
-                    check, severity = next(
-                        (v for prefix, v in _INTEGRITY.items() if text.startswith(prefix)),
-                        ("integrity", CRITICAL),
-                    )
-                    found[check] = found.get(check, 0) + 1
-                    self.add(severity, check, text, message.message_id)
+                for finding in report.findings:
+                    found[finding.code] = found.get(finding.code, 0) + 1
+                    self.add(finding.severity, finding.code, finding.detail, message.message_id)
                 if checked % 500 == 0:
                     bar.advance(500)
         finally:
