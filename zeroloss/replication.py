@@ -309,8 +309,16 @@ def record_commit(service: ZeroLossMessageService, messages: Sequence[Message], 
     return target
 
 
-def measure(service: ZeroLossMessageService, message: Message | None) -> ReplicationStatus:
-    """Copies of ``message`` (or of everything committed so far) that exist right now."""
+def measure(
+    service: ZeroLossMessageService, message: Message | None, *, record: bool = True
+) -> ReplicationStatus:
+    """Copies of ``message`` (or of everything committed so far) that exist right now.
+
+    A message without a recorded commit position gets one on its first measurement (one short
+    write, which also makes standbys report replay at once). ``record=False`` writes nothing:
+    it measures against the current WAL position, a later (conservative) bound, so it may
+    count fewer copies than a recorded bound would; read-only pages use it.
+    """
     from .service import ReplicationStatus
 
     required = service.settings.REPLICATION_FACTOR
@@ -326,7 +334,7 @@ def measure(service: ZeroLossMessageService, message: Message | None) -> Replica
         )
     target: int | None = message.commit_lsn if message is not None else None
     if message is not None and target is None:
-        if not service.connection.in_atomic_block:
+        if record and not service.connection.in_atomic_block:
             # A "durable" message: its first verification records a conservative (later) bound.
             record_commit(service, [message], service.settings.REPLICATION_TIMEOUT)
             target = message.commit_lsn

@@ -1088,10 +1088,11 @@ class ZeroLossMessageService:
 
         return replication.live_nodes(self)[: self.settings.REPLICATION_FACTOR]
 
-    def replication_status(self, message: Message | None = None) -> ReplicationStatus:
+    def replication_status(self, message: Message | None = None, *, record: bool = True) -> ReplicationStatus:
+        """Measured copies of ``message``; ``record=False`` never writes (see ``replication.measure``)."""
         from . import replication
 
-        return replication.measure(self, message)
+        return replication.measure(self, message, record=record)
 
     def _confirm_replication(self, messages: Sequence[Message]) -> None:
         from . import replication
