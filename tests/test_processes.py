@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from tests.support import expire_leases
 from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.service import ZeroLossMessageService
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,13 +34,13 @@ def test_message_persisted_by_killed_process_survives_and_is_claimable(children)
 
 def test_killed_worker_lease_expires_and_sweep_requeues_exactly_once(children, live_service):
     live_service.persist_message("job-1", "q", {"work": 1})
-    worker = children.spawn("claim_and_hang", {"message_id": "job-1", "overrides": {"ack_timeout": 0.5}})
+    worker = children.spawn("claim_and_hang", {"message_id": "job-1"})
     claim = children.read_line(worker)
     assert claim["token"]
     children.sigkill(worker)
     assert Message.objects.get().status == Status.PROCESSING
     assert live_service.recover_orphaned_messages().total == 0  # lease still live
-    time.sleep(0.6)
+    assert expire_leases(["job-1"]) == 1  # as ACK_TIMEOUT of silence would, by the database clock
     sweeps = [children.spawn("sweep", {}) for _ in range(3)]
     results = [children.finish(p)[0] for p in sweeps]
     assert sorted(len(r["requeued"]) for r in results) == [0, 0, 1]
@@ -59,14 +60,13 @@ def test_four_concurrent_sweepers_move_500_orphans_exactly_once(children, live_s
         {
             "message_ids": [f"live{i}" for i in range(5)],
             "seconds": 6,
-            "renew_every": 0.1,
-            "overrides": {"ack_timeout": 0.6},
+            "renew_every": 0.5,
+            "overrides": {"ack_timeout": 600},
         },
     )
     assert len(children.read_line(holder)["tokens"]) == 5
-    short = ZeroLossMessageService(ack_timeout=0.3)
-    assert len(short.claim_next("q", limit=500)) == 500
-    time.sleep(0.8)  # every orphan's lease is now expired; the holder keeps renewing its own
+    assert len(live_service.claim_next("q", limit=500)) == 500
+    assert expire_leases([f"o{i}" for i in range(500)]) == 500  # the holder's five stay live
     start = tmp_path / "go"
     sweepers = [children.spawn("sweep", {"start_file": str(start), "batch_size": 5}) for _ in range(4)]
     time.sleep(1.5)  # let all four finish Django start-up and wait on the signal
@@ -124,12 +124,17 @@ def test_sweep_returns_nothing_while_lease_is_renewed_by_live_process(children, 
     live_service.persist_message("kept", "q", {})
     holder = children.spawn(
         "hold_and_renew",
-        {"message_ids": ["kept"], "seconds": 2, "renew_every": 0.1, "overrides": {"ack_timeout": 0.4}},
+        {"message_ids": ["kept"], "seconds": 1.5, "renew_every": 0.1, "overrides": {"ack_timeout": 3}},
     )
     children.read_line(holder)
-    deadline = time.monotonic() + 1.5
+    first = Message.objects.get().lease_expires_at
+    deadline = time.monotonic() + 1.2
     while time.monotonic() < deadline:
         assert live_service.recover_orphaned_messages().total == 0
         time.sleep(0.05)
-    children.finish(holder)
-    assert wait_until(lambda: live_service.recover_orphaned_messages().requeued == ["kept"], timeout=3)
+    [done] = children.finish(holder)
+    assert done == {"done": True}  # every renewal succeeded
+    assert Message.objects.get().lease_expires_at > first  # and moved the lease
+    assert live_service.recover_orphaned_messages().total == 0  # still live after the holder left
+    expire_leases(["kept"])
+    assert live_service.recover_orphaned_messages().requeued == ["kept"]

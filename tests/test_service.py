@@ -9,6 +9,7 @@ import uuid
 import pytest
 from django.db import OperationalError, connection
 
+from tests.support import expire_leases, make_available
 from zeroloss.exceptions import (
     InvalidLeaseToken,
     InvalidMessage,
@@ -196,25 +197,23 @@ class TestLeases:
         assert m.status == Status.COMPLETED and m.completed_at and m.lease_token is None
         assert reasons("m1") == ["persisted", "claimed", "acknowledged"]
 
-    def test_renew_extends_and_expired_lease_cannot_renew_or_ack(self, db):
-        service = ZeroLossMessageService(ack_timeout=0.3)
+    def test_renew_extends_and_expired_lease_cannot_renew_or_ack(self, service):
         service.persist_message("m1", "q", {})
         lease = service.mark_processing("m1")
-        time.sleep(0.2)
         assert service.renew_lease("m1", lease.token)
         new_expiry = Message.objects.get().lease_expires_at
-        assert new_expiry > lease.expires_at
-        time.sleep(0.35)
+        assert new_expiry >= lease.expires_at
+        expire_leases(["m1"])
         assert service.renew_lease("m1", lease.token) is False
         assert service.acknowledge_message("m1", lease.token) is False
         assert Message.objects.get().status == Status.PROCESSING
 
     def test_fencing_stale_holder_refused_new_holder_accepted(self, db):
-        slow = ZeroLossMessageService(ack_timeout=0.2, instance_id="slow")
+        slow = ZeroLossMessageService(instance_id="slow")
         fast = ZeroLossMessageService(instance_id="fast")
         slow.persist_message("m1", "q", {})
         stale = slow.mark_processing("m1")
-        time.sleep(0.25)
+        expire_leases(["m1"])
         assert fast.recover_orphaned_messages().requeued == ["m1"]
         fresh = fast.mark_processing("m1")
         assert fresh and fresh.attempt == 2 and fresh.token != stale.token
@@ -234,7 +233,7 @@ class TestFailures:
         m = Message.objects.get()
         assert (m.status, m.last_error, m.lease_token) == ("pending", "boom 1", None)
         assert service.mark_processing("m1") is None  # backing off
-        time.sleep(0.25)
+        make_available(["m1"])
         lease = service.mark_processing("m1")
         assert lease and lease.attempt == 2
         assert service.mark_failed("m1", lease.token, "boom 2")
@@ -253,13 +252,13 @@ class TestFailures:
 
 class TestSweep:
     def test_expired_lease_requeued_exactly_once_and_renewed_one_untouched(self, db):
-        short = ZeroLossMessageService(ack_timeout=0.2, instance_id="short")
-        long = ZeroLossMessageService(ack_timeout=30, instance_id="long")
+        short = ZeroLossMessageService(instance_id="short")
+        long = ZeroLossMessageService(instance_id="long")
         for mid in ("orphan", "alive"):
             short.persist_message(mid, "q", {})
         short.mark_processing("orphan")
         long.mark_processing("alive")
-        time.sleep(0.25)
+        expire_leases(["orphan"])
         report = long.recover_orphaned_messages()
         assert report.requeued == ["orphan"] and report.dead_lettered == []
         assert long.recover_orphaned_messages().total == 0
@@ -271,20 +270,20 @@ class TestSweep:
         assert event.actor == "sweep@long" and event.from_status == "processing"
 
     def test_spent_attempts_are_dead_lettered(self, db):
-        service = ZeroLossMessageService(ack_timeout=0.1, max_attempts=1)
+        service = ZeroLossMessageService(max_attempts=1)
         service.persist_message("m1", "q", {})
         service.mark_processing("m1")
-        time.sleep(0.15)
+        expire_leases(["m1"])
         report = service.recover_orphaned_messages()
         assert report.dead_lettered == ["m1"] and report.requeued == []
         assert Message.objects.get().status == Status.DEAD
         assert reasons("m1")[-1] == "dead_lettered"
 
     def test_batches_and_limit(self, db):
-        service = ZeroLossMessageService(ack_timeout=0.1)
+        service = ZeroLossMessageService()
         service.persist_messages([(f"m{i}", "q", {}) for i in range(25)])
         assert len(service.claim_next("q", limit=25)) == 25
-        time.sleep(0.15)
+        expire_leases()
         report = service.recover_orphaned_messages(batch_size=10, limit=15)
         assert len(report.requeued) == 15
         report = service.recover_orphaned_messages(batch_size=4)

@@ -11,6 +11,7 @@ import time
 import pytest
 from django.core.management import CommandError, call_command
 
+from tests.support import expire_leases
 from zeroloss.models import MessageEvent
 from zeroloss.service import ZeroLossMessageService
 
@@ -20,11 +21,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_sweep_once_prints_what_it_did(capsys):
-    short = ZeroLossMessageService(ack_timeout=0.1)
-    short.persist_message("a", "q", {}, max_attempts=3)
-    short.persist_message("b", "q", {}, max_attempts=1)  # its first expiry spends it
-    assert len(short.claim_next("q", limit=2)) == 2
-    time.sleep(0.15)
+    service = ZeroLossMessageService()
+    service.persist_message("a", "q", {}, max_attempts=3)
+    service.persist_message("b", "q", {}, max_attempts=1)  # its first expiry spends it
+    assert len(service.claim_next("q", limit=2)) == 2
+    expire_leases()
     call_command("zeroloss_sweep", "--json")
     out = json.loads(capsys.readouterr().out)
     assert out == {"runs": 1, "requeued": ["a"], "dead_lettered": ["b"]}
@@ -41,10 +42,14 @@ def test_sweep_loop_stops_cleanly_on_sigterm():
         text=True,
     )
     try:
-        time.sleep(2.5)
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # its handlers are installed once it says it is sweeping
+        assert "sweeping every" in first, first
+        time.sleep(0.5)  # a few sweeps
         proc.send_signal(signal.SIGTERM)
         # It stops after the unit of work in hand, which on SQLite may wait up to the lock timeout.
         _, err = proc.communicate(timeout=60)
+        err = first + err
     finally:
         if proc.poll() is None:  # never leave a hung sweeper behind a failed test
             proc.kill()

@@ -257,14 +257,22 @@ def test_idle_db_worker_wakes_on_notify_not_on_poll(procs):
 
 
 @pytest.mark.postgres_only
-def test_db_worker_exits_1_when_the_database_drops_it(procs):
-    worker = db_worker("--queue", "demo.record", "--poll-interval", "0.1", "--no-sweep")
+def test_db_worker_rides_out_killed_connections_and_keeps_draining(procs):
+    worker = db_worker("--queue", "demo.record", "--poll-interval", "0.1")
     procs.append(worker)
-    time.sleep(3)  # up and polling
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name = ''"
-        )
-    assert worker.popen.wait(timeout=30) == 1, worker.text
-    assert "crashed" in worker.text
+    service = ZeroLossMessageService()
+    service.persist_message("before", "demo.record", {})
+    assert wait_until(lambda: all_completed(1), timeout=30), worker.text
+    for round_ in range(3):  # every session of the worker, three times over
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name = ''"
+            )
+            assert cursor.fetchone()[0] >= 1
+        service.persist_message(f"after-{round_}", "demo.record", {})
+        assert wait_until(lambda n=round_ + 2: all_completed(n), timeout=30), worker.text
+    assert worker.popen.poll() is None, worker.text  # still running: nobody had to restart it
+    assert "unreachable since" in worker.text and "reachable again" in worker.text
+    assert "Traceback" not in worker.text and "crashed" not in worker.text
+    assert worker.terminate() == 0, worker.text

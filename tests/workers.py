@@ -134,6 +134,8 @@ def celery_worker(broker_url: str, *, concurrency: int = 2, name: str = "w1", **
             "-A",
             "project",
             "worker",
+            "--queues",
+            "celery,zeroloss.sweep",
             "--pool",
             "prefork",
             "--concurrency",

@@ -14,14 +14,16 @@ __all__ = [
     "Lease",
     "RecoveryReport",
     "ZeroLossMessageService",
+    "asend",
     "handler",
     "send",
+    "send_many",
 ]
 
 if TYPE_CHECKING:
     from .handlers import handler
     from .service import Lease, RecoveryReport, ZeroLossMessageService
-    from .transport import send
+    from .transports import asend, send, send_many
 
 
 def __getattr__(name: str) -> Any:
@@ -33,8 +35,8 @@ def __getattr__(name: str) -> Any:
         from .handlers import handler
 
         return handler
-    if name == "send":
-        from .transport import send
+    if name in {"send", "send_many", "asend"}:
+        from . import transports
 
-        return send
+        return getattr(transports, name)
     raise AttributeError(f"module 'zeroloss' has no attribute {name!r}")

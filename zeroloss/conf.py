@@ -66,8 +66,27 @@ class ZeroLossSettings:
     #: "database": workers poll the ledger (``zeroloss_worker``), no broker. "celery": ``send``
     #: publishes a Celery task after commit and the sweep publishes again what the broker lost.
     TRANSPORT: str = "database"
+    #: Database aliases holding a ledger. The Celery transport's sweep covers each; ``send``
+    #: refuses any other alias under Celery (its messages would never be recovered).
+    LEDGER_DATABASES: tuple[str, ...] = ("default",)
+    #: The Celery queue beat sends the sweep to (None: Celery's default queue).
+    SWEEP_QUEUE: str | None = "zeroloss.sweep"
+    #: Seconds ``send`` and the sweep may spend publishing to the broker (connect + send) before
+    #: leaving the rest to the next sweep.
+    PUBLISH_TIMEOUT: float = 2.0
+    #: Outcomes recorded together (one statement per kind) at most; and the longest an
+    #: outcome waits for its batch, in seconds.
+    ACK_BATCH_SIZE: int = 100
+    ACK_FLUSH_INTERVAL: float = 0.05
+    #: Seconds a process keeps retrying an unreachable database before it exits (None: forever).
+    DB_OUTAGE_TOLERANCE: float | None = None
+    #: A handler running longer than this (seconds) stops having its lease renewed: the message
+    #: goes to another worker after its lease expires, and this run's outcome is refused.
+    HANDLER_TIMEOUT: float | None = None
     #: Completed messages older than this are purged by ``cleanup_completed_messages``.
     COMPLETED_RETENTION: float = 7 * 24 * 3600.0
+    #: Default deduplication window for ``send(..., dedup_key=...)``, in seconds.
+    DEDUP_WINDOW: float = 300.0
     #: Largest accepted payload, in bytes of canonical UTF-8 JSON.
     MAX_PAYLOAD_BYTES: int = 256 * 1024
     #: Prepare the hot-path statements once per PostgreSQL connection. Turn off behind a
@@ -101,16 +120,27 @@ _NUMBER_FIELDS = {
     "SWEEP_INTERVAL": (False, 0.0),
     "REDISPATCH_AFTER": (False, 0.0),
     "COMPLETED_RETENTION": (False, 0.0),
+    "DEDUP_WINDOW": (False, 0.0),
+    "PUBLISH_TIMEOUT": (False, 0.0),
+    "ACK_FLUSH_INTERVAL": (True, 0.0),
     "CACHE_TIMEOUT": (True, 0.0),
 }
 _INT_FIELDS = {
     "MAX_ATTEMPTS": 1,
     "REPLICATION_FACTOR": 1,
     "SWEEP_BATCH_SIZE": 1,
+    "ACK_BATCH_SIZE": 1,
     "MAX_PAYLOAD_BYTES": 1,
     "HEALTH_MAX_STUCK": 0,
     "HEALTH_MAX_DEAD": 0,
 }
+
+
+#: Longest duration any setting may name (100 years): both databases can add it to "now".
+MAX_SECONDS = 100 * 365 * 24 * 3600.0
+#: Upper bounds of the integer settings (the database columns are 32-bit; payloads must fit jsonb).
+_INT_MAX = {"MAX_ATTEMPTS": 1_000_000, "MAX_PAYLOAD_BYTES": 256 * 1024 * 1024}
+_DEFAULT_INT_MAX = 2**31 - 1
 
 
 def _number(key: str, value: Any, *, allow_zero: bool) -> float:
@@ -118,14 +148,17 @@ def _number(key: str, value: Any, *, allow_zero: bool) -> float:
         raise SettingError(key, f"must be a number of seconds, got {value!r}.")
     if value < 0 or (value == 0 and not allow_zero):
         raise SettingError(key, f"must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}.")
+    if value > MAX_SECONDS:
+        raise SettingError(key, f"must be at most 100 years ({MAX_SECONDS:g} seconds), got {value!r}.")
     return float(value)
 
 
 def _integer(key: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SettingError(key, f"must be an integer, got {value!r}.")
-    if value < minimum:
-        raise SettingError(key, f"must be >= {minimum}, got {value!r}.")
+    maximum = _INT_MAX.get(key, _DEFAULT_INT_MAX)
+    if not minimum <= value <= maximum:
+        raise SettingError(key, f"must be from {minimum} to {maximum}, got {value!r}.")
     return value
 
 
@@ -147,8 +180,20 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             values[key] = _number(key, value, allow_zero=_NUMBER_FIELDS[key][0])
         elif key in _INT_FIELDS:
             values[key] = _integer(key, value, _INT_FIELDS[key])
-        elif key == "HEARTBEAT_INTERVAL":
+        elif key in ("HEARTBEAT_INTERVAL", "DB_OUTAGE_TOLERANCE", "HANDLER_TIMEOUT"):
             values[key] = None if value is None else _number(key, value, allow_zero=False)
+        elif key == "LEDGER_DATABASES":
+            if (
+                not isinstance(value, list | tuple)
+                or not value
+                or not all(isinstance(a, str) and a for a in value)
+            ):
+                raise SettingError(key, f"must be a non-empty list of database aliases, got {value!r}.")
+            values[key] = tuple(value)
+        elif key == "SWEEP_QUEUE":
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise SettingError(key, f"must be a Celery queue name or None, got {value!r}.")
+            values[key] = value
         elif key == "PERSISTENCE_LEVEL":
             if value not in PERSISTENCE_LEVELS:
                 raise SettingError(key, f"must be one of {PERSISTENCE_LEVELS}, got {value!r}.")

@@ -36,6 +36,9 @@ class HandlerSpec:
     #: Run the handler and the acknowledgement in one database transaction, so the handler's
     #: writes to the same database happen exactly once.
     transactional: bool = False
+    #: Store the handler's return value (JSON) on the message with its acknowledgement
+    #: (``Message.result``); a value that is not JSON then fails the attempt. Task queues use it.
+    store_result: bool = False
 
     @property
     def name(self) -> str:
@@ -47,15 +50,15 @@ class HandlerSpec:
 _registry: dict[str, HandlerSpec] = {}
 
 
-def handler(queue_name: str, *, transactional: bool = False) -> Callable[[F], F]:
+def handler(queue_name: str, *, transactional: bool = False, store_result: bool = False) -> Callable[[F], F]:
     """Register the decorated callable as the handler of ``queue_name``."""
-    from .service import ZeroLossMessageService
+    from .ledger.validation import validate_queue_name
 
-    ZeroLossMessageService._check_queue(queue_name)
+    validate_queue_name(queue_name)
 
     def decorator(func: F) -> F:
         existing = _registry.get(queue_name)
-        spec = HandlerSpec(queue_name, func, transactional)
+        spec = HandlerSpec(queue_name, func, transactional, store_result)
         if existing is not None and existing.name != spec.name:
             raise InvalidMessage(f"Queue {queue_name!r} already has a handler: {existing.name}.")
         _registry[queue_name] = spec

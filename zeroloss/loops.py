@@ -1,29 +1,36 @@
-"""Long-running loops (sweep, worker) as plain classes, separate from their commands."""
+"""Long-running loops (the sweep) and how they stop, as plain classes apart from their commands."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 
-from .service import RecoveryReport, ZeroLossMessageService
+from .ledger.types import RecoveryReport
+from .outage import Backoff, OutageMonitor
+from .service import ZeroLossMessageService
 
 logger = logging.getLogger("zeroloss")
+
+#: Runs after every sweep with its report; returns it, possibly with more filled in
+#: (``redispatched`` by the Celery transport). See :func:`zeroloss.transports.after_sweep_hooks`.
+AfterSweep = Callable[[ZeroLossMessageService, RecoveryReport], RecoveryReport]
 
 
 class StopFlag:
     """Set by SIGTERM/SIGINT; loops check it between units of work, so none is cut in half.
 
-    Deliberately lock-free. A signal handler runs in the main thread between two bytecodes,
-    possibly while that thread is inside ``threading.Event.wait`` holding the event's internal
-    lock; a handler that called ``Event.set`` would then wait for that lock forever (a
-    ``zeroloss_sweep --loop`` once hung exactly so). Setting a plain attribute cannot block,
-    and :meth:`wait` sleeps in short slices instead of waiting on a lock.
+    A second signal forces the exit at once (exit code 128 + the signal, as a shell reports
+    it): messages in hand are then left to their leases and the sweep, and outcomes not yet
+    recorded run again. Deliberately lock-free: a signal handler runs in the main thread between
+    two bytecodes, possibly while that thread is inside ``threading.Event.wait`` holding the
+    event's internal lock, and a handler calling ``Event.set`` would then wait forever (a
+    ``zeroloss_sweep --loop`` once hung exactly so). Setting a plain attribute cannot block.
     """
 
     #: Longest a waiting loop takes to notice the flag.
@@ -59,6 +66,9 @@ class StopFlag:
             return
 
         def handler(signum: int, frame: FrameType | None) -> None:
+            if self._stopped and self.signal_name in ("SIGTERM", "SIGINT"):
+                os.write(2, b"zeroloss: second signal, exiting now; the sweep recovers what was in hand\n")
+                os._exit(128 + signum)
             self.set(signal.Signals(signum).name)
 
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -70,7 +80,12 @@ class StopFlag:
 
 
 class SweepLoop:
-    """Run the recovery sweep once, or every ``interval`` seconds until stopped."""
+    """Run the recovery sweep once, or every ``interval`` seconds until stopped.
+
+    ``after_sweep`` hooks run after each sweep (publishing again what a broker lost, standby
+    discovery); the loop itself knows nothing of brokers or replication. Through a database
+    outage :meth:`run` keeps going: it logs one line, backs off, reconnects.
+    """
 
     def __init__(
         self,
@@ -80,33 +95,30 @@ class SweepLoop:
         batch_size: int | None = None,
         stop: StopFlag | None = None,
         on_report: Callable[[RecoveryReport], None] | None = None,
+        after_sweep: Sequence[AfterSweep] = (),
     ) -> None:
         self.service = service
         self.interval = interval if interval is not None else service.settings.SWEEP_INTERVAL
         self.batch_size = batch_size
         self.stop = stop if stop is not None else StopFlag()
         self.on_report = on_report
+        self.after_sweep = list(after_sweep)
         self.runs = 0
+        self.failures = 0
 
     def run_once(self) -> RecoveryReport:
-        """Requeue expired leases; with the Celery transport, publish what needs a broker message."""
+        """Requeue expired leases (never waiting on anything but the ledger), then the hooks."""
         report = self.service.recover_orphaned_messages(batch_size=self.batch_size)
         self.runs += 1
-        if self.service.settings.TRANSPORT == "celery":
-            from .transport import redispatch
-
-            report = dataclasses.replace(report, redispatched=redispatch(self.service))
-        if self.service.connection.vendor == "postgresql":
-            # Standby liveness: one read of pg_stat_replication and an upsert per standby.
-            # Never allowed to stop the sweep (a standby in recovery, no privilege, ...).
-            from django.db import DatabaseError
-
-            from .replication import discover
-
+        for hook in self.after_sweep:
             try:
-                discover(self.service)
-            except DatabaseError as exc:
-                logger.warning("sweep: standby discovery failed: %s", exc)
+                report = hook(self.service, report)
+            except Exception as exc:  # a hook (broker, standby discovery) never stops the sweep
+                from .outage import is_outage
+
+                if is_outage(exc):
+                    raise
+                logger.warning("after-sweep %s failed: %s", getattr(hook, "__name__", hook), exc)
         if report.total or report.redispatched:
             logger.info(
                 "sweep: requeued %d, dead-lettered %d, published again %d",
@@ -119,16 +131,40 @@ class SweepLoop:
         return report
 
     def run(self, *, max_runs: int | None = None) -> int:
-        """Loop until stopped (or ``max_runs``); returns the number of sweeps run."""
-        from django.db import DatabaseError
+        """Loop until stopped (or ``max_runs`` sweeps); returns the number of sweeps run.
 
+        Raises :class:`~zeroloss.outage.OutageTooLong` past ``DB_OUTAGE_TOLERANCE``.
+        """
+        monitor = OutageMonitor.for_alias(self.service.using)
+        backoff = Backoff()
+        tolerance = self.service.settings.DB_OUTAGE_TOLERANCE
         while not self.stop and (max_runs is None or self.runs < max_runs):
-            try:
-                self.run_once()
-            except DatabaseError as exc:  # a looping sweeper outlives a database outage
-                self.runs += 1
-                logger.error("sweep failed (%s); retrying in %ss", exc, self.interval)
+            ok, _ = monitor.attempt(
+                self.run_once, who="the sweep loop", backoff=backoff, wait=self.stop.wait, tolerance=tolerance
+            )
+            if not ok:
+                self.failures += 1
+                continue  # backed off already; try again
             if max_runs is not None and self.runs >= max_runs:
                 break
             self.stop.wait(self.interval)
         return self.runs
+
+
+def discover_standbys(service: ZeroLossMessageService, report: RecoveryReport) -> RecoveryReport:
+    """After-sweep hook: register (heartbeat) the standbys the primary streams to (PostgreSQL)."""
+    from django.db import DatabaseError
+
+    from .outage import is_outage
+    from .replication import discover
+
+    try:
+        discover(service)
+    except DatabaseError as exc:  # a standby in recovery, no privilege, ... never stops the sweep
+        if is_outage(exc):
+            raise
+        logger.warning("sweep: standby discovery failed: %s", exc)
+    return report
+
+
+__all__ = ["AfterSweep", "StopFlag", "SweepLoop", "discover_standbys"]

@@ -6,15 +6,19 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from .states import LIVE_STATUSES, Reason, Status
 
-class Status(models.TextChoices):
-    PENDING = "pending", "Pending"
-    PROCESSING = "processing", "Processing"
-    COMPLETED = "completed", "Completed"
-    DEAD = "dead", "Dead"
-
-
-LIVE_STATUSES = (Status.PENDING, Status.PROCESSING)
+__all__ = [
+    "LIVE_STATUSES",
+    "DedupKey",
+    "Message",
+    "MessageEvent",
+    "NodeRole",
+    "PurgeRecord",
+    "Reason",
+    "ReplicationNode",
+    "Status",
+]
 
 
 class MessageQuerySet(models.QuerySet["Message"]):
@@ -24,6 +28,10 @@ class MessageQuerySet(models.QuerySet["Message"]):
     def ready(self) -> MessageQuerySet:
         """Pending and claimable now (database clock)."""
         return self.filter(status=Status.PENDING, available_at__lte=Now())
+
+    def waiting_for_key(self) -> MessageQuerySet:
+        """Pending behind an earlier message of the same ordering key (not claimable yet)."""
+        return self.filter(status=Status.PENDING, available_at__isnull=True)
 
     def processing(self) -> MessageQuerySet:
         return self.filter(status=Status.PROCESSING)
@@ -55,11 +63,22 @@ class Message(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField()
-    available_at = models.DateTimeField(help_text="Not claimable before this time.")
+    #: Claims take higher priority first (-100..100, Django's task priority range).
+    priority = models.SmallIntegerField(default=0)
+    #: Messages of one queue sharing a non-empty key are handled one at a time, in order.
+    ordering_key = models.CharField(max_length=255, blank=True, default="")
+    available_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Not claimable before this time; empty while waiting behind an earlier message of its key.",
+    )
     lease_token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     claimed_by = models.CharField(max_length=255, blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True, help_text="When the current attempt started.")
     last_error = models.TextField(blank=True, default="")
+    #: What the handler (or task) returned, as JSON; set with the acknowledgement.
+    result = models.JSONField(null=True, blank=True)
     replication_targets = models.JSONField(default=list, blank=True)
     commit_lsn = models.BigIntegerField(
         null=True, blank=True, help_text="PostgreSQL WAL position at or after this message's commit."
@@ -74,12 +93,19 @@ class Message(models.Model):
 
     class Meta:
         indexes = [
-            # Claims: oldest available pending message of a queue. Partial, so retained
-            # completed rows never enter it.
+            # Claims: highest priority, then oldest available pending message of a queue.
+            # Partial, so retained completed rows and messages waiting for their ordering
+            # key's head never enter it.
             models.Index(
-                fields=["queue_name", "available_at", "id"],
+                fields=["queue_name", "-priority", "available_at", "id"],
                 name="zeroloss_msg_claim_idx",
-                condition=Q(status="pending"),
+                condition=Q(status="pending", available_at__isnull=False),
+            ),
+            # The next message of an ordering key, promoted when its head finishes.
+            models.Index(
+                fields=["queue_name", "ordering_key", "id"],
+                name="zeroloss_msg_waiting_idx",
+                condition=Q(status="pending", available_at__isnull=True),
             ),
             # The sweep: processing messages by lease expiry.
             models.Index(
@@ -99,6 +125,14 @@ class Message(models.Model):
         ]
         constraints = [
             models.UniqueConstraint(fields=["message_id"], name="zeroloss_message_id_uniq"),
+            # At most one head (claimable or processing message) per ordering key: the
+            # database itself refuses a second, whatever the code does.
+            models.UniqueConstraint(
+                fields=["queue_name", "ordering_key"],
+                name="zeroloss_ordering_head_uniq",
+                condition=Q(status__in=["pending", "processing"], available_at__isnull=False)
+                & ~Q(ordering_key=""),
+            ),
         ]
         permissions = [
             ("requeue_message", "Can requeue stuck messages"),
@@ -128,7 +162,7 @@ class MessageEvent(models.Model):
     )
     from_status = models.CharField(max_length=16, blank=True, default="")
     to_status = models.CharField(max_length=16)
-    reason = models.CharField(max_length=40)
+    reason = models.CharField(max_length=40, choices=Reason.choices)
     actor = models.CharField(max_length=255)
     attempt = models.PositiveIntegerField(default=0)
     detail = models.TextField(blank=True, default="")
@@ -158,6 +192,25 @@ class PurgeRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.count} {self.status} from {self.queue_name}"
+
+
+class DedupKey(models.Model):
+    """A deduplication window: sends with this queue and key return ``message_id`` until ``expires_at``."""
+
+    queue_name = models.CharField(max_length=100)
+    dedup_key = models.CharField(max_length=255)
+    message_id = models.CharField(max_length=255)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue_name", "dedup_key"], name="zeroloss_dedup_key_uniq"),
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="zeroloss_dedup_expires_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name}:{self.dedup_key} -> {self.message_id}"
 
 
 class NodeRole(models.TextChoices):

@@ -1,24 +1,26 @@
-"""Running one claimed message: heartbeat, handler, acknowledgement or failure.
+"""Running one claimed message's handler, and what a handler receives.
 
-Shared by the Celery delivery task and the built-in database worker, so both follow the
-same path and the same guarantees.
+Shared by the built-in worker (:mod:`zeroloss.worker`) and the Celery delivery task, so both
+follow the same path and the same guarantees. A handler's failure is anything it raises,
+``SystemExit`` included (``sys.exit()`` or argparse inside a library): it is recorded as a
+failed attempt, never allowed to end the worker thread.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import time
 import traceback
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.db import close_old_connections, connections, transaction
+from .handlers import HandlerSpec
+from .ledger.types import Completion, Lease, Verdict
+from .ledger.validation import MAX_ERROR_LENGTH, canonical_json, clean_text
 
-from .exceptions import UnknownQueue
-from .handlers import get_handler
-from .service import Lease, ZeroLossMessageService
+if TYPE_CHECKING:
+    from .worker.keeper import LeaseKeeper
 
 logger = logging.getLogger("zeroloss")
 
@@ -28,7 +30,7 @@ class Outcome(StrEnum):
     FAILED = "failed"  # back to pending after a backoff, or dead: see the ledger
     LEASE_LOST = "lease_lost"  # the lease expired or was revoked: another run owns it now
     ABSORBED = "absorbed"  # a duplicate delivery: nothing claimable, handler not run
-    RELEASED = "released"  # given back unstarted at shutdown
+    RELEASED = "released"  # given back unstarted (shutdown, or behind a long handler)
 
 
 @dataclass
@@ -56,120 +58,59 @@ class Delivery:
 
     @property
     def lease_lost(self) -> bool:
-        """True once a renewal failed: a long handler may stop early, its ack will be refused."""
-        return self.keeper is not None and self.lease.message_id in self.keeper.lost
+        """True once the lease is known lost: a renewal was refused, or none succeeded before it
+        expired (the database was unreachable). A long handler may stop early: its outcome
+        will be refused and the message runs again."""
+        return self.keeper is not None and self.keeper.is_lost(self.lease.message_id)
 
 
 class LeaseLost(Exception):
     """Raised inside a transactional handler's transaction to roll it back when the ack is refused."""
 
 
-@dataclass
-class LeaseKeeper:
-    """A background thread that renews every held lease every ``interval`` seconds."""
+@dataclass(frozen=True, slots=True)
+class HandlerRun:
+    """What one run of a handler produced."""
 
-    service: ZeroLossMessageService
-    interval: float
-    held: dict[str, Lease] = field(default_factory=dict)
-    lost: set[str] = field(default_factory=set)
+    ok: bool
+    seconds: float
+    result: Any = None
+    error: str = ""
 
-    def __post_init__(self) -> None:
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="zeroloss-heartbeat", daemon=True)
-
-    def start(self) -> LeaseKeeper:
-        self._thread.start()
-        return self
-
-    def hold(self, leases: Iterable[Lease]) -> None:
-        with self._lock:
-            for lease in leases:
-                self.held[lease.message_id] = lease
-
-    def drop(self, message_id: str) -> None:
-        with self._lock:
-            self.held.pop(message_id, None)
-            self.lost.discard(message_id)
-
-    def renew_now(self) -> None:
-        with self._lock:
-            leases = list(self.held.values())
-        if not leases:
-            return
-        renewed = self.service.renew_leases(leases)
-        with self._lock:
-            for lease in leases:
-                if lease.message_id not in renewed and lease.message_id in self.held:
-                    if lease.message_id not in self.lost:
-                        logger.warning("lease of %s was lost before it could be renewed", lease.message_id)
-                    self.lost.add(lease.message_id)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(self.interval):
-                try:
-                    self.renew_now()
-                except Exception:  # a failed renewal is retried next tick; the lease bounds the damage
-                    logger.exception("lease renewal failed")
-        finally:
-            connections.close_all()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+    def completion(self, lease: Lease) -> Completion:
+        if self.ok:
+            return Completion(lease, Verdict.ACKNOWLEDGE, result=self.result)
+        return Completion(lease, Verdict.FAIL, error=self.error)
 
 
-def process(service: ZeroLossMessageService, lease: Lease, keeper: LeaseKeeper | None = None) -> Outcome:
-    """Run the handler of a claimed message and settle it in the ledger."""
-    own_keeper = keeper is None
-    if keeper is None:
-        keeper = LeaseKeeper(service, service.settings.heartbeat_interval).start()
-    keeper.hold([lease])
+def describe_error(exc: BaseException) -> str:
+    """``module.Class: message`` on the first line, then the traceback (most recent call last).
+
+    Always storable: NUL characters and lone surrogates are escaped, and a long traceback keeps
+    its first line and its end, within ``MAX_ERROR_LENGTH``.
+    """
+    kind = type(exc)
+    head = f"{kind.__module__}.{kind.__qualname__}: {exc}".replace("builtins.", "", 1)
+    tb = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
+    text = f"{head}\n{tb}"
+    if len(text) > MAX_ERROR_LENGTH:
+        keep = MAX_ERROR_LENGTH - len(head) - 40
+        text = f"{head}\n[... traceback cut ...]\n{tb[-keep:]}"
+    return clean_text(text)
+
+
+def run_handler(spec: HandlerSpec, delivery: Delivery) -> HandlerRun:
+    """Call the handler; every exception it raises is a failed attempt, not a crash."""
+    started = time.monotonic()
     try:
-        return _run(service, lease, keeper)
-    finally:
-        keeper.drop(lease.message_id)
-        if own_keeper:
-            keeper.stop()
-
-
-def _run(service: ZeroLossMessageService, lease: Lease, keeper: LeaseKeeper) -> Outcome:
-    try:
-        spec = get_handler(lease.queue_name)
-    except UnknownQueue as exc:
-        service.mark_failed(lease.message_id, lease.token, str(exc))
-        return Outcome.FAILED
-    delivery = Delivery(lease, keeper)
-    try:
-        if spec.transactional:
-            with transaction.atomic(using=service.using):
-                spec.func(delivery)
-                if not service.acknowledge_message(lease.message_id, lease.token):
-                    raise LeaseLost(lease.message_id)
-            return Outcome.COMPLETED
-        spec.func(delivery)
-    except LeaseLost:
-        logger.warning("%s: lease lost; the handler's transaction was rolled back", lease.message_id)
-        return Outcome.LEASE_LOST
-    except Exception as exc:
-        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        tail = "".join(traceback.format_tb(exc.__traceback__)[-3:])
-        if service.mark_failed(lease.message_id, lease.token, f"{error}\n{tail}"):
-            logger.info("%s: handler failed (attempt %d): %s", lease.message_id, lease.attempt, error)
-            return Outcome.FAILED
-        return Outcome.LEASE_LOST
-    if service.acknowledge_message(lease.message_id, lease.token):
-        return Outcome.COMPLETED
-    logger.warning("%s: handled, but the lease was lost before the acknowledgement", lease.message_id)
-    return Outcome.LEASE_LOST
-
-
-def deliver(service: ZeroLossMessageService, message_id: str) -> Outcome:
-    """Claim one message by id and process it; a duplicate delivery is absorbed by the claim."""
-    close_old_connections()
-    lease = service.mark_processing(message_id)
-    if lease is None:
-        return Outcome.ABSORBED
-    return process(service, lease)
+        value = spec.func(delivery)
+        result = None
+        if spec.store_result and value is not None:
+            canonical_json(value)  # a result that cannot be stored fails the attempt, visibly
+            result = value
+    except KeyboardInterrupt:
+        raise  # only ever delivered to the main thread: the process is being stopped
+    except BaseException as exc:
+        logger.info("%s: handler failed (attempt %d): %s", delivery.message_id, delivery.attempt, exc)
+        return HandlerRun(False, time.monotonic() - started, error=describe_error(exc))
+    return HandlerRun(True, time.monotonic() - started, result=result)

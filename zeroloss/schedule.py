@@ -12,11 +12,22 @@ from __future__ import annotations
 from typing import Any
 
 
-def beat_schedule_entry(interval: float | None = None) -> dict[str, dict[str, Any]]:
-    """The ``beat_schedule`` entry that runs the sweep every ``SWEEP_INTERVAL`` seconds."""
+def beat_schedule_entry(
+    interval: float | None = None, *, queue: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """The ``beat_schedule`` entry that runs the sweep every ``SWEEP_INTERVAL`` seconds.
+
+    It goes to its own queue (``SWEEP_QUEUE``, default ``zeroloss.sweep``) so deliveries queued
+    ahead of it cannot delay it; a worker must consume that queue (``-Q celery,zeroloss.sweep``).
+    It has no expiry: an expiry is judged by each worker's clock, which a skewed host defeats,
+    and a late sweep is harmless (an extra sweep finds nothing to do).
+    """
     from .conf import get_settings
 
-    seconds = interval if interval is not None else get_settings().SWEEP_INTERVAL
-    return {
-        "zeroloss-sweep": {"task": "zeroloss.sweep", "schedule": seconds, "options": {"expires": seconds * 2}}
-    }
+    settings = get_settings()
+    seconds = interval if interval is not None else settings.SWEEP_INTERVAL
+    options: dict[str, Any] = {}
+    target = queue if queue is not None else settings.SWEEP_QUEUE
+    if target:
+        options["queue"] = target
+    return {"zeroloss-sweep": {"task": "zeroloss.sweep", "schedule": seconds, "options": options}}

@@ -1,31 +1,64 @@
-"""Celery tasks. The project's Celery app discovers them (``app.autodiscover_tasks()``)."""
+"""Celery tasks. The project's Celery app discovers them (``app.autodiscover_tasks()``).
+
+``zeroloss.deliver`` runs one message; ``zeroloss.sweep`` runs the recovery sweep over every
+ledger database. Beat schedules the sweep on its own queue (``SWEEP_QUEUE``), so deliveries
+queued ahead of it can never delay or starve it; run a worker that consumes that queue
+(docs/celery.md).
+"""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 
-from .loops import SweepLoop
-from .processing import deliver
+from .outage import BACKOFF_MAX, OutageMonitor, close_connection, is_outage
 from .schedule import beat_schedule_entry
-from .service import ZeroLossMessageService
 
 __all__ = ["beat_schedule_entry", "deliver_message", "sweep"]
 
 
-@shared_task(name="zeroloss.deliver", ignore_result=True, acks_late=True, reject_on_worker_lost=True)
-def deliver_message(message_id: str) -> str:
-    """Claim, handle and acknowledge one message. Duplicate deliveries are absorbed by the claim."""
-    return str(deliver(ZeroLossMessageService(), message_id))
+@shared_task(
+    name="zeroloss.deliver",
+    bind=True,
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=None,
+)
+def deliver_message(self: Task, message_id: str, using: str = "default") -> str:
+    """Claim, handle and acknowledge one message. Duplicate deliveries are absorbed by the claim.
+
+    With the database unreachable the task is retried (one log line per outage, jittered
+    backoff up to 5 s); the message is safe in the ledger meanwhile.
+    """
+    from .worker.delivery import deliver
+
+    try:
+        return str(deliver(message_id, using))
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        OutageMonitor.for_alias(using).failed("the Celery delivery task", exc)
+        close_connection(using)
+        retries = self.request.retries or 0
+        countdown = random.uniform(0.05, min(0.1 * 2**retries, BACKOFF_MAX))
+        raise self.retry(exc=exc, countdown=countdown) from None
 
 
 @shared_task(name="zeroloss.sweep", ignore_result=True)
 def sweep() -> dict[str, Any]:
-    """The recovery sweep, then publish what it requeued and what the broker lost."""
-    report = SweepLoop(ZeroLossMessageService()).run_once()
-    return {
-        "requeued": len(report.requeued),
-        "dead_lettered": len(report.dead_lettered),
-        "redispatched": len(report.redispatched),
-    }
+    """The recovery sweep of every ledger database, then publish what needs a broker message."""
+    from .loops import SweepLoop
+    from .service import ZeroLossMessageService
+    from .transports import after_sweep_hooks, ledger_aliases
+
+    totals = {"requeued": 0, "dead_lettered": 0, "redispatched": 0}
+    for alias in ledger_aliases():
+        service = ZeroLossMessageService(using=alias)
+        report = SweepLoop(service, after_sweep=after_sweep_hooks(service)).run_once()
+        totals["requeued"] += len(report.requeued)
+        totals["dead_lettered"] += len(report.dead_lettered)
+        totals["redispatched"] += len(report.redispatched)
+    return totals

@@ -1,9 +1,10 @@
-"""Wake idle workers the moment a message is persisted (PostgreSQL LISTEN/NOTIFY).
+"""Wake idle workers the moment a message becomes claimable (PostgreSQL LISTEN/NOTIFY).
 
-Persists send ``NOTIFY zeroloss_wakeup, '<queue>'`` in their own statement (delivered at
-commit). A worker process keeps one extra connection that LISTENs and sets an event its
-idle threads wait on; polling every ``poll_interval`` remains the fallback (SQLite, a lost
-listener connection, messages that become available after a backoff or a requeue).
+Inserts, promotions of an ordering key's next message and requeues send
+``NOTIFY zeroloss_wakeup, '<queue>'`` in their own statement (delivered at commit). A worker
+process keeps one extra connection that LISTENs and sets an event its idle threads wait on;
+polling every ``poll_interval`` remains the fallback (SQLite, a lost listener connection, a
+pooler in transaction mode, messages that become available after a backoff).
 """
 
 from __future__ import annotations
@@ -14,22 +15,25 @@ from collections.abc import Iterable
 
 from django.db import connections
 
+from .outage import Backoff, OutageMonitor
+
 logger = logging.getLogger("zeroloss")
 
 CHANNEL = "zeroloss_wakeup"
 
 
 class Wakeup:
-    def __init__(self, using: str, queues: Iterable[str]) -> None:
+    def __init__(self, using: str, queues: Iterable[str], *, listen: bool = True) -> None:
         self.using = using
         self.queues = set(queues)
         self.event = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.listening = threading.Event()
+        self.enabled = listen
 
     def start(self) -> Wakeup:
-        if connections[self.using].vendor == "postgresql":
+        if self.enabled and connections[self.using].vendor == "postgresql":
             self._thread = threading.Thread(target=self._listen, name="zeroloss-listen", daemon=True)
             self._thread.start()
         return self
@@ -45,19 +49,31 @@ class Wakeup:
         params = connections[self.using].get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
+        monitor = OutageMonitor.for_alias(self.using)
+        backoff = Backoff()
+
+        def session() -> None:
+            with psycopg.connect(**params, autocommit=True) as conn:
+                conn.execute(f"LISTEN {CHANNEL}")
+                self.listening.set()
+                monitor.recovered()
+                backoff.reset()
+                self.event.set()  # anything sent while we were not listening
+                while not self._stop.is_set():
+                    for note in conn.notifies(timeout=0.5):
+                        if note.payload in self.queues:
+                            self.event.set()
+
         while not self._stop.is_set():
             try:
-                with psycopg.connect(**params, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    self.listening.set()
-                    while not self._stop.is_set():
-                        for note in conn.notifies(timeout=0.5):
-                            if note.payload in self.queues:
-                                self.event.set()
-            except Exception as exc:  # fall back to polling, reconnect shortly
+                session()
+            except Exception as exc:  # idle threads poll meanwhile; reconnect after a backoff
                 self.listening.clear()
-                logger.warning("wake-up listener lost its connection (%s); polling meanwhile", exc)
-                self._stop.wait(2)
+                if not isinstance(exc, psycopg.Error):
+                    logger.warning("wake-up listener stopped (%s); polling meanwhile", exc)
+                else:
+                    monitor.failed("the wake-up listener", exc)
+                self._stop.wait(backoff.next())
 
     def stop(self) -> None:
         self._stop.set()

@@ -132,6 +132,8 @@ class Workers:
                     "-A",
                     "project",
                     "worker",
+                    "--queues",
+                    "celery,zeroloss.sweep",
                     "--pool",
                     "prefork",
                     "--concurrency",

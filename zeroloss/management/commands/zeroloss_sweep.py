@@ -1,17 +1,23 @@
 """``manage.py zeroloss_sweep``: requeue (or dead-letter) messages whose lease expired.
 
-Exit codes: 0 done; 2 bad arguments.
+Exit codes: 0 done; 2 bad arguments; 4 the database could not be reached (once), or stayed
+unreachable longer than ``DB_OUTAGE_TOLERANCE`` (``--loop``; by default a looping sweeper
+rides out outages: one log line, backoff, reconnect).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from ...ledger.types import RecoveryReport
 from ...loops import StopFlag, SweepLoop
-from ...service import RecoveryReport
+from ...outage import OutageTooLong
+from ...transports import after_sweep_hooks
 from ..base import ZeroLossCommand, positive_float, positive_int
+
+EXIT_UNREACHABLE = 4
 
 
 class Command(ZeroLossCommand):
@@ -32,11 +38,12 @@ class Command(ZeroLossCommand):
         stop = StopFlag()
         requeued: list[str] = []
         dead_lettered: list[str] = []
+        verbosity = options["verbosity"]
 
         def report(r: RecoveryReport) -> None:
             requeued.extend(r.requeued)
             dead_lettered.extend(r.dead_lettered)
-            if not options["json"] and (r.total or not options["loop"]):
+            if verbosity and not options["json"] and (r.total or not options["loop"]):
                 self.stdout.write(
                     f"requeued {len(r.requeued)}, dead-lettered {len(r.dead_lettered)}"
                     + (f": requeued {', '.join(r.requeued[:20])}" if r.requeued else "")
@@ -49,14 +56,21 @@ class Command(ZeroLossCommand):
             batch_size=options["batch_size"],
             stop=stop,
             on_report=report,
+            after_sweep=after_sweep_hooks(service),
         )
         if options["loop"]:
             with stop.on_signals():
-                self.log(f"zeroloss_sweep: sweeping every {loop.interval:g}s (Ctrl-C or SIGTERM stops)")
-                loop.run(max_runs=options["max_runs"])
-            self.log(
-                f"zeroloss_sweep: stopped after {loop.runs} sweep(s){' on ' + stop.signal_name if stop.signal_name else ''}"
-            )
+                if verbosity:
+                    self.log(f"zeroloss_sweep: sweeping every {loop.interval:g}s (Ctrl-C or SIGTERM stops)")
+                try:
+                    loop.run(max_runs=options["max_runs"])
+                except OutageTooLong as exc:
+                    raise CommandError(str(exc), returncode=EXIT_UNREACHABLE) from None
+            if verbosity:
+                self.log(
+                    f"zeroloss_sweep: stopped after {loop.runs} sweep(s)"
+                    f"{' on ' + stop.signal_name if stop.signal_name else ''}"
+                )
         else:
             loop.run_once()
         if options["json"]:

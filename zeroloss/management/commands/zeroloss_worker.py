@@ -1,11 +1,16 @@
 """``manage.py zeroloss_worker``: process messages straight from the database (no broker).
 
 Exit codes: 0 stopped cleanly (signal, ``--burst``, ``--max-messages``); 1 a worker thread
-crashed (e.g. the database went away), so a supervisor restarts it; 2 bad arguments.
+crashed (a bug: see the log), so a supervisor restarts it; 2 bad arguments; 4 the database
+stayed unreachable longer than ``DB_OUTAGE_TOLERANCE`` (by default it never gives up: it
+rides out outages and drains again when the database is back). A second SIGTERM/SIGINT exits
+at once with 128 + the signal number.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -13,7 +18,22 @@ from django.core.management.base import CommandError, CommandParser
 from ...handlers import registered_queues
 from ...loops import StopFlag
 from ...worker import Worker
-from ..base import ZeroLossCommand, positive_float, positive_int
+from ..base import ZeroLossCommand, positive_int
+
+EXIT_CRASHED = 1
+EXIT_UNREACHABLE = 4
+
+
+def _seconds(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected seconds > 0") from None
+    if not math.isfinite(value) or not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected seconds > 0 and at most 3600")
+    return value
 
 
 class Command(ZeroLossCommand):
@@ -28,11 +48,12 @@ class Command(ZeroLossCommand):
         )
         parser.add_argument("--concurrency", type=positive_int, default=1, help="Worker threads (default 1).")
         parser.add_argument(
-            "--batch-size", type=positive_int, default=10, help="Messages claimed per round trip."
+            "--batch-size",
+            type=positive_int,
+            default=100,
+            help="Most messages claimed per round trip (fewer for slow handlers; default 100).",
         )
-        parser.add_argument(
-            "--poll-interval", type=positive_float, default=0.5, help="Seconds to wait when idle."
-        )
+        parser.add_argument("--poll-interval", type=_seconds, default=0.5, help="Seconds to wait when idle.")
         parser.add_argument("--burst", action="store_true", help="Exit once the queues are empty.")
         parser.add_argument(
             "--max-messages", type=positive_int, help="Exit after handling this many messages."
@@ -40,8 +61,21 @@ class Command(ZeroLossCommand):
         parser.add_argument(
             "--no-sweep", action="store_true", help="Do not run the recovery sweep in this process."
         )
+        parser.add_argument(
+            "--no-listen",
+            action="store_true",
+            help="Do not LISTEN for wake-ups (behind a transaction-pooling PgBouncer); poll instead.",
+        )
+        parser.add_argument(
+            "--health-file",
+            help="Rewrite this JSON file about every second with the worker's state (for liveness probes).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        verbosity = options["verbosity"]
+        if verbosity != 1:
+            level = {0: logging.ERROR, 2: logging.INFO}.get(verbosity, logging.DEBUG)
+            logging.getLogger("zeroloss").setLevel(level)
         service = self.service(options)
         known = registered_queues()
         queues = options["queues"] or known
@@ -63,17 +97,31 @@ class Command(ZeroLossCommand):
             sweep=not options["no_sweep"],
             using=service.using,
             stop=stop,
+            health_file=options["health_file"],
         )
-        self.log(f"zeroloss_worker: queues {', '.join(queues)}, {options['concurrency']} thread(s)")
+        if options["no_listen"]:
+            worker.wakeup.enabled = False
+        if verbosity:
+            self.log(f"zeroloss_worker: queues {', '.join(queues)}, {options['concurrency']} thread(s)")
         with stop.on_signals():
             stats = worker.run()
-        summary = {"outcomes": dict(stats.outcomes), "sweeps": stats.sweeps, "recovered": stats.recovered}
-        self.log(f"zeroloss_worker: stopped{' on ' + stop.signal_name if stop.signal_name else ''}")
+        summary = {
+            "outcomes": dict(stats.outcomes),
+            "sweeps": stats.sweeps,
+            "recovered": stats.recovered,
+            "stopped_on": stop.signal_name,
+        }
+        if verbosity:
+            self.log(f"zeroloss_worker: stopped{' on ' + stop.signal_name if stop.signal_name else ''}")
         if options["json"]:
             self.emit_json(summary)
-        else:
+        elif verbosity:
             self.stdout.write(
                 ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "no messages handled"
             )
+        if stats.gave_up:
+            raise CommandError(
+                "the database stayed unreachable longer than DB_OUTAGE_TOLERANCE", returncode=EXIT_UNREACHABLE
+            )
         if stats.crashed:
-            raise CommandError("a worker thread crashed; see the log above", returncode=1)
+            raise CommandError("a worker thread crashed; see the log above", returncode=EXIT_CRASHED)

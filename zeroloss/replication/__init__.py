@@ -17,21 +17,42 @@ appear in ``pg_stat_replication`` too, but do not hold a readable copy of the le
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 
-from .exceptions import InvalidMessage, ReplicationTimeout
-from .models import Message, NodeRole, ReplicationNode
+from ..exceptions import ReplicationTimeout
+from ..models import Message, NodeRole, ReplicationNode
+from .nodes import heartbeat, is_live, live_cutoff, live_nodes, node_counts, register_node, unregister_node
 
 if TYPE_CHECKING:
-    from .service import ReplicationStatus, ZeroLossMessageService
+    from ..ledger.base import LedgerBase as ZeroLossMessageService
+
+__all__ = [
+    "ReplicationStatus",
+    "Requirement",
+    "Standby",
+    "confirm",
+    "current_lsn",
+    "discover",
+    "format_lsn",
+    "heartbeat",
+    "in_recovery",
+    "is_live",
+    "live_cutoff",
+    "live_nodes",
+    "measure",
+    "node_counts",
+    "record_commit",
+    "register_node",
+    "requirement",
+    "streaming_standbys",
+    "unregister_node",
+]
 
 logger = logging.getLogger("zeroloss")
 
@@ -41,6 +62,21 @@ MSG = Message._meta.db_table
 #: WAL page headers (PostgreSQL's SizeOfXLogShortPHD / SizeOfXLogLongPHD on 64-bit builds).
 _SHORT_PAGE_HEADER = 24
 _LONG_PAGE_HEADER = 40
+
+
+@dataclass(frozen=True)
+class ReplicationStatus:
+    """Copies of a message that were *measured*, never configured ones."""
+
+    confirmed: int
+    required: int
+    measured: bool
+    detail: str = ""
+    confirmed_by: list[str] = field(default_factory=list)
+
+    @property
+    def sufficient(self) -> bool:
+        return self.confirmed >= self.required
 
 
 @dataclass(frozen=True)
@@ -81,93 +117,6 @@ def format_lsn(lsn: int | None) -> str:
     if lsn is None:
         return ""
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def _check_node_id(node_id: Any) -> str:
-    if not isinstance(node_id, str) or not node_id.strip() or len(node_id) > 255:
-        raise InvalidMessage(
-            f"node_id must be a non-empty string of at most 255 characters, got {node_id!r}."
-        )
-    return node_id
-
-
-# -- the node registry ------------------------------------------------------------------
-
-
-def register_node(
-    service: ZeroLossMessageService,
-    node_id: str,
-    *,
-    address: str = "",
-    role: str = NodeRole.NODE,
-    metadata: dict[str, Any] | None = None,
-    state: str = "",
-    sync_state: str = "",
-    flush_lsn: int | None = None,
-    replay_lsn: int | None = None,
-) -> ReplicationNode:
-    """Idempotent upsert; counts as a heartbeat. The registry never counts as a copy."""
-    _check_node_id(node_id)
-    if role not in NodeRole.values:
-        raise InvalidMessage(f"role must be one of {NodeRole.values}, got {role!r}.")
-    if not isinstance(address, str) or len(address) > 255:
-        raise InvalidMessage(f"address must be a string of at most 255 characters, got {address!r}.")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise InvalidMessage(f"metadata must be a dict, got {type(metadata).__name__}.")
-    try:
-        encoded = json.dumps(metadata or {}, sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise InvalidMessage(f"metadata is not JSON-serialisable: {exc}.") from exc
-    d = service.dialect
-    with service.connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {NODE} (node_id, address, role, metadata, state, sync_state, flush_lsn, replay_lsn, "
-            f"registered_at, last_seen_at) VALUES (%s, %s, %s, %s{d.json_cast}, %s, %s, %s, %s, {d.now}, {d.now}) "
-            "ON CONFLICT (node_id) DO UPDATE SET address = EXCLUDED.address, role = EXCLUDED.role, "
-            "metadata = EXCLUDED.metadata, state = EXCLUDED.state, sync_state = EXCLUDED.sync_state, "
-            "flush_lsn = EXCLUDED.flush_lsn, replay_lsn = EXCLUDED.replay_lsn, last_seen_at = EXCLUDED.last_seen_at",
-            [node_id, address, role, encoded, state, sync_state, flush_lsn, replay_lsn],
-        )
-    return ReplicationNode.objects.using(service.using).get(node_id=node_id)
-
-
-def heartbeat(service: ZeroLossMessageService, node_id: str) -> bool:
-    _check_node_id(node_id)
-    with service.connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {NODE} SET last_seen_at = {service.dialect.now} WHERE node_id = %s", [node_id]
-        )
-        return cursor.rowcount == 1
-
-
-def unregister_node(service: ZeroLossMessageService, node_id: str) -> bool:
-    _check_node_id(node_id)
-    deleted, _ = ReplicationNode.objects.using(service.using).filter(node_id=node_id).delete()
-    return deleted > 0
-
-
-def live_cutoff(service: ZeroLossMessageService) -> dt.datetime:
-    """Nodes last seen before this (database clock) are down."""
-    return service.database_now() - dt.timedelta(seconds=service.settings.NODE_TTL)
-
-
-def is_live(node: ReplicationNode, cutoff: dt.datetime) -> bool:
-    return node.last_seen_at >= cutoff
-
-
-def live_nodes(service: ZeroLossMessageService) -> list[ReplicationNode]:
-    return list(
-        ReplicationNode.objects.using(service.using)
-        .filter(last_seen_at__gte=live_cutoff(service))
-        .order_by("node_id")
-    )
-
-
-def node_counts(service: ZeroLossMessageService) -> tuple[int, int]:
-    cutoff = live_cutoff(service)
-    nodes = ReplicationNode.objects.using(service.using)
-    live = nodes.filter(last_seen_at__gte=cutoff).count()
-    return live, nodes.count() - live
 
 
 # -- measuring --------------------------------------------------------------------------
@@ -319,8 +268,6 @@ def measure(
     it measures against the current WAL position, a later (conservative) bound, so it may
     count fewer copies than a recorded bound would; read-only pages use it.
     """
-    from .service import ReplicationStatus
-
     required = service.settings.REPLICATION_FACTOR
     vendor = service.connection.vendor
     if vendor != "postgresql":

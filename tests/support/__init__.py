@@ -1,0 +1,57 @@
+"""Helpers shared by the tests.
+
+Leases are decided by the database clock, so a test never waits for one to run out: it moves
+the lease's expiry into the past with :func:`expire_leases`, exactly as time would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import connections
+
+from zeroloss.models import Message
+
+
+def expire_leases(
+    message_ids: Iterable[str] | None = None, *, using: str = "default", seconds_ago: float = 1.0
+) -> int:
+    """Make the leases of these processing messages (all, if ``None``) expired ``seconds_ago`` ago,
+    by the database's clock. Returns how many were moved."""
+    conn = connections[using]
+    table = Message._meta.db_table
+    if conn.vendor == "postgresql":
+        past = "statement_timestamp() - %s * interval '1 second'"
+        params: list[object] = [seconds_ago]
+    else:
+        past = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+        params = [f"-{seconds_ago:.6f} seconds"]
+    sql = f"UPDATE {table} SET lease_expires_at = {past} WHERE status = 'processing'"
+    if message_ids is not None:
+        ids = list(message_ids)
+        if not ids:
+            return 0
+        sql += f" AND message_id IN ({','.join(['%s'] * len(ids))})"
+        params += ids
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def make_available(message_ids: Iterable[str], *, using: str = "default") -> int:
+    """End the backoff (or delay) of these pending messages now, by the database's clock."""
+    conn = connections[using]
+    table = Message._meta.db_table
+    now = (
+        "statement_timestamp()"
+        if conn.vendor == "postgresql"
+        else "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    )
+    ids = list(message_ids)
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET available_at = {now} WHERE status = 'pending' AND available_at IS NOT NULL "
+            f"AND message_id IN ({','.join(['%s'] * len(ids))})",
+            ids,
+        )
+        return cursor.rowcount

@@ -1,0 +1,11 @@
+"""The ledger, by concern. :class:`zeroloss.service.ZeroLossMessageService` puts the parts together:
+
+- :mod:`.persist` — storing messages (idempotency, deduplication windows, ordering keys);
+- :mod:`.leases` — claims, renewals and the lease holder's fenced outcomes, one or in batches;
+- :mod:`.sweep` — the recovery sweep;
+- :mod:`.operator` — requeue, redrive, dead-letter and purge by hand;
+- :mod:`.dispatch` — bookkeeping for the Celery transport;
+- :mod:`.integrity` — reads and integrity checks;
+- :mod:`.statements` — every SQL statement, by name; :mod:`.postgres` and :mod:`.sqlite` — the engines;
+- :mod:`zeroloss.states` — the state machine they implement.
+"""

@@ -1,0 +1,135 @@
+"""What every part of the ledger shares: settings, the connection, its engine, and how to move rows."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .. import conf
+from ..exceptions import InvalidLeaseToken
+from . import statements
+from .engine import Engine, Rows, engine_for
+from .validation import default_instance_id
+
+
+class LedgerBase:
+    """Cheap to construct; holds no message state (the database holds all of it).
+
+    Keyword arguments override ``ZEROLOSS`` settings for this instance, by lower-case
+    name: ``ZeroLossMessageService(ack_timeout=0.5, max_attempts=2)``.
+    """
+
+    def __init__(self, *, using: str = DEFAULT_DB_ALIAS, instance_id: str | None = None, **overrides: Any):
+        if overrides:
+            raw = dict(getattr(django_settings, "ZEROLOSS", None) or {})
+            for name, value in overrides.items():
+                if isinstance(value, conf.RetryBackoff):
+                    value = {"BASE": value.BASE, "MAX": value.MAX}
+                raw[name.upper()] = value
+            self.settings = conf.parse_settings(raw)
+        else:
+            self.settings = conf.get_settings()
+        self.using = using
+        self.instance_id = instance_id or default_instance_id()
+
+    @property
+    def connection(self) -> BaseDatabaseWrapper:
+        return connections[self.using]
+
+    @property
+    def engine(self) -> Engine:
+        return engine_for(self.connection)
+
+    def _run(self, name: str, params: Sequence[Any], *, prepare: bool = False) -> tuple[Rows, int]:
+        """Run the named statement (see :mod:`.statements`)."""
+        engine = self.engine
+        return engine.execute(self.connection, engine.sql[name], params, prepare=prepare)
+
+    def _rows(self, name: str, *columns: Sequence[Any]) -> list[Any]:
+        """Parameters for the ``{rows}`` batch of the named statement."""
+        return self.engine.row_params(name, columns)
+
+    def _move(
+        self,
+        name: str,
+        params: Sequence[Any],
+        *,
+        source: str,
+        reason: str,
+        detail: str | None = "",
+        detail_sql: str | None = None,
+        actor: str | None = None,
+        extra: str = "",
+        promote: bool = False,
+        prepare: bool = True,
+    ) -> Rows:
+        """Run the named moving statement with its audit rows; returns the moved rows.
+
+        ``reason`` is an SQL expression when it is not a plain word. The audit detail is the
+        constant ``detail`` (a parameter), or the SQL expression ``detail_sql``, or with
+        ``detail=None`` the row's new ``last_error``.
+        """
+        engine = self.engine
+        reason_sql = reason if " " in reason else f"'{reason}'"
+        if detail_sql is None:
+            detail_sql = "last_error" if detail is None else "CAST(%s AS TEXT)"
+            if detail is not None:
+                params = [*params, detail]
+        moved = statements.MOVED.format(
+            from_status=f"CAST('{source}' AS TEXT)", reason=reason_sql, detail=detail_sql
+        )
+        return engine.transition(
+            self.connection,
+            engine.sql[name],
+            params,
+            moved=moved,
+            actor=actor or self.instance_id,
+            extra=extra,
+            promote=promote,
+            prepare=prepare,
+        )
+
+    def promote_keys(self, keys: Iterable[tuple[str, str]]) -> list[str]:
+        """Make the next message of each ``(queue, ordering_key)`` claimable if the key has no head.
+
+        Runs after every commit that may leave a key without one; safe to run any time and from
+        anywhere (the database allows one head per key). Returns the ids made claimable.
+        """
+        pairs = sorted(set(keys))
+        if not pairs:
+            return []
+        queues, names = zip(*pairs, strict=True)
+        try:
+            with transaction.atomic(using=self.using):
+                rows, _ = self._run("PROMOTE", self._rows("PROMOTE", queues, names))
+        except IntegrityError:
+            # A concurrent promotion of the same key won: the key has its head.
+            return []
+        return [r[0] for r in rows]
+
+    def _token(self, lease_token: Any) -> Any:
+        """A lease token as the engine stores it; :class:`InvalidLeaseToken` if it is no UUID."""
+        if not isinstance(lease_token, uuid.UUID):
+            try:
+                lease_token = uuid.UUID(str(lease_token))
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise InvalidLeaseToken(f"Lease token must be a UUID, got {lease_token!r}.") from exc
+        return self.engine.token(lease_token)
+
+    def _after_commit(self, action: Callable[[], Any]) -> None:
+        """Run ``action`` once the current transaction commits (at once outside one)."""
+        if self.connection.in_atomic_block:
+            transaction.on_commit(action, using=self.using)
+        else:
+            action()
+
+    def database_now(self) -> dt.datetime:
+        """The database clock, which decides every lease."""
+        rows, _ = self._run("NOW", [], prepare=True)
+        return self.engine.at(rows[0][0])

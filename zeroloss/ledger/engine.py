@@ -1,0 +1,190 @@
+"""One engine per database: how the named statements are spelled, run and audited.
+
+:class:`Engine` renders every statement of :mod:`.statements` once, with the fragments its
+subclass (:class:`~.postgres.PostgresEngine`, :class:`~.sqlite.SqliteEngine`) defines, and
+runs them on Django's connection (same transaction, same error wrapping). Nothing outside the
+engines knows which database it talks to.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.dateparse import parse_datetime
+
+from ..models import DedupKey, Message, MessageEvent
+from . import statements
+
+MSG = Message._meta.db_table
+EVT = MessageEvent._meta.db_table
+DEDUP = DedupKey._meta.db_table
+
+Rows = list[tuple[Any, ...]]
+
+_EVENT_COLUMNS = "message_id, from_status, to_status, reason, actor, attempt, detail, created_at"
+
+
+class Engine:
+    """The statements of one database, rendered, and how to run them."""
+
+    vendor: ClassVar[str]
+    #: The database clock: every lease time is computed from it, never from a worker's.
+    now: ClassVar[str]
+    new_token: ClassVar[str]
+    jsonb: ClassVar[str] = ""
+    skip_locked: ClassVar[str] = ""
+    for_update: ClassVar[str] = ""
+    #: How ``id`` is matched against a locking subquery.
+    in_open: ClassVar[str] = "id IN ("
+    in_close: ClassVar[str] = ")"
+    #: A RETURNING column that wakes idle workers when a message becomes claimable.
+    notify: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        self.sql: dict[str, str] = {}
+        for name in dir(statements):
+            template = getattr(statements, name)
+            if name.isupper() and isinstance(template, str) and name not in ("MOVED", "INSERT_COLUMNS"):
+                self.sql[name] = self.render(name, template)
+        self._composed: dict[tuple[Any, ...], str] = {}
+
+    def render(self, name: str, template: str) -> str:
+        return template.format(
+            msg=MSG,
+            evt=EVT,
+            dedup=DEDUP,
+            now=self.now,
+            after=self.after("%s"),
+            after_delay=self.after("b.delay"),
+            new_token=self.new_token,
+            jsonb=self.jsonb,
+            skip_locked=self.skip_locked,
+            for_update=self.for_update,
+            in_open=self.in_open,
+            in_close=self.in_close,
+            notify=self.notify,
+            rows=self.rows(statements.ROWS.get(name, ())),
+        )
+
+    # -- spelled per database -----------------------------------------------------------
+
+    def after(self, seconds_sql: str) -> str:
+        """SQL for "the database clock plus ``seconds_sql`` seconds"."""
+        raise NotImplementedError
+
+    def rows(self, columns: Sequence[tuple[str, str]]) -> str:
+        """The row source ``b(...)`` of a batch statement (one statement for any batch size)."""
+        raise NotImplementedError
+
+    def row_params(self, name: str, columns: Sequence[Sequence[Any]]) -> list[Any]:
+        """Parameters for ``{rows}``: one sequence per column of ``ROWS[name]``, equal lengths."""
+        raise NotImplementedError
+
+    def token(self, value: uuid.UUID) -> Any:
+        return value
+
+    def execute(
+        self, conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *, prepare: bool = False
+    ) -> tuple[Rows, int]:
+        """Run one statement; its rows (if any) and its row count."""
+        with conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            return (list(cursor.fetchall()) if cursor.description else []), cursor.rowcount
+
+    def transition(
+        self,
+        conn: BaseDatabaseWrapper,
+        sql: str,
+        params: Sequence[Any],
+        *,
+        moved: str,
+        actor: str,
+        extra: str = "",
+        promote: bool = False,
+        prepare: bool = True,
+    ) -> Rows:
+        """Run one moving statement and write one audit row per message it moved, atomically.
+
+        ``moved`` is :data:`statements.MOVED` filled in; ``extra`` more RETURNING columns.
+        ``promote``: when a message of an ordering key finished (completed or dead), release the
+        next one of its key in the same transaction.
+        """
+        raise NotImplementedError
+
+    # -- values coming back ---------------------------------------------------------------
+
+    @staticmethod
+    def to_datetime(value: Any) -> dt.datetime | None:
+        if isinstance(value, dt.datetime):
+            # SQLite hands back naive UTC datetimes; the ledger always speaks aware UTC.
+            return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+        if value is None:
+            return None
+        parsed = parse_datetime(str(value))
+        if parsed is None:
+            raise ValueError(f"not a datetime: {value!r}")
+        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
+
+    @classmethod
+    def at(cls, value: Any) -> dt.datetime:
+        """A non-null database timestamp as an aware UTC datetime."""
+        parsed = cls.to_datetime(value)
+        if parsed is None:
+            raise ValueError("expected a timestamp, got NULL")
+        return parsed
+
+    @staticmethod
+    def to_uuid(value: Any) -> uuid.UUID:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+    @staticmethod
+    def to_json(value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str | bytes) else value
+
+    # -- shared helpers -------------------------------------------------------------------
+
+    def composed(self, key: tuple[Any, ...], build: Any) -> str:
+        """Memoised SQL text built from a statement (the text stays identical, so prepared once)."""
+        sql = self._composed.get(key)
+        if sql is None:
+            sql = self._composed[key] = build()
+        return sql
+
+    @staticmethod
+    def event_insert(source: str) -> str:
+        """INSERT of audit rows from a row source with the first eight :data:`MOVED` columns."""
+        return (
+            f"INSERT INTO {EVT} ({_EVENT_COLUMNS}) "
+            f"SELECT id, from_status, status, reason, %s, attempts, detail, updated_at FROM {source}"
+        )
+
+
+_ENGINES: dict[str, Engine] = {}
+
+
+def engine_for(connection: BaseDatabaseWrapper) -> Engine:
+    """The engine of a Django connection's database (PostgreSQL or SQLite)."""
+    engine = _ENGINES.get(connection.vendor)
+    if engine is not None:
+        return engine
+    if connection.vendor == "postgresql":
+        from .postgres import PostgresEngine
+
+        engine = PostgresEngine()
+    elif connection.vendor == "sqlite":
+        from .sqlite import SqliteEngine
+
+        engine = SqliteEngine()
+    else:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"zeroloss supports PostgreSQL and SQLite; database {connection.alias!r} is {connection.vendor}."
+        )
+    _ENGINES[connection.vendor] = engine
+    return engine

@@ -1,0 +1,284 @@
+"""Leases: claim, renew, and the lease holder's outcomes (acknowledge, fail, release), fenced.
+
+Every outcome needs the current lease token, a message still ``processing`` and an unexpired
+lease (database clock): a worker that lost its lease cannot record anything. Outcomes can be
+recorded one at a time or in batches (:meth:`Leasing.complete`): one statement per kind of
+outcome for any number of messages, each row fenced on its own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import transaction
+
+from ..exceptions import InvalidMessage
+from . import statements
+from .base import LedgerBase
+from .types import Completion, CompletionReport, Lease, Verdict
+from .validation import canonical_json, clean_text, validate_count, validate_message_id, validate_queue_name
+
+_FAILED_REASON = "CASE WHEN status = 'dead' THEN 'dead_lettered' ELSE 'failed' END"
+
+
+class Leasing(LedgerBase):
+    # -- claims ---------------------------------------------------------------------------
+
+    def _claim(self, name: str, params: Sequence[Any]) -> list[Lease]:
+        engine = self.engine
+        rows = self._move(
+            name,
+            [self.settings.ACK_TIMEOUT, self.instance_id, *params],
+            source="pending",
+            reason="claimed",
+            extra=statements.CLAIM_RETURNING,
+        )
+        # Oldest first within a priority: the order the claim chose (RETURNING keeps none).
+        rows.sort(key=lambda r: (-r[14], r[0]))
+        return [
+            Lease(
+                message_id=r[1],
+                token=engine.to_uuid(r[10]),
+                expires_at=engine.at(r[11]),
+                attempt=r[3],
+                queue_name=r[8],
+                payload=engine.to_json(r[12]),
+                max_attempts=r[13],
+                ordering_key=r[9],
+                priority=r[14],
+            )
+            for r in rows
+        ]
+
+    def claim_next(self, queue_name: str, limit: int = 1) -> list[Lease]:
+        """Claim up to ``limit`` available messages of a queue (highest priority, then oldest),
+        skipping rows another claimer has locked. Each starts an attempt."""
+        validate_queue_name(queue_name)
+        validate_count(limit, "limit")
+        return self._claim("CLAIM", [queue_name, limit])
+
+    def mark_processing(self, message_id: str) -> Lease | None:
+        """Claim one pending, available message. ``None`` if missing, not pending or being claimed."""
+        validate_message_id(message_id)
+        leases = self._claim("CLAIM_BY_ID", [message_id])
+        return leases[0] if leases else None
+
+    # -- renewals -------------------------------------------------------------------------
+
+    def renew_lease(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
+        """Extend a live lease by ``ACK_TIMEOUT``. ``False`` once the lease was lost or expired."""
+        validate_message_id(message_id)
+        token = self._token(lease_token)
+        rows, _ = self._run(
+            "RENEW", [self.settings.ACK_TIMEOUT, *self._rows("RENEW", [message_id], [token])], prepare=True
+        )
+        return bool(rows)
+
+    def renew_leases(self, leases: Iterable[Lease]) -> set[str]:
+        """Renew many live leases in one statement; returns the ids whose lease was renewed."""
+        held = list(leases)
+        if not held:
+            return set()
+        engine = self.engine
+        rows, _ = self._run(
+            "RENEW",
+            [
+                self.settings.ACK_TIMEOUT,
+                *self._rows("RENEW", [x.message_id for x in held], [engine.token(x.token) for x in held]),
+            ],
+            prepare=True,
+        )
+        return {r[0] for r in rows}
+
+    # -- one outcome at a time --------------------------------------------------------------
+
+    def acknowledge_message(
+        self, message_id: str, lease_token: uuid.UUID | str, *, result: Any = None
+    ) -> bool:
+        """Complete the message, only for the holder of the current, unexpired lease (fencing)."""
+        validate_message_id(message_id)
+        token = self._token(lease_token)
+        encoded = None if result is None else canonical_json(result)
+        return bool(self._ack("ACK", [message_id], [token], [encoded]))
+
+    def mark_failed(self, message_id: str, lease_token: uuid.UUID | str, error: str) -> bool:
+        """Record a failed attempt: back to pending after a backoff, or dead when attempts are spent.
+
+        ``False`` (and nothing written) when the caller no longer holds a live lease.
+        """
+        validate_message_id(message_id)
+        token = self._token(lease_token)
+        rows, _ = self._run(
+            "LEASED_ATTEMPT",
+            [message_id, token],
+            prepare=True,
+        )
+        if not rows:
+            return False
+        delay = self.settings.RETRY_BACKOFF.delay_for(rows[0][0])
+        return bool(self._fail("FAIL", [message_id], [token], [clean_text(error)], [delay]))
+
+    def release_lease(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
+        """Give back a claimed message that was never started (clean shutdown).
+
+        Back to pending at once, and the unused attempt is not counted.
+        """
+        validate_message_id(message_id)
+        token = self._token(lease_token)
+        return bool(self._release([message_id], [token], "released unstarted at worker shutdown"))
+
+    # -- many outcomes at once ------------------------------------------------------------
+
+    def complete(self, completions: Iterable[Completion], *, locked: bool = False) -> CompletionReport:
+        """Record many outcomes: one fenced statement per kind, all in one transaction.
+
+        A row whose lease is no longer held is left untouched and reported in ``refused``,
+        exactly as a single acknowledgement returns ``False``. ``locked=True`` only inside
+        the transaction of :meth:`lock_held`, whose row locks fence the batch instead of the
+        clock. Raises :class:`InvalidPayload` (nothing written) if a result is not JSON.
+        """
+        batch = list(completions)
+        if not batch:
+            return CompletionReport()
+        engine = self.engine
+        by_kind: dict[Verdict, list[Completion]] = {v: [] for v in Verdict}
+        for c in batch:
+            by_kind[c.verdict].append(c)
+        acks, fails, releases = by_kind[Verdict.ACKNOWLEDGE], by_kind[Verdict.FAIL], by_kind[Verdict.RELEASE]
+        results = [None if c.result is None else canonical_json(c.result) for c in acks]
+        report = CompletionReport()
+        with transaction.atomic(using=self.using, savepoint=False):
+            if acks:
+                done = self._ack(
+                    "ACK_LOCKED" if locked else "ACK",
+                    [c.lease.message_id for c in acks],
+                    [engine.token(c.lease.token) for c in acks],
+                    results,
+                )
+                report.acknowledged.extend(done)
+            if fails:
+                delays = [self.settings.RETRY_BACKOFF.delay_for(c.lease.attempt) for c in fails]
+                moved = self._fail(
+                    "FAIL_LOCKED" if locked else "FAIL",
+                    [c.lease.message_id for c in fails],
+                    [engine.token(c.lease.token) for c in fails],
+                    [clean_text(c.error) for c in fails],
+                    delays,
+                    statuses=True,
+                )
+                for mid, status in moved:
+                    (report.dead_lettered if status == "dead" else report.retrying).append(mid)
+            if releases:
+                detail = clean_text(releases[0].error or "released unstarted")
+                report.released.extend(
+                    self._release(
+                        [c.lease.message_id for c in releases],
+                        [engine.token(c.lease.token) for c in releases],
+                        detail,
+                    )
+                )
+        recorded = {*report.acknowledged, *report.retrying, *report.dead_lettered, *report.released}
+        report.refused.extend(c.lease.message_id for c in batch if c.lease.message_id not in recorded)
+        finished = {
+            (c.lease.queue_name, c.lease.ordering_key)
+            for c in batch
+            if c.lease.ordering_key
+            and c.lease.message_id in recorded
+            and c.lease.message_id not in report.retrying
+            and c.lease.message_id not in report.released
+        }
+        if finished:
+            # The statements released each key's next message; this catches one stored
+            # concurrently, which they could not see (docs/ordering.md).
+            self._after_commit(lambda: self.promote_keys(finished))
+        return report
+
+    def lock_held(self, leases: Sequence[Lease]) -> set[str]:
+        """Inside ``transaction.atomic``: lock the rows of ``leases`` still held (fenced, unexpired).
+
+        Until the transaction ends nobody else can move them (the sweep skips locked rows), so
+        :meth:`complete` with ``locked=True`` may record their outcomes however long it ran.
+        """
+        if not self.connection.in_atomic_block:
+            raise InvalidMessage("lock_held() must run inside transaction.atomic().")
+        engine = self.engine
+        rows, _ = self._run(
+            "LOCK_HELD",
+            self._rows("LOCK_HELD", [x.message_id for x in leases], [engine.token(x.token) for x in leases]),
+        )
+        return {r[0] for r in rows}
+
+    def release_unknown_claims(self, held: Iterable[Lease] = ()) -> list[str]:
+        """After a claim whose commit outcome was lost: give back every lease this instance holds
+        in the ledger but not in ``held`` (it cannot know their tokens). Attempts not counted."""
+        engine = self.engine
+        tokens = [engine.token(x.token) for x in held]
+        rows = self._move(
+            "RELEASE_UNKNOWN",
+            [self.instance_id, *self._rows("RELEASE_UNKNOWN", tokens)],
+            source="processing",
+            reason="released",
+            detail="released: the claim's commit outcome was lost with its connection",
+        )
+        return [r[1] for r in rows]
+
+    def own_outcomes(self, leases: Sequence[Lease]) -> dict[str, str]:
+        """Which of these leases' outcomes this instance recorded (message id -> reason).
+
+        Asked after a commit whose outcome was lost: a refused retry of an outcome that did land
+        is then told apart from a lease that was really lost.
+        """
+        if not leases:
+            return {}
+        rows, _ = self._run(
+            "OWN_EVENTS",
+            [
+                *self._rows("OWN_EVENTS", [x.message_id for x in leases], [x.attempt for x in leases]),
+                self.instance_id,
+            ],
+        )
+        return {r[0]: r[1] for r in rows}
+
+    # -- the statements ---------------------------------------------------------------------
+
+    def _ack(self, name: str, ids: list[str], tokens: list[Any], results: list[str | None]) -> list[str]:
+        rows = self._move(
+            name,
+            self._rows(name, ids, tokens, results),
+            source="processing",
+            reason="acknowledged",
+            promote=True,
+        )
+        return [r[1] for r in rows]
+
+    def _fail(
+        self,
+        name: str,
+        ids: list[str],
+        tokens: list[Any],
+        errors: list[str],
+        delays: list[float],
+        *,
+        statuses: bool = False,
+    ) -> list[Any]:
+        rows = self._move(
+            name,
+            self._rows(name, ids, tokens, errors, delays),
+            source="processing",
+            reason=_FAILED_REASON,
+            detail=None,
+            promote=True,
+        )
+        return [(r[1], r[2]) for r in rows] if statuses else [r[1] for r in rows]
+
+    def _release(self, ids: list[str], tokens: list[Any], detail: str) -> list[str]:
+        rows = self._move(
+            "RELEASE",
+            self._rows("RELEASE", ids, tokens),
+            source="processing",
+            reason="released",
+            detail=detail,
+        )
+        return [r[1] for r in rows]

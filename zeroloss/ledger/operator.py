@@ -1,0 +1,209 @@
+"""What operators do by hand (admin, ``zeroloss_requeue``, ``zeroloss_purge``): each audited with their name."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import transaction
+
+from ..exceptions import InvalidMessage, MessageNotFound
+from ..models import PurgeRecord, Status
+from .base import LedgerBase
+from .engine import EVT, MSG
+from .validation import clean_text, seconds, validate_count, validate_message_id, validate_queue_name
+
+#: Message ids per statement (each statement takes its ids as one parameter; this only bounds
+#: the size of one transaction).
+CHUNK = 5000
+
+
+class OperatorActions(LedgerBase):
+    def _known(self, message_ids: Sequence[str]) -> list[str]:
+        """The ids, validated; :class:`MessageNotFound` for the first that does not exist."""
+        if isinstance(message_ids, str):
+            raise InvalidMessage("message_ids must be a list of ids, not one string.")
+        ids = [validate_message_id(m) for m in message_ids]
+        for start in range(0, len(ids), CHUNK):
+            chunk = ids[start : start + CHUNK]
+            found = {r[0] for r in self._run("KNOWN_IDS", self._rows("KNOWN_IDS", chunk))[0]}
+            missing = [m for m in chunk if m not in found]
+            if missing:
+                raise MessageNotFound(missing[0])
+        return ids
+
+    def _by_ids(
+        self,
+        name: str,
+        ids: Sequence[str],
+        *,
+        before: Sequence[Any] = (),
+        after: Sequence[Any] = (),
+        source: str,
+        reason: str,
+        detail: str,
+        actor: str | None,
+        promote: bool = False,
+    ) -> list[tuple[str, str, str]]:
+        """Move ``ids`` with the named statement, in chunks; ``(id, queue, ordering_key)`` moved."""
+        moved: list[tuple[str, str, str]] = []
+        for start in range(0, len(ids), CHUNK):
+            chunk = ids[start : start + CHUNK]
+            rows = self._move(
+                name,
+                [*before, *self._rows(name, chunk), *after],
+                source=source,
+                reason=reason,
+                detail=clean_text(detail),
+                actor=actor,
+                promote=promote,
+                prepare=False,
+            )
+            moved += [(r[1], r[8], r[9]) for r in rows]
+        return moved
+
+    def requeue_messages(
+        self, message_ids: Sequence[str], *, actor: str | None = None, force: bool = False, detail: str = ""
+    ) -> list[str]:
+        """Operator requeue of processing messages whose lease expired (stuck), exactly once.
+
+        With ``force=True`` a *live* lease is revoked too: the running worker's acknowledgement
+        will then be refused by fencing. Attempts restart at zero. Returns the ids moved.
+        """
+        ids = self._known(message_ids)
+        moved = self._by_ids(
+            "REQUEUE" if force else "REQUEUE_STUCK",
+            ids,
+            source=Status.PROCESSING,
+            reason="requeued_by_operator",
+            detail=detail or ("live lease revoked" if force else "expired lease requeued"),
+            actor=actor,
+        )
+        return [m[0] for m in moved]
+
+    def redrive_messages(
+        self, message_ids: Sequence[str], *, actor: str | None = None, detail: str = ""
+    ) -> list[str]:
+        """Move dead letters back to pending with attempts reset. Returns the ids moved.
+
+        An ordered message goes back behind its key's current head, if it has one.
+        """
+        ids = self._known(message_ids)
+        moved = self._by_ids(
+            "REDRIVE",
+            ids,
+            source=Status.DEAD,
+            reason="redriven_by_operator",
+            detail=detail or "dead letter redriven",
+            actor=actor,
+        )
+        keys = {(queue, key) for _, queue, key in moved if key}
+        if keys:
+            self._after_commit(lambda: self.promote_keys(keys))
+        return [m[0] for m in moved]
+
+    def retry_message(self, message_id: str, *, actor: str | None = None, force: bool = False) -> bool:
+        """An operator's requeue of one dead or stuck message. ``False`` if it is in neither state."""
+        if self.redrive_messages([message_id], actor=actor):
+            return True
+        return bool(self.requeue_messages([message_id], actor=actor, force=force))
+
+    def dead_letter_messages(
+        self, message_ids: Sequence[str], *, reason: str, actor: str | None = None
+    ) -> list[str]:
+        """Dead-letter pending or processing messages by hand (a live lease is revoked).
+
+        A dead-lettered head of an ordering key lets the key's next message proceed.
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidMessage("A reason is required to dead-letter a message by hand.")
+        ids = self._known(message_ids)
+        text = clean_text(reason)
+        moved: list[tuple[str, str, str]] = []
+        with transaction.atomic(using=self.using):
+            for source in (Status.PENDING, Status.PROCESSING):
+                moved += self._by_ids(
+                    "DEAD_LETTER",
+                    ids,
+                    before=[text],
+                    after=[source.value],
+                    source=source,
+                    reason="dead_lettered_by_operator",
+                    detail=text,
+                    actor=actor,
+                    promote=True,
+                )
+        keys = {(queue, key) for _, queue, key in moved if key}
+        if keys:
+            self._after_commit(lambda: self.promote_keys(keys))
+        return [m[0] for m in moved]
+
+    # -- retention ----------------------------------------------------------------------
+
+    def purge_messages(
+        self,
+        *,
+        status: str = Status.COMPLETED,
+        older_than: float | dt.timedelta,
+        queue_name: str | None = None,
+        batch_size: int = 1000,
+        actor: str | None = None,
+        limit: int | None = None,
+    ) -> int:
+        """Delete completed or dead messages (and their audit rows) older than ``older_than``.
+
+        Works in short batches so no long lock is held; each batch records a
+        :class:`PurgeRecord` so the conservation check stays exact. Expired deduplication
+        windows go with them.
+        """
+        if status not in (Status.COMPLETED, Status.DEAD):
+            raise InvalidMessage(f"Only completed or dead messages can be purged, not {status!r}.")
+        age = seconds(older_than, "older_than")
+        validate_count(batch_size, "batch_size")
+        if limit is not None:
+            validate_count(limit, "limit")
+        if queue_name is not None:
+            validate_queue_name(queue_name)
+        engine = self.engine
+        stamp = "completed_at" if status == Status.COMPLETED else "dead_at"
+        queue_sql, queue_params = (" AND queue_name = %s", [queue_name]) if queue_name else ("", [])
+        select = (
+            f"SELECT id, queue_name FROM {MSG} WHERE status = %s AND {stamp} < {engine.after('%s')}{queue_sql} "
+            f"ORDER BY {stamp} LIMIT %s{engine.skip_locked}"
+        )
+        actor = actor or self.instance_id
+        purged = 0
+        while limit is None or purged < limit:
+            size = batch_size if limit is None else min(batch_size, limit - purged)
+            with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+                cursor.execute(select, [status, -age, *queue_params, size])
+                rows = cursor.fetchall()
+                if not rows:
+                    break
+                ids = [r[0] for r in rows]
+                marks = ",".join(["%s"] * len(ids))
+                cursor.execute(f"DELETE FROM {EVT} WHERE message_id IN ({marks})", ids)
+                cursor.execute(f"DELETE FROM {MSG} WHERE id IN ({marks})", ids)
+                counts: dict[str, int] = {}
+                for _, queue in rows:
+                    counts[queue] = counts.get(queue, 0) + 1
+                now = self.database_now()
+                PurgeRecord.objects.using(self.using).bulk_create(
+                    [
+                        PurgeRecord(queue_name=q, status=status, count=n, actor=actor, purged_at=now)
+                        for q, n in counts.items()
+                    ]
+                )
+            purged += len(rows)
+            if len(rows) < size:
+                break
+        self._run("DEDUP_PURGE", [])
+        return purged
+
+    def cleanup_completed_messages(self, older_than: float | dt.timedelta | None = None) -> int:
+        """Purge completed messages older than ``older_than`` (default ``COMPLETED_RETENTION``)."""
+        return self.purge_messages(
+            status=Status.COMPLETED,
+            older_than=self.settings.COMPLETED_RETENTION if older_than is None else older_than,
+        )

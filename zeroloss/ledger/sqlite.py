@@ -1,0 +1,75 @@
+"""The SQLite engine: one writer at a time, so a transition and its audit rows share a transaction.
+
+Batches travel as one JSON array (``json_each``), so every batch statement has one text
+whatever its size. Times are ISO text in UTC, which is how Django stores them on SQLite,
+so they sort and compare with the clock below.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .engine import Engine, Rows
+
+_CLOCK = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'"
+
+
+class SqliteEngine(Engine):
+    vendor = "sqlite"
+    now = _CLOCK + ")"
+    new_token = "lower(hex(randomblob(16)))"
+
+    def after(self, seconds_sql: str) -> str:
+        return f"{_CLOCK}, printf('%%+.6f seconds', {seconds_sql}))"
+
+    def rows(self, columns: Sequence[tuple[str, str]]) -> str:
+        if not columns:
+            return ""
+        picks = ", ".join(f"json_extract(value, '$[{i}]') AS {name}" for i, (name, _) in enumerate(columns))
+        return f"(SELECT {picks} FROM json_each(%s)) AS b"
+
+    def row_params(self, name: str, columns: Sequence[Sequence[Any]]) -> list[Any]:
+        return [json.dumps([list(row) for row in zip(*columns, strict=True)], default=str)]
+
+    def token(self, value: Any) -> Any:
+        return value.hex  # Django stores UUIDs on SQLite as 32 hex digits
+
+    def transition(
+        self,
+        conn: BaseDatabaseWrapper,
+        sql: str,
+        params: Sequence[Any],
+        *,
+        moved: str,
+        actor: str,
+        extra: str = "",
+        promote: bool = False,
+        prepare: bool = True,
+    ) -> Rows:
+        full = self.composed((sql, moved, extra), lambda: f"{sql} RETURNING {moved}{extra}")
+        events = self.composed(
+            ("events",),
+            lambda: self.event_insert(
+                "(SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS from_status, "
+                "json_extract(value, '$[2]') AS status, json_extract(value, '$[3]') AS reason, "
+                "json_extract(value, '$[4]') AS attempts, json_extract(value, '$[5]') AS detail, "
+                "json_extract(value, '$[6]') AS updated_at FROM json_each(%s))"
+            ),
+        )
+        with transaction.atomic(using=conn.alias):
+            rows, _ = self.execute(conn, full, params)
+            if rows:
+                # id, message_id, status, attempts, updated_at, from_status, reason, detail
+                audit = [[r[0], r[5], r[2], r[6], r[3], r[7], r[4]] for r in rows]
+                self.execute(conn, events, [actor, json.dumps(audit, default=str)])
+                if promote:
+                    keys = {(r[8], r[9]) for r in rows if r[9] and r[2] in ("completed", "dead")}
+                    if keys:
+                        q, k = zip(*sorted(keys), strict=True)
+                        self.execute(conn, self.sql["PROMOTE"], self.row_params("PROMOTE", [q, k]))
+        return rows

@@ -1,0 +1,235 @@
+"""Every SQL statement the ledger runs, by name.
+
+Each is a template; an engine (:mod:`.postgres`, :mod:`.sqlite`) renders it once with its own
+spelling of the few things the two databases say differently: the database clock
+(``{now}``), "now plus %s seconds" (``{after}``), a new lease token, a JSON cast, how a
+batch of rows is passed (``{rows}``: ``unnest`` of arrays, or ``json_each`` of one JSON
+array), and row locking. Lease times always come from ``{now}``, the database's clock.
+
+Statements that move a message end in ``RETURNING {moved}``: the columns its audit row is
+built from. The engine's ``transition()`` writes that row in the same statement
+(PostgreSQL) or transaction (SQLite). Which edge of the state machine each one performs is
+listed in :data:`zeroloss.states.TRANSITIONS`.
+"""
+
+from __future__ import annotations
+
+# The columns every moving statement returns (the audit row needs the first eight).
+MOVED = (
+    "id, message_id, status, attempts, updated_at, {from_status} AS from_status, {reason} AS reason, "
+    "{detail} AS detail, queue_name, ordering_key"
+)
+MOVED_COUNT = 10
+
+INSERT_COLUMNS = (
+    "message_id, queue_name, payload, checksum, status, attempts, max_attempts, priority, ordering_key, "
+    "available_at, claimed_by, last_error, replication_targets, created_at, updated_at, dispatched_at"
+)
+
+# -- persisting (pending, or waiting for an ordering key's head) ----------------------------
+
+INSERT_ONE = (
+    "INSERT INTO {msg} (" + INSERT_COLUMNS + ") VALUES (%s, %s, %s{jsonb}, %s, 'pending', 0, %s, %s, %s, "
+    "CASE WHEN %s <> '' THEN NULL ELSE {after} END, '', '', '[]'{jsonb}, {now}, {now}, "
+    "CASE WHEN %s THEN {now} END) ON CONFLICT (message_id) DO NOTHING"
+)
+INSERT_MANY = (
+    "INSERT INTO {msg} (" + INSERT_COLUMNS + ") SELECT b.mid, b.q, b.payload{jsonb}, "
+    "b.checksum, 'pending', 0, b.max_attempts, b.priority, b.k, "
+    "CASE WHEN b.k <> '' THEN NULL ELSE {after} END, '', '', '[]'{jsonb}, {now}, {now}, "
+    "CASE WHEN %s THEN {now} END FROM {rows} WHERE true ON CONFLICT (message_id) DO NOTHING"
+)
+# A deduplication window: claimed when new or expired; otherwise it names the first message.
+DEDUP_CLAIM = (
+    "INSERT INTO {dedup} (queue_name, dedup_key, message_id, expires_at, created_at) "
+    "VALUES (%s, %s, %s, {after}, {now}) ON CONFLICT (queue_name, dedup_key) DO UPDATE SET "
+    "message_id = excluded.message_id, expires_at = excluded.expires_at, created_at = excluded.created_at "
+    "WHERE {dedup}.expires_at <= {now} RETURNING message_id"
+)
+DEDUP_HOLDER = "SELECT message_id FROM {dedup} WHERE queue_name = %s AND dedup_key = %s"
+DEDUP_TAKE_OVER = (
+    "UPDATE {dedup} SET message_id = %s, expires_at = {after}, created_at = {now} "
+    "WHERE queue_name = %s AND dedup_key = %s"
+)
+DEDUP_PURGE = "DELETE FROM {dedup} WHERE expires_at < {now}"
+# An annotation, not a transition: the status is repeated (see states.ANNOTATIONS).
+ABSORBED = (
+    "INSERT INTO {evt} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at) "
+    "SELECT id, status, status, 'duplicate_absorbed', %s, attempts, %s, {now} FROM {msg} WHERE message_id = %s"
+)
+
+# -- ordering keys ----------------------------------------------------------------------
+
+# Release the next message of each listed key that has no head (nothing claimable or
+# processing). Run after every commit that may have left a key without one.
+PROMOTE = (
+    "UPDATE {msg} SET available_at = {now}, updated_at = {now} WHERE id IN (SELECT (SELECT min(w.id) "
+    "FROM {msg} w WHERE w.queue_name = b.q AND w.ordering_key = b.k "
+    "AND w.status = 'pending' AND w.available_at IS NULL) FROM {rows} WHERE NOT EXISTS (SELECT 1 FROM {msg} h "
+    "WHERE h.queue_name = b.q AND h.ordering_key = b.k "
+    "AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL)) "
+    "RETURNING message_id, queue_name{notify}"
+)
+# The sweep's safety net: keys whose head finished while no promotion could see their next
+# message (a process died between commit and promotion). Waiting rows younger than %s
+# seconds are left to their own sender's promotion.
+REPAIR_KEYS = (
+    "SELECT DISTINCT w.queue_name, w.ordering_key FROM {msg} w WHERE w.status = 'pending' "
+    "AND w.available_at IS NULL AND w.updated_at < {after} AND NOT EXISTS (SELECT 1 FROM {msg} h "
+    "WHERE h.queue_name = w.queue_name AND h.ordering_key = w.ordering_key "
+    "AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL) LIMIT %s"
+)
+
+# -- leases ---------------------------------------------------------------------------
+
+_CLAIM_SET = (
+    "UPDATE {msg} SET status = 'processing', attempts = attempts + 1, lease_token = {new_token}, "
+    "lease_expires_at = {after}, claimed_by = %s, started_at = {now}, updated_at = {now} WHERE "
+)
+CLAIM_RETURNING = ", lease_token, lease_expires_at, payload, max_attempts, priority"
+CLAIM = (
+    _CLAIM_SET + "{in_open}SELECT id FROM {msg} WHERE status = 'pending' AND queue_name = %s "
+    "AND available_at <= {now} ORDER BY priority DESC, available_at, id LIMIT %s{skip_locked}{in_close} "
+    "AND status = 'pending'"
+)
+CLAIM_BY_ID = (
+    _CLAIM_SET + "{in_open}SELECT id FROM {msg} WHERE message_id = %s AND status = 'pending' "
+    "AND available_at <= {now}{skip_locked}{in_close} AND status = 'pending'"
+)
+# The attempt a lease holder is on (its failure's backoff depends on it).
+LEASED_ATTEMPT = (
+    "SELECT attempts FROM {msg} WHERE message_id = %s AND lease_token = %s AND status = 'processing'"
+)
+# Every lease-holder statement is fenced: the current token, still processing, lease unexpired.
+_FENCE = (
+    "FROM {rows} WHERE {msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
+)
+_UNEXPIRED = " AND {msg}.lease_expires_at > {now}"
+RENEW = (
+    "UPDATE {msg} SET lease_expires_at = {after}, updated_at = {now} "
+    + _FENCE
+    + _UNEXPIRED
+    + " RETURNING message_id"
+)
+_ACK = (
+    "UPDATE {msg} SET status = 'completed', completed_at = {now}, last_error = '', result = b.res{jsonb}, "
+    "lease_token = NULL, lease_expires_at = NULL, updated_at = {now} " + _FENCE
+)
+ACK = _ACK + _UNEXPIRED
+# Inside a transactional batch whose rows this transaction locked after a fenced check
+# (LOCK_HELD): nobody else can have moved them since, whatever the clock says now.
+ACK_LOCKED = _ACK
+_SPENT = "{msg}.attempts >= {msg}.max_attempts"
+_FAIL = (
+    "UPDATE {msg} SET status = CASE WHEN " + _SPENT + " THEN 'dead' ELSE 'pending' END, "
+    "dead_at = CASE WHEN " + _SPENT + " THEN {now} END, "
+    "available_at = CASE WHEN " + _SPENT + " THEN {msg}.available_at ELSE {after_delay} END, "
+    "last_error = b.err, lease_token = NULL, lease_expires_at = NULL, updated_at = {now} " + _FENCE
+)
+FAIL = _FAIL + _UNEXPIRED
+FAIL_LOCKED = _FAIL
+RELEASE = (
+    "UPDATE {msg} SET status = 'pending', attempts = {msg}.attempts - 1, available_at = {now}, "
+    "lease_token = NULL, lease_expires_at = NULL, started_at = NULL, updated_at = {now} "
+    + _FENCE
+    + _UNEXPIRED
+)
+# A transactional batch locks its rows, fenced, before running any handler.
+LOCK_HELD = (
+    "SELECT {msg}.message_id FROM {msg}, {rows} WHERE {msg}.message_id = b.mid "
+    "AND {msg}.lease_token = b.tok AND {msg}.status = 'processing' AND {msg}.lease_expires_at > {now} "
+    "ORDER BY {msg}.id{for_update}"
+)
+# A claim whose commit outcome was lost with its connection: give back whatever this claimer
+# holds that it does not know about (the attempt is not counted).
+RELEASE_UNKNOWN = (
+    "UPDATE {msg} SET status = 'pending', attempts = attempts - 1, available_at = {now}, lease_token = NULL, "
+    "lease_expires_at = NULL, started_at = NULL, updated_at = {now} WHERE status = 'processing' "
+    "AND claimed_by = %s AND lease_expires_at > {now} AND NOT EXISTS (SELECT 1 FROM {rows} "
+    "WHERE b.tok = lease_token)"
+)
+# Did this actor's transition land? (asked after a commit whose outcome was lost)
+OWN_EVENTS = (
+    "SELECT m.message_id, e.reason FROM {evt} e JOIN {msg} m ON m.id = e.message_id JOIN {rows} "
+    "ON m.message_id = b.mid AND e.attempt = b.att WHERE e.actor = %s "
+    "AND e.reason IN ('acknowledged', 'failed', 'dead_lettered', 'released')"
+)
+
+# -- the recovery sweep ---------------------------------------------------------------
+
+_SWEEP_SPENT = "attempts >= max_attempts"
+SWEEP = (
+    "UPDATE {msg} SET status = CASE WHEN " + _SWEEP_SPENT + " THEN 'dead' ELSE 'pending' END, "
+    "dead_at = CASE WHEN " + _SWEEP_SPENT + " THEN {now} END, available_at = {now}, "
+    "last_error = 'Lease expired: ' || claimed_by || ' neither acknowledged nor renewed it', "
+    "lease_token = NULL, lease_expires_at = NULL, updated_at = {now} "
+    "WHERE {in_open}SELECT id FROM {msg} WHERE status = 'processing' AND lease_expires_at < {now} "
+    "ORDER BY lease_expires_at LIMIT %s{skip_locked}{in_close} AND status = 'processing' "
+    "AND lease_expires_at < {now}"
+)
+ANY_EXPIRED = "SELECT 1 FROM {msg} WHERE status = 'processing' AND lease_expires_at < {now} LIMIT 1"
+
+# -- operator actions (chunks of message ids) -----------------------------------------
+
+_BY_IDS = "WHERE message_id IN (SELECT b.mid FROM {rows})"
+REQUEUE = (
+    "UPDATE {msg} SET status = 'pending', attempts = 0, available_at = {now}, lease_token = NULL, "
+    "lease_expires_at = NULL, started_at = NULL, updated_at = {now} " + _BY_IDS + " AND status = 'processing'"
+)
+REQUEUE_STUCK = REQUEUE + " AND lease_expires_at < {now}"
+REDRIVE = (
+    "UPDATE {msg} SET status = 'pending', attempts = 0, "
+    "available_at = CASE WHEN ordering_key <> '' THEN NULL ELSE {now} END, dead_at = NULL, updated_at = {now} "
+    + _BY_IDS
+    + " AND status = 'dead'"
+)
+DEAD_LETTER = (
+    "UPDATE {msg} SET status = 'dead', dead_at = {now}, lease_token = NULL, lease_expires_at = NULL, "
+    "last_error = %s, updated_at = {now} " + _BY_IDS + " AND status = %s"
+)
+KNOWN_IDS = "SELECT message_id FROM {msg} " + _BY_IDS
+
+# -- dispatch bookkeeping (Celery transport) ------------------------------------------
+
+DISPATCH_CANDIDATES = (
+    "SELECT message_id, queue_name FROM {msg} WHERE status = 'pending' AND available_at <= {now} "
+    "AND ((dispatched_at IS NULL AND updated_at < {after}) OR dispatched_at < updated_at "
+    "OR dispatched_at < {after}) ORDER BY priority DESC, available_at, id LIMIT %s"
+)
+MARK_DISPATCHED = "UPDATE {msg} SET dispatched_at = {now} " + _BY_IDS
+MARK_UNDISPATCHED = "UPDATE {msg} SET dispatched_at = NULL " + _BY_IDS
+
+# -- reads ----------------------------------------------------------------------------
+
+NOW = "SELECT {now}"
+
+#: The batch each statement's ``{rows}`` carries, as ``b(column, ...)`` with PostgreSQL types.
+#: PostgreSQL passes one array per column (``unnest``); SQLite one JSON array of rows.
+ROWS: dict[str, tuple[tuple[str, str], ...]] = {
+    "INSERT_MANY": (
+        ("mid", "text"),
+        ("q", "text"),
+        ("payload", "text"),
+        ("checksum", "text"),
+        ("max_attempts", "int"),
+        ("priority", "int"),
+        ("k", "text"),
+    ),
+    "PROMOTE": (("q", "text"), ("k", "text")),
+    "RENEW": (("mid", "text"), ("tok", "uuid")),
+    "ACK": (("mid", "text"), ("tok", "uuid"), ("res", "text")),
+    "ACK_LOCKED": (("mid", "text"), ("tok", "uuid"), ("res", "text")),
+    "FAIL": (("mid", "text"), ("tok", "uuid"), ("err", "text"), ("delay", "float8")),
+    "FAIL_LOCKED": (("mid", "text"), ("tok", "uuid"), ("err", "text"), ("delay", "float8")),
+    "RELEASE": (("mid", "text"), ("tok", "uuid")),
+    "LOCK_HELD": (("mid", "text"), ("tok", "uuid")),
+    "RELEASE_UNKNOWN": (("tok", "uuid"),),
+    "OWN_EVENTS": (("mid", "text"), ("att", "int")),
+    "REQUEUE": (("mid", "text"),),
+    "REQUEUE_STUCK": (("mid", "text"),),
+    "REDRIVE": (("mid", "text"),),
+    "DEAD_LETTER": (("mid", "text"),),
+    "KNOWN_IDS": (("mid", "text"),),
+    "MARK_DISPATCHED": (("mid", "text"),),
+    "MARK_UNDISPATCHED": (("mid", "text"),),
+}

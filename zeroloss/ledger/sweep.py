@@ -1,0 +1,74 @@
+"""The recovery sweep: every expired lease back to pending (or dead) exactly once."""
+
+from __future__ import annotations
+
+from ..models import Status
+from .base import LedgerBase
+from .types import RecoveryReport
+from .validation import validate_count
+
+_SWEEP_REASON = "CASE WHEN status = 'dead' THEN 'dead_lettered' ELSE 'lease_expired' END"
+_SWEEP_DETAIL = "'lease held by ' || claimed_by || ' expired'"
+#: A waiting message this old whose key has no head was missed by its promotion (a process
+#: died between commit and promotion); younger ones are left to their own sender.
+REPAIR_AFTER = 5.0
+
+
+class Sweeping(LedgerBase):
+    def recover_orphaned_messages(
+        self, *, batch_size: int | None = None, limit: int | None = None
+    ) -> RecoveryReport:
+        """Requeue (or dead-letter) every processing message whose lease expired, exactly once.
+
+        Safe with any number of concurrent sweepers: each row is moved by one conditional
+        UPDATE under ``FOR UPDATE SKIP LOCKED``, so a row is swept by exactly one of them.
+        A message whose lease is renewed in time never matches. Also releases the next
+        message of any ordering key left without a head (see :meth:`repair_ordering_keys`).
+        """
+        batch = validate_count(batch_size or self.settings.SWEEP_BATCH_SIZE, "batch_size")
+        if limit is not None:
+            validate_count(limit, "limit")
+        actor = f"sweep@{self.instance_id}"
+        requeued: list[str] = []
+        dead: list[str] = []
+        finished_keys: set[tuple[str, str]] = set()
+        batches = 0
+        while limit is None or len(requeued) + len(dead) < limit:
+            if self.engine.vendor == "sqlite" and not self._run("ANY_EXPIRED", [])[0]:
+                # SQLite: a read needs no lock in WAL mode; the write below takes the database's
+                # only write lock, so take it only when there is work.
+                break
+            size = batch if limit is None else min(batch, limit - len(requeued) - len(dead))
+            rows = self._move(
+                "SWEEP",
+                [size],
+                source="processing",
+                reason=_SWEEP_REASON,
+                detail_sql=_SWEEP_DETAIL,
+                actor=actor,
+                promote=True,
+            )
+            batches += 1
+            for row in rows:
+                (dead if row[2] == Status.DEAD else requeued).append(row[1])
+                if row[2] == Status.DEAD and row[9]:
+                    finished_keys.add((row[8], row[9]))
+            if len(rows) < size:
+                break
+        if finished_keys:
+            self.promote_keys(finished_keys)
+        repaired = self.repair_ordering_keys()
+        return RecoveryReport(
+            requeued=requeued, dead_lettered=dead, batches=batches, keys_repaired=len(repaired)
+        )
+
+    def repair_ordering_keys(self, *, limit: int = 1000) -> list[str]:
+        """Release the next message of every ordering key that has waiting messages but no head.
+
+        Only a process dying between a commit and its promotion leaves a key so; this is the
+        safety net the sweep runs. Returns the ids made claimable.
+        """
+        rows, _ = self._run("REPAIR_KEYS", [-REPAIR_AFTER, limit])
+        if not rows:
+            return []
+        return self.promote_keys((r[0], r[1]) for r in rows)

@@ -1,0 +1,230 @@
+"""Input checks and canonical forms. Everything here raises before anything is written.
+
+Each check refuses what the database would otherwise reject half-way (``DataError``), store
+differently from what was hashed, or accept and then never serve (a queue no worker can name).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+import socket
+from decimal import Decimal
+from typing import Any
+
+from ..exceptions import InvalidMessage, InvalidPayload
+
+MAX_MESSAGE_ID_LENGTH = 255
+MAX_QUEUE_NAME_LENGTH = 100
+MAX_KEY_LENGTH = 255
+MAX_ERROR_LENGTH = 10_000
+#: Attempts fit the database's 32-bit column with room for the counter to move.
+MAX_ATTEMPTS_LIMIT = 1_000_000
+#: Longest delay, window or age accepted (100 years): both databases represent "now" plus or
+#: minus this, and nothing useful lies further.
+MAX_SECONDS = 100 * 365 * 24 * 3600.0
+PRIORITY_RANGE = (-100, 100)
+#: Deepest payload nesting accepted (PostgreSQL's jsonb and Python's json both stop near here).
+MAX_DEPTH = 500
+
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]*")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# A JSON number with a fraction or exponent (a string that merely looks like one costs only a
+# second, normalising encode).
+_FLOAT_RE = re.compile(r"\d[.eE]")
+
+
+def default_instance_id() -> str:
+    """``host:pid:random``: unique per process, recorded as the actor of its transitions."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def validate_message_id(message_id: Any, what: str = "message_id") -> str:
+    """``message_id`` if it is a valid message id (also used for keys); else :class:`InvalidMessage`."""
+    if not isinstance(message_id, str) or not message_id.strip():
+        raise InvalidMessage(f"{what} must be a non-empty string, got {message_id!r}.")
+    if len(message_id) > MAX_MESSAGE_ID_LENGTH:
+        raise InvalidMessage(f"{what} is {len(message_id)} characters; the limit is {MAX_MESSAGE_ID_LENGTH}.")
+    if _CONTROL_RE.search(message_id):
+        raise InvalidMessage(f"{what} must not contain control characters, got {message_id!r}.")
+    if not _encodable(message_id):
+        raise InvalidMessage(f"{what} is not valid Unicode text (a lone surrogate?), got {message_id!r}.")
+    return message_id
+
+
+def validate_key(key: Any, what: str) -> str:
+    """An ordering or deduplication key: ``""`` means none."""
+    if key is None or key == "":
+        return ""
+    return validate_message_id(key, what)
+
+
+def validate_queue_name(queue_name: Any) -> str:
+    """``queue_name`` if it is a valid queue name; otherwise :class:`InvalidMessage`."""
+    if not isinstance(queue_name, str) or not queue_name:
+        raise InvalidMessage(f"queue_name must be a non-empty string, got {queue_name!r}.")
+    if len(queue_name) > MAX_QUEUE_NAME_LENGTH:
+        raise InvalidMessage(
+            f"queue_name is {len(queue_name)} characters; the limit is {MAX_QUEUE_NAME_LENGTH}."
+        )
+    if not QUEUE_NAME_RE.fullmatch(queue_name):
+        raise InvalidMessage(
+            f"queue_name {queue_name!r} may only use letters, digits, '_', '.', ':' and '-', "
+            "starting with a letter or digit."
+        )
+    return queue_name
+
+
+def validate_attempts(value: Any, what: str = "max_attempts") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS_LIMIT:
+        raise InvalidMessage(f"{what} must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {value!r}.")
+    return value
+
+
+def validate_priority(value: Any) -> int:
+    low, high = PRIORITY_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidMessage(f"priority must be an integer from {low} to {high}, got {value!r}.")
+    return value
+
+
+def validate_count(value: Any, what: str) -> int:
+    """A positive whole number (batch sizes, limits)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidMessage(f"{what} must be an integer >= 1, got {value!r}.")
+    return value
+
+
+def seconds(value: float | dt.timedelta | None, what: str) -> float:
+    """A non-negative, finite duration of at most 100 years, in seconds (``None`` is 0)."""
+    if value is None:
+        return 0.0
+    try:
+        total = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    except OverflowError:  # pragma: no cover - timedelta.total_seconds() does not overflow today
+        total = math.inf
+    if isinstance(total, bool) or not isinstance(total, int | float) or not math.isfinite(total) or total < 0:
+        raise InvalidMessage(
+            f"{what} must be a non-negative number of seconds or a timedelta, got {value!r}."
+        )
+    if total > MAX_SECONDS:
+        raise InvalidMessage(f"{what} of {total:g}s is more than 100 years; nothing could wait that long.")
+    return float(total)
+
+
+def clean_text(text: Any, limit: int = MAX_ERROR_LENGTH) -> str:
+    """Any text made storable: NUL and lone surrogates escaped (PostgreSQL and UTF-8 refuse
+    them), then cut to ``limit`` characters. Used for error texts and reasons, which must be
+    recorded whatever a handler raised."""
+    value = str(text)
+    if "\x00" in value:
+        value = value.replace("\x00", "\\x00")
+    if not _encodable(value):
+        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value[:limit]
+
+
+def _canonical(value: Any, depth: int = 0) -> Any:
+    """The value as it will be stored: object keys as strings, integral floats as integers."""
+    if depth > MAX_DEPTH:
+        raise InvalidPayload(f"Payload is nested more than {MAX_DEPTH} levels deep.")
+    if isinstance(value, float):
+        # jsonb normalises numbers (1e16 -> 10000000000000000, -0.0 -> -0); hashing integral
+        # floats as the integers they equal keeps checksums stable across the round trip.
+        return int(Decimal(repr(value))) if value.is_integer() else value
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if isinstance(k, str):
+                key = k
+            elif isinstance(k, bool | int | float) or k is None:
+                key = json.dumps(k, allow_nan=False)  # what json.dumps does: 1 -> "1", True -> "true"
+            else:
+                raise InvalidPayload(f"Payload object keys must be strings, got {k!r}.")
+            if key in out:
+                raise InvalidPayload(f"Payload object has two keys that both become {key!r} in JSON.")
+            out[key] = _canonical(v, depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        return [_canonical(v, depth + 1) for v in value]
+    return value
+
+
+def _needs_canonical(value: Any) -> bool:
+    """Cheap pre-check: does the payload hold a non-string key? (the common case has none)"""
+    if isinstance(value, dict):
+        return any(not isinstance(k, str) or _needs_canonical(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_needs_canonical(v) for v in value)
+    return False
+
+
+def canonical_json(data: Any) -> str:
+    """The canonical JSON text that is stored and hashed. Raises :class:`InvalidPayload`."""
+    try:
+        if _needs_canonical(data):
+            data = _canonical(data)
+        encoded = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        if _FLOAT_RE.search(encoded):
+            encoded = json.dumps(
+                _canonical(data), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+            )
+    except RecursionError:
+        raise InvalidPayload(f"Payload is nested more than {MAX_DEPTH} levels deep.") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"Payload is not JSON-serialisable: {exc}.") from exc
+    if encoded.count("[") + encoded.count("{") > MAX_DEPTH and _depth(encoded) > MAX_DEPTH:
+        raise InvalidPayload(f"Payload is nested more than {MAX_DEPTH} levels deep.")
+    if "\\u0000" in encoded and _has_nul(data):
+        raise InvalidPayload("Payload contains a NUL character (\\u0000), which PostgreSQL cannot store.")
+    if not _encodable(encoded):
+        raise InvalidPayload("Payload holds text that is not valid Unicode (a lone surrogate?).")
+    return encoded
+
+
+def _depth(encoded: str) -> int:
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in encoded:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def payload_checksum(encoded: str) -> str:
+    return hashlib.sha256(encoded.encode("utf-8")).hexdigest()

@@ -1,0 +1,175 @@
+"""Riding out a database outage: tell a lost connection from a bug, back off, log once, reconnect.
+
+Every long-running loop (worker claims, lease keeper, outcome flushes, sweeps, the LISTEN
+wake-up, the Celery delivery task) wraps its unit of work in :meth:`OutageMonitor.attempt`.
+A connection-level error — refused, terminated by the server, server closed the connection,
+admin shutdown, a failover, SQLite's "database is locked" — closes the broken connection and
+is retried after a capped, jittered backoff (0.1 s doubling to 5 s). One line is logged when
+the outage starts and one when it ends, never a traceback per retry. Anything else (a bug,
+bad data) is not an outage and propagates as before.
+
+``ZEROLOSS["DB_OUTAGE_TOLERANCE"]`` (seconds, default unlimited) makes a process give up after
+that long, for supervisors that prefer a restart.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.db import InterfaceError, OperationalError, connections
+
+logger = logging.getLogger("zeroloss")
+
+T = TypeVar("T")
+
+BACKOFF_FIRST = 0.1
+BACKOFF_MAX = 5.0
+
+
+def _psycopg_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - SQLite-only installs
+        return ()
+    return (psycopg.OperationalError, psycopg.InterfaceError)
+
+
+#: Errors that mean "the database could not be reached or dropped us", not "your code is wrong".
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceError, *_psycopg_errors())
+
+
+def is_outage(exc: BaseException) -> bool:
+    return isinstance(exc, CONNECTION_ERRORS)
+
+
+class OutageTooLong(Exception):
+    """The database stayed unreachable for longer than ``DB_OUTAGE_TOLERANCE``."""
+
+
+def close_connection(alias: str) -> None:
+    """Drop this thread's (broken) connection; the next query opens a new one."""
+    conn = connections[alias]
+    try:
+        if conn.in_atomic_block:
+            conn.set_rollback(True)
+        conn.close()
+    except Exception:
+        conn.connection = None
+
+
+class Backoff:
+    """Capped exponential backoff with full jitter (so reconnecting workers do not stampede)."""
+
+    def __init__(self, first: float = BACKOFF_FIRST, cap: float = BACKOFF_MAX) -> None:
+        self.first = first
+        self.cap = cap
+        self.current = first
+
+    def next(self) -> float:
+        delay = random.uniform(self.current / 2, self.current)
+        self.current = min(self.current * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self.current = self.first
+
+
+class OutageMonitor:
+    """One per process and database alias: when the outage began, and its one log line."""
+
+    _instances: dict[str, OutageMonitor] = {}
+    _instances_lock = threading.Lock()
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._lock = threading.Lock()
+        self.since: dt.datetime | None = None  # wall clock, for people
+        self._since_monotonic: float | None = None
+        self.last_error = ""
+        self.outages = 0
+
+    @classmethod
+    def for_alias(cls, alias: str) -> OutageMonitor:
+        with cls._instances_lock:
+            monitor = cls._instances.get(alias)
+            if monitor is None:
+                monitor = cls._instances[alias] = cls(alias)
+            return monitor
+
+    @property
+    def down_for(self) -> float:
+        start = self._since_monotonic
+        return 0.0 if start is None else time.monotonic() - start
+
+    def failed(self, who: str, exc: BaseException) -> None:
+        with self._lock:
+            self.last_error = " ".join(str(exc).split())[:300] or type(exc).__name__
+            if self._since_monotonic is not None:
+                return
+            self._since_monotonic = time.monotonic()
+            self.since = dt.datetime.now(dt.UTC)
+            self.outages += 1
+        logger.error(
+            "database %r unreachable since %s (%s: %s); %s retries with backoff",
+            self.alias,
+            self.since.isoformat(timespec="seconds"),
+            type(exc).__name__,
+            self.last_error,
+            who,
+        )
+
+    def recovered(self) -> None:
+        if self._since_monotonic is None:
+            return
+        with self._lock:
+            if self._since_monotonic is None:
+                return
+            down = time.monotonic() - self._since_monotonic
+            self._since_monotonic = None
+            self.since = None
+        logger.warning("database %r reachable again after %.1fs", self.alias, down)
+
+    def status(self) -> str:
+        """``""`` while healthy, else ``"database unreachable since <time>: <error>"``."""
+        since = self.since
+        if since is None:
+            return ""
+        return f"database unreachable since {since.isoformat(timespec='seconds')}: {self.last_error}"
+
+    def attempt(
+        self,
+        work: Callable[[], T],
+        *,
+        who: str,
+        backoff: Backoff,
+        wait: Callable[[float], object],
+        tolerance: float | None,
+    ) -> tuple[bool, T | None]:
+        """Run ``work`` once. ``(True, result)`` on success; on an outage, back off (through
+        ``wait``, which returns early when the loop is stopping) and return ``(False, None)``.
+
+        Raises :class:`OutageTooLong` past ``tolerance``; other exceptions propagate.
+        """
+        try:
+            result = work()
+        except BaseException as exc:
+            if not is_outage(exc):
+                raise
+            self.failed(who, exc)
+            close_connection(self.alias)
+            if tolerance is not None and self.down_for > tolerance:
+                raise OutageTooLong(
+                    f"database {self.alias!r} unreachable for {self.down_for:.0f}s "
+                    f"(DB_OUTAGE_TOLERANCE={tolerance:g}s): {self.last_error}"
+                ) from exc
+            wait(backoff.next())
+            return False, None
+        backoff.reset()
+        self.recovered()
+        return True, result

@@ -1,0 +1,104 @@
+"""The ledger's state machine, as data: statuses, reasons, and the one table of allowed transitions.
+
+The code that moves messages (:mod:`zeroloss.ledger`), the docs (``docs/concepts.md``) and
+``zeroloss_verify`` (which flags any audit row whose edge is not in :data:`TRANSITIONS`) all
+read this table; nothing else decides which moves exist.
+
+::
+
+                      +------------- released / lease_expired / failed (retry) -------+
+                      v                                                                |
+    (send) --persisted--> pending --claimed--> processing --acknowledged--> completed  |
+                      ^     |                      |   +--------------------------------+
+                      |     |                      +--dead_lettered (attempts spent)--> dead
+                      |     +--dead_lettered_by_operator-------------------------------> dead
+                      +--requeued_by_operator (stuck or revoked) <-- processing
+                      +--redriven_by_operator <-- dead
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import models
+
+
+class Status(models.TextChoices):
+    PENDING = "pending", "Pending"
+    PROCESSING = "processing", "Processing"
+    COMPLETED = "completed", "Completed"
+    DEAD = "dead", "Dead"
+
+
+#: Statuses a message can still leave on its own (it is not finished).
+LIVE_STATUSES = (Status.PENDING, Status.PROCESSING)
+
+
+class Reason(models.TextChoices):
+    """Why an audit row was written. The values are stored; never rename one."""
+
+    PERSISTED = "persisted", "Persisted"
+    CLAIMED = "claimed", "Claimed"
+    ACKNOWLEDGED = "acknowledged", "Acknowledged"
+    FAILED = "failed", "Failed (will retry)"
+    DEAD_LETTERED = "dead_lettered", "Dead-lettered (attempts spent)"
+    LEASE_EXPIRED = "lease_expired", "Lease expired"
+    RELEASED = "released", "Released unstarted"
+    REQUEUED_BY_OPERATOR = "requeued_by_operator", "Requeued by an operator"
+    REDRIVEN_BY_OPERATOR = "redriven_by_operator", "Redriven by an operator"
+    DEAD_LETTERED_BY_OPERATOR = "dead_lettered_by_operator", "Dead-lettered by an operator"
+    #: Not a transition: a send inside a deduplication window returned this message instead of
+    #: creating one. Its row repeats the status the message had (``from_status == to_status``).
+    DUPLICATE_ABSORBED = "duplicate_absorbed", "Duplicate absorbed"
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One allowed move. ``source`` is ``""`` for the first row of a message (it did not exist)."""
+
+    source: str
+    target: str
+    reason: Reason
+    #: Who makes it: ``producer``, ``worker`` (the lease holder), ``sweep`` or ``operator``.
+    actor: str
+    #: The service method (and so the named statement) that performs it.
+    via: str
+
+
+P, R, C, D = Status.PENDING, Status.PROCESSING, Status.COMPLETED, Status.DEAD
+
+#: Every edge of the state machine. Nothing moves a message along an edge not listed here.
+TRANSITIONS: tuple[Transition, ...] = (
+    Transition("", P, Reason.PERSISTED, "producer", "persist_messages"),
+    Transition(P, R, Reason.CLAIMED, "worker", "claim_next / mark_processing"),
+    Transition(R, C, Reason.ACKNOWLEDGED, "worker", "acknowledge / complete"),
+    Transition(R, P, Reason.FAILED, "worker", "mark_failed / complete"),
+    Transition(R, D, Reason.DEAD_LETTERED, "worker", "mark_failed / complete"),
+    Transition(R, P, Reason.RELEASED, "worker", "release_lease / complete"),
+    Transition(R, P, Reason.LEASE_EXPIRED, "sweep", "recover_orphaned_messages"),
+    Transition(R, D, Reason.DEAD_LETTERED, "sweep", "recover_orphaned_messages"),
+    Transition(R, P, Reason.REQUEUED_BY_OPERATOR, "operator", "requeue_messages"),
+    Transition(D, P, Reason.REDRIVEN_BY_OPERATOR, "operator", "redrive_messages"),
+    Transition(P, D, Reason.DEAD_LETTERED_BY_OPERATOR, "operator", "dead_letter_messages"),
+    Transition(R, D, Reason.DEAD_LETTERED_BY_OPERATOR, "operator", "dead_letter_messages"),
+)
+
+#: Audit rows that record an event but move nothing (``from_status == to_status``).
+ANNOTATIONS: frozenset[Reason] = frozenset({Reason.DUPLICATE_ABSORBED})
+
+#: ``(from_status, to_status, reason)`` of every allowed audit row.
+ALLOWED_EDGES: frozenset[tuple[str, str, str]] = frozenset(
+    (t.source, t.target, t.reason.value) for t in TRANSITIONS
+) | frozenset((s.value, s.value, r.value) for r in ANNOTATIONS for s in Status)
+
+
+def is_allowed(source: str, target: str, reason: str) -> bool:
+    return (source, target, reason) in ALLOWED_EDGES
+
+
+def transition_table_markdown() -> str:
+    """The table as Markdown (``docs/concepts.md`` embeds it; a test keeps them equal)."""
+    lines = ["| from | to | reason | by | service method |", "| --- | --- | --- | --- | --- |"]
+    for t in TRANSITIONS:
+        lines.append(f"| {t.source or '(new)'} | {t.target} | `{t.reason.value}` | {t.actor} | `{t.via}` |")
+    return "\n".join(lines)

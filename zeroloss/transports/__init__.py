@@ -1,0 +1,164 @@
+"""Sending messages, and the transport that carries them to workers.
+
+The database is the record; a transport only tells workers that a message is ready:
+
+- ``"database"`` (:mod:`.database`): workers find messages in the ledger themselves
+  (``zeroloss_worker``), woken by PostgreSQL NOTIFY;
+- ``"celery"`` (:mod:`.celery`): a Celery task is published after commit, and the sweep
+  publishes again whatever a broker lost.
+
+:func:`send` stores a message in the caller's transaction whatever the transport;
+:func:`after_sweep_hooks` gives the sweep what the configured transport needs after it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from asgiref.sync import sync_to_async
+from django.db import DEFAULT_DB_ALIAS
+
+from ..handlers import get_handler
+from ..ledger.types import RecoveryReport
+from ..models import Message
+from ..service import ZeroLossMessageService
+
+__all__ = ["Transport", "after_sweep_hooks", "asend", "get_transport", "ledger_aliases", "send", "send_many"]
+
+
+class Transport(Protocol):
+    name: str
+
+    def after_commit(self, service: ZeroLossMessageService, messages: Sequence[Message]) -> None:
+        """Messages were stored in the current transaction; tell workers once it commits."""
+
+    def after_sweep(self, service: ZeroLossMessageService, report: RecoveryReport) -> RecoveryReport:
+        """Runs after every sweep (see :class:`zeroloss.loops.SweepLoop`)."""
+        ...
+
+
+def get_transport(service: ZeroLossMessageService) -> Transport:
+    if service.settings.TRANSPORT == "celery":
+        from .celery import CeleryTransport
+
+        return CeleryTransport()
+    from .database import DatabaseTransport
+
+    return DatabaseTransport()
+
+
+def ledger_aliases() -> list[str]:
+    """Every database alias that holds a ledger (``LEDGER_DATABASES``): the beat sweep covers each."""
+    from ..conf import get_settings
+
+    return list(get_settings().LEDGER_DATABASES)
+
+
+def _check_alias(service: ZeroLossMessageService) -> None:
+    if service.settings.TRANSPORT == "celery" and service.using not in service.settings.LEDGER_DATABASES:
+        from ..exceptions import InvalidMessage
+
+        raise InvalidMessage(
+            f"Database {service.using!r} is not in ZEROLOSS['LEDGER_DATABASES'] "
+            f"{list(service.settings.LEDGER_DATABASES)}: the Celery sweep would never recover its messages. "
+            "Add it there; nothing was stored."
+        )
+
+
+def after_sweep_hooks(service: ZeroLossMessageService) -> list[Any]:
+    """What runs after each sweep: the transport's (Celery: publish again), standby discovery."""
+    from ..loops import discover_standbys
+
+    hooks: list[Any] = [get_transport(service).after_sweep]
+    if service.engine.vendor == "postgresql":
+        hooks.append(discover_standbys)
+    return hooks
+
+
+def send(
+    queue_name: str,
+    data: Any,
+    *,
+    message_id: str | None = None,
+    max_attempts: int | None = None,
+    delay: float | dt.timedelta | None = None,
+    priority: int = 0,
+    ordering_key: str = "",
+    dedup_key: str = "",
+    dedup_window: float | dt.timedelta | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Message:
+    """Persist a message in the caller's transaction; the transport carries it after commit.
+
+    If the surrounding transaction rolls back, the message never existed and nothing is
+    published. Bad input raises a :class:`~zeroloss.exceptions.ZeroLossError` and stores
+    nothing; a database that cannot be reached raises Django's ``OperationalError`` — the
+    message was *not* accepted (retry with the same ``message_id``: persisting is idempotent).
+    """
+    get_handler(queue_name)  # fail fast on a typo: UnknownQueue
+    service = ZeroLossMessageService(using=using)
+    _check_alias(service)
+    message = service.persist_message(
+        message_id or uuid.uuid4().hex,
+        queue_name,
+        data,
+        max_attempts,
+        delay=delay,
+        priority=priority,
+        ordering_key=ordering_key,
+        dedup_key=dedup_key,
+        dedup_window=dedup_window,
+        dispatched=service.settings.TRANSPORT == "celery",
+    )
+    get_transport(service).after_commit(service, [message])
+    return message
+
+
+def send_many(
+    queue_name: str,
+    payloads: Iterable[Any],
+    *,
+    message_ids: Iterable[str] | None = None,
+    max_attempts: int | None = None,
+    delay: float | dt.timedelta | None = None,
+    priority: int = 0,
+    ordering_key: str = "",
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[Message]:
+    """Persist many messages of one queue in the caller's transaction, all or nothing.
+
+    Each payload is validated, hashed and made idempotent exactly as by :func:`send`; one bad
+    payload raises an error naming its position and nothing is stored.
+    """
+    get_handler(queue_name)
+    data = list(payloads)
+    ids = [uuid.uuid4().hex for _ in data] if message_ids is None else list(message_ids)
+    if len(ids) != len(data):
+        from ..exceptions import InvalidMessage
+
+        raise InvalidMessage(
+            f"send_many got {len(ids)} message ids for {len(data)} payloads; nothing was stored."
+        )
+    service = ZeroLossMessageService(using=using)
+    _check_alias(service)
+    messages = service.persist_messages(
+        [(mid, queue_name, payload) for mid, payload in zip(ids, data, strict=True)],
+        max_attempts=max_attempts,
+        delay=delay,
+        priority=priority,
+        ordering_key=ordering_key,
+        dispatched=service.settings.TRANSPORT == "celery",
+    )
+    get_transport(service).after_commit(service, messages)
+    return messages
+
+
+async def asend(queue_name: str, data: Any, **kwargs: Any) -> Message:
+    """:func:`send` for async code. It runs in Django's sync thread in its own transaction, so
+    the message is committed when it returns (async code cannot hold ``transaction.atomic``
+    across awaits; to store a message with other writes atomically, do both inside one
+    function run through ``sync_to_async``)."""
+    return await sync_to_async(send, thread_sensitive=True)(queue_name, data, **kwargs)

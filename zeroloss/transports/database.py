@@ -1,0 +1,19 @@
+"""The built-in transport: workers poll the ledger, woken by PostgreSQL NOTIFY (sent by the insert)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..ledger.types import RecoveryReport
+from ..models import Message
+from ..service import ZeroLossMessageService
+
+
+class DatabaseTransport:
+    name = "database"
+
+    def after_commit(self, service: ZeroLossMessageService, messages: Sequence[Message]) -> None:
+        """Nothing to publish: the insert's NOTIFY (delivered at commit) wakes idle workers."""
+
+    def after_sweep(self, service: ZeroLossMessageService, report: RecoveryReport) -> RecoveryReport:
+        return report

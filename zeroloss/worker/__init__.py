@@ -1,0 +1,222 @@
+"""The built-in database worker: claims batches straight from the ledger, no broker needed.
+
+One process runs ``concurrency`` claim threads (:mod:`.loop`), one lease keeper
+(:mod:`.keeper`), the LISTEN wake-up (PostgreSQL), and, unless told otherwise, the recovery
+sweep, so a lone worker recovers from crashes without any other process. Every one of them
+rides out a database outage on its own (:mod:`zeroloss.outage`): the process keeps running and
+drains again when the database is back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.db import connections
+
+from ..loops import StopFlag, SweepLoop
+from ..models import Message
+from ..outage import Backoff, OutageMonitor, OutageTooLong
+from ..processing import Outcome
+from ..service import ZeroLossMessageService
+from ..wakeup import Wakeup
+from .keeper import LeaseKeeper
+from .loop import ClaimLoop
+
+logger = logging.getLogger("zeroloss")
+
+__all__ = ["Worker", "WorkerStats"]
+
+
+@dataclass
+class WorkerStats:
+    outcomes: Counter[str] = field(default_factory=Counter)
+    sweeps: int = 0
+    recovered: int = 0
+    #: A thread died of a bug (not an outage): the process exits 1.
+    crashed: bool = False
+    #: The database stayed unreachable past DB_OUTAGE_TOLERANCE: the process exits 4.
+    gave_up: bool = False
+
+    @property
+    def handled(self) -> int:
+        return sum(n for k, n in self.outcomes.items() if k != Outcome.RELEASED)
+
+
+class Worker:
+    """Process messages of ``queues`` with ``concurrency`` threads until stopped.
+
+    Each thread claims up to ``batch_size`` messages at a time (fewer for slow handlers, see
+    :class:`~.loop.Pace`), runs them and records their outcomes in batches. On stop it
+    finishes the message in hand, records what is done and releases the rest.
+    """
+
+    def __init__(
+        self,
+        queues: Sequence[str],
+        *,
+        concurrency: int = 1,
+        batch_size: int = 100,
+        poll_interval: float = 0.5,
+        burst: bool = False,
+        max_messages: int | None = None,
+        sweep: bool = True,
+        using: str = "default",
+        instance_id: str | None = None,
+        stop: StopFlag | None = None,
+        health_file: str | Path | None = None,
+    ) -> None:
+        if not queues:
+            raise ValueError("Worker needs at least one queue.")
+        self.queues = list(queues)
+        self.concurrency = concurrency
+        self.batch_size = batch_size
+        self.poll_interval = poll_interval
+        self.burst = burst
+        self.max_messages = max_messages
+        self.sweep = sweep
+        self.using = using
+        self.instance_id = instance_id
+        self.stop = stop if stop is not None else StopFlag()
+        self.health_file = Path(health_file) if health_file else None
+        self.stats = WorkerStats()
+        self._lock = threading.Lock()
+        self.base = ZeroLossMessageService(using=using, instance_id=instance_id)
+        settings = self.base.settings
+        self.monitor = OutageMonitor.for_alias(using)
+        self.wakeup = Wakeup(using, self.queues)
+        self.keeper = LeaseKeeper(
+            self.service_for(-2),
+            settings.heartbeat_interval,
+            tolerance=settings.DB_OUTAGE_TOLERANCE,
+            handler_timeout=settings.HANDLER_TIMEOUT,
+            on_released=lambda n: self.count(Outcome.RELEASED, n),
+        )
+
+    def service_for(self, n: int) -> ZeroLossMessageService:
+        """Each thread its own service (and so its own actor name in the audit trail)."""
+        suffix = {-1: "/sweep", -2: "/keeper"}.get(n, f"/t{n}")
+        return ZeroLossMessageService(using=self.using, instance_id=f"{self.base.instance_id}{suffix}")
+
+    def count(self, outcome: str, n: int = 1) -> None:
+        """Record outcomes; stops the worker when ``max_messages`` is reached."""
+        with self._lock:
+            self.stats.outcomes[outcome] += n
+            if self.max_messages is not None and self.stats.handled >= self.max_messages:
+                self.stop.set("max-messages")
+
+    def all_idle(self) -> bool:
+        # In burst mode, stop only when a claim round found nothing *and* nothing is left that
+        # a sweep or a backoff could return (pending retries keep the worker waiting).
+        try:
+            return (
+                not Message.objects.using(self.using)
+                .filter(queue_name__in=self.queues, status__in=["pending", "processing"])
+                .exists()
+            )
+        except Exception as exc:
+            from ..outage import is_outage
+
+            if is_outage(exc):
+                return False
+            raise
+
+    # -- running ----------------------------------------------------------------------------
+
+    def _thread_main(self, loop: ClaimLoop, n: int) -> None:
+        try:
+            loop.run()
+        except OutageTooLong as exc:
+            logger.error("worker thread %d: %s; stopping", n, exc)
+            self.stats.gave_up = True
+            self.stop.set("db-outage")
+        except BaseException:
+            logger.exception("worker thread %d crashed; its unstarted messages were released", n)
+            self.stats.crashed = True
+            self.stop.set("crash")
+
+    def run(self) -> WorkerStats:
+        loops = [ClaimLoop(self, n) for n in range(self.concurrency)]
+        threads = [
+            threading.Thread(
+                target=self._thread_main, args=(loop, n), name=f"zeroloss-worker-{n}", daemon=True
+            )
+            for n, loop in enumerate(loops)
+        ]
+        self.keeper.start()
+        self.wakeup.start()
+        for t in threads:
+            t.start()
+        sweeper = self._sweeper() if self.sweep else None
+        backoff = Backoff()
+        next_sweep = time.monotonic()
+        tolerance = self.base.settings.DB_OUTAGE_TOLERANCE
+        try:
+            while any(t.is_alive() for t in threads):
+                if sweeper is not None and time.monotonic() >= next_sweep and not self.stop:
+                    try:
+                        ok, report = self.monitor.attempt(
+                            sweeper.run_once,
+                            who="the sweep",
+                            backoff=backoff,
+                            wait=self.stop.wait,
+                            tolerance=tolerance,
+                        )
+                    except OutageTooLong as exc:
+                        logger.error("%s; stopping", exc)
+                        self.stats.gave_up = True
+                        self.stop.set("db-outage")
+                        ok, report = False, None
+                    if ok and report is not None:
+                        self.stats.sweeps += 1
+                        self.stats.recovered += report.total
+                    next_sweep = time.monotonic() + sweeper.interval
+                if self.keeper.gave_up is not None and not self.stop:
+                    self.stats.gave_up = isinstance(self.keeper.gave_up, OutageTooLong)
+                    self.stats.crashed = not self.stats.gave_up
+                    self.stop.set("db-outage" if self.stats.gave_up else "crash")
+                if self.stop:
+                    self.wakeup.event.set()  # idle threads notice the stop at once
+                self._write_health()
+                for t in threads:
+                    t.join(timeout=0.05)
+        finally:
+            self.keeper.stop()
+            self.wakeup.stop()
+            self._write_health(stopped=True)
+            connections.close_all()
+        return self.stats
+
+    def _sweeper(self) -> SweepLoop:
+        from ..transports import after_sweep_hooks
+
+        service = self.service_for(-1)
+        return SweepLoop(service, stop=self.stop, after_sweep=after_sweep_hooks(service))
+
+    def _write_health(self, *, stopped: bool = False) -> None:
+        """``--health-file``: a small JSON a liveness probe can read (rewritten about every second)."""
+        if self.health_file is None:
+            return
+        now = time.time()
+        if not stopped and now - getattr(self, "_health_at", 0.0) < 1.0:
+            return
+        self._health_at = now
+        outage = self.monitor.status()
+        data = {
+            "status": "stopped" if stopped else ("degraded" if outage else "ok"),
+            "database": outage or "reachable",
+            "pid": os.getpid(),
+            "updated_at": now,
+            "queues": self.queues,
+            "outcomes": dict(self.stats.outcomes),
+        }
+        tmp = self.health_file.with_suffix(self.health_file.suffix + ".tmp")
+        tmp.write_text(json.dumps(data, sort_keys=True))
+        tmp.replace(self.health_file)

@@ -1,0 +1,124 @@
+"""The batch completer: outcomes are collected and recorded together, one fenced statement per kind.
+
+Recorded when ``ACK_BATCH_SIZE`` outcomes are waiting or ``ACK_FLUSH_INTERVAL`` seconds passed
+since the first, and always before the worker claims again or stops. Until then the lease
+keeper goes on renewing their leases. A process killed with outcomes unrecorded loses only
+those: their leases expire, the sweep puts the messages back, and they run again — each
+re-run is visible in the audit trail as ``lease_expired``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ..ledger.types import Completion, CompletionReport, Verdict
+from ..outage import Backoff, OutageMonitor
+from ..service import ZeroLossMessageService
+from .keeper import LeaseKeeper
+
+logger = logging.getLogger("zeroloss")
+
+
+class Completer:
+    def __init__(
+        self,
+        service: ZeroLossMessageService,
+        keeper: LeaseKeeper,
+        *,
+        on_report: Callable[[CompletionReport], None],
+        wait: Callable[[float], object],
+        tolerance: float | None = None,
+    ) -> None:
+        self.service = service
+        self.keeper = keeper
+        self.batch_size = service.settings.ACK_BATCH_SIZE
+        self.interval = service.settings.ACK_FLUSH_INTERVAL
+        self.on_report = on_report
+        self.wait = wait
+        self.tolerance = tolerance
+        self.monitor = OutageMonitor.for_alias(service.using)
+        self.pending: list[Completion] = []
+        self._first_at = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, completion: Completion) -> None:
+        with self._lock:
+            if not self.pending:
+                self._first_at = time.monotonic()
+            self.pending.append(completion)
+
+    @property
+    def due(self) -> bool:
+        return bool(self.pending) and (
+            len(self.pending) >= self.batch_size or time.monotonic() - self._first_at >= self.interval
+        )
+
+    def flush(self) -> CompletionReport | None:
+        """Record every waiting outcome. Through an outage it retries until each is recorded or
+        its lease has certainly expired (then nothing can be recorded: it is reported refused)."""
+        with self._lock:
+            batch, self.pending = self.pending, []
+        if not batch:
+            return None
+        backoff = Backoff()
+        retried = False
+        report: CompletionReport | None = None
+        while True:
+            live = [c for c in batch if not self.keeper.is_lost(c.lease.message_id)]
+            expired = [c for c in batch if c not in live]
+            if not live:
+                report = CompletionReport(refused=[c.lease.message_id for c in batch])
+                break
+            ok, got = self.monitor.attempt(
+                lambda live=live: self.service.complete(live),  # type: ignore[misc]
+                who="the outcome flush",
+                backoff=backoff,
+                wait=self.wait,
+                tolerance=self.tolerance,
+            )
+            if ok and got is not None:
+                report = got
+                if retried and report.refused:
+                    report = self._resolve(report, live)
+                report.refused.extend(c.lease.message_id for c in expired)
+                break
+            retried = True
+        assert report is not None
+        self.keeper.drop(c.lease.message_id for c in batch)
+        self.on_report(report)
+        return report
+
+    def _resolve(self, report: CompletionReport, sent: list[Completion]) -> CompletionReport:
+        """A retry after a lost commit: rows refused because the first try did land are ours."""
+        refused = [c.lease for c in sent if c.lease.message_id in set(report.refused)]
+        landed = self.service.own_outcomes(refused)
+        if not landed:
+            return report
+        buckets = {
+            "acknowledged": report.acknowledged,
+            "failed": report.retrying,
+            "dead_lettered": report.dead_lettered,
+            "released": report.released,
+        }
+        for mid, reason in landed.items():
+            buckets[reason].append(mid)
+        still = [m for m in report.refused if m not in landed]
+        report.refused.clear()
+        report.refused.extend(still)
+        return report
+
+
+def verdict_counts(report: CompletionReport) -> dict[str, int]:
+    """A report as the worker's outcome counters."""
+    return {
+        "completed": len(report.acknowledged),
+        "failed": len(report.retrying) + len(report.dead_lettered),
+        "released": len(report.released),
+        "lease_lost": len(report.refused),
+    }
+
+
+__all__ = ["Completer", "Verdict", "verdict_counts"]

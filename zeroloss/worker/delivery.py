@@ -1,0 +1,132 @@
+"""The Celery delivery path: one message per task, outcomes batched across tasks of a process.
+
+Each worker process (a Celery prefork child) gets one :class:`DeliveryRuntime` per database:
+a lease keeper, and a completer that a background thread flushes every
+``ACK_FLUSH_INTERVAL`` (and at process exit). A task returns once its handler ran; its outcome
+is recorded within the interval, the lease renewed until then.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+
+from django.db import close_old_connections, connections, transaction
+
+from ..exceptions import UnknownQueue
+from ..handlers import get_handler
+from ..ledger.types import Completion, CompletionReport, Lease, Verdict
+from ..outage import OutageMonitor
+from ..processing import Delivery, Outcome, run_handler
+from ..service import ZeroLossMessageService
+from .completer import Completer
+from .keeper import LeaseKeeper
+
+logger = logging.getLogger("zeroloss")
+
+
+class DeliveryRuntime:
+    _instances: dict[tuple[int, str], DeliveryRuntime] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, using: str) -> None:
+        self.service = ZeroLossMessageService(using=using)
+        settings = self.service.settings
+        self.keeper = LeaseKeeper(
+            ZeroLossMessageService(using=using, instance_id=f"{self.service.instance_id}/keeper"),
+            settings.heartbeat_interval,
+            handler_timeout=settings.HANDLER_TIMEOUT,
+        ).start()
+        self._stop = threading.Event()
+        self.completer = Completer(self.service, self.keeper, on_report=self._log, wait=self._stop.wait)
+        self._flusher = threading.Thread(target=self._flush_loop, name="zeroloss-flush", daemon=True)
+        self._flusher.start()
+        atexit.register(self.close)
+
+    @classmethod
+    def get(cls, using: str) -> DeliveryRuntime:
+        """This process's runtime (a forked child never shares its parent's threads)."""
+        key = (os.getpid(), using)
+        with cls._lock:
+            runtime = cls._instances.get(key)
+            if runtime is None:
+                runtime = cls._instances[key] = cls(using)
+            return runtime
+
+    @staticmethod
+    def _log(report: CompletionReport) -> None:
+        for mid in report.refused:
+            logger.warning("%s: handled, but the lease was lost before the outcome was recorded", mid)
+
+    def _flush_loop(self) -> None:
+        interval = self.service.settings.ACK_FLUSH_INTERVAL
+        try:
+            while not self._stop.wait(interval):
+                if self.completer.pending:
+                    try:
+                        self.completer.flush()
+                    except Exception:
+                        logger.exception("outcome flush failed; those messages run again after the sweep")
+        finally:
+            connections.close_all()
+
+    def process(self, lease: Lease) -> Outcome:
+        try:
+            spec = get_handler(lease.queue_name)
+        except UnknownQueue as exc:
+            self.completer.add(Completion(lease, Verdict.FAIL, str(exc)))
+            self.completer.flush()
+            return Outcome.FAILED
+        self.keeper.hold([lease])
+        if spec.transactional:
+            return self._transactional(spec, lease)
+        run = run_handler(spec, Delivery(lease, self.keeper))
+        self.completer.add(run.completion(lease))
+        if self.completer.due:
+            self.completer.flush()
+        return Outcome.COMPLETED if run.ok else Outcome.FAILED
+
+    def _transactional(self, spec, lease: Lease) -> Outcome:  # type: ignore[no-untyped-def]
+        service = self.service
+        try:
+            with transaction.atomic(using=service.using):
+                if not service.lock_held([lease]):
+                    return Outcome.LEASE_LOST
+                self.keeper.pause([lease.message_id])
+                savepoint = transaction.savepoint(using=service.using)
+                run = run_handler(spec, Delivery(lease, self.keeper))
+                if run.ok:
+                    transaction.savepoint_commit(savepoint, using=service.using)
+                else:
+                    transaction.savepoint_rollback(savepoint, using=service.using)
+                report = service.complete([run.completion(lease)], locked=True)
+        finally:
+            self.keeper.drop([lease.message_id])
+        if report.acknowledged:
+            return Outcome.COMPLETED
+        return Outcome.FAILED if (report.retrying or report.dead_lettered) else Outcome.LEASE_LOST
+
+    def close(self) -> None:
+        """Record what is waiting and stop (process exit, Celery's worker_process_shutdown)."""
+        self._stop.set()
+        try:
+            self.completer.flush()
+        except Exception:
+            logger.exception("could not record the last outcomes; those messages run again after the sweep")
+        self.keeper.stop()
+
+
+def deliver(message_id: str, using: str = "default") -> Outcome:
+    """Claim one message by id and run it; a duplicate delivery is absorbed by the claim."""
+    close_old_connections()
+    service = DeliveryRuntime.get(using).service
+    lease = service.mark_processing(message_id)
+    if lease is None:
+        return Outcome.ABSORBED
+    return DeliveryRuntime.get(using).process(lease)
+
+
+def outage_status(using: str = "default") -> str:
+    return OutageMonitor.for_alias(using).status()

@@ -1,0 +1,230 @@
+"""One worker thread: claim a batch sized to the handler's pace, run it, record the outcomes.
+
+Plain handlers run one after another and their outcomes go to the batch completer.
+Transactional handlers run as a batch inside one transaction: the rows are locked (fenced)
+first, each handler runs in its own savepoint, and the outcomes are recorded in the same
+transaction, so one commit makes every effect and its acknowledgement durable together.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from django.db import connections, transaction
+
+from ..handlers import HandlerSpec, get_handler
+from ..ledger.types import Completion, CompletionReport, Lease, Verdict
+from ..outage import Backoff, OutageMonitor
+from ..processing import Delivery, Outcome, run_handler
+from ..service import ZeroLossMessageService
+from .completer import Completer, verdict_counts
+from .keeper import Batch
+
+if TYPE_CHECKING:
+    from . import Worker
+
+logger = logging.getLogger("zeroloss")
+
+
+class Pace:
+    """Seconds per message of one queue's handler (moving average), and the claim size it allows.
+
+    A claim covers about ``window`` seconds of work and never more than a third of the lease,
+    so claimed messages do not wait long unstarted (they count an attempt from their claim).
+    """
+
+    def __init__(self, max_size: int, window: float, lease: float) -> None:
+        self.max_size = max_size
+        self.window = window
+        self.lease = lease
+        self.seconds: float | None = None
+
+    def update(self, seconds: float) -> None:
+        self.seconds = seconds if self.seconds is None else 0.8 * self.seconds + 0.2 * seconds
+
+    @property
+    def claim_size(self) -> int:
+        if self.seconds is None:
+            return min(self.max_size, 10)
+        per = max(self.seconds, 1e-6)
+        return max(1, min(self.max_size, int(self.window / per), int(self.lease / 3 / per)))
+
+
+class ClaimLoop:
+    def __init__(self, worker: Worker, n: int) -> None:
+        self.worker = worker
+        self.service: ZeroLossMessageService = worker.service_for(n)
+        settings = self.service.settings
+        self.paces = {
+            q: Pace(worker.batch_size, max(settings.ACK_FLUSH_INTERVAL, 0.05), settings.ACK_TIMEOUT)
+            for q in worker.queues
+        }
+        self.monitor = OutageMonitor.for_alias(self.service.using)
+        self.backoff = Backoff()
+        self.completer = Completer(
+            self.service,
+            worker.keeper,
+            on_report=self._count,
+            wait=worker.stop.wait,
+            tolerance=settings.DB_OUTAGE_TOLERANCE,
+        )
+        self.batch: Batch | None = None
+        self.claim_unknown = False
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _count(self, report: CompletionReport) -> None:
+        for outcome, n in verdict_counts(report).items():
+            if n:
+                self.worker.count(outcome, n)
+
+    def _attempt(self, work, who: str):  # type: ignore[no-untyped-def]
+        return self.monitor.attempt(
+            work,
+            who=who,
+            backoff=self.backoff,
+            wait=self.worker.stop.wait,
+            tolerance=self.service.settings.DB_OUTAGE_TOLERANCE,
+        )
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._give_back()
+            connections.close_all()
+
+    def _loop(self) -> None:
+        turn = 0
+        idle_rounds = 0
+        worker = self.worker
+        while not worker.stop:
+            if self.claim_unknown:
+                # The last claim died with its connection: it may have committed. Give back
+                # whatever the ledger says this thread holds that it does not know of.
+                ok, _ = self._attempt(
+                    lambda: self.service.release_unknown_claims(self.worker.keeper.held()), "a claim"
+                )
+                if not ok:
+                    continue
+                self.claim_unknown = False
+            leases: list[Lease] = []
+            queue = ""
+            for i in range(len(worker.queues)):
+                queue = worker.queues[(turn + i) % len(worker.queues)]
+                claimed_at = time.monotonic()
+                size = self.paces[queue].claim_size
+                ok, got = self._attempt(
+                    lambda q=queue, s=size: self.service.claim_next(q, limit=s), "a claim"
+                )
+                if not ok:
+                    self.claim_unknown = True
+                    break
+                leases = got or []
+                if leases:
+                    break
+            turn += 1
+            if self.claim_unknown:
+                continue
+            if not leases:
+                self.completer.flush()
+                idle_rounds += 1
+                if worker.burst and idle_rounds >= 2 and worker.all_idle():
+                    return
+                if not worker.stop:
+                    worker.wakeup.wait(worker.poll_interval)
+                continue
+            idle_rounds = 0
+            spec = get_handler(queue)
+            self.batch = Batch(leases)
+            worker.keeper.hold(leases, self.batch, claimed_at=claimed_at)
+            if spec.transactional:
+                self._run_transactional(spec, self.paces[queue])
+            else:
+                self._run_plain(spec, self.paces[queue])
+            self.batch = None
+
+    def _run_plain(self, spec: HandlerSpec, pace: Pace) -> None:
+        assert self.batch is not None
+        keeper = self.worker.keeper
+        while (lease := self.batch.next()) is not None:
+            if self.worker.stop:
+                self.completer.add(
+                    Completion(lease, Verdict.RELEASE, "released unstarted at worker shutdown")
+                )
+                for rest in self.batch.take_unstarted():
+                    self.completer.add(
+                        Completion(rest, Verdict.RELEASE, "released unstarted at worker shutdown")
+                    )
+                break
+            if keeper.is_lost(lease.message_id):
+                # Its lease lapsed before it started (an outage): another worker will run it.
+                keeper.drop([lease.message_id])
+                self.worker.count(Outcome.LEASE_LOST)
+                continue
+            run = run_handler(spec, Delivery(lease, keeper))
+            self.batch.done()
+            pace.update(run.seconds)
+            self.completer.add(run.completion(lease))
+            if self.completer.due:
+                self.completer.flush()
+        self.completer.flush()
+
+    def _run_transactional(self, spec: HandlerSpec, pace: Pace) -> None:
+        assert self.batch is not None
+        keeper = self.worker.keeper
+        leases = self.batch.take_unstarted()
+        service = self.service
+
+        def batch() -> CompletionReport:
+            completions: list[Completion] = []
+            with transaction.atomic(using=service.using):
+                held = service.lock_held(leases)
+                keeper.pause(held)
+                for lease in leases:
+                    if lease.message_id not in held:
+                        continue  # lost before it started: not run, reported below
+                    if self.worker.stop:
+                        completions.append(
+                            Completion(lease, Verdict.RELEASE, "released unstarted at worker shutdown")
+                        )
+                        continue
+                    savepoint = transaction.savepoint(using=service.using)
+                    run = run_handler(spec, Delivery(lease, keeper))
+                    if run.ok:
+                        transaction.savepoint_commit(savepoint, using=service.using)
+                    else:
+                        transaction.savepoint_rollback(savepoint, using=service.using)
+                    pace.update(run.seconds)
+                    completions.append(run.completion(lease))
+                report = service.complete(completions, locked=True)
+            report.refused.extend(x.message_id for x in leases if x.message_id not in held)
+            return report
+
+        ok, report = self._attempt(batch, "a transactional batch")
+        if ok and report is not None:
+            self._count(report)
+            keeper.drop(x.message_id for x in leases)
+        else:
+            # Rolled back with its connection (or its commit's outcome is unknown): no effect
+            # of this batch is durable unless its acknowledgements are. Whatever is still held
+            # expires and is swept; the next attempt starts from a clean slate.
+            keeper.drop(x.message_id for x in leases)
+            self.worker.count(Outcome.LEASE_LOST, len(leases))
+
+    def _give_back(self) -> None:
+        """On the way out (stop, crash): record finished outcomes and release unstarted claims."""
+        batch, self.batch = self.batch, None
+        if batch is not None:
+            for lease in batch.take_unstarted():
+                self.completer.add(
+                    Completion(lease, Verdict.RELEASE, "released unstarted: worker thread stopped")
+                )
+        try:
+            self.completer.flush()
+        except Exception:
+            logger.exception("could not record the last outcomes; their messages run again after the sweep")
