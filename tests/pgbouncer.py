@@ -47,6 +47,11 @@ def pgbouncer_binary() -> str:
     return shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
 
+def ensure_pgbouncer(timeout: float = 300) -> None:
+    """Install Debian's ``pgbouncer`` package if the binary is missing (bounded; ClusterError)."""
+    ensure_debian_package("pgbouncer", ["pgbouncer"], timeout=timeout)
+
+
 def pgbouncer_version() -> tuple[int, int]:
     """(major, minor) of the installed PgBouncer, from ``pgbouncer --version``."""
     out = subprocess.run([pgbouncer_binary(), "--version"], capture_output=True, text=True, timeout=10).stdout
@@ -129,7 +134,7 @@ class PgBouncer:
     def start(self, timeout: float = 60) -> float:
         """Start PgBouncer and wait until a query through it reaches the upstream; returns seconds."""
         began = time.monotonic()
-        ensure_debian_package("pgbouncer", ["pgbouncer"], timeout=timeout)
+        ensure_pgbouncer(timeout)
         if self.max_prepared_statements and pgbouncer_version() < (1, 21):
             raise ClusterError(
                 f"max_prepared_statements needs PgBouncer >= 1.21, this is {pgbouncer_version()}: "

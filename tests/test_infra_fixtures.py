@@ -17,7 +17,7 @@ import pytest
 from django.db.utils import ConnectionHandler
 
 from tests.hacluster import HaCluster
-from tests.pgbouncer import PgBouncer, pgbouncer_version
+from tests.pgbouncer import PgBouncer, ensure_pgbouncer, pgbouncer_version
 from tests.pgcluster import ClusterError, PgCluster
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
@@ -240,6 +240,7 @@ def test_pgbouncer_breaks_server_side_prepared_statements(bouncer: PgBouncer) ->
 
 
 def test_pgbouncer_max_prepared_statements_needs_1_21() -> None:
+    ensure_pgbouncer()
     pooler = PgBouncer("127.0.0.1", 1, "zl_pgb", max_prepared_statements=100)
     try:
         if pgbouncer_version() < (1, 21):
@@ -251,3 +252,5 @@ def test_pgbouncer_max_prepared_statements_needs_1_21() -> None:
             assert "max_prepared_statements = 100" in pooler.ini.read_text()
     finally:
         pooler.stop()
+        pooler.stop()  # safe twice
+    assert not pooler.root.exists()
