@@ -37,7 +37,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,7 +189,7 @@ class HaCluster:
     def _env(self) -> dict[str, str]:
         # A clean PATH: pg_autoctl probes every PATH entry for pg_ctl and logs an error for each
         # it may not read (root's ~/.pyenv etc. are not readable by postgres).
-        env = {
+        return {
             "PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin",
             "HOME": str(self.root),
             "USER": "postgres",
@@ -202,7 +202,6 @@ class HaCluster:
             "PG_REGRESS_SOCK_DIR": str(self.root),
             "PGHOST": str(self.root),
         }
-        return env
 
     def _autoctl(self) -> str:
         return shutil.which("pg_autoctl") or "/usr/bin/pg_autoctl"
@@ -281,7 +280,7 @@ class HaCluster:
             ).fetchall()
         return [(str(r[0]), int(r[1]), str(r[2]), str(r[3])) for r in rows]
 
-    def _wait(self, what: str, timeout: float, check: Any) -> None:
+    def _wait(self, what: str, timeout: float, check: Callable[[], bool]) -> None:
         """Poll ``check()`` until it returns true; ClusterError with the logs after ``timeout``."""
         deadline = time.monotonic() + timeout
         last: object = None
@@ -472,14 +471,16 @@ class HaCluster:
         node = self._node(port)
         self.killed, self.killed_at = node, time.monotonic()
         postmaster = _postmaster_pid(node.pgdata)
+        # collected first: once the postmaster is dead its children belong to init. They are
+        # not in the keeper's process group (each backend calls setsid()).
+        server = [postmaster, *_process_children(postmaster)] if postmaster is not None else []
         if node.keeper is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.keeper.pid, signal.SIGKILL)  # keeper, its services, the postmaster
             node.keeper.wait(timeout=10)
-        if postmaster is not None:
-            for pid in (postmaster, *_process_children(postmaster)):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        for pid in server:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         return host, port
 
     @contextlib.contextmanager

@@ -147,6 +147,10 @@ def test_ha_failover_keeps_synchronous_commits_and_accepts_writes(
 
     _killed_host, killed_port = ha.kill_primary()
     assert killed_port == old_port
+    with pytest.raises(psycopg.OperationalError):  # nothing of the old primary is serving
+        psycopg.connect(
+            host="127.0.0.1", port=killed_port, dbname="zl_ha", user="postgres", connect_timeout=2
+        )
     seconds = ha.wait_for_failover(timeout=120)
     print(f"\nfailover: {seconds:.1f}s from SIGKILL of the primary to the first accepted write")
 
