@@ -17,8 +17,10 @@ What 1.18 means for clients (see ``tests/test_infra_fixtures.py`` for the proofs
 - no protocol-level (named) prepared statements in transaction mode: a statement prepared on
   one server connection is unknown on the next. ``max_prepared_statements`` (which makes
   PgBouncer track them) arrived in 1.21; asking for it here is a :class:`ClusterError`.
-- startup parameters other than the tracked ones are refused unless listed in
-  ``ignore_startup_parameters`` (we list ``extra_float_digits`` and ``options``).
+- startup parameters other than the tracked ones are refused ("unsupported startup parameter:
+  options") unless listed in ``ignore_startup_parameters``; we list only ``extra_float_digits``,
+  because an ignored ``options=-c statement_timeout=...`` would be dropped silently. Settings
+  a client needs go in a ``SET LOCAL`` inside its transaction, or on the database/role.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ class PgBouncer:
             "pool_mode": self.pool_mode,
             "default_pool_size": str(self.pool_size),
             "max_client_conn": "100",
-            "ignore_startup_parameters": "extra_float_digits,options",
+            "ignore_startup_parameters": "extra_float_digits",
             "pidfile": str(self.root / "pgbouncer.pid"),
         }
         if self.max_prepared_statements:
