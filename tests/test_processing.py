@@ -1,0 +1,239 @@
+"""The worker's processing path, in-process (real threads, real database): batched outcomes,
+transactional batches, handlers that misbehave, leases lost while a handler runs."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group
+from django.db import connection
+
+import zeroloss
+from tests.support import expire_leases
+from zeroloss.ledger.types import Completion, Verdict
+from zeroloss.loops import StopFlag
+from zeroloss.models import Message, MessageEvent, Status
+from zeroloss.processing import Delivery, describe_error
+from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.worker import Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run_worker(queue: str, *, timeout: float = 60, **kwargs: Any) -> tuple[Worker, threading.Thread]:
+    stop = StopFlag()
+    worker = Worker([queue], stop=stop, poll_interval=0.05, **kwargs)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return worker, thread
+
+
+def finish(worker: Worker, thread: threading.Thread, timeout: float = 60) -> None:
+    worker.stop.set("test")
+    thread.join(timeout)
+    assert not thread.is_alive(), "the worker did not stop"
+
+
+def reasons(message_id: str) -> list[str]:
+    return list(MessageEvent.objects.for_message(message_id).values_list("reason", flat=True))
+
+
+def register(queue: str, func: Callable[[Delivery], Any], **kwargs: Any) -> None:
+    zeroloss.handler(queue, **kwargs)(func)
+
+
+class TestOutcomes:
+    def test_a_batch_is_acknowledged_with_one_statement_and_results_are_stored(self):
+        def double(delivery: Delivery) -> int:
+            return delivery.payload["n"] * 2
+
+        register("p.double", double, store_result=True)
+        service = ZeroLossMessageService()
+        service.persist_messages([(f"d{i}", "p.double", {"n": i}) for i in range(40)])
+        worker, thread = run_worker("p.double", burst=True)
+        thread.join(60)
+        assert worker.stats.outcomes["completed"] == 40
+        assert dict(Message.objects.values_list("message_id", "result"))["d7"] == 14
+        assert Message.objects.exclude(status=Status.COMPLETED).count() == 0
+        # Batched: the 40 acknowledgements share far fewer timestamps than there are messages.
+        stamps = set(MessageEvent.objects.filter(reason="acknowledged").values_list("created_at", flat=True))
+        assert len(stamps) < 40
+
+    def test_a_handler_calling_sys_exit_is_a_failed_attempt_not_a_dead_worker(self):
+        def exits(delivery: Delivery) -> None:
+            if delivery.payload["exit"]:
+                sys.exit(3)
+
+        register("p.exit", exits)
+        service = ZeroLossMessageService(max_attempts=1)
+        service.persist_message("bad", "p.exit", {"exit": True}, max_attempts=1)
+        service.persist_messages([(f"ok{i}", "p.exit", {"exit": False}) for i in range(5)])
+        worker, thread = run_worker("p.exit", burst=True)
+        thread.join(60)
+        assert not worker.stats.crashed
+        bad = Message.objects.get(message_id="bad")
+        assert bad.status == Status.DEAD and bad.last_error.startswith("SystemExit: 3")
+        assert Message.objects.filter(status=Status.COMPLETED).count() == 5
+
+    def test_error_texts_with_nul_and_lone_surrogates_are_recorded(self):
+        def nasty(delivery: Delivery) -> None:
+            raise ValueError("bad\x00byte and \udcff surrogate")
+
+        register("p.nasty", nasty)
+        service = ZeroLossMessageService()
+        service.persist_message("n1", "p.nasty", {}, max_attempts=1)
+        service.persist_message("n2", "p.nasty", {}, max_attempts=1)
+        worker, thread = run_worker("p.nasty", burst=True)
+        thread.join(60)
+        assert not worker.stats.crashed
+        errors = dict(Message.objects.values_list("message_id", "last_error"))
+        for text in errors.values():
+            assert text.startswith("ValueError: bad\\x00byte and \\udcff surrogate")
+        assert set(Message.objects.values_list("status", flat=True)) == {"dead"}
+
+    def test_describe_error_names_the_class_path_and_keeps_the_traceback(self):
+        try:
+            Group.objects.get(name="nobody")
+        except Group.DoesNotExist as exc:
+            text = describe_error(exc)
+        first, _, rest = text.partition("\n")
+        assert first.startswith("django.contrib.auth.models.Group.DoesNotExist:") or first.startswith(
+            "django.contrib.auth.models.DoesNotExist:"
+        )
+        assert "Traceback (most recent call last)" in rest
+
+
+class TestTransactionalBatches:
+    def test_effects_commit_with_their_acknowledgements_and_a_failure_rolls_back_only_itself(self):
+        def create_group(delivery: Delivery) -> None:
+            Group.objects.create(name=delivery.payload["name"])
+            if delivery.payload.get("fail"):
+                raise RuntimeError("after its write")
+
+        register("p.tx", create_group, transactional=True)
+        service = ZeroLossMessageService(max_attempts=1)
+        service.persist_messages([(f"g{i}", "p.tx", {"name": f"group-{i}"}) for i in range(10)])
+        service.persist_message("gbad", "p.tx", {"name": "group-bad", "fail": True}, max_attempts=1)
+        _worker, thread = run_worker("p.tx", burst=True)
+        thread.join(60)
+        assert sorted(Group.objects.values_list("name", flat=True)) == sorted(f"group-{i}" for i in range(10))
+        assert Message.objects.get(message_id="gbad").status == Status.DEAD
+        assert Message.objects.filter(status=Status.COMPLETED).count() == 10
+
+    def test_a_message_whose_lease_was_lost_before_its_turn_never_runs(self):
+        ran: list[str] = []
+
+        def record(delivery: Delivery) -> None:
+            ran.append(delivery.message_id)
+            Group.objects.create(name=delivery.message_id)
+
+        register("p.txlost", record, transactional=True)
+        service = ZeroLossMessageService(instance_id="batch")
+        service.persist_messages([("l0", "p.txlost", {}), ("l1", "p.txlost", {})])
+        leases = service.claim_next("p.txlost", limit=2)
+        operator = ZeroLossMessageService(instance_id="op")
+        assert operator.requeue_messages(["l1"], force=True) == ["l1"]  # revoked before the batch ran
+        from django.db import transaction
+
+        with transaction.atomic():
+            held = service.lock_held(leases)
+            assert held == {"l0"}
+            report = service.complete([Completion(leases[0], Verdict.ACKNOWLEDGE)], locked=True)
+        assert report.acknowledged == ["l0"]
+        assert reasons("l1")[-1] == "requeued_by_operator"
+
+
+class TestLeases:
+    def test_unstarted_messages_are_not_held_behind_a_hung_handler(self):
+        release = threading.Event()
+
+        def slow(delivery: Delivery) -> None:
+            if delivery.payload["hang"]:
+                release.wait(30)
+
+        register("p.hang", slow)
+        service = ZeroLossMessageService(ack_timeout=3)
+        service.persist_message("h0", "p.hang", {"hang": True})
+        service.persist_messages([(f"h{i}", "p.hang", {"hang": False}) for i in range(1, 6)])
+        with_heartbeat = ZeroLossMessageService(ack_timeout=3, heartbeat_interval=0.3)
+        worker, thread = run_worker("p.hang", batch_size=6)
+        worker.keeper.interval = with_heartbeat.settings.heartbeat_interval
+        try:
+            # A second worker takes the five the first one had claimed behind h0.
+            assert wait_until(
+                lambda: MessageEvent.objects.filter(reason="released").count() >= 1, timeout=20
+            ), worker.stats
+            other = ZeroLossMessageService(instance_id="other")
+            taken = [x.message_id for x in other.claim_next("p.hang", limit=10)]
+            assert taken and "h0" not in taken
+            assert Message.objects.get(message_id="h0").status == Status.PROCESSING  # still in hand
+            released = Message.objects.filter(message_id__in=taken)
+            assert all(m.attempts == 1 for m in released)  # the release refunded the unused attempt
+        finally:
+            release.set()
+            finish(worker, thread)
+
+    def test_a_stale_worker_cannot_record_an_outcome_and_is_told(self):
+        def ok(delivery: Delivery) -> None:
+            pass
+
+        register("p.stale", ok)
+        service = ZeroLossMessageService(instance_id="stale")
+        service.persist_message("s1", "p.stale", {})
+        [lease] = service.claim_next("p.stale")
+        expire_leases(["s1"])
+        assert ZeroLossMessageService().recover_orphaned_messages().requeued == ["s1"]
+        report = service.complete([Completion(lease, Verdict.ACKNOWLEDGE)])
+        assert report.refused == ["s1"] and report.acknowledged == []
+        assert Message.objects.get().status == Status.PENDING
+
+    def test_delivery_lease_lost_turns_true_when_the_lease_lapses_unrenewed(self):
+        seen: list[bool] = []
+        started = threading.Event()
+        proceed = threading.Event()
+
+        def watch(delivery: Delivery) -> None:
+            started.set()
+            proceed.wait(30)
+            seen.append(delivery.lease_lost)
+
+        register("p.watch", watch)
+        ZeroLossMessageService().persist_message("w1", "p.watch", {})
+        worker, thread = run_worker("p.watch")
+        try:
+            assert started.wait(20)
+            with worker.keeper._lock:  # what the keeper learns when a renewal is refused
+                worker.keeper.lost.add("w1")
+            proceed.set()
+            assert wait_until(lambda: bool(seen), timeout=20)
+            assert seen == [True]
+        finally:
+            proceed.set()
+            finish(worker, thread)
+
+
+@pytest.mark.postgres_only
+def test_a_worker_thread_rides_out_a_terminated_connection():
+    def ok(delivery: Delivery) -> None:
+        pass
+
+    register("p.term", ok)
+    service = ZeroLossMessageService()
+    worker, thread = run_worker("p.term")
+    try:
+        service.persist_message("t0", "p.term", {})
+        assert wait_until(lambda: Message.objects.filter(status="completed").count() == 1, timeout=20)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        service.persist_message("t1", "p.term", {})
+        assert wait_until(lambda: Message.objects.filter(status="completed").count() == 2, timeout=30)
+        assert not worker.stats.crashed and thread.is_alive()
+    finally:
+        finish(worker, thread)
