@@ -35,6 +35,19 @@ def raw_drain(args: dict[str, Any]) -> dict[str, Any]:
         return {"done": done, "elapsed": time.perf_counter() - started}
 
 
+def raw_batched(args: dict[str, Any]) -> dict[str, Any]:
+    import psycopg
+
+    from .raw import drain_batched_loop
+
+    with psycopg.connect(args["url"], autocommit=True, prepare_threshold=0) as conn:
+        conn.execute("SELECT 1")
+        _ready()
+        started = time.perf_counter()
+        done = drain_batched_loop(conn, queue=args["queue"], batch=args["batch"], actor=f"rawb-{os.getpid()}")
+        return {"done": done, "elapsed": time.perf_counter() - started}
+
+
 def claimer(args: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
     import django
@@ -70,7 +83,7 @@ def claimer(args: dict[str, Any]) -> dict[str, Any]:
             return {"rounds": len(rounds)}
 
 
-ROLES = {"raw-drain": raw_drain, "claimer": claimer}
+ROLES = {"raw-drain": raw_drain, "raw-batched": raw_batched, "claimer": claimer}
 
 
 def main() -> int:

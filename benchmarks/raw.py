@@ -103,3 +103,82 @@ def drain_loop(conn: psycopg.Connection[Any], *, queue: str, batch: int, actor: 
             )
             if cur.fetchall():
                 done += 1
+
+
+ACK_BATCH = (
+    f"WITH t AS (UPDATE {MSG} SET status = 'completed', completed_at = statement_timestamp(), "
+    "updated_at = statement_timestamp(), lease_token = NULL, lease_expires_at = NULL, last_error = '' "
+    "FROM unnest(%(ids)s::text[], %(tokens)s::uuid[]) AS b(mid, tok) "
+    f"WHERE {MSG}.message_id = b.mid AND {MSG}.lease_token = b.tok AND {MSG}.status = 'processing' "
+    f"AND {MSG}.lease_expires_at > statement_timestamp() RETURNING {MSG}.id, {MSG}.status, {MSG}.attempts, "
+    f"{MSG}.updated_at), ev AS ({_EVENT}) SELECT count(*) FROM t"
+)
+
+
+def drain_batched_loop(conn: psycopg.Connection[Any], *, queue: str, batch: int, actor: str) -> int:
+    """Claim ``batch`` at a time, then acknowledge the whole batch in one fenced statement (with
+    its audit rows): two commits per batch. The limit of a batched, fenced, audited worker."""
+    cur = conn.cursor()
+    done = 0
+    while True:
+        cur.execute(
+            CLAIM, {"actor": actor, "queue": queue, "limit": batch, "from": "pending", "reason": "claimed"}
+        )
+        rows = cur.fetchall()
+        if not rows:
+            return done
+        cur.execute(
+            ACK_BATCH,
+            {
+                "ids": [r[0] for r in rows],
+                "tokens": [r[1] for r in rows],
+                "from": "processing",
+                "reason": "acknowledged",
+                "actor": actor,
+            },
+        )
+        row = cur.fetchone()
+        done += int(row[0]) if row else 0
+
+
+def copy_messages(url: str, *, queue: str, prefix: str, count: int) -> float:
+    """The bulk limit: ``COPY`` the message rows, then their audit rows in one set-based INSERT, in
+    one transaction. Returns elapsed seconds (payload encoding and hashing included)."""
+    with psycopg.connect(url) as conn:
+        started = time.perf_counter()
+        with conn.cursor() as cur:
+            first = cur.execute(f"SELECT coalesce(max(id), 0) FROM {MSG}").fetchone()
+            with cur.copy(
+                f"COPY {MSG} (message_id, queue_name, payload, checksum, status, attempts, max_attempts, "
+                "priority, ordering_key, available_at, claimed_by, last_error, replication_targets, created_at, "
+                "updated_at) FROM STDIN"
+            ) as copy:
+                for n in range(count):
+                    encoded, checksum = payload(n)
+                    copy.write_row(
+                        (
+                            f"{prefix}-{n}",
+                            queue,
+                            encoded,
+                            checksum,
+                            "pending",
+                            0,
+                            5,
+                            0,
+                            "",
+                            "now",
+                            "",
+                            "",
+                            "[]",
+                            "now",
+                            "now",
+                        )
+                    )
+            cur.execute(
+                f"INSERT INTO {EVT} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at) "
+                f"SELECT id, '', 'pending', 'persisted', 'raw-copy', 0, '', created_at FROM {MSG} "
+                "WHERE id > %s AND queue_name = %s",
+                [first[0] if first else 0, queue],
+            )
+        conn.commit()
+        return time.perf_counter() - started

@@ -11,8 +11,9 @@ from typing import Any
 
 @dataclass
 class Target:
-    """A target of issue 8. ``kind``: ``min``/``max`` on the median, ``ratio_min`` against the
-    ``ratio_to`` figure, ``within`` (relative change against ``ratio_to`` at most ``value``)."""
+    """A target. ``kind``: ``min``/``max`` on the median; ``ratio``/``ratio_max``: the ratio to the
+    ``ratio_to`` figure at least/at most ``value``; ``within``: relative change against
+    ``ratio_to`` at most ``value``."""
 
     text: str
     kind: str = ""
@@ -65,6 +66,10 @@ def evaluate(figures: dict[str, Figure]) -> None:
                 if fig.ratio is not None:
                     change = (1 / fig.ratio - 1) if fig.higher_is_better else (fig.ratio - 1)
                     met = change <= t.value
+            elif t.kind == "ratio":
+                met = fig.ratio is not None and fig.ratio >= t.value
+            elif t.kind == "ratio_max":
+                met = fig.ratio is not None and fig.ratio <= t.value
             elif t.kind == "checks":
                 met = True
         if fig.checks and (t is not None or not all(fig.checks.values())):

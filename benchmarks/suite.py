@@ -22,6 +22,7 @@ import psycopg
 from . import db, raw
 from .db import EVT, MARKER_DIR_ENV, MSG, BenchDatabase
 from .report import Figure, Target
+from .throughput import ThroughputWorkloads
 
 ROOT = Path(__file__).resolve().parent.parent
 PGBENCH_CANDIDATES = ["pgbench", "/usr/lib/postgresql/15/bin/pgbench", "/usr/lib/postgresql/16/bin/pgbench"]
@@ -151,7 +152,7 @@ class Child:
         return json.loads(out.strip().splitlines()[-1])
 
 
-class Suite:
+class Suite(ThroughputWorkloads):
     def __init__(
         self, database: BenchDatabase, retained: BenchDatabase, sizes: Sizes, runs: int, workdir: Path
     ):

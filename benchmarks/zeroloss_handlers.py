@@ -35,3 +35,18 @@ def hang_first_attempt(delivery: Delivery) -> None:
         deadline = time.monotonic() + 120  # the suite SIGKILLs this process long before
         while time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+@zeroloss.handler("bench.tx", transactional=True)
+def one_insert(delivery: Delivery) -> None:
+    """A transactional handler writing one row: its effect commits with its acknowledgement."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO bench_effects (message_id) VALUES (%s)", [delivery.message_id])
+
+
+@zeroloss.handler("bench.latency", store_result=True)
+def started_at(delivery: Delivery) -> float:
+    """Returns when it started (this host's clock, as the sender's ``sent`` is): stored as the result."""
+    return time.time()

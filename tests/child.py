@@ -83,6 +83,23 @@ def main() -> None:
                 break
             claims += [[lease.message_id, str(lease.token), lease.expires_at.isoformat()] for lease in leases]
         _emit(claims=claims)
+    elif role == "send_ordered":
+        import zeroloss
+
+        _wait_for(args.get("start_file"))
+        sent = []
+        for message_id, key, payload in args["messages"]:
+            zeroloss.send(args["queue"], payload, message_id=message_id, ordering_key=key)
+            sent.append(message_id)
+        _emit(sent=sent)
+    elif role == "dedup_send":
+        import zeroloss
+
+        _wait_for(args.get("start_file"))
+        message = zeroloss.send(
+            args["queue"], {"from": args["me"]}, message_id=args["me"], dedup_key=args["key"]
+        )
+        _emit(got=message.message_id)
     elif role == "register_node":
         node = service.register_replication_node(
             args["node_id"], args.get("address", ""), role=args.get("role", "node")

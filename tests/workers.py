@@ -28,6 +28,8 @@ class Proc:
             start_new_session=True,
         )
         self.output: list[str] = []
+        #: Sessions of this process carry it (PGAPPNAME), so a kill can wait for exactly them.
+        self.app_name = env.get("PGAPPNAME", "")
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -62,7 +64,7 @@ class Proc:
         os.killpg(self.popen.pid, signal.SIGKILL)
         self.popen.wait(timeout=10)
         _wait_until_group_gone(self.popen.pid)
-        _wait_until_other_sessions_gone()
+        _wait_until_other_sessions_gone(app_name=self.app_name)
 
     def terminate(self, timeout: float = 30) -> int:
         if self.popen.poll() is None:
@@ -98,8 +100,9 @@ def _wait_until_group_gone(pgid: int, timeout: float = 10) -> None:
         time.sleep(0.02)
 
 
-def _wait_until_other_sessions_gone(timeout: float = 15) -> None:
-    """Wait until this test is the only client of its PostgreSQL database (no-op on SQLite)."""
+def _wait_until_other_sessions_gone(timeout: float = 15, app_name: str = "") -> None:
+    """Wait until this test is the only client of its PostgreSQL database (no-op on SQLite);
+    with ``app_name``, until no session of that application name is left."""
     from django.db import connection
 
     if connection.vendor != "postgresql":
@@ -110,6 +113,8 @@ def _wait_until_other_sessions_gone(timeout: float = 15) -> None:
             cursor.execute(
                 "SELECT array_agg(pid) FROM pg_stat_activity WHERE datname = current_database()"
                 " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                " AND (%s = '' OR application_name = %s)",
+                [app_name, app_name],
             )
             (others,) = cursor.fetchone()
         if not others:

@@ -64,9 +64,10 @@ class Message(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField()
     #: Claims take higher priority first (-100..100, Django's task priority range).
-    priority = models.SmallIntegerField(default=0)
+    # Database defaults too: rows written by a 0.1 process during a rolling upgrade stay valid.
+    priority = models.SmallIntegerField(default=0, db_default=0)
     #: Messages of one queue sharing a non-empty key are handled one at a time, in order.
-    ordering_key = models.CharField(max_length=255, blank=True, default="")
+    ordering_key = models.CharField(max_length=255, blank=True, default="", db_default="")
     available_at = models.DateTimeField(
         null=True,
         blank=True,

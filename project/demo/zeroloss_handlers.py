@@ -48,3 +48,22 @@ def book_order(delivery: Delivery) -> None:
 def send_email(delivery: Delivery) -> None:
     """The demo's emails: some payloads always fail, to show the dead-letter path."""
     _record(delivery)
+
+
+@zeroloss.handler("demo.ordered")
+def ordered(delivery: Delivery) -> None:
+    """Records its start and its end (each committed at once): the ordering tests' own log."""
+    from .models import OrderedRun
+
+    payload = delivery.payload if isinstance(delivery.payload, dict) else {}
+    run = OrderedRun.objects.create(
+        message_id=delivery.message_id,
+        ordering_key=delivery.lease.ordering_key,
+        worker=f"{os.getpid()}",
+        started=time.time(),
+    )
+    if payload.get("sleep"):
+        time.sleep(float(payload["sleep"]))
+    if payload.get("fail"):
+        raise RuntimeError(f"{delivery.message_id}: this head always fails (payload asked for it)")
+    OrderedRun.objects.filter(pk=run.pk).update(finished=time.time())
