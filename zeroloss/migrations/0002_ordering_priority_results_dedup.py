@@ -4,75 +4,116 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('zeroloss', '0001_initial'),
+        ("zeroloss", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='DedupKey',
+            name="DedupKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('queue_name', models.CharField(max_length=100)),
-                ('dedup_key', models.CharField(max_length=255)),
-                ('message_id', models.CharField(max_length=255)),
-                ('expires_at', models.DateTimeField()),
-                ('created_at', models.DateTimeField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("queue_name", models.CharField(max_length=100)),
+                ("dedup_key", models.CharField(max_length=255)),
+                ("message_id", models.CharField(max_length=255)),
+                ("expires_at", models.DateTimeField()),
+                ("created_at", models.DateTimeField()),
             ],
         ),
         migrations.RemoveIndex(
-            model_name='message',
-            name='zeroloss_msg_claim_idx',
+            model_name="message",
+            name="zeroloss_msg_claim_idx",
         ),
         migrations.AddField(
-            model_name='message',
-            name='ordering_key',
-            field=models.CharField(blank=True, db_default='', default='', max_length=255),
+            model_name="message",
+            name="ordering_key",
+            field=models.CharField(blank=True, db_default="", default="", max_length=255),
         ),
         migrations.AddField(
-            model_name='message',
-            name='priority',
+            model_name="message",
+            name="priority",
             field=models.SmallIntegerField(db_default=0, default=0),
         ),
         migrations.AddField(
-            model_name='message',
-            name='result',
+            model_name="message",
+            name="result",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='message',
-            name='started_at',
-            field=models.DateTimeField(blank=True, help_text='When the current attempt started.', null=True),
+            model_name="message",
+            name="started_at",
+            field=models.DateTimeField(blank=True, help_text="When the current attempt started.", null=True),
         ),
         migrations.AlterField(
-            model_name='message',
-            name='available_at',
-            field=models.DateTimeField(blank=True, help_text='Not claimable before this time; empty while waiting behind an earlier message of its key.', null=True),
+            model_name="message",
+            name="available_at",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="Not claimable before this time; empty while waiting behind an earlier message of its key.",
+                null=True,
+            ),
         ),
         migrations.AlterField(
-            model_name='messageevent',
-            name='reason',
-            field=models.CharField(choices=[('persisted', 'Persisted'), ('claimed', 'Claimed'), ('acknowledged', 'Acknowledged'), ('failed', 'Failed (will retry)'), ('dead_lettered', 'Dead-lettered (attempts spent)'), ('lease_expired', 'Lease expired'), ('released', 'Released unstarted'), ('requeued_by_operator', 'Requeued by an operator'), ('redriven_by_operator', 'Redriven by an operator'), ('dead_lettered_by_operator', 'Dead-lettered by an operator'), ('duplicate_absorbed', 'Duplicate absorbed')], max_length=40),
+            model_name="messageevent",
+            name="reason",
+            field=models.CharField(
+                choices=[
+                    ("persisted", "Persisted"),
+                    ("claimed", "Claimed"),
+                    ("acknowledged", "Acknowledged"),
+                    ("failed", "Failed (will retry)"),
+                    ("dead_lettered", "Dead-lettered (attempts spent)"),
+                    ("lease_expired", "Lease expired"),
+                    ("released", "Released unstarted"),
+                    ("requeued_by_operator", "Requeued by an operator"),
+                    ("redriven_by_operator", "Redriven by an operator"),
+                    ("dead_lettered_by_operator", "Dead-lettered by an operator"),
+                    ("duplicate_absorbed", "Duplicate absorbed"),
+                ],
+                max_length=40,
+            ),
         ),
         migrations.AddIndex(
-            model_name='message',
-            index=models.Index(condition=models.Q(('available_at__isnull', False), ('status', 'pending')), fields=['queue_name', '-priority', 'available_at', 'id'], name='zeroloss_msg_claim_idx'),
+            model_name="message",
+            index=models.Index(
+                condition=models.Q(("available_at__isnull", False), ("status", "pending")),
+                fields=["queue_name", "-priority", "available_at", "id"],
+                name="zeroloss_msg_claim_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='message',
-            index=models.Index(condition=models.Q(('available_at__isnull', True), ('status', 'pending')), fields=['queue_name', 'ordering_key', 'id'], name='zeroloss_msg_waiting_idx'),
+            model_name="message",
+            index=models.Index(
+                condition=models.Q(("available_at__isnull", True), ("status", "pending")),
+                fields=["queue_name", "ordering_key", "id"],
+                name="zeroloss_msg_waiting_idx",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='message',
-            constraint=models.UniqueConstraint(condition=models.Q(('available_at__isnull', False), ('status__in', ['pending', 'processing']), models.Q(('ordering_key', ''), _negated=True)), fields=('queue_name', 'ordering_key'), name='zeroloss_ordering_head_uniq'),
+            model_name="message",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(
+                    ("available_at__isnull", False),
+                    ("status__in", ["pending", "processing"]),
+                    models.Q(("ordering_key", ""), _negated=True),
+                ),
+                fields=("queue_name", "ordering_key"),
+                name="zeroloss_ordering_head_uniq",
+            ),
         ),
         migrations.AddIndex(
-            model_name='dedupkey',
-            index=models.Index(fields=['expires_at'], name='zeroloss_dedup_expires_idx'),
+            model_name="dedupkey",
+            index=models.Index(fields=["expires_at"], name="zeroloss_dedup_expires_idx"),
         ),
         migrations.AddConstraint(
-            model_name='dedupkey',
-            constraint=models.UniqueConstraint(fields=('queue_name', 'dedup_key'), name='zeroloss_dedup_key_uniq'),
+            model_name="dedupkey",
+            constraint=models.UniqueConstraint(
+                fields=("queue_name", "dedup_key"), name="zeroloss_dedup_key_uniq"
+            ),
         ),
     ]
