@@ -71,8 +71,8 @@ class ZeroLossSettings:
     LEDGER_DATABASES: tuple[str, ...] = ("default",)
     #: The Celery queue beat sends the sweep to (None: Celery's default queue).
     SWEEP_QUEUE: str | None = "zeroloss.sweep"
-    #: Seconds ``send`` and the sweep may spend publishing to the broker (connect + send) before
-    #: leaving the rest to the next sweep.
+    #: Celery transport: the longest one wait on the broker may take while publishing (connect,
+    #: each send); the first failure leaves the rest to the next sweep.
     PUBLISH_TIMEOUT: float = 2.0
     #: Outcomes recorded together (one statement per kind) at most; and the longest an
     #: outcome waits for its batch, in seconds.

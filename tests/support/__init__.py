@@ -55,3 +55,62 @@ def make_available(message_ids: Iterable[str], *, using: str = "default") -> int
             ids,
         )
         return cursor.rowcount
+
+
+class PrivateRedis:
+    """A real ``redis-server`` of the test's own, on a free loopback port: it can be stopped,
+    frozen (SIGSTOP: it accepts connections and never answers) and thawed."""
+
+    def __init__(self) -> None:
+        import shutil
+        import subprocess
+        import tempfile
+
+        from tests.pgcluster import free_port
+
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed (apt-get install redis-server)"
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="zl-redis-")
+        self.proc = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no"],
+            cwd=self.dir,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._wait_up()
+
+    def _wait_up(self, timeout: float = 20) -> None:
+        import socket
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise AssertionError("the private redis-server did not start") from None
+                time.sleep(0.05)
+
+    def freeze(self) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        import shutil
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
