@@ -71,7 +71,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         # Writers queue for the lock instead of failing; WAL lets readers run beside them;
         # synchronous=FULL makes every commit survive a power cut, not only a crash.
         "transaction_mode": "IMMEDIATE",
-        "timeout": 30,
+        # Seconds a writer waits for the lock before "database is locked" (tests shorten it).
+        "timeout": float(os.environ.get("ZEROLOSS_SQLITE_TIMEOUT", 30)),
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;",
     }
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_zeroloss.sqlite3")}

@@ -3,7 +3,8 @@
 1. static checks: ruff, mypy, ``makemigrations --check``, ``manage.py check``;
 2. the pytest suite against PostgreSQL (every test);
 3. the pytest suite against SQLite, the embedded default (every test not marked
-   ``postgres_only``: those use PostgreSQL-only features such as streaming replication).
+   ``postgres_only``: those use PostgreSQL-only features such as streaming replication; tests
+   marked ``sqlite_only`` are about SQLite itself and run only in this pass).
 
 PostgreSQL comes from ``ZEROLOSS_TEST_POSTGRES_URL`` (default
 ``postgres://postgres@127.0.0.1:5432/zeroloss``; the test database is ``test_<name>``) and
@@ -211,7 +212,7 @@ def _tests(
     pytest = [py, "-m", "pytest", *args.pytest_args]
     if args.only != "sqlite":
         env = dict(base_env, DATABASE_URL=pg_url)
-        results["pytest postgres"] = _run("pytest (PostgreSQL)", pytest, env)
+        results["pytest postgres"] = _run("pytest (PostgreSQL)", [*pytest, "-m", "not sqlite_only"], env)
     if args.only != "postgres":
         env = dict(base_env)
         env.setdefault("ZEROLOSS_VAR_DIR", str(ROOT / "var" / "test-sqlite"))

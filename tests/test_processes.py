@@ -11,7 +11,7 @@ from django.db import connection
 
 from tests.support import expire_leases
 from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.service import ZeroLossMessageService, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -138,3 +138,34 @@ def test_sweep_returns_nothing_while_lease_is_renewed_by_live_process(children, 
     assert live_service.recover_orphaned_messages().total == 0  # still live after the holder left
     expire_leases(["kept"])
     assert live_service.recover_orphaned_messages().requeued == ["kept"]
+
+
+@pytest.mark.slow
+@pytest.mark.sqlite_only
+def test_a_worker_rides_out_sqlite_held_locked_past_its_busy_timeout(tmp_path: Path):
+    """On SQLite a transaction elsewhere can hold the only write lock; past the busy timeout the
+    worker's statements fail with "database is locked". 0.1 exited 1; now it waits it out."""
+    from .workers import db_worker
+
+    service = ZeroLossMessageService()
+    service.persist_messages([(f"s{i}", "demo.record", {}) for i in range(5)])
+    worker = db_worker("--queue", "demo.record", "--poll-interval", "0.1", ZEROLOSS_SQLITE_TIMEOUT="0.5")
+    try:
+        assert wait_until(lambda: Message.objects.filter(status="completed").count() == 5, timeout=30), (
+            worker.text
+        )
+        import sqlite3
+
+        holder = sqlite3.connect(connection.settings_dict["NAME"], timeout=5)
+        holder.execute("BEGIN IMMEDIATE")  # a long transaction somewhere else
+        time.sleep(3)  # the fault itself: the lock is held past the worker's 0.5 s busy timeout
+        holder.rollback()
+        holder.close()
+        service.persist_message("after", "demo.record", {})
+        assert wait_until(lambda: Message.objects.filter(status="completed").count() == 6, timeout=30), (
+            worker.text
+        )
+        assert worker.popen.poll() is None, worker.text
+        assert "database is locked" in worker.text and "Traceback" not in worker.text
+    finally:
+        assert worker.terminate() == 0, worker.text
