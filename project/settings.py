@@ -7,6 +7,7 @@
 - ``REDIS_URL``: use django-redis as the cache (status, dashboard, metrics reads).
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -77,6 +78,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_zeroloss.sqlite3")}
 
+# More databases, from the environment (tests and several-ledger deployments): a JSON object of
+# alias -> URL, or alias -> a full DATABASES entry (needed for libpq's multi-host form, which a
+# URL cannot carry).
+for _alias, _db in json.loads(os.environ.get("ZEROLOSS_EXTRA_DATABASES") or "{}").items():
+    DATABASES[_alias] = dj_database_url.parse(_db, conn_max_age=0) if isinstance(_db, str) else _db
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if os.environ.get("REDIS_URL"):
@@ -107,6 +114,8 @@ ZEROLOSS = {
     # With a broker, Celery carries messages; without one, the built-in worker polls the ledger.
     "TRANSPORT": "celery" if CELERY_BROKER_URL else "database",
 }
+if os.environ.get("ZEROLOSS_QUEUE_DATABASES"):  # {"queue": "alias"}: queues whose ledger is elsewhere
+    ZEROLOSS["QUEUE_DATABASES"] = json.loads(os.environ["ZEROLOSS_QUEUE_DATABASES"])
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

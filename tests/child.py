@@ -92,6 +92,27 @@ def main() -> None:
             zeroloss.send(args["queue"], payload, message_id=message_id, ordering_key=key)
             sent.append(message_id)
         _emit(sent=sent)
+    elif role == "send_routed":
+        # Sends each queue's messages in a transaction on that queue's own ledger database,
+        # then shows that a send inside a transaction on the wrong database is refused.
+        from django.db import transaction
+
+        import zeroloss
+        from zeroloss.exceptions import InvalidMessage
+        from zeroloss.transports import database_for
+
+        for queue, count in args["sends"].items():
+            alias = database_for(queue)
+            with transaction.atomic(using=alias):
+                for n in range(count):
+                    zeroloss.send(queue, {"n": n}, message_id=f"{queue}-{n}")
+        refused = ""
+        try:
+            with transaction.atomic():  # on default, while the queue's ledger is elsewhere
+                zeroloss.send(args["elsewhere"], {}, message_id="wrong-transaction")
+        except InvalidMessage as exc:
+            refused = str(exc)
+        _emit(done=True, refused=refused)
     elif role == "dedup_send":
         import zeroloss
 

@@ -110,3 +110,15 @@ def test_database_check_reports_missing_standbys(settings):
     else:
         assert found == []
     assert checks.check_database(databases=None) == []
+
+
+def test_a_ledger_routed_to_an_unknown_database_is_an_error(settings):
+    settings.ZEROLOSS = {"QUEUE_DATABASES": {"reports": "ledger9"}}
+    assert checks.check_settings() == [
+        Error(
+            "ZEROLOSS names the database alias 'ledger9', which is not in DATABASES.",
+            hint="Add it to DATABASES, or fix QUEUE_DATABASES / LEDGER_DATABASES.",
+            obj="settings.ZEROLOSS",
+            id="zeroloss.E011",
+        )
+    ]

@@ -7,6 +7,7 @@
 | zeroloss.E003   | invalid value in ``ZEROLOSS`` |
 | zeroloss.E004   | the database is neither PostgreSQL nor SQLite |
 | zeroloss.E010   | ``PERSISTENCE_LEVEL = "replicated"`` on a database that cannot replicate |
+| zeroloss.E011   | ``QUEUE_DATABASES`` or ``LEDGER_DATABASES`` names an alias missing from ``DATABASES`` |
 | zeroloss.W001   | ``SWEEP_INTERVAL`` is longer than ``ACK_TIMEOUT`` |
 | zeroloss.W002   | heartbeat interval is not shorter than ``ACK_TIMEOUT`` |
 | zeroloss.W003   | SQLite without ``transaction_mode = "IMMEDIATE"`` |
@@ -48,6 +49,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 hint="Set ZEROLOSS['SWEEP_INTERVAL'] to at most ACK_TIMEOUT (a third of it is a good start).",
                 obj="settings.ZEROLOSS",
                 id="zeroloss.W001",
+            )
+        )
+    for alias in sorted({*cfg.LEDGER_DATABASES, *cfg.QUEUE_DATABASES.values()} - set(settings.DATABASES)):
+        messages.append(
+            Error(
+                f"ZEROLOSS names the database alias {alias!r}, which is not in DATABASES.",
+                hint="Add it to DATABASES, or fix QUEUE_DATABASES / LEDGER_DATABASES.",
+                obj="settings.ZEROLOSS",
+                id="zeroloss.E011",
             )
         )
     if cfg.heartbeat_interval >= cfg.ACK_TIMEOUT:

@@ -66,8 +66,11 @@ class ZeroLossSettings:
     #: "database": workers poll the ledger (``zeroloss_worker``), no broker. "celery": ``send``
     #: publishes a Celery task after commit and the sweep publishes again what the broker lost.
     TRANSPORT: str = "database"
-    #: Database aliases holding a ledger. The Celery transport's sweep covers each; ``send``
-    #: refuses any other alias under Celery (its messages would never be recovered).
+    #: Queues whose ledger lives in another database: ``{"reports": "ledger2"}``. Every other
+    #: queue's is ``default``. ``send`` routes by it; workers and sweeps run per database.
+    QUEUE_DATABASES: dict[str, str] = field(default_factory=dict)
+    #: Database aliases holding a ledger (besides those ``QUEUE_DATABASES`` routes to). The Celery
+    #: transport's sweep covers each; ``send`` refuses any other alias under Celery.
     LEDGER_DATABASES: tuple[str, ...] = ("default",)
     #: The Celery queue beat sends the sweep to (None: Celery's default queue).
     SWEEP_QUEUE: str | None = "zeroloss.sweep"
@@ -182,6 +185,12 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             values[key] = _integer(key, value, _INT_FIELDS[key])
         elif key in ("HEARTBEAT_INTERVAL", "DB_OUTAGE_TOLERANCE", "HANDLER_TIMEOUT"):
             values[key] = None if value is None else _number(key, value, allow_zero=False)
+        elif key == "QUEUE_DATABASES":
+            if not isinstance(value, dict) or not all(
+                isinstance(q, str) and q and isinstance(a, str) and a for q, a in value.items()
+            ):
+                raise SettingError(key, f"must be a dict of queue name -> database alias, got {value!r}.")
+            values[key] = dict(value)
         elif key == "LEDGER_DATABASES":
             if (
                 not isinstance(value, list | tuple)

@@ -26,7 +26,16 @@ from ..ledger.types import RecoveryReport
 from ..models import Message
 from ..service import ZeroLossMessageService
 
-__all__ = ["Transport", "after_sweep_hooks", "asend", "get_transport", "ledger_aliases", "send", "send_many"]
+__all__ = [
+    "Transport",
+    "after_sweep_hooks",
+    "asend",
+    "database_for",
+    "get_transport",
+    "ledger_aliases",
+    "send",
+    "send_many",
+]
 
 
 class Transport(Protocol):
@@ -51,14 +60,53 @@ def get_transport(service: ZeroLossMessageService) -> Transport:
 
 
 def ledger_aliases() -> list[str]:
-    """Every database alias that holds a ledger (``LEDGER_DATABASES``): the beat sweep covers each."""
+    """Every database alias that holds a ledger: ``LEDGER_DATABASES`` and every database
+    ``QUEUE_DATABASES`` routes to. The beat sweep covers each."""
     from ..conf import get_settings
 
-    return list(get_settings().LEDGER_DATABASES)
+    settings = get_settings()
+    return list(dict.fromkeys([*settings.LEDGER_DATABASES, *settings.QUEUE_DATABASES.values()]))
+
+
+def database_for(queue_name: str, using: str | None = None) -> str:
+    """The database alias holding ``queue_name``'s ledger (``QUEUE_DATABASES``), or ``using``.
+
+    An explicit ``using`` that disagrees with the queue's route is refused: the message would
+    land where no worker of that queue looks.
+    """
+    from ..conf import get_settings
+    from ..exceptions import InvalidMessage
+
+    routed = get_settings().QUEUE_DATABASES.get(queue_name, DEFAULT_DB_ALIAS)
+    if using is not None and using != routed:
+        raise InvalidMessage(
+            f"Queue {queue_name!r} lives in database {routed!r} (ZEROLOSS['QUEUE_DATABASES']), not {using!r}; "
+            "nothing was stored."
+        )
+    return routed
+
+
+def _check_transaction(alias: str) -> None:
+    """Refuse to store a message outside a transaction the caller is in (on another database):
+    it would commit at once, whatever became of the caller's transaction."""
+    from django.db import connections
+
+    from ..exceptions import InvalidMessage
+
+    if connections[alias].in_atomic_block:
+        return
+    for conn in connections.all(initialized_only=True):
+        if conn.alias != alias and conn.in_atomic_block:
+            raise InvalidMessage(
+                f"This message's ledger is database {alias!r}, but the caller is in a transaction on "
+                f"{conn.alias!r}: it would be committed at once, outside that transaction. Send it inside "
+                f"transaction.atomic(using={alias!r}) (committed with it), or outside any transaction; "
+                "nothing was stored."
+            )
 
 
 def _check_alias(service: ZeroLossMessageService) -> None:
-    if service.settings.TRANSPORT == "celery" and service.using not in service.settings.LEDGER_DATABASES:
+    if service.settings.TRANSPORT == "celery" and service.using not in ledger_aliases():
         from ..exceptions import InvalidMessage
 
         raise InvalidMessage(
@@ -89,17 +137,21 @@ def send(
     ordering_key: str = "",
     dedup_key: str = "",
     dedup_window: float | dt.timedelta | None = None,
-    using: str = DEFAULT_DB_ALIAS,
+    using: str | None = None,
 ) -> Message:
     """Persist a message in the caller's transaction; the transport carries it after commit.
 
     If the surrounding transaction rolls back, the message never existed and nothing is
-    published. Bad input raises a :class:`~zeroloss.exceptions.ZeroLossError` and stores
+    published. The queue's ledger database comes from ``QUEUE_DATABASES`` (``default``
+    otherwise); a send inside a transaction on another database is refused rather than
+    committed outside it. Bad input raises a :class:`~zeroloss.exceptions.ZeroLossError` and stores
     nothing; a database that cannot be reached raises Django's ``OperationalError`` — the
     message was *not* accepted (retry with the same ``message_id``: persisting is idempotent).
     """
     get_handler(queue_name)  # fail fast on a typo: UnknownQueue
-    service = ZeroLossMessageService(using=using)
+    alias = database_for(queue_name, using)
+    _check_transaction(alias)
+    service = ZeroLossMessageService(using=alias)
     _check_alias(service)
     message = service.persist_message(
         message_id or uuid.uuid4().hex,
@@ -126,7 +178,7 @@ def send_many(
     delay: float | dt.timedelta | None = None,
     priority: int = 0,
     ordering_key: str = "",
-    using: str = DEFAULT_DB_ALIAS,
+    using: str | None = None,
 ) -> list[Message]:
     """Persist many messages of one queue in the caller's transaction, all or nothing.
 
@@ -142,7 +194,9 @@ def send_many(
         raise InvalidMessage(
             f"send_many got {len(ids)} message ids for {len(data)} payloads; nothing was stored."
         )
-    service = ZeroLossMessageService(using=using)
+    alias = database_for(queue_name, using)
+    _check_transaction(alias)
+    service = ZeroLossMessageService(using=alias)
     _check_alias(service)
     messages = service.persist_messages(
         [(mid, queue_name, payload) for mid, payload in zip(ids, data, strict=True)],
