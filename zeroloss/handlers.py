@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .exceptions import InvalidMessage, UnknownQueue
 
 if TYPE_CHECKING:
-    from .processing import Delivery
+    from .delivery import Delivery
 
 HandlerFunc = Callable[["Delivery"], Any]
 F = TypeVar("F", bound=HandlerFunc)

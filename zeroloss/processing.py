@@ -13,14 +13,14 @@ import time
 import traceback
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .delivery import Delivery, LeaseLost
 from .handlers import HandlerSpec
 from .ledger.types import Completion, Lease, Verdict
 from .ledger.validation import MAX_ERROR_LENGTH, canonical_json, clean_text
 
-if TYPE_CHECKING:
-    from .worker.keeper import LeaseKeeper
+__all__ = ["Delivery", "HandlerRun", "LeaseLost", "Outcome", "describe_error", "run_handler"]
 
 logger = logging.getLogger("zeroloss")
 
@@ -31,41 +31,6 @@ class Outcome(StrEnum):
     LEASE_LOST = "lease_lost"  # the lease expired or was revoked: another run owns it now
     ABSORBED = "absorbed"  # a duplicate delivery: nothing claimable, handler not run
     RELEASED = "released"  # given back unstarted (shutdown, or behind a long handler)
-
-
-@dataclass
-class Delivery:
-    """What a handler receives: the message, its attempt, and whether its lease is still held."""
-
-    lease: Lease
-    keeper: LeaseKeeper | None = None
-
-    @property
-    def message_id(self) -> str:
-        return self.lease.message_id
-
-    @property
-    def queue_name(self) -> str:
-        return self.lease.queue_name
-
-    @property
-    def payload(self) -> Any:
-        return self.lease.payload
-
-    @property
-    def attempt(self) -> int:
-        return self.lease.attempt
-
-    @property
-    def lease_lost(self) -> bool:
-        """True once the lease is known lost: a renewal was refused, or none succeeded before it
-        expired (the database was unreachable). A long handler may stop early: its outcome
-        will be refused and the message runs again."""
-        return self.keeper is not None and self.keeper.is_lost(self.lease.message_id)
-
-
-class LeaseLost(Exception):
-    """Raised inside a transactional handler's transaction to roll it back when the ack is refused."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,24 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from .. import conf
 from ..exceptions import InvalidLeaseToken
 from . import statements
-from .engine import Engine, Rows, engine_for
+from .engine import Engine, Rows
+from .postgres import PostgresEngine
+from .sqlite import SqliteEngine
 from .validation import default_instance_id
+
+_ENGINES: dict[str, Engine] = {"postgresql": PostgresEngine(), "sqlite": SqliteEngine()}
+
+
+def engine_for(connection: BaseDatabaseWrapper) -> Engine:
+    """The engine of a Django connection's database (PostgreSQL or SQLite)."""
+    engine = _ENGINES.get(connection.vendor)
+    if engine is None:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"zeroloss supports PostgreSQL and SQLite; database {connection.alias!r} is {connection.vendor}."
+        )
+    return engine
 
 
 class LedgerBase:

@@ -162,29 +162,3 @@ class Engine:
             f"INSERT INTO {EVT} ({_EVENT_COLUMNS}) "
             f"SELECT id, from_status, status, reason, %s, attempts, detail, updated_at FROM {source}"
         )
-
-
-_ENGINES: dict[str, Engine] = {}
-
-
-def engine_for(connection: BaseDatabaseWrapper) -> Engine:
-    """The engine of a Django connection's database (PostgreSQL or SQLite)."""
-    engine = _ENGINES.get(connection.vendor)
-    if engine is not None:
-        return engine
-    if connection.vendor == "postgresql":
-        from .postgres import PostgresEngine
-
-        engine = PostgresEngine()
-    elif connection.vendor == "sqlite":
-        from .sqlite import SqliteEngine
-
-        engine = SqliteEngine()
-    else:
-        from django.core.exceptions import ImproperlyConfigured
-
-        raise ImproperlyConfigured(
-            f"zeroloss supports PostgreSQL and SQLite; database {connection.alias!r} is {connection.vendor}."
-        )
-    _ENGINES[connection.vendor] = engine
-    return engine

@@ -21,6 +21,9 @@ from ..service import ZeroLossMessageService
 
 logger = logging.getLogger("zeroloss")
 
+#: The delivery task's name (``zeroloss.tasks.deliver_message``).
+DELIVER_TASK = "zeroloss.deliver"
+
 
 class _Outbox:
     """The messages one transaction sent; published together once it commits."""
@@ -87,10 +90,10 @@ def publish(service: ZeroLossMessageService, items: Sequence[tuple[str, float]])
     """
     if not items:
         return []
-    from ..tasks import deliver_message
+    from celery import current_app
 
     budget = service.settings.PUBLISH_TIMEOUT
-    app = deliver_message.app
+    app = current_app
     sent: list[str] = []
     try:
         with app.connection_for_write(**_connection_options(app, budget)) as conn:
@@ -98,8 +101,9 @@ def publish(service: ZeroLossMessageService, items: Sequence[tuple[str, float]])
             producer = app.amqp.Producer(conn, auto_declare=False)
             for message_id, countdown in items:
                 options: dict[str, Any] = {"countdown": countdown} if countdown else {}
-                deliver_message.apply_async(
-                    args=(message_id, service.using), producer=producer, retry=False, **options
+                # By name (zeroloss.tasks.deliver_message), routed like any task of that name.
+                app.send_task(
+                    DELIVER_TASK, args=(message_id, service.using), producer=producer, retry=False, **options
                 )
                 sent.append(message_id)
     except Exception as exc:  # the broker is down or hung: the ledger keeps every message

@@ -37,12 +37,18 @@ class Completer:
         self.batch_size = service.settings.ACK_BATCH_SIZE
         self.interval = service.settings.ACK_FLUSH_INTERVAL
         self.on_report = on_report
-        self.wait = wait
+        self._wait = wait
         self.tolerance = tolerance
         self.monitor = OutageMonitor.for_alias(service.using)
         self.pending: list[Completion] = []
         self._first_at = 0.0
         self._lock = threading.Lock()
+
+    def wait(self, seconds: float) -> None:
+        """Back off; still pause (briefly) when the loop is stopping, so a shutdown during an
+        outage retries its last flush without spinning."""
+        if self._wait(seconds):
+            time.sleep(min(seconds, 0.2))
 
     def add(self, completion: Completion) -> None:
         with self._lock:

@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from django.db import connections, transaction
 
 from ..handlers import HandlerSpec, get_handler
 from ..ledger.types import Completion, CompletionReport, Lease, Verdict
+from ..loops import StopFlag
 from ..outage import Backoff, OutageMonitor
 from ..processing import Delivery, Outcome, run_handler
 from ..service import ZeroLossMessageService
+from ..wakeup import Wakeup
 from .completer import Completer, verdict_counts
-from .keeper import Batch
-
-if TYPE_CHECKING:
-    from . import Worker
+from .keeper import Batch, LeaseKeeper
 
 logger = logging.getLogger("zeroloss")
 
@@ -52,8 +51,26 @@ class Pace:
         return max(1, min(self.max_size, int(self.window / per), int(self.lease / 3 / per)))
 
 
+class WorkerContext(Protocol):
+    """What a claim thread needs from its worker process (:class:`zeroloss.worker.Worker`)."""
+
+    queues: list[str]
+    batch_size: int
+    poll_interval: float
+    burst: bool
+    keeper: LeaseKeeper
+    stop: StopFlag
+    wakeup: Wakeup
+
+    def service_for(self, n: int) -> ZeroLossMessageService: ...
+
+    def count(self, outcome: str, n: int = 1) -> None: ...
+
+    def all_idle(self) -> bool: ...
+
+
 class ClaimLoop:
-    def __init__(self, worker: Worker, n: int) -> None:
+    def __init__(self, worker: WorkerContext, n: int) -> None:
         self.worker = worker
         self.service: ZeroLossMessageService = worker.service_for(n)
         settings = self.service.settings
