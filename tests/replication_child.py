@@ -115,8 +115,9 @@ def run(role: str, args: dict[str, Any]) -> int:
         return 0
     if role == "sweep":
         from zeroloss.loops import SweepLoop
+        from zeroloss.transports import after_sweep_hooks
 
-        SweepLoop(service).run_once()
+        SweepLoop(service, after_sweep=after_sweep_hooks(service)).run_once()
         _emit(nodes={n.node_id: [n.role, n.state] for n in replication.live_nodes(service)})
         return 0
     if role == "ttl":
