@@ -1,0 +1,124 @@
+"""How a message looks in the admin: the changelist's columns and the detail page's fields.
+
+Every value is escaped (``format_html``); every lease time is on the database clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from django.contrib import admin
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.translation import gettext_lazy as _
+
+from .. import dashboard
+from ..models import Message, Status
+from .base import MessagePermissions, get_service
+
+
+def lease_info(message: Message, now: dt.datetime) -> tuple[str, float | None]:
+    """``("live" | "expired" | "none", seconds left (negative: overdue))``."""
+    if message.status != Status.PROCESSING or message.lease_expires_at is None:
+        return "none", None
+    left = (message.lease_expires_at - now).total_seconds()
+    return ("live" if left >= 0 else "expired"), left
+
+
+def database_now(obj: Message) -> dt.datetime:
+    """The database clock, as selected with the row (``db_now``), or read now."""
+    now = getattr(obj, "db_now", None)
+    if now is None:
+        now = get_service().database_now()
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=dt.UTC)
+    return now
+
+
+class MessageColumns(MessagePermissions):
+    """The message admin's display methods (mixed into :class:`~zeroloss.admin.MessageAdmin`)."""
+
+    @admin.display(description=_("status"), ordering="status")
+    def status_badge(self, obj: Message) -> SafeString:
+        return format_html('<span class="zl-badge zl-{}">{}</span>', obj.status, obj.get_status_display())
+
+    @admin.display(description=_("attempts"))
+    def attempts_display(self, obj: Message) -> str:
+        return f"{obj.attempts} / {obj.max_attempts}"
+
+    @admin.display(description=_("lease"), ordering="lease_expires_at")
+    def lease_display(self, obj: Message) -> SafeString | str:
+        state, left = lease_info(obj, database_now(obj))
+        if state == "live" and left is not None:
+            return format_html(
+                '<span class="zl-badge zl-live">live</span> {} left', dashboard.format_duration(left)
+            )
+        if state == "expired" and left is not None:
+            return format_html(
+                '<span class="zl-badge zl-expired">expired (stuck)</span> {} overdue',
+                dashboard.format_duration(-left),
+            )
+        return "-"
+
+    @admin.display(description=_("age"), ordering="created_at")
+    def age(self, obj: Message) -> str:
+        return dashboard.format_duration((database_now(obj) - obj.created_at).total_seconds())
+
+    @admin.display(description=_("last error"))
+    def short_error(self, obj: Message) -> str:
+        return Truncator(obj.last_error).chars(80) if obj.last_error else ""
+
+    # -- the detail page ------------------------------------------------------------------
+
+    @admin.display(description=_("last error"))
+    def last_error_full(self, obj: Message) -> SafeString | str:
+        return format_html('<pre class="zl-pre">{}</pre>', obj.last_error) if obj.last_error else "-"
+
+    @admin.display(description=_("payload"))
+    def payload_pretty(self, obj: Message) -> SafeString:
+        text = json.dumps(obj.payload, indent=2, sort_keys=True, ensure_ascii=False)
+        return format_html('<pre class="zl-pre zl-payload">{}</pre>', text)
+
+    @admin.display(description=_("integrity"))
+    def integrity(self, obj: Message) -> SafeString:
+        report = get_service().verify_message_integrity(obj.message_id)
+        rep = report.replication
+        copies = (
+            format_html(" &middot; {} of {} copies ({})", rep.confirmed, rep.required, rep.detail)
+            if rep is not None
+            else ""
+        )
+        if report.valid:
+            return format_html('<span class="zl-badge zl-ok">valid</span>{}', copies)
+        issues = format_html_join("", "<li>{}</li>", ((issue,) for issue in report.issues))
+        return format_html(
+            '<span class="zl-badge zl-bad">issues</span>{}<ul class="zl-issues">{}</ul>', copies, issues
+        )
+
+    @admin.display(description=_("audit trail"))
+    def audit_trail(self, obj: Message) -> SafeString:
+        events = get_service().get_events(obj.message_id)
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{} &rarr; {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    e.id,
+                    e.created_at.isoformat(sep=" ", timespec="milliseconds"),
+                    e.from_status or "-",
+                    e.to_status,
+                    e.reason,
+                    e.actor,
+                    e.attempt,
+                    e.detail,
+                )
+                for e in events
+            ),
+        )
+        return format_html(
+            '<table class="zl-audit"><thead><tr><th>#</th><th>at (database clock)</th><th>transition</th>'
+            "<th>reason</th><th>actor</th><th>attempt</th><th>detail</th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
