@@ -10,7 +10,7 @@ row (``actor`` = the operator) atomically; feedback is pluralised with ``ngettex
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,10 @@ from .views import DeskViews
 
 #: Messages listed by name on a confirmation page (the count covers all of them).
 SHOWN_ON_CONFIRMATION = 200
+#: Message ids per service call. The service checks them with one ``IN (...)`` query.
+CHUNK_SIZE = 5000
+#: Vanished messages named in the feedback (the count covers all of them).
+NAMED_VANISHED = 10
 
 
 @dataclass(frozen=True)
@@ -86,30 +90,75 @@ def dead_letter_transition(reason: str) -> Transition:
     )
 
 
+def message_id_chunks(queryset: QuerySet[Message], size: int = CHUNK_SIZE) -> Iterator[list[str]]:
+    """The selection's message ids, at most ``size`` at a time, in primary-key order.
+
+    Keyset pages (``pk > last``) over the selection's own query: a "select all" of a million
+    rows is read and moved 5,000 at a time, never as one ``IN`` list (PostgreSQL takes at
+    most 65,535 bind parameters in a statement). A message moved out of the filter by an
+    earlier chunk is behind the cursor already, so nothing is read twice or skipped.
+    """
+    rows = queryset.order_by("pk").values_list("pk", "message_id")
+    last: int | None = None
+    while True:
+        page = list((rows if last is None else rows.filter(pk__gt=last))[:size])
+        if page:
+            yield [message_id for _pk, message_id in page]
+        if len(page) < size:
+            return
+        last = page[-1][0]
+
+
+def _move_chunk(
+    service: ZeroLossMessageService, transition: Transition, ids: list[str], who: str
+) -> tuple[int, list[str]]:
+    """Move one chunk: ``(how many moved, ids that no longer exist)``.
+
+    The service refuses a call naming a message that is gone (deleted or purged since the
+    selection was read) and changes nothing; the rest of the chunk is then moved without it.
+    Every retry drops at least the id the service named, so this ends.
+    """
+    vanished: list[str] = []
+    while ids:
+        try:
+            return len(transition.move(service, ids, who)), vanished
+        except MessageNotFound as exc:
+            present = set(
+                Message.objects.using(service.using)
+                .filter(message_id__in=ids)
+                .values_list("message_id", flat=True)
+            )
+            gone = [m for m in ids if m not in present or m == exc.message_id]
+            vanished += gone
+            ids = [m for m in ids if m not in gone]
+    return 0, vanished
+
+
 def apply_transition(
     modeladmin: ReadOnlyAdmin, request: HttpRequest, queryset: QuerySet[Message], transition: Transition
 ) -> None:
-    """The body of every moving action: move the selection, then tell the operator what happened."""
-    ids = list(queryset.order_by("id").values_list("message_id", flat=True))
-    if not ids:
+    """The body of every moving action: move the selection chunk by chunk, then say what happened."""
+    service = get_service()
+    who = actor(request)
+    selected = moved = 0
+    vanished: list[str] = []
+    for ids in message_id_chunks(queryset):
+        selected += len(ids)
+        done, gone = _move_chunk(service, transition, ids, who)
+        moved += done
+        vanished += gone
+    if not selected:
         modeladmin.message_user(
             request,
             _("None of the selected messages exists any more (purged meanwhile); nothing was changed."),
             messages.WARNING,
         )
         return
-    try:
-        moved = len(transition.move(get_service(), ids, actor(request)))
-    except MessageNotFound as exc:
-        modeladmin.message_user(
-            request,
-            _("Message %(id)s no longer exists (purged meanwhile); nothing was changed.") % {"id": exc},
-            messages.ERROR,
-        )
-        return
     if moved:
         modeladmin.message_user(request, transition.done % {"count": moved}, messages.SUCCESS)
-    skipped = len(ids) - moved
+    if vanished:
+        modeladmin.message_user(request, _vanished_text(vanished), messages.WARNING)
+    skipped = selected - moved - len(vanished)
     if skipped:
         modeladmin.message_user(
             request,
@@ -121,6 +170,18 @@ def apply_transition(
             % {"count": skipped, "why": transition.left_alone},
             messages.WARNING,
         )
+
+
+def _vanished_text(ids: list[str]) -> str:
+    named = ", ".join(f"'{m}'" for m in ids[:NAMED_VANISHED])
+    if len(ids) > NAMED_VANISHED:
+        named += ", …"
+    return ngettext(
+        "Message %(ids)s no longer exists (deleted or purged meanwhile); it was left out.",
+        "%(count)d selected messages no longer exist (deleted or purged meanwhile): %(ids)s; "
+        "they were left out.",
+        len(ids),
+    ) % {"count": len(ids), "ids": named}
 
 
 def confirmation(
