@@ -13,6 +13,7 @@ from html.parser import HTMLParser
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models.functions import Now
@@ -85,6 +86,17 @@ def confirm_form(html: str) -> ConfirmForm:
     return form
 
 
+def purge_dead(queue: str) -> None:
+    """The service's purge of ``queue``'s dead letters (their death moved a minute back first,
+    so that ``older_than=0`` takes them whatever the clock's resolution)."""
+    Message.objects.filter(queue_name=queue, status=Status.DEAD).update(
+        dead_at=Now() - dt.timedelta(minutes=1)
+    )
+    assert ZeroLossMessageService(instance_id="purger").purge_messages(
+        status=Status.DEAD, older_than=0, queue_name=queue
+    )
+
+
 @contextmanager
 def purge_when_the_service_checks_ids(queue: str) -> Iterator[list[str]]:
     """Purge ``queue``'s dead letters at the exact moment the service looks the ids up.
@@ -98,9 +110,7 @@ def purge_when_the_service_checks_ids(queue: str) -> Iterator[list[str]]:
     def wrapper(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
         if not fired and '"zeroloss_message"."message_id" IN' in sql:
             fired.append(sql)
-            ZeroLossMessageService(instance_id="purger").purge_messages(
-                status=Status.DEAD, older_than=0, queue_name=queue
-            )
+            purge_dead(queue)
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(wrapper):
@@ -146,7 +156,7 @@ def test_action_names_a_message_that_vanished_meanwhile(db: None, action: str) -
                 fired.append(sql)
                 other = ZeroLossMessageService(instance_id="other-operator")
                 other.dead_letter_messages(["gone"], reason="race", actor="other")
-                other.purge_messages(status=Status.DEAD, older_than=0, queue_name="doomed")
+                purge_dead("doomed")
             return execute(sql, params, many, ctx)
 
         with connection.execute_wrapper(wrapper):
@@ -217,3 +227,63 @@ def test_select_all_across_more_than_65535_messages(server_side_binding: None) -
     assert Message.objects.filter(queue_name="bulk", status=Status.DEAD).count() == count
     assert MessageEvent.objects.filter(reason="dead_lettered_by_operator", actor="root").count() == count
     assert Message.objects.get(message_id="bystander").status == Status.PENDING
+
+
+# -- (d) the confirmation page of a "select all" carries the filter, not the ids -------
+
+
+@pytest.mark.parametrize("action", ["dead_letter", "force_requeue"])
+def test_confirming_a_select_all_of_more_rows_than_post_fields(db: None, action: str) -> None:
+    count = django_settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 200
+    worker = ZeroLossMessageService(instance_id="bulk-worker", ack_timeout=600)
+    persist(worker, "bulk", count, "bulk")
+    persist(worker, "other", 3, "other")
+    if action == "force_requeue":
+        assert len(worker.claim_next("bulk", limit=count)) == count
+        assert len(worker.claim_next("other", limit=3)) == 3
+    client = root_client()
+    url = reverse(CHANGELIST) + "?queue=bulk"
+    response = client.post(
+        url,
+        {"action": action, "select_across": "1", "index": "0", "_selected_action": first_page_pks("bulk")},
+    )
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert f"{count} selected messages" in html
+    form = confirm_form(html)
+    data: dict[str, list[str]] = {}
+    for name, value in form.fields:
+        data.setdefault(name, []).append(value)
+    if action == "dead_letter":
+        data["reason"] = ["customer left"]
+    confirmed = client.post(form.action or url, data)
+    assert confirmed.status_code == 302, f"{confirmed.status_code} for a form of {len(form.fields)} fields"
+    html = feedback(client, confirmed)
+    assert len(form.fields) < 100, f"{len(form.fields)} hidden fields: the selection went out as ids"
+    done = "were dead-lettered" if action == "dead_letter" else "were requeued; their leases were revoked"
+    assert f"{count} messages {done}" in html
+    moved_to = Status.DEAD if action == "dead_letter" else Status.PENDING
+    assert Message.objects.filter(queue_name="bulk", status=moved_to).count() == count
+    # The filter was carried: the other queue's messages were not selected.
+    untouched = Status.PENDING if action == "dead_letter" else Status.PROCESSING
+    assert set(Message.objects.filter(queue_name="other").values_list("status", flat=True)) == {untouched}
+
+
+def test_confirmation_without_select_all_acts_only_on_the_chosen_rows(db: None) -> None:
+    worker = ZeroLossMessageService(instance_id="w")
+    persist(worker, "bulk", 5, "bulk")
+    client = root_client()
+    chosen = [str(Message.objects.get(message_id=m).pk) for m in ("bulk-1", "bulk-3")]
+    response = client.post(
+        reverse(CHANGELIST) + "?queue=bulk",
+        {"action": "dead_letter", "select_across": "0", "index": "0", "_selected_action": chosen},
+    )
+    form = confirm_form(response.content.decode())
+    data: dict[str, list[str]] = {"reason": ["two of them"]}
+    for name, value in form.fields:
+        data.setdefault(name, []).append(value)
+    assert sorted(data["_selected_action"]) == sorted(chosen)
+    html = feedback(client, client.post(form.action or reverse(CHANGELIST), data))
+    assert "2 messages were dead-lettered." in html
+    dead = set(Message.objects.filter(status=Status.DEAD).values_list("message_id", flat=True))
+    assert dead == {"bulk-1", "bulk-3"}

@@ -184,6 +184,27 @@ def _vanished_text(ids: list[str]) -> str:
     ) % {"count": len(ids), "ids": named}
 
 
+def select_across(request: HttpRequest) -> bool:
+    """Did the operator pick "Select all N messages" (every row the changelist's filter matches)?"""
+    return bool(forms.BooleanField(required=False).to_python(request.POST.get("select_across")))
+
+
+def selection_fields(request: HttpRequest) -> list[tuple[str, str]]:
+    """The hidden fields that carry the selection to the confirming POST.
+
+    Chosen rows travel as their primary keys (a page holds at most ``list_max_show_all``).
+    "Select all" travels as the flag, and the changelist's filters, search and ordering as
+    the form's URL, never as ids: a confirmation form of one field per row would pass
+    ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (1,000) and be refused. Django's changelist still wants
+    one row named before it runs an action, so the first chosen row is carried along; with
+    ``select_across`` it only opens the door (the filter decides what is acted on).
+    """
+    chosen = request.POST.getlist(ACTION_CHECKBOX_NAME)
+    if select_across(request):
+        return [("select_across", "1"), *((ACTION_CHECKBOX_NAME, pk) for pk in chosen[:1])]
+    return [("select_across", "0"), *((ACTION_CHECKBOX_NAME, pk) for pk in chosen)]
+
+
 def confirmation(
     modeladmin: ReadOnlyAdmin,
     request: HttpRequest,
@@ -204,9 +225,10 @@ def confirmation(
         "action_name": action,
         "queryset": queryset.order_by("id")[:SHOWN_ON_CONFIRMATION],
         "count": queryset.count(),
-        "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
-        "action_checkbox_name": ACTION_CHECKBOX_NAME,
-        "select_across": request.POST.get("select_across", "0"),
+        "select_across": select_across(request),
+        "selection_fields": selection_fields(request),
+        # The changelist's own URL, query string included: its filters are the selection.
+        "form_url": request.get_full_path(),
         **context,
     }
     request.current_app = modeladmin.admin_site.name
@@ -292,7 +314,7 @@ def purge_completed(
     modeladmin: DeskViews, request: HttpRequest, queryset: QuerySet[Message]
 ) -> TemplateResponse | None:
     # The retention decides what goes, not the selection: it only names the queues.
-    queues = sorted(set(queryset.values_list("queue_name", flat=True)))
+    queues = list(queryset.order_by("queue_name").values_list("queue_name", flat=True).distinct())
     if confirmed(request):
         modeladmin.purge_completed_messages(request, queues)
         return None
