@@ -83,18 +83,20 @@ class MessageColumns(MessagePermissions):
 
     @admin.display(description=_("integrity"))
     def integrity(self, obj: Message) -> SafeString:
-        report = get_service().verify_message_integrity(obj.message_id)
-        rep = report.replication
-        copies = (
-            format_html(" &middot; {} of {} copies ({})", rep.confirmed, rep.required, rep.detail)
-            if rep is not None
-            else ""
-        )
-        if report.valid:
+        # A GET never writes: the replication measurement is the read-only one (record=False
+        # compares against the current WAL position instead of recording a commit position).
+        service = get_service()
+        report = service.verify_message(obj, database_now(obj), replication=False)
+        rep = service.replication_status(obj, record=False)
+        issues = list(report.issues)
+        if not rep.sufficient:
+            issues.append(f"Insufficient replication: {rep.confirmed}/{rep.required} ({rep.detail})")
+        copies = format_html(" &middot; {} of {} copies ({})", rep.confirmed, rep.required, rep.detail)
+        if not issues:
             return format_html('<span class="zl-badge zl-ok">valid</span>{}', copies)
-        issues = format_html_join("", "<li>{}</li>", ((issue,) for issue in report.issues))
+        items = format_html_join("", "<li>{}</li>", ((issue,) for issue in issues))
         return format_html(
-            '<span class="zl-badge zl-bad">issues</span>{}<ul class="zl-issues">{}</ul>', copies, issues
+            '<span class="zl-badge zl-bad">issues</span>{}<ul class="zl-issues">{}</ul>', copies, items
         )
 
     @admin.display(description=_("audit trail"))

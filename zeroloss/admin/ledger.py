@@ -91,7 +91,7 @@ class ReplicationNodeAdmin(ReadOnlyAdmin):
         service = get_service()
         context = {
             "requirement": replication.requirement(service),
-            "replication": service.replication_status(),
+            "replication": service.replication_status(record=False),
             "node_ttl": dashboard.format_duration(service.settings.NODE_TTL),
             **(extra_context or {}),
         }
