@@ -1,13 +1,18 @@
-"""What every zeroloss admin shares: the service it acts through, permissions, the read-only base."""
+"""What every zeroloss admin shares: the service it acts through, permissions, the read-only
+base classes, and a cache that may fail without taking a page down."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.contrib import admin
+from django.core.cache import cache
 from django.http import HttpRequest
 
 from ..service import ZeroLossMessageService
+
+logger = logging.getLogger("zeroloss.admin")
 
 #: Custom permissions (``Message.Meta.permissions``), by the action name that needs them.
 PERMISSIONS = {
@@ -69,3 +74,24 @@ class MessagePermissions(ReadOnlyAdmin):
         return super().has_view_permission(request, obj) or any(
             request.user.has_perm(p) for p in PERMISSIONS.values()
         )
+
+
+# The admin's cache only saves work (queue names, the dashboard snapshot); nothing that
+# decides a transition reads it. So a cache that fails (Redis down) is logged and bypassed.
+
+
+def cache_get(key: str) -> Any:
+    """``cache.get(key)``, or ``None`` when the cache fails."""
+    try:
+        return cache.get(key)
+    except Exception:
+        logger.warning("zeroloss admin: cache read of %s failed; reading the database", key, exc_info=True)
+        return None
+
+
+def cache_set(key: str, value: Any, timeout: float) -> None:
+    """``cache.set(...)``; a failing cache is logged and otherwise ignored."""
+    try:
+        cache.set(key, value, timeout)
+    except Exception:
+        logger.warning("zeroloss admin: cache write of %s failed", key, exc_info=True)

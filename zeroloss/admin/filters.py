@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.core.cache import cache
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from ..models import Message, Status
-from .base import get_service
+from .base import cache_get, cache_set, get_service
 
 #: Cache key of the queue names the queue filter offers.
 QUEUES_CACHE_KEY = "zeroloss:admin:queues"
@@ -48,7 +47,7 @@ class QueueFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         timeout = get_service().settings.CACHE_TIMEOUT
-        names: list[str] | None = cache.get(QUEUES_CACHE_KEY) if timeout else None
+        names: list[str] | None = cache_get(QUEUES_CACHE_KEY) if timeout else None
         if names is None:
             names = list(
                 Message.objects.order_by("queue_name")
@@ -56,7 +55,7 @@ class QueueFilter(admin.SimpleListFilter):
                 .distinct()[:MAX_QUEUES]
             )
             if timeout:
-                cache.set(QUEUES_CACHE_KEY, names, timeout)
+                cache_set(QUEUES_CACHE_KEY, names, timeout)
         return [(n, n) for n in names]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
