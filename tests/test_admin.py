@@ -413,7 +413,7 @@ def test_changelist_columns_and_filters(ledger: Ledger) -> None:
     dead = client.get(reverse(CHANGELIST) + "?status__exact=dead").content.decode()
     assert ">d1<" in dead
     assert ">p1<" not in dead
-    found = client.get(reverse(CHANGELIST) + "?q=boom").content.decode()
+    found = client.get(reverse(CHANGELIST) + "?q=error:boom").content.decode()
     assert ">d1<" in found
     assert ">p1<" not in found
     assert ">p1<" in client.get(reverse(CHANGELIST) + "?q=p1").content.decode()
@@ -532,7 +532,7 @@ def test_markup_in_payload_error_and_ids_renders_inert_everywhere(ledger: Ledger
     root = client_for(make_user("root", superuser=True))
     pages = [
         reverse(CHANGELIST),
-        reverse(CHANGELIST) + "?q=onerror",
+        reverse(CHANGELIST) + "?q=error:onerror",
         reverse("admin:zeroloss_message_change", args=[evil_pk]),
         reverse("admin:zeroloss_message_dashboard"),
         reverse("admin:zeroloss_messageevent_changelist"),

@@ -17,6 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import dashboard, replication
 from ..models import MessageEvent, ReplicationNode
+from . import search
 from .base import ReadOnlyAdmin, get_service
 from .paginator import LedgerPaginator
 
@@ -112,8 +113,9 @@ class MessageEventAdmin(ReadOnlyAdmin):
         "attempt",
     )
     list_filter = ("reason", "to_status", ("created_at", admin.DateFieldListFilter))
-    search_fields = ("=message__message_id", "=actor")
-    search_help_text = _("Exact message id or actor.")
+    # Only shows the search box: get_search_results below decides what a term matches.
+    search_fields = ("message__message_id",)
+    search_help_text = _("Exact message id; actor:… for an exact actor (slower).")
     ordering = ("-id",)
     list_select_related = ("message",)
     show_full_result_count = False
@@ -132,6 +134,11 @@ class MessageEventAdmin(ReadOnlyAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[MessageEvent]:
         return super().get_queryset(request).defer("message__payload", "message__replication_targets")
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[MessageEvent], search_term: str
+    ) -> tuple[QuerySet[MessageEvent], bool]:
+        return search.search_events(queryset, search_term), False
 
     @admin.display(description=_("message"), ordering="message_id")
     def message_link(self, obj: MessageEvent) -> SafeString:
