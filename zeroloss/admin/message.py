@@ -21,16 +21,16 @@ from .views import DeskViews
 
 class MessageAdmin(MessageColumns, DeskViews):
     list_display = (
-        "message_id",
-        "queue_name",
+        "id_column",
+        "queue_column",
         "status_badge",
         "attempts_display",
         "lease_display",
-        "claimed_by",
+        "claimed_by_column",
         "age",
         "short_error",
     )
-    list_display_links = ("message_id",)
+    list_display_links = ("id_column",)
     list_filter = ("status", QueueFilter, LeaseStateFilter, ("created_at", admin.DateFieldListFilter))
     # Only shows the search box: get_search_results below decides what a term matches.
     search_fields = ("message_id", "queue_name")
