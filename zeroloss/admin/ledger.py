@@ -19,6 +19,7 @@ from .. import dashboard, replication
 from ..models import MessageEvent, ReplicationNode
 from . import search
 from .base import ReadOnlyAdmin, get_service
+from .filters import ReasonFilter, ToStatusFilter
 from .paginator import LedgerPaginator
 
 
@@ -112,7 +113,7 @@ class MessageEventAdmin(ReadOnlyAdmin):
         "actor",
         "attempt",
     )
-    list_filter = ("reason", "to_status", ("created_at", admin.DateFieldListFilter))
+    list_filter = (ReasonFilter, ToStatusFilter, ("created_at", admin.DateFieldListFilter))
     # Only shows the search box: get_search_results below decides what a term matches.
     search_fields = ("message__message_id",)
     search_help_text = _("Exact message id; actor:… for an exact actor (slower).")
