@@ -163,3 +163,29 @@ def test_filter_values_use_an_index_on_postgres(client: Client, view: str, setti
             cursor.execute("EXPLAIN " + sql)
             plan = "\n".join(row[0] for row in cursor.fetchall())
             assert "Seq Scan" not in plan, plan
+
+
+@pytest.mark.postgres_only
+def test_search_benchmark_runs(db: None) -> None:
+    """``python -m benchmarks.admin_search`` (docs/admin.md's figures) still runs, at a small size."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, child_env, database_url
+
+    name = f"zl_admin_search_smoke_{os.getpid()}"
+    small = ["--rows", "3000", "--runs", "1", "--server-url", database_url(), "--db-name", name]
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.admin_search", *small],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {line[:42].strip(): line[42:] for line in result.stdout.splitlines()}
+    assert "Index Scan using zeroloss_message_id_uniq" in rows["messages, id: prefix (now)"]
+    assert "zeroloss_message_id_uniq" in rows["events, exact id (now)"]
+    assert "zeroloss_message_id_uniq" not in rows["messages, old search_fields"]
