@@ -6,7 +6,8 @@ transition and its audit row (with the operator's user name as ``actor``) atomic
 Messages are never added or edited through a form.
 
 This module only registers the admins (Django autodiscovers ``zeroloss.admin``); they live
-in ``message`` (with ``display``, ``actions``, ``filters`` and ``views``) and ``ledger``.
+in ``message`` (with ``display``, ``actions``, ``filters``, ``search`` and ``views``) and
+``ledger``; ``base`` and ``paginator`` hold what they share.
 """
 
 from __future__ import annotations
