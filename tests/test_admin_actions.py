@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from html.parser import HTMLParser
 from typing import Any
 
+import psycopg
 import pytest
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
@@ -186,8 +187,6 @@ def server_side_binding(transactional_db: None) -> Iterator[None]:
     of them. (Django's default client-side binding inlines the values instead: no limit,
     only a statement of megabytes.)
     """
-    import psycopg
-
     options = connection.settings_dict.setdefault("OPTIONS", {})
     saved = dict(options)
     connection.close()
@@ -204,28 +203,32 @@ def server_side_binding(transactional_db: None) -> Iterator[None]:
 
 @pytest.mark.postgres_only
 def test_select_all_across_more_than_65535_messages(server_side_binding: None) -> None:
+    from benchmarks.db import analyze, load_messages
+    from tests.conftest import database_url
+
     count = 70_500
-    persist(ZeroLossMessageService(instance_id="bulk-worker"), "bulk", count, "bulk")
+    # One INSERT ... SELECT generate_series writing the rows and audit rows the service would:
+    # processing messages whose leases expired a minute ago (a crashed worker's, stuck).
+    with psycopg.connect(database_url(), autocommit=True) as conn:
+        load_messages(conn, queue="bulk", prefix="bulk", count=count, state="expired")
+        analyze(conn)  # what autovacuum does to a table this size
     ZeroLossMessageService().persist_message("bystander", "other", {})
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE zeroloss_message")  # what autovacuum does to a table this size
+    assert Message.objects.stuck().filter(queue_name="bulk").count() == count
     client = root_client()
-    # What the confirmation page of "Dead-letter by hand" submits after "Select all 70500".
+    # "Select all 70500 messages" on the stuck list, then "Requeue stuck messages".
     response = client.post(
-        reverse(CHANGELIST) + "?queue=bulk",
+        reverse(CHANGELIST) + "?lease=stuck",
         {
-            "action": "dead_letter",
+            "action": "requeue_stuck",
             "select_across": "1",
             "index": "0",
-            "post": "yes",
-            "reason": "queue retired",
             "_selected_action": first_page_pks("bulk"),
         },
     )
     html = feedback(client, response)
-    assert f"{count} messages were dead-lettered." in html
-    assert Message.objects.filter(queue_name="bulk", status=Status.DEAD).count() == count
-    assert MessageEvent.objects.filter(reason="dead_lettered_by_operator", actor="root").count() == count
+    assert f"{count} stuck messages were requeued." in html
+    assert Message.objects.filter(queue_name="bulk", status=Status.PENDING).count() == count
+    assert MessageEvent.objects.filter(reason="requeued_by_operator", actor="root").count() == count
     assert Message.objects.get(message_id="bystander").status == Status.PENDING
 
 
