@@ -21,6 +21,7 @@ from django.urls import reverse
 
 from zeroloss import admin as zl_admin
 from zeroloss import dashboard
+from zeroloss.admin import paginator as zl_paginator
 from zeroloss.models import Message, MessageEvent, PurgeRecord, ReplicationNode, Status
 from zeroloss.service import Lease, ZeroLossMessageService
 
@@ -412,7 +413,7 @@ def test_changelist_columns_and_filters(ledger: Ledger) -> None:
     dead = client.get(reverse(CHANGELIST) + "?status__exact=dead").content.decode()
     assert ">d1<" in dead
     assert ">p1<" not in dead
-    found = client.get(reverse(CHANGELIST) + "?q=boom").content.decode()
+    found = client.get(reverse(CHANGELIST) + "?q=error:boom").content.decode()
     assert ">d1<" in found
     assert ">p1<" not in found
     assert ">p1<" in client.get(reverse(CHANGELIST) + "?q=p1").content.decode()
@@ -531,7 +532,7 @@ def test_markup_in_payload_error_and_ids_renders_inert_everywhere(ledger: Ledger
     root = client_for(make_user("root", superuser=True))
     pages = [
         reverse(CHANGELIST),
-        reverse(CHANGELIST) + "?q=onerror",
+        reverse(CHANGELIST) + "?q=error:onerror",
         reverse("admin:zeroloss_message_change", args=[evil_pk]),
         reverse("admin:zeroloss_message_dashboard"),
         reverse("admin:zeroloss_messageevent_changelist"),
@@ -581,7 +582,7 @@ def test_unfiltered_changelist_uses_the_planner_estimate_on_postgres(
     ZeroLossMessageService().persist_messages([(f"bulk-{i}", "bulk", {"i": i}) for i in range(60)])
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE zeroloss_message")
-    monkeypatch.setattr(zl_admin, "ESTIMATE_ABOVE", 10)
+    monkeypatch.setattr(zl_paginator, "ESTIMATE_ABOVE", 10)
     client = client_for(make_user("root", superuser=True))
     with CaptureQueriesContext(connection) as queries:
         assert client.get(reverse(CHANGELIST)).status_code == 200
@@ -589,7 +590,7 @@ def test_unfiltered_changelist_uses_the_planner_estimate_on_postgres(
     assert any("reltuples" in s for s in sql)
     assert not any("COUNT(" in s.upper() and "zeroloss_message" in s for s in sql)
     # Filtered, it counts, but never more than COUNT_CAP rows.
-    monkeypatch.setattr(zl_admin, "COUNT_CAP", 5)
+    monkeypatch.setattr(zl_paginator, "COUNT_CAP", 5)
     with CaptureQueriesContext(connection) as queries:
         html = client.get(reverse(CHANGELIST) + "?queue=bulk").content.decode()
     counts = [q["sql"] for q in queries.captured_queries if "COUNT(" in q["sql"].upper()]
@@ -599,7 +600,7 @@ def test_unfiltered_changelist_uses_the_planner_estimate_on_postgres(
 
 
 def test_paginator_caps_filtered_counts(ledger: Ledger, monkeypatch: Any) -> None:
-    monkeypatch.setattr(zl_admin, "COUNT_CAP", 3)
+    monkeypatch.setattr(zl_paginator, "COUNT_CAP", 3)
     paginator = zl_admin.LedgerPaginator(Message.objects.filter(queue_name="emails").order_by("id"), 2)
     assert paginator.count == 3
     assert paginator.capped

@@ -151,7 +151,10 @@ def test_operator_desk_in_a_real_browser(live_server: Any, browser_page: Any, tm
     page.wait_for_url("**lease=stuck**")
     rows = page.locator("#result_list tbody tr")
     assert rows.count() == 2
-    assert page.locator("#result_list", has_text="expired (stuck)").count() == 1
+    assert page.locator("#result_list .zl-badge.zl-expired", has_text="stuck").count() == 2
+    assert "expired (stuck)" in (
+        page.locator("#result_list .field-lease_display [title]").first.get_attribute("title") or ""
+    )
     assert page.locator("#result_list", has_text="worker-b:912 (crashed)").count() == 1
     page.goto(f"{base}/admin/zeroloss/message/")
     shots.take(page, "admin-changelist.png", full_page=False)
@@ -210,3 +213,88 @@ def test_operator_desk_in_a_real_browser(live_server: Any, browser_page: Any, tm
     assert page.locator("meta[http-equiv=refresh]").count() == 1
     shots.take(page, "dashboard.png")
     assert len(shots.taken) == 3
+
+
+def long_traceback(n: int) -> str:
+    frames = "".join(
+        f'  File "/srv/app/venv/lib/python3.12/site-packages/smtp_client/transport/connection_{k}.py", '
+        f"line {100 + k}, in send_with_retries_and_backoff\n    self._socket.sendall(payload)\n"
+        for k in range(8)
+    )
+    return (
+        f"Traceback (most recent call last):\n{frames}"
+        f"SMTPServerDisconnected: Connection unexpectedly closed while sending message {n} to "
+        "mx.example.com:25 after 3 retries; token=" + "x" * 300
+    )
+
+
+ROW_HEIGHTS_JS = """
+() => Array.from(document.querySelectorAll('#result_list tbody tr')).map(tr => ({
+    id: tr.querySelector('th, td.field-message_id, td:nth-child(2)').innerText.trim(),
+    height: tr.getBoundingClientRect().height,
+}))
+"""
+
+OVERFLOW_JS = """
+(selector) => {
+    const el = document.querySelector(selector);
+    return {scroll: el.scrollWidth, client: el.clientWidth,
+            page: document.documentElement.scrollWidth, viewport: document.documentElement.clientWidth};
+}
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_long_errors_stay_on_one_line_and_inside_the_page(
+    live_server: Any, browser_page: Any, tmp_path: Path
+) -> None:
+    page = browser_page
+    page.set_viewport_size({"width": 1400, "height": 900})
+    base = live_server.url
+    worker = ZeroLossMessageService(instance_id="worker-d:5150 (smtp relay, eu-west-1, pool 3)")
+    for n in range(30):
+        mid = f"invoice-2025-{n:04d}-reminder-email-for-customer-account-{n * 7919:08d}"
+        worker.persist_message(mid, "billing", {"n": n}, max_attempts=1)
+        lease = worker.mark_processing(mid)
+        assert lease
+        assert worker.mark_failed(mid, lease.token, long_traceback(n))
+    worker.persist_message("p-1", "emails", {"n": 1})  # a row whose cells are all short: one line
+    User.objects.create_superuser("operator", "op@example.com", "correct horse battery staple")
+    login(page, base)
+
+    page.goto(f"{base}/admin/zeroloss/message/")
+    rows = page.evaluate(ROW_HEIGHTS_JS)
+    assert len(rows) == 31
+    one_line = next(r["height"] for r in rows if r["id"] == "p-1")
+    tall = [r for r in rows if r["height"] > 2 * one_line]
+    assert not tall, f"one-line row {one_line}px; taller than twice that: {tall[:3]}"
+    # The full text is one hover away, and the cells say so.
+    error = long_traceback(29)
+    title = (
+        page.locator("#result_list tbody tr")
+        .nth(1)
+        .locator(".field-short_error [title]")
+        .get_attribute("title")
+    )
+    assert title == error
+    full_id = page.locator("#result_list tbody tr").nth(1).locator("[title]").first.get_attribute("title")
+    assert full_id is not None and full_id.startswith("invoice-2025-0029-reminder-email")
+    box = page.evaluate(OVERFLOW_JS, "#content")
+    assert box["page"] <= box["viewport"], box
+    shots = Shots(tmp_path)
+    shots.take(page, "admin-changelist-errors.png", full_page=False)
+
+    pk = Message.objects.get(message_id="invoice-2025-0029-reminder-email-for-customer-account-00229651").pk
+    page.goto(f"{base}/admin/zeroloss/message/{pk}/change/")
+    audit = page.locator("table.zl-audit")
+    assert "SMTPServerDisconnected" in audit.inner_text()  # the full detail is on the page, wrapped
+    assert "x" * 300 in audit.inner_text().replace("\n", "")
+    for selector in ("#content", "#content-main", "fieldset.module:has(table.zl-audit)"):
+        box = page.evaluate(OVERFLOW_JS, selector)
+        assert box["scroll"] <= box["client"], (selector, box)
+    assert box["page"] <= box["viewport"], box
+    shots.take(page, "admin-detail-traceback.png")
+    table = audit.bounding_box()
+    content = page.locator("#content-main").bounding_box()
+    assert table is not None and content is not None
+    assert table["x"] + table["width"] <= content["x"] + content["width"] + 1
