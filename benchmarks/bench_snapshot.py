@@ -1,6 +1,8 @@
 """What one ledger snapshot costs as completed history grows (issue 17.8).
 
-    python -m benchmarks.bench_snapshot [--sizes 1000000 10000000] [--runs 7] [--keep-db] [--reuse]
+    git show c635315:zeroloss/snapshot.py > /tmp/snapshot_before.py   # the snapshot before issue 17.8
+    python -m benchmarks.bench_snapshot --before /tmp/snapshot_before.py [--sizes 1000000 10000000]
+                                        [--runs 7] [--keep-db] [--reuse]
 
 Creates its own PostgreSQL database (``--db-name``, default ``zeroloss_bench_snapshot``) on the
 server of ``--server-url`` / ``ZEROLOSS_BENCH_POSTGRES_URL`` / ``ZEROLOSS_TEST_POSTGRES_URL``,
@@ -12,8 +14,12 @@ retained, runs ``VACUUM ANALYZE`` (what autovacuum does in production) and times
 
 - ``compute_snapshot``: :func:`zeroloss.snapshot.compute_snapshot` of the checked-out code
   (the uncached read every metrics/health/status cache miss pays);
-- ``full GROUP BY``: the counts the snapshot read before issue 17.8, ``SELECT queue_name,
-  status, count(*) ... GROUP BY 1, 2`` over the whole table, for comparison in the same run.
+- ``before``: ``compute_snapshot`` of the older ``snapshot.py`` given with ``--before`` (loaded
+  as ``zeroloss._snapshot_before``, so it runs against the same models and service);
+- ``full GROUP BY``: ``SELECT queue_name, status, count(*) ... GROUP BY 1, 2`` over the whole
+  table, the statement at the heart of the old snapshot, as a raw-SQL reference.
+
+The three are timed in interleaved runs, so machine noise hits them alike.
 
 It prints one line per figure (median and min-max of ``--runs`` runs) and how far the
 snapshot's completed count is from the exact one. Audit rows are loaded for the live set
@@ -58,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[1_000_000, 10_000_000],
         help="Completed rows retained at each measurement (ascending).",
     )
+    parser.add_argument(
+        "--before", type=Path, metavar="FILE", help="An older zeroloss/snapshot.py to time next to this one."
+    )
     parser.add_argument("--runs", type=int, default=7, help="Timed runs per figure (the median is shown).")
     parser.add_argument("--server-url", help="Any database URL on the PostgreSQL server to use.")
     parser.add_argument(
@@ -100,9 +109,11 @@ def load_live_set() -> None:
         service.persist_messages([(f"later-{queue}-{i}", queue, {"i": i}) for i in range(625)], delay=3600)
         leases = service.claim_next(queue, limit=50)
         assert len(leases) == 50, leases
-        if n == 0:  # this queue's leases expire: 50 stuck messages
-            ids = [lease.message_id for lease in leases]
-            Message.objects.filter(message_id__in=ids).update(lease_expires_at="2000-01-01T00:00:00Z")
+        # This queue's leases expired (50 stuck messages); the others' stay live for the run.
+        expires = "2000-01-01T00:00:00Z" if n == 0 else "2999-01-01T00:00:00Z"
+        Message.objects.filter(message_id__in=[lease.message_id for lease in leases]).update(
+            lease_expires_at=expires
+        )
 
 
 def completed_count(conn: Any) -> int:
@@ -132,13 +143,28 @@ def load_completed(conn: Any, start: int, stop: int) -> None:
         _log(f"loaded completed rows {lo + 1:,}..{hi:,} in {time.perf_counter() - began:.1f}s")
 
 
-def timed(fn: Any, runs: int) -> list[float]:
-    fn()  # warm: caches, plans, buffers
-    values = []
+def load_before(path: Path) -> Any:
+    """An older snapshot module, importable next to the current one (same package, same models)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("zeroloss._snapshot_before", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def timed(fns: dict[str, Any], runs: int) -> dict[str, list[float]]:
+    """Each function ``runs`` times, interleaved, after one warm-up call each."""
+    values: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()  # warm: caches, plans, buffers
     for _ in range(runs):
-        began = time.perf_counter()
-        fn()
-        values.append(time.perf_counter() - began)
+        for name, fn in fns.items():
+            began = time.perf_counter()
+            fn()
+            values[name].append(time.perf_counter() - began)
     return values
 
 
@@ -147,26 +173,25 @@ def fmt(values: list[float]) -> str:
     return f"{statistics.median(ms):9.1f} ms  ({min(ms):.1f}-{max(ms):.1f})"
 
 
-def measure(conn: Any, size: int, runs: int) -> dict[str, Any]:
+def measure(conn: Any, size: int, runs: int, before: Any) -> dict[str, Any]:
     from zeroloss.service import ZeroLossMessageService
     from zeroloss.snapshot import compute_snapshot
 
     service = ZeroLossMessageService(instance_id="bench-snapshot")
-    snap_times = timed(lambda: compute_snapshot(service), runs)
-    full_times = timed(lambda: conn.execute(FULL_GROUP_BY).fetchall(), runs)
+    fns = {"snapshot": lambda: compute_snapshot(service)}
+    if before is not None:
+        fns["before"] = lambda: before.compute_snapshot(service)
+    fns["full"] = lambda: conn.execute(FULL_GROUP_BY).fetchall()
+    times = timed(fns, runs)
     snap = compute_snapshot(service)
-    exact = completed_count(conn)
-    shown = snap.totals["completed"]
-    estimated = bool(getattr(snap, "completed_estimated", False))
     plan = conn.execute(f"EXPLAIN {FULL_GROUP_BY}").fetchall()
     return {
         "size": size,
-        "snapshot": snap_times,
-        "full": full_times,
-        "completed_exact": exact,
-        "completed_shown": shown,
-        "estimated": estimated,
-        "full_plan": " / ".join(r[0].strip() for r in plan if "Scan" in r[0]),
+        "times": times,
+        "completed_exact": completed_count(conn),
+        "completed_shown": snap.totals["completed"],
+        "estimated": bool(getattr(snap, "completed_estimated", False)),
+        "full_plan": " / ".join(r[0].strip().lstrip("-> ") for r in plan if "Scan" in r[0]),
         "live": {s: snap.totals[s] for s in ("pending", "processing", "dead")},
         "stuck": snap.stuck,
     }
@@ -194,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.core.management import call_command
 
     results = []
+    before = load_before(args.before) if args.before else None
     try:
         conn = database.connect()
         if not reuse:
@@ -210,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                 _log(f"VACUUM ANALYZE in {time.perf_counter() - began:.1f}s")
             elif have > size:
                 _log(f"the database already holds {have:,} completed rows (> {size:,}); measuring those")
-            results.append(measure(conn, max(have, size), args.runs))
+            results.append(measure(conn, max(have, size), args.runs, before))
             r = results[-1]
-            _log(f"{r['size']:,} completed: snapshot {fmt(r['snapshot'])}, full GROUP BY {fmt(r['full'])}")
+            _log(f"{r['size']:,} completed: " + ", ".join(f"{k} {fmt(v)}" for k, v in r["times"].items()))
         conn.close()
     finally:
         if not args.keep_db:
@@ -221,16 +247,23 @@ def main(argv: list[str] | None = None) -> int:
             connections.close_all()
             database.drop()
 
-    print(f"snapshot cost, {args.runs} warm runs each (median, min-max); live set: {results[0]['live']}")
+    labels = {
+        "snapshot": "compute_snapshot (this code)",
+        "before": f"compute_snapshot ({args.before})",
+        "full": "full GROUP BY (raw SQL)",
+    }
+    print(
+        f"snapshot cost, {args.runs} warm interleaved runs each (median, min-max); live set: {results[0]['live']}"
+    )
     for r in results:
-        label = f"{r['size']:>12,} completed"
-        print(f"{label}  compute_snapshot      {fmt(r['snapshot'])}")
-        print(f"{'':>22}  full GROUP BY (before) {fmt(r['full'])}   plan: {r['full_plan']}")
+        print(f"{r['size']:>12,} completed rows retained")
+        for key, values in r["times"].items():
+            print(f"    {labels[key]:<48} {fmt(values)}")
         error = r["completed_shown"] - r["completed_exact"]
         print(
-            f"{'':>22}  completed shown {r['completed_shown']:,} "
-            f"({'estimate' if r['estimated'] else 'exact'}; exact {r['completed_exact']:,}, "
-            f"off by {error:+,} = {100 * error / max(r['completed_exact'], 1):+.2f}%), stuck {r['stuck']}"
+            f"    completed shown {r['completed_shown']:,} ({'estimate' if r['estimated'] else 'exact'}; exact "
+            f"{r['completed_exact']:,}, off by {error:+,} = {100 * error / max(r['completed_exact'], 1):+.2f}%), "
+            f"stuck {r['stuck']}; full GROUP BY plan: {r['full_plan']}"
         )
     return 0
 

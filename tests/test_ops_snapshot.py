@@ -140,7 +140,7 @@ def vacuum_analyze() -> None:
 
 @pytest.mark.postgres_only
 @pytest.mark.django_db(transaction=True)
-def test_large_tables_estimate_completed_and_count_the_rest(monkeypatch, client):
+def test_large_tables_estimate_completed_and_count_the_rest(monkeypatch, client, admin_client):
     bulk_completed({"a": 6000, "b": 2000})
     ZeroLossMessageService().persist_messages([(f"p{i}", "a", {}) for i in range(5)])
     make_stuck(["s1"], queue="b")
@@ -162,6 +162,8 @@ def test_large_tables_estimate_completed_and_count_the_rest(monkeypatch, client)
     assert table.splitlines()[0].split()[:5] == ["queue", "pending", "processing", "completed~", "dead"]
     assert "completed~: estimated from PostgreSQL's statistics" in table
     assert metric(client, "zeroloss_completed_estimated") == 1.0
+    page = admin_client.get("/admin/zeroloss/message/dashboard/?refresh=1").content.decode()
+    assert "estimated from PostgreSQL statistics" in page
 
     monkeypatch.setattr(snapshot, "EXACT_COMPLETED_ROWS", 100_000)
     exact = compute_snapshot(ZeroLossMessageService())
