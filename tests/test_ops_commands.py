@@ -33,6 +33,7 @@ STATUS_KEYS = {
     "database",
     "taken_at",
     "cached",
+    "completed_estimated",
     "totals",
     "total",
     "oldest_pending_age",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import os
 import pty
@@ -15,6 +16,7 @@ from typing import Any
 from django.core.cache import caches
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.utils import timezone
 
 from tests.conftest import ROOT, child_env
 from zeroloss.models import Message, MessageEvent, PurgeRecord
@@ -112,12 +114,18 @@ def clear_cache() -> None:
 
 
 def make_stuck(ids: list[str], queue: str = "q") -> None:
-    """Processing messages whose lease expired (a worker that died holding them)."""
-    worker = ZeroLossMessageService(ack_timeout=0.1, instance_id="dead-worker")
+    """Processing messages whose lease expired (a worker that died holding them).
+
+    The lease is expired by moving ``lease_expires_at`` into the past, never by waiting.
+    """
+    worker = ZeroLossMessageService(instance_id="dead-worker")
     worker.persist_messages([(m, queue, {"id": m}) for m in ids])
     for m in ids:
         assert worker.mark_processing(m)
-    time.sleep(0.15)
+    expired = Message.objects.filter(message_id__in=ids).update(
+        lease_expires_at=timezone.now() - dt.timedelta(minutes=1)
+    )
+    assert expired == len(ids)
 
 
 def make_dead(ids: list[str], queue: str = "q") -> None:

@@ -1,8 +1,10 @@
-"""Read-only queries behind the operator's dashboard (``admin/zeroloss/message/dashboard/``).
+"""The operator's dashboard (``admin/zeroloss/message/dashboard/``), built on the one snapshot.
 
-Nothing here writes a message or an event: every number is read from the ledger, and every
-time is the *database* clock. The whole snapshot may be cached for ``CACHE_TIMEOUT`` seconds
-(:func:`snapshot`); nothing that decides a transition ever reads it.
+Counts, ages, stuck and dead messages and the replication requirement come from
+:mod:`zeroloss.snapshot` (cached for ``CACHE_TIMEOUT``, like ``zeroloss_status``, metrics and
+health, so every screen agrees); the dashboard adds what only it shows: the throughput chart,
+the node rows, the replication measurement of everything committed so far and an integrity
+summary. Nothing here writes, and every time is the *database* clock.
 """
 
 from __future__ import annotations
@@ -10,50 +12,28 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-from django.core.cache import cache
-from django.db.models import Count, F
+from django.db.models import Count, F, Q
 from django.db.models.functions import TruncMinute
 
-from . import replication
 from .models import Message, MessageEvent, ReplicationNode, Status
+from .replication import format_lsn, is_live
 from .service import ReplicationStatus, ZeroLossMessageService, canonical_json, payload_checksum
+from .snapshot import ReplicationSnapshot, Snapshot, compute_snapshot, format_duration, get_snapshot
 
-CACHE_KEY = "zeroloss:admin:dashboard:v1"
-#: Newest messages whose checksum the integrity summary re-computes on each refresh.
+# format_duration (zeroloss.snapshot) and format_lsn (zeroloss.replication) are the only
+# formatters; they are re-exported here for the admin, which imported them from this module.
+__all__ = ["Dashboard", "collect", "format_duration", "format_lsn", "snapshot"]
+
+#: Newest messages whose checksum the integrity summary re-computes on each view.
 CHECKSUM_SAMPLE = 200
 #: Minutes in the throughput chart.
 CHART_MINUTES = 60
-
-STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
-
-
-def format_lsn(lsn: int | None) -> str:
-    """A WAL position as PostgreSQL prints it (``16/B374D848``)."""
-    if lsn is None:
-        return "-"
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def format_duration(seconds: float | None) -> str:
-    """A short, human duration: ``42s``, ``3m 05s``, ``2h 07m``, ``4d 03h``."""
-    if seconds is None:
-        return "-"
-    s = int(abs(seconds))
-    if s < 60:
-        text = f"{abs(seconds):.1f}s" if abs(seconds) < 10 else f"{s}s"
-    elif s < 3600:
-        text = f"{s // 60}m {s % 60:02d}s"
-    elif s < 86400:
-        text = f"{s // 3600}h {s % 3600 // 60:02d}m"
-    else:
-        text = f"{s // 86400}d {s % 86400 // 3600:02d}h"
-    return f"-{text}" if seconds < 0 else text
 
 
 @dataclass(frozen=True)
 class QueueRow:
     name: str
-    counts: list[int]  # in STATUSES order
+    counts: list[int]  # in Status order
     total: int
 
 
@@ -129,26 +109,68 @@ class IntegritySummary:
 
 @dataclass(frozen=True)
 class Dashboard:
-    database_now: dt.datetime
-    statuses: tuple[str, ...]
-    queues: list[QueueRow]
-    totals: list[int]
-    total: int
-    oldest_pending_age: float | None
-    stuck: int
-    dead: int
+    """What the dashboard template reads: the snapshot's numbers plus the dashboard's own rows."""
+
+    snapshot: Snapshot
     chart: Chart
     nodes: list[NodeRow]
     node_ttl: float
-    nodes_live: int
-    nodes_down: int
-    requirement: replication.Requirement
+    #: Measured copies of everything committed so far (never writes: ``record=False``).
     replication: ReplicationStatus
     integrity: IntegritySummary
+    statuses: tuple[str, ...] = tuple(Status.values)
+
+    @property
+    def database_now(self) -> dt.datetime:
+        return self.snapshot.taken_at
+
+    @property
+    def queues(self) -> list[QueueRow]:
+        return [
+            QueueRow(name=q.name, counts=[q.counts.get(s, 0) for s in self.statuses], total=q.total)
+            for q in (self.snapshot.queues[name] for name in sorted(self.snapshot.queues))
+        ]
+
+    @property
+    def totals(self) -> list[int]:
+        totals = self.snapshot.totals
+        return [totals.get(s, 0) for s in self.statuses]
+
+    @property
+    def total(self) -> int:
+        return self.snapshot.total
+
+    @property
+    def oldest_pending_age(self) -> float | None:
+        return self.snapshot.oldest_pending_age
 
     @property
     def oldest_pending(self) -> str:
         return format_duration(self.oldest_pending_age)
+
+    @property
+    def stuck(self) -> int:
+        return self.snapshot.stuck
+
+    @property
+    def dead(self) -> int:
+        return self.snapshot.dead
+
+    @property
+    def completed_estimated(self) -> bool:
+        return self.snapshot.completed_estimated
+
+    @property
+    def nodes_live(self) -> int:
+        return self.snapshot.nodes_live
+
+    @property
+    def nodes_down(self) -> int:
+        return self.snapshot.nodes_down
+
+    @property
+    def requirement(self) -> ReplicationSnapshot:
+        return self.snapshot.replication
 
 
 def _nice_ceiling(value: int) -> int:
@@ -225,16 +247,21 @@ def throughput_chart(service: ZeroLossMessageService, now: dt.datetime) -> Chart
 
 
 def integrity_summary(service: ZeroLossMessageService, stuck: int, problems: list[str]) -> IntegritySummary:
-    """Ledger invariants, cheap enough for every refresh, plus a checksum sample of the newest rows."""
+    """Ledger invariants over the live rows, plus a checksum sample of the newest rows.
+
+    Cheap enough for every view: "attempts beyond max" looks at pending, processing and dead
+    messages through their partial indexes (completed rows are ``zeroloss_verify``'s job).
+    """
     messages = Message.objects.using(service.using)
     sample = list(messages.order_by("-id").values_list("message_id", "payload", "checksum")[:CHECKSUM_SAMPLE])
     mismatches = [
         mid for mid, payload, checksum in sample if payload_checksum(canonical_json(payload)) != checksum
     ]
+    live = Q(status=Status.PENDING) | Q(status=Status.PROCESSING) | Q(status=Status.DEAD)
     return IntegritySummary(
         sampled=len(sample),
         checksum_mismatches=mismatches,
-        attempts_beyond_max=messages.filter(attempts__gt=F("max_attempts")).count(),
+        attempts_beyond_max=messages.filter(live, attempts__gt=F("max_attempts")).count(),
         processing_without_lease=messages.filter(
             status=Status.PROCESSING, lease_expires_at__isnull=True
         ).count(),
@@ -250,57 +277,32 @@ def node_rows(service: ZeroLossMessageService, now: dt.datetime) -> list[NodeRow
             node_id=n.node_id,
             role=n.role,
             address=n.address,
-            live=replication.is_live(n, cutoff),
+            live=is_live(n, cutoff),
             last_seen_at=n.last_seen_at,
             seen_ago=format_duration((now - n.last_seen_at).total_seconds()),
             state=n.state,
             sync_state=n.sync_state,
-            flush_lsn=format_lsn(n.flush_lsn),
-            replay_lsn=format_lsn(n.replay_lsn),
+            flush_lsn=format_lsn(n.flush_lsn) or "-",
+            replay_lsn=format_lsn(n.replay_lsn) or "-",
         )
         for n in ReplicationNode.objects.using(service.using).order_by("node_id")
     ]
 
 
-def collect(service: ZeroLossMessageService) -> Dashboard:
-    """One consistent-enough snapshot of the ledger for the dashboard (uncached)."""
-    stats = service.get_stats()
-    now = stats.database_now
-    queues = [
-        QueueRow(name=name, counts=[counts.get(s, 0) for s in STATUSES], total=sum(counts.values()))
-        for name, counts in sorted(stats.by_queue.items())
-    ]
-    totals = [stats.totals.get(s, 0) for s in STATUSES]
+def collect(service: ZeroLossMessageService, snap: Snapshot | None = None) -> Dashboard:
+    """The dashboard over ``snap`` (read from the database now when not given)."""
+    snap = snap if snap is not None else compute_snapshot(service)
+    now = snap.taken_at
     return Dashboard(
-        database_now=now,
-        statuses=STATUSES,
-        queues=queues,
-        totals=totals,
-        total=sum(totals),
-        oldest_pending_age=stats.oldest_pending_age,
-        stuck=stats.expired_leases,
-        dead=stats.totals.get(Status.DEAD, 0),
+        snapshot=snap,
         chart=throughput_chart(service, now),
         nodes=node_rows(service, now),
         node_ttl=service.settings.NODE_TTL,
-        nodes_live=stats.nodes_live,
-        nodes_down=stats.nodes_down,
-        requirement=replication.requirement(service),
-        replication=service.replication_status(),
-        integrity=integrity_summary(service, stats.expired_leases, stats.problems),
+        replication=service.replication_status(record=False),
+        integrity=integrity_summary(service, snap.stuck, list(snap.replication.problems)),
     )
 
 
 def snapshot(service: ZeroLossMessageService, *, refresh: bool = False) -> Dashboard:
-    """:func:`collect`, cached for ``CACHE_TIMEOUT`` seconds (0 disables the cache)."""
-    timeout = service.settings.CACHE_TIMEOUT
-    if timeout <= 0:
-        return collect(service)
-    key = f"{CACHE_KEY}:{service.using}"
-    if not refresh:
-        cached = cache.get(key)
-        if isinstance(cached, Dashboard):
-            return cached
-    data = collect(service)
-    cache.set(key, data, timeout)
-    return data
+    """The dashboard over the cached snapshot (``CACHE_TIMEOUT``); ``refresh`` reads it anew."""
+    return collect(service, get_snapshot(service, use_cache=not refresh))

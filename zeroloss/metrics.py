@@ -28,15 +28,26 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from .models import Status
 from .service import ZeroLossMessageService
-from .snapshot import STATUSES, Snapshot, get_snapshot
+from .snapshot import Snapshot, get_snapshot
 
 logger = logging.getLogger("zeroloss")
 
 #: (name, help, label names) of every metric the collector exports.
 METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("zeroloss_up", "1 if the ledger could be read on this scrape, 0 if the database read failed.", ()),
-    ("zeroloss_messages", "Messages in the ledger by queue and status.", ("queue", "status")),
+    (
+        "zeroloss_messages",
+        "Messages in the ledger by queue and status (completed: an estimate when "
+        "zeroloss_completed_estimated is 1).",
+        ("queue", "status"),
+    ),
+    (
+        "zeroloss_completed_estimated",
+        "1 if the completed counts are estimated from PostgreSQL's statistics (large tables), 0 if counted.",
+        (),
+    ),
     (
         "zeroloss_oldest_pending_age_seconds",
         "Seconds the oldest claimable pending message of the queue has waited (0 if none).",
@@ -87,11 +98,13 @@ def families(snapshot: Snapshot) -> list[Metric]:
     dead = _family("zeroloss_dead_letters")
     for name in sorted(snapshot.queues):
         q = snapshot.queues[name]
-        for status in STATUSES:
+        for status in Status.values:
             messages.add_metric([name, status], q.counts.get(status, 0))
         oldest.add_metric([name], q.oldest_pending_age or 0.0)
         expired.add_metric([name], q.stuck)
         dead.add_metric([name], q.dead)
+    estimated = _family("zeroloss_completed_estimated")
+    estimated.add_metric([], 1 if snapshot.completed_estimated else 0)
     runs = _family("zeroloss_sweep_runs")
     runs.add_metric([], snapshot.sweep_runs)
     recovered = _family("zeroloss_sweep_recovered_messages")
@@ -108,7 +121,21 @@ def families(snapshot: Snapshot) -> list[Metric]:
     ok.add_metric([], 1 if snapshot.replication.ok else 0)
     stamp = _family("zeroloss_snapshot_timestamp_seconds")
     stamp.add_metric([], snapshot.taken_at.timestamp())
-    return [up, messages, oldest, expired, dead, runs, recovered, nodes, required, available, ok, stamp]
+    return [
+        up,
+        messages,
+        estimated,
+        oldest,
+        expired,
+        dead,
+        runs,
+        recovered,
+        nodes,
+        required,
+        available,
+        ok,
+        stamp,
+    ]
 
 
 class ZeroLossCollector(Collector):

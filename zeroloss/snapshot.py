@@ -1,23 +1,35 @@
-"""One cheap, cacheable picture of the ledger for status, dashboards, metrics and health.
+"""The one picture of the ledger: ``zeroloss_status``, the dashboard, metrics and health read it.
 
-:func:`get_snapshot` reads counts per queue x status, the age of the oldest waiting
-message, stuck (expired-lease) and dead counts, replication nodes and the replication
-requirement, and what the recovery sweep has done according to the audit trail. Every
-query is index-backed, so a snapshot stays cheap at a million rows:
+:func:`get_snapshot` (cached) and :func:`compute_snapshot` (uncached) return a
+:class:`Snapshot`: messages per queue x status, the age of the oldest claimable message, stuck
+(expired-lease) and dead counts, replication nodes and requirement, and what the recovery sweep
+did according to the audit trail. Every reader shows this one object, so they always agree.
 
-=================================  =================================================
-counts per queue x status          ``GROUP BY`` over ``zeroloss_msg_queue_status_idx``
-oldest waiting message per queue   ``MIN(available_at)`` on the partial claim index
-stuck (expired leases) per queue   range scan of the partial lease index
-sweep recoveries                   ``(reason, created_at)`` event index
-=================================  =================================================
+Its cost does not grow with completed history:
 
-Results go through Django's ``default`` cache for ``ZEROLOSS["CACHE_TIMEOUT"]`` seconds
-(``0`` disables it). Nothing that changes a message ever reads a snapshot: the cache can
-only make a *read* a few seconds old, never a transition wrong. A cache that fails (Redis
-down) is logged and bypassed.
+============================  ====================================================================
+pending, processing, dead     one ``GROUP BY queue_name, status`` over the three partial indexes
+per queue, oldest pending,    (claim, lease, dead-letter): it reads the live rows only, never a
+stuck                         completed one
+completed per queue           counted exactly while the table holds at most
+                              :data:`EXACT_COMPLETED_ROWS` rows (PostgreSQL's own row estimate);
+                              above that, on PostgreSQL, **estimated** (``completed_estimated``):
+                              table rows (``pg_class``, scaled to the table's current size the way
+                              the planner does) minus the live rows, split over the queues by
+                              their share in ``pg_stats``; queue names come from a skip scan of
+                              ``zeroloss_msg_queue_status_idx``. SQLite always counts.
+sweep recoveries              the ``(reason, created_at)`` event index
+============================  ====================================================================
 
-Lease state comes from the database clock (``Now()``), never from this host's clock.
+**Oldest pending age** is how long the oldest *claimable* pending message has been waiting to be
+claimed: seconds since its ``available_at`` (database clock). A message waiting for its delay
+or retry backoff is not backlog, so a queue whose pending messages are all scheduled for later
+shows ``0.0``; a queue with nothing pending shows ``None``. (Dating from ``created_at`` would
+make a message retried for hours look like a backlog of hours.)
+
+Results go through Django's ``default`` cache for ``ZEROLOSS["CACHE_TIMEOUT"]`` seconds (``0``
+disables it). Nothing that changes a message reads a snapshot: the cache can only make a *read*
+a few seconds old. A cache that fails (Redis down) is logged and bypassed.
 """
 
 from __future__ import annotations
@@ -40,26 +52,60 @@ logger = logging.getLogger("zeroloss")
 #: The Django cache alias snapshots are stored in.
 CACHE_ALIAS = "default"
 #: Bump when the cached layout changes, so old entries are never misread.
-CACHE_VERSION = 1
-#: Above this many queues the oldest-pending ages come from one GROUP BY instead of one
-#: index lookup per queue.
-_PER_QUEUE_LOOKUPS = 50
+CACHE_VERSION = 2
+#: Completed messages are counted exactly up to this many rows in the message table (PostgreSQL's
+#: estimate); above it they are estimated. Counting that many takes tens of milliseconds.
+EXACT_COMPLETED_ROWS = 200_000
+#: At most this many queue names are read by the skip scan (each is one index descent).
+MAX_QUEUES = 10_000
 
-STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
+MSG = Message._meta.db_table
+_TABLE_ROWS_SQL = (
+    "SELECT CASE WHEN c.relpages > 0 AND c.reltuples >= 0 THEN c.reltuples / c.relpages * "
+    "(pg_relation_size(c.oid) / current_setting('block_size')::bigint) END FROM pg_class c WHERE c.oid = %s::regclass"
+)
+_QUEUE_SHARES_SQL = (
+    "SELECT s.most_common_vals::text::text[], s.most_common_freqs, s.n_distinct, s.null_frac FROM pg_stats s "
+    "JOIN pg_class c ON c.relname = s.tablename JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "AND n.nspname = s.schemaname WHERE c.oid = %s::regclass AND s.attname = 'queue_name'"
+)
+# Each step is one descent of the (queue_name, status) index: cost follows the number of queues.
+_QUEUE_NAMES_SQL = (
+    f"WITH RECURSIVE q(name) AS (SELECT min(queue_name) FROM {MSG} UNION ALL "
+    f"SELECT (SELECT min(m.queue_name) FROM {MSG} m WHERE m.queue_name > q.name) FROM q WHERE q.name IS NOT NULL) "
+    "SELECT name FROM q WHERE name IS NOT NULL LIMIT %s"
+)
+
+
+def format_duration(seconds: float | None) -> str:
+    """Seconds as text for terminals and the admin: ``-``, ``4.2s``, ``42s``, ``12m 05s``,
+    ``3h 07m``, ``2d 04h``; negative durations get a leading ``-``. The one text format."""
+    if seconds is None:
+        return "-"
+    magnitude = abs(float(seconds))
+    s = int(magnitude)
+    if s < 60:
+        text = f"{magnitude:.1f}s" if magnitude < 10 else f"{s}s"
+    elif s < 3600:
+        text = f"{s // 60}m {s % 60:02d}s"
+    elif s < 86400:
+        text = f"{s // 3600}h {s % 3600 // 60:02d}m"
+    else:
+        text = f"{s // 86400}d {s % 86400 // 3600:02d}h"
+    return f"-{text}" if seconds < 0 and text != "0.0s" else text
 
 
 def _zero_counts() -> dict[str, int]:
-    return dict.fromkeys(STATUSES, 0)
+    return dict.fromkeys(Status.values, 0)
 
 
 @dataclass(frozen=True)
 class QueueSnapshot:
-    """One queue: messages per status, stuck count and the oldest waiting message's age."""
+    """One queue: messages per status, stuck count and the oldest claimable message's age."""
 
     name: str
     counts: dict[str, int] = field(default_factory=_zero_counts)
-    #: Seconds the oldest claimable pending message has waited (database clock); 0.0 when
-    #: every pending message is scheduled in the future; ``None`` when nothing is pending.
+    #: Seconds the oldest claimable pending message has waited (see the module docstring).
     oldest_pending_age: float | None = None
     #: Processing messages whose lease expired (the sweep will requeue or dead-letter them).
     stuck: int = 0
@@ -111,6 +157,9 @@ class Snapshot:
     sweep_runs: int = 0
     #: True when this came from the cache rather than the database.
     cached: bool = False
+    #: True when the completed counts are an estimate (see the module docstring); the other
+    #: statuses are always exact.
+    completed_estimated: bool = False
 
     @property
     def totals(self) -> dict[str, int]:
@@ -152,6 +201,7 @@ class Snapshot:
             "database": self.database,
             "taken_at": self.taken_at.isoformat(),
             "cached": self.cached,
+            "completed_estimated": self.completed_estimated,
             "totals": self.totals,
             "total": self.total,
             "oldest_pending_age": self.oldest_pending_age,
@@ -169,10 +219,9 @@ class Snapshot:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, cached: bool = False) -> Snapshot:
-        taken_at = dt.datetime.fromisoformat(data["taken_at"])
         return cls(
             database=data["database"],
-            taken_at=taken_at,
+            taken_at=dt.datetime.fromisoformat(data["taken_at"]),
             queues={
                 q["name"]: QueueSnapshot(
                     name=q["name"],
@@ -189,6 +238,7 @@ class Snapshot:
             recovered_dead_lettered=int(data["sweep"]["dead_lettered"]),
             sweep_runs=int(data["sweep"]["runs"]),
             cached=cached,
+            completed_estimated=bool(data["completed_estimated"]),
         )
 
 
@@ -237,31 +287,77 @@ def invalidate(service: ZeroLossMessageService) -> None:
         logger.warning("zeroloss: cache delete failed", exc_info=True)
 
 
+def _estimated_completed(service: ZeroLossMessageService, live: dict[str, int]) -> dict[str, int] | None:
+    """Completed messages per queue from PostgreSQL's statistics, or None to count them instead.
+
+    None when the table is small enough to count (or has never been analysed, which
+    autovacuum fixes within minutes of its first few thousand rows).
+    """
+    with service.connection.cursor() as cursor:
+        cursor.execute(_TABLE_ROWS_SQL, [MSG])
+        rows = cursor.fetchone()[0]
+        if rows is None or rows <= EXACT_COMPLETED_ROWS:
+            return None
+        cursor.execute(_QUEUE_SHARES_SQL, [MSG])
+        stats = cursor.fetchone()
+        if stats is None:
+            return None
+        cursor.execute(_QUEUE_NAMES_SQL, [MAX_QUEUES])
+        names = [r[0] for r in cursor.fetchall()]
+    common_names, common_freqs, n_distinct, null_frac = stats
+    shares = dict(zip(common_names or [], common_freqs or [], strict=True))
+    distinct = -n_distinct * rows if n_distinct < 0 else n_distinct
+    # What the planner assumes for a value missing from the most-common list: an even share
+    # of the rows the list does not cover.
+    rare = max(1.0 - sum(shares.values()) - null_frac, 0.0) / max(distinct - len(shares), 1.0)
+    completed = max(rows - sum(live.values()), 0.0)
+    weights = {q: max(rows * shares.get(q, rare) - live.get(q, 0), 0.0) for q in names}
+    total_weight = sum(weights.values()) or 1.0
+    # A queue the skip scan found without live messages holds at least one completed message.
+    return {q: max(round(completed * w / total_weight), 0 if live.get(q) else 1) for q, w in weights.items()}
+
+
 def compute_snapshot(service: ZeroLossMessageService) -> Snapshot:
     """Read a snapshot from the database now (no cache)."""
     alias = service.using
     messages = Message.objects.using(alias)
-    counts: dict[str, dict[str, int]] = {}
-    for row in messages.order_by().values("queue_name", "status").annotate(n=Count("id")):
-        counts.setdefault(row["queue_name"], _zero_counts())[row["status"]] = row["n"]
     now = service.database_now()
-
-    stuck: dict[str, int] = {
-        row["queue_name"]: row["n"]
-        for row in messages.stuck().order_by().values("queue_name").annotate(n=Count("id"))
-    }
-
-    with_pending = [q for q, c in counts.items() if c[Status.PENDING]]
+    counts: dict[str, dict[str, int]] = {}
     oldest: dict[str, dt.datetime] = {}
-    if len(with_pending) <= _PER_QUEUE_LOOKUPS:
-        for q in with_pending:
-            # An index min lookup on (queue_name, available_at) WHERE status = 'pending'.
-            value = messages.filter(status=Status.PENDING, queue_name=q).aggregate(m=Min("available_at"))["m"]
-            if value is not None:
-                oldest[q] = value
-    else:
-        for prow in messages.pending().order_by().values("queue_name").annotate(m=Min("available_at")):
-            oldest[prow["queue_name"]] = prow["m"]
+    stuck: dict[str, int] = {}
+    # One statement, so the live counts are consistent with each other. The OR of the three
+    # statuses lets PostgreSQL combine the three partial indexes (a BitmapOr): completed rows
+    # are never read.
+    live_rows = (
+        messages.filter(Q(status=Status.PENDING) | Q(status=Status.PROCESSING) | Q(status=Status.DEAD))
+        .values("queue_name", "status")
+        .annotate(
+            n=Count("*"),
+            oldest=Min("available_at", filter=Q(status=Status.PENDING)),
+            stuck=Count("id", filter=Q(status=Status.PROCESSING, lease_expires_at__lt=now)),
+        )
+        .order_by()
+    )
+    for row in live_rows:
+        counts.setdefault(row["queue_name"], _zero_counts())[row["status"]] = row["n"]
+        if row["oldest"] is not None:
+            oldest[row["queue_name"]] = row["oldest"]
+        if row["stuck"]:
+            stuck[row["queue_name"]] = row["stuck"]
+    estimated = None
+    if service.connection.vendor == "postgresql":
+        estimated = _estimated_completed(service, {q: sum(c.values()) for q, c in counts.items()})
+    completed = estimated
+    if completed is None:
+        completed = {
+            row["queue_name"]: row["n"]
+            for row in messages.filter(status=Status.COMPLETED)
+            .values("queue_name")
+            .annotate(n=Count("*"))
+            .order_by()
+        }
+    for name, n in completed.items():
+        counts.setdefault(name, _zero_counts())[Status.COMPLETED] = n
 
     queues = {
         name: QueueSnapshot(
@@ -272,10 +368,8 @@ def compute_snapshot(service: ZeroLossMessageService) -> Snapshot:
         )
         for name, c in sorted(counts.items())
     }
-
     live, down = replication.node_counts(service)
     req = replication.requirement(service)
-
     events = MessageEvent.objects.using(alias)
     sweep_dead = Q(reason="dead_lettered", actor__startswith="sweep@")
     requeued = events.filter(reason="lease_expired").count()
@@ -301,4 +395,5 @@ def compute_snapshot(service: ZeroLossMessageService) -> Snapshot:
         recovered_dead_lettered=dead_lettered,
         sweep_runs=runs,
         cached=False,
+        completed_estimated=estimated is not None,
     )

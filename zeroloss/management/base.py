@@ -2,47 +2,65 @@
 
 - results on stdout (a table by default, ``--json`` for scripts), logs and prompts on stderr;
 - ``--database ALIAS``;
+- ``--verbosity``: 0 results and errors only (no progress bar, no informational lines),
+  1 the default, 2 more detail (what each command adds is in docs/operations.md);
 - exit codes, the same meaning in every command (each documents which it uses):
 
   ====  ==========================================================================
   0     success
-  1     a warning condition (``zeroloss_verify``), or some selected messages were not
-        changed (``zeroloss_requeue``)
+  1     a warning condition (``zeroloss_verify``), the replication requirement is not
+        met (``zeroloss_nodes``), or some selected messages were not changed
+        (``zeroloss_requeue``)
   2     bad arguments (argparse style: usage and ``error:`` on stderr, nothing changed),
         or a critical condition (``zeroloss_verify``)
   3     not confirmed: the prompt was refused, or stdin is not a terminal and ``--yes``
         was not given; nothing changed
+  4     the ledger could not be reached: the database refused or dropped the connection,
+        or failed a statement (``OperationalError``/``InterfaceError``: server down, lost
+        connection, lock or statement timeout). One line on stderr; with ``--json``, a
+        one-line ``{"status": "error", ...}`` document on stdout. A command that changes
+        data may have committed the batches before the failure: run it again
+  141   stdout was closed by its reader (``| head``): stopped quietly, as a tool killed by
+        SIGPIPE would be (128 + 13)
   ====  ==========================================================================
 
-- durations written ``90s``, ``15m``, ``2h``, ``7d``;
+- durations written ``90s``, ``15m``, ``2h``, ``7d`` (at most :data:`MAX_DURATION_DAYS` days);
 - commands that change data take ``--dry-run`` (change nothing, report what would change)
   and ``--yes`` (skip the confirmation prompt for many rows or a set-based selection);
-- a progress bar on long work, only when stdout is a terminal and ``--json`` is off.
+- a progress bar on long work, only when stdout is a terminal, ``--json`` is off and
+  ``--verbosity`` is at least 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 
 from ..models import Message
 from ..service import ZeroLossMessageService, default_instance_id
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: The longest duration a command accepts: 1,000 years, far beyond any retention, and small
+#: enough that "now minus it" is a date both Python and the database can represent.
+MAX_DURATION_DAYS = 365_000
 
 EXIT_OK = 0
 EXIT_WARNING = 1
 EXIT_USAGE = 2
 EXIT_CRITICAL = 2
 EXIT_NOT_CONFIRMED = 3
+EXIT_UNREACHABLE = 4
+EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE
 
 #: Above this many rows an explicit ID list asks for confirmation (set-based selections always do).
 CONFIRM_THRESHOLD = 100
@@ -55,7 +73,12 @@ def parse_duration(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"invalid duration {text!r}: use a number and a unit, like 90s, 15m, 2h, 7d"
         )
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if not seconds <= MAX_DURATION_DAYS * 86400:  # also rejects inf, from a very long number
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: at most {MAX_DURATION_DAYS}d (1,000 years)"
+        )
+    return seconds
 
 
 def positive_int(text: str) -> int:
@@ -69,28 +92,14 @@ def positive_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
+    """Seconds > 0 and finite: ``inf`` and ``nan`` are refused (a wait must end)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected seconds > 0") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected seconds > 0")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected finite seconds > 0")
     return value
-
-
-def format_duration(seconds: float | None) -> str:
-    """Seconds as a short human string: ``-``, ``4.2s``, ``12m05s``, ``3h07m``, ``2d04h``."""
-    if seconds is None:
-        return "-"
-    s = max(0.0, float(seconds))
-    if s < 60:
-        return f"{s:.1f}s"
-    whole = int(s)
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{(whole % 3600) // 60:02d}m"
-    return f"{whole // 86400}d{(whole % 86400) // 3600:02d}h"
 
 
 class CommandExit(CommandError):
@@ -124,6 +133,12 @@ class NotConfirmed(CommandExit):
     """The confirmation prompt was refused or could not be asked; nothing changed (exit code 3)."""
 
     code = EXIT_NOT_CONFIRMED
+
+
+class LedgerUnreachable(CommandExit):
+    """The database could not be reached or failed a statement (exit code 4)."""
+
+    code = EXIT_UNREACHABLE
 
 
 class UsageError(CommandError):
@@ -177,11 +192,23 @@ class ZeroLossCommand(BaseCommand):
     changes_data = False
     #: ``call_command(..., stdin=...)`` replaces the terminal the prompt reads from.
     stealth_options = ("stdin",)
+    #: ``--verbosity`` of the running command (set by :meth:`execute`).
+    verbosity = 1
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        parser = super().create_parser(prog_name, subcommand, **kwargs)
-        # Same parser, stricter error(): exit code 2 from call_command as well.
-        parser.__class__ = ZeroLossParser
+        # Django builds a CommandParser with its own options and the command's arguments; a
+        # ZeroLossParser adopts all of them through argparse's ``parents`` (the parent must
+        # leave -h/--help to the child), so bad arguments are exit code 2 from call_command too.
+        base = super().create_parser(prog_name, subcommand, **{**kwargs, "add_help": False})
+        parser = ZeroLossParser(
+            prog=base.prog,
+            description=base.description,
+            formatter_class=base.formatter_class,
+            parents=[base],
+            missing_args_message=base.missing_args_message,
+            called_from_command_line=base.called_from_command_line,
+            add_help=kwargs.get("add_help", True),
+        )
         parser.add_argument("--database", default="default", help="Database alias (default: %(default)s).")
         if self.json_option:
             parser.add_argument("--json", action="store_true", help="Print machine-readable JSON on stdout.")
@@ -195,9 +222,41 @@ class ZeroLossCommand(BaseCommand):
         self._parser = parser
         return parser
 
+    def run_from_argv(self, argv: list[str]) -> None:
+        try:
+            super().run_from_argv(argv)
+        except BrokenPipeError:
+            # The reader went away (``| head -1``): stop quietly, as a Unix tool killed by SIGPIPE
+            # does. stdout now points at /dev/null so the interpreter's last flush cannot fail too.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(EXIT_BROKEN_PIPE)
+
     def execute(self, *args: Any, **options: Any) -> Any:
         self._stdin = options.get("stdin") or sys.stdin
-        return super().execute(*args, **options)
+        self.verbosity = int(options.get("verbosity", 1))
+        try:
+            return super().execute(*args, **options)
+        except (OperationalError, InterfaceError) as exc:
+            raise self.unreachable(exc, options) from exc
+
+    def unreachable(self, exc: Exception, options: dict[str, Any]) -> LedgerUnreachable:
+        """Exit code 4, one line on stderr (and a one-line JSON document with ``--json``)."""
+        alias = options.get("database") or DEFAULT_DB_ALIAS
+        detail = " ".join(str(exc).split()) or "no detail"
+        message = f"could not reach the ledger (database {alias!r}): {type(exc).__name__}: {detail}"
+        if options.get("json"):
+            document = {
+                "status": "error",
+                "error": message,
+                "error_type": type(exc).__name__,
+                "command": self.command_name(),
+                "database": alias,
+                "exit_code": EXIT_UNREACHABLE,
+            }
+            # One line, so ``--watch --json`` readers that parse line by line get it too.
+            self.stdout.write(json.dumps(document, sort_keys=True))
+        return LedgerUnreachable(message)
 
     # -- arguments ----------------------------------------------------------------------
 
@@ -250,16 +309,18 @@ class ZeroLossCommand(BaseCommand):
             if n == 0:
                 self.stdout.write("  ".join("-" * w for w in widths))
 
-    def log(self, message: str) -> None:
-        self.stderr.write(message)
+    def log(self, message: str, level: int = 1) -> None:
+        """An informational line on stderr, shown from ``--verbosity level`` up."""
+        if self.verbosity >= level:
+            self.stderr.write(message)
 
     @staticmethod
     def is_tty() -> bool:
         return sys.stdout.isatty()
 
     def progress(self, total: int, label: str, options: dict[str, Any]) -> Progress:
-        """A progress bar on stdout when it is a terminal (never with ``--json``)."""
-        enabled = self.stdout.isatty() and not options.get("json")
+        """A progress bar on stdout when it is a terminal (never with ``--json`` or ``-v 0``)."""
+        enabled = self.stdout.isatty() and not options.get("json") and self.verbosity >= 1
         return Progress(self.stdout, total, label, enabled=enabled)
 
     # -- confirmation -------------------------------------------------------------------

@@ -7,12 +7,15 @@ report that measurement.
 
 Exit codes: 0 success; 1 the replication requirement (``REPLICATION_FACTOR - 1`` streaming
 standbys) is not met (``list`` and ``discover``), or ``unregister`` found no such node;
-2 bad arguments.
+2 bad arguments; 4 the ledger could not be reached.
+
+``--verbosity 0`` prints the node table only (no summary line); 2 adds each node's flush
+position and metadata.
 """
 
 from __future__ import annotations
 
-import json
+import json as json_text
 from typing import Any
 
 from django.core.management.base import CommandParser
@@ -21,7 +24,8 @@ from ... import replication
 from ...exceptions import InvalidMessage
 from ...models import NodeRole, ReplicationNode
 from ...service import ZeroLossMessageService
-from ..base import WarningFound, ZeroLossCommand, format_duration
+from ...snapshot import format_duration
+from ..base import WarningFound, ZeroLossCommand
 
 ACTIONS = ("list", "register", "unregister", "discover")
 
@@ -43,20 +47,20 @@ class Command(ZeroLossCommand):
             "--metadata", default=None, help='register: a JSON object, e.g. \'{"zone": "a"}\'.'
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def handle(self, *, action: str, node_id: str | None, json: bool, **options: Any) -> None:
         service = self.service(options)
-        action = options["action"]
-        node_id = options["node_id"]
         if action in ("register", "unregister") and not node_id:
             self.usage_error(f"{action} needs a NODE_ID")
         if action in ("list", "discover") and node_id:
             self.usage_error(f"{action} takes no NODE_ID (got {node_id!r})")
         if action == "register":
-            self._register(service, node_id, options)
+            assert node_id is not None
+            self._register(service, node_id, options, as_json=json)
         elif action == "unregister":
+            assert node_id is not None
             if not service.unregister_replication_node(node_id):
                 raise WarningFound(f"no node {node_id!r} is registered; nothing was removed.")
-            if options["json"]:
+            if json:
                 self.emit_json({"unregistered": node_id})
             else:
                 self.stdout.write(f"unregistered {node_id}")
@@ -64,13 +68,15 @@ class Command(ZeroLossCommand):
             if action == "discover" and replication.in_recovery(service):
                 self.usage_error("this database is a standby in recovery: run discover against the primary")
             discovered = replication.discover(service) if action == "discover" else None
-            self._report(service, options, discovered)
+            self._report(service, discovered, as_json=json)
 
-    def _register(self, service: ZeroLossMessageService, node_id: str, options: dict[str, Any]) -> None:
+    def _register(
+        self, service: ZeroLossMessageService, node_id: str, options: dict[str, Any], *, as_json: bool
+    ) -> None:
         metadata = None
         if options["metadata"] is not None:
             try:
-                metadata = json.loads(options["metadata"])
+                metadata = json_text.loads(options["metadata"])
             except ValueError as exc:
                 self.usage_error(f"--metadata is not JSON: {exc}")
         try:
@@ -79,7 +85,7 @@ class Command(ZeroLossCommand):
             )
         except InvalidMessage as exc:
             self.usage_error(str(exc))
-        if options["json"]:
+        if as_json:
             self.emit_json({"registered": self._node_dict(node, live=True, age=0.0)})
         else:
             self.stdout.write(
@@ -103,10 +109,7 @@ class Command(ZeroLossCommand):
         }
 
     def _report(
-        self,
-        service: ZeroLossMessageService,
-        options: dict[str, Any],
-        discovered: list[ReplicationNode] | None,
+        self, service: ZeroLossMessageService, discovered: list[ReplicationNode] | None, *, as_json: bool
     ) -> None:
         now = service.database_now()
         cutoff = replication.live_cutoff(service)
@@ -128,19 +131,21 @@ class Command(ZeroLossCommand):
             "ok": req.ok,
             "problems": req.problems,
         }
-        if options["json"]:
+        if as_json:
             data: dict[str, Any] = {"nodes": nodes, "replication": summary}
             if discovered is not None:
                 data["discovered"] = [n.node_id for n in discovered]
             self.emit_json(data)
         else:
-            if discovered is not None:
+            if discovered is not None and self.verbosity >= 1:
                 self.stdout.write(
                     f"discovered {len(discovered)} standby(s) in pg_stat_replication"
                     + (f": {', '.join(n.node_id for n in discovered)}" if discovered else "")
                 )
+            detail = self.verbosity >= 2
             self.table(
-                ["NODE", "ROLE", "STATUS", "LAST SEEN", "ADDRESS", "STATE", "SYNC", "REPLAY LSN"],
+                ["NODE", "ROLE", "STATUS", "LAST SEEN", "ADDRESS", "STATE", "SYNC", "REPLAY LSN"]
+                + (["FLUSH LSN", "METADATA"] if detail else []),
                 [
                     [
                         n["node_id"],
@@ -152,13 +157,19 @@ class Command(ZeroLossCommand):
                         n["sync_state"] or "-",
                         n["replay_lsn"] or "-",
                     ]
+                    + (
+                        [n["flush_lsn"] or "-", json_text.dumps(n["metadata"], sort_keys=True)]
+                        if detail
+                        else []
+                    )
                     for n in nodes
                 ],
             )
-            self.stdout.write(
-                f"replication: {req.available} streaming standby(s), {req.required} required "
-                f"(REPLICATION_FACTOR={cfg.REPLICATION_FACTOR}, PERSISTENCE_LEVEL={cfg.PERSISTENCE_LEVEL}): "
-                + ("ok" if req.ok else "NOT MET")
-            )
+            if self.verbosity >= 1:
+                self.stdout.write(
+                    f"replication: {req.available} streaming standby(s), {req.required} required "
+                    f"(REPLICATION_FACTOR={cfg.REPLICATION_FACTOR}, PERSISTENCE_LEVEL={cfg.PERSISTENCE_LEVEL}): "
+                    + ("ok" if req.ok else "NOT MET")
+                )
         if not req.ok:
             raise WarningFound(" ".join(req.problems))

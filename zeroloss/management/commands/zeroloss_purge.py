@@ -8,8 +8,11 @@ database clock from ``completed_at`` (completed) or ``dead_at`` (dead).
 The run is bounded by what was counted (and confirmed) at its start: messages that become
 old enough while it runs are left for the next run.
 
-Exit codes: 0 done (also when nothing matched); 2 bad arguments; 3 not confirmed.
+Exit codes: 0 done (also when nothing matched); 2 bad arguments; 3 not confirmed; 4 the
+ledger could not be reached (batches purged before the failure stay purged and counted).
 JSON schema: docs/operations.md.
+
+``--verbosity 0`` prints the summary line only; 2 logs every batch on stderr.
 """
 
 from __future__ import annotations
@@ -52,14 +55,23 @@ class Command(ZeroLossCommand):
         )
         parser.add_argument("--limit", type=positive_int, help="Purge at most N messages (oldest first).")
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def handle(
+        self,
+        *,
+        older_than: float,
+        status: str,
+        queue: str | None,
+        batch_size: int,
+        limit: int | None,
+        dry_run: bool,
+        json: bool,
+        **options: Any,
+    ) -> None:
         service = self.service(options)
-        queue = self.check_queue(service, options["queue"])
-        status: str = options["status"]
-        older: float = options["older_than"]
+        queue = self.check_queue(service, queue)
         stamp = "completed_at" if status == Status.COMPLETED else "dead_at"
         now = service.database_now()
-        cutoff = now - dt.timedelta(seconds=older)
+        cutoff = now - dt.timedelta(seconds=older_than)
         qs = Message.objects.using(service.using).filter(status=status, **{f"{stamp}__lt": cutoff})
         if queue is not None:
             qs = qs.filter(queue_name=queue)
@@ -67,50 +79,49 @@ class Command(ZeroLossCommand):
             row["queue_name"]: row["n"] for row in qs.order_by().values("queue_name").annotate(n=Count("id"))
         }
         available = sum(by_queue.values())
-        limit = options["limit"]
         matched = available if limit is None else min(available, limit)
         result: dict[str, Any] = {
-            "dry_run": options["dry_run"],
+            "dry_run": dry_run,
             "status": status,
             "queue": queue,
-            "older_than_seconds": older,
+            "older_than_seconds": older_than,
             "cutoff": cutoff.isoformat(),
             "limit": limit,
-            "batch_size": options["batch_size"],
+            "batch_size": batch_size,
             "matched": matched,
             "purged": 0,
-            "by_queue": by_queue if limit is None or options["dry_run"] else {},
+            "by_queue": by_queue if limit is None or dry_run else {},
         }
-        if options["dry_run"] or matched == 0:
-            if limit is not None and options["dry_run"]:
+        if dry_run or matched == 0:
+            if limit is not None and dry_run:
                 result["by_queue"] = self.first_by_queue(qs, stamp, matched)
-            self.report(result, options)
+            self.report(result, as_json=json)
             return
         self.confirm(
             f"Purge {matched} {status} message(s){f' of queue {queue!r}' if queue else ''} "
-            f"older than {options['older_than']:g}s, with their audit rows?",
-            options,
+            f"older than {older_than:g}s, with their audit rows?",
+            {**options, "json": json},
         )
         actor = self.actor()
-        batch = options["batch_size"]
         purged = 0
-        bar = self.progress(matched, "purge", options)
+        bar = self.progress(matched, "purge", {**options, "json": json})
         try:
             while purged < matched:
                 # The service measures the age again on the database clock at each batch; the
                 # total stays within what was confirmed.
                 n = service.purge_messages(
                     status=status,
-                    older_than=older,
+                    older_than=older_than,
                     queue_name=queue,
-                    batch_size=batch,
+                    batch_size=batch_size,
                     actor=actor,
-                    limit=min(batch, matched - purged),
+                    limit=min(batch_size, matched - purged),
                 )
                 if n == 0:
                     break
                 purged += n
                 bar.advance(n)
+                self.log(f"zeroloss_purge: batch of {n} purged ({purged}/{matched})", level=2)
         finally:
             bar.close()
         invalidate(service)
@@ -123,7 +134,7 @@ class Command(ZeroLossCommand):
             .values("queue_name")
             .annotate(n=Sum("count"))
         }
-        self.report(result, options)
+        self.report(result, as_json=json)
 
     @staticmethod
     def first_by_queue(qs: Any, stamp: str, n: int) -> dict[str, int]:
@@ -132,8 +143,8 @@ class Command(ZeroLossCommand):
             counts[queue] = counts.get(queue, 0) + 1
         return counts
 
-    def report(self, result: dict[str, Any], options: dict[str, Any]) -> None:
-        if options["json"]:
+    def report(self, result: dict[str, Any], *, as_json: bool) -> None:
+        if as_json:
             self.emit_json(result)
             return
         if result["dry_run"]:
@@ -141,5 +152,5 @@ class Command(ZeroLossCommand):
         else:
             head = f"purged {result['purged']} {result['status']} message(s)"
         self.stdout.write(f"{head} older than {result['older_than_seconds']:g}s (before {result['cutoff']})")
-        if result["by_queue"]:
+        if result["by_queue"] and self.verbosity >= 1:
             self.table(["queue", "messages"], sorted(result["by_queue"].items()))

@@ -15,7 +15,11 @@ the sweep or another operator meanwhile is reported as skipped, never moved twic
 
 Exit codes: 0 every selected message was requeued (or would be, with ``--dry-run``);
 1 some were skipped (wrong state, live lease without ``--force``, changed meanwhile);
-2 bad arguments; 3 not confirmed. JSON schema: docs/operations.md.
+2 bad arguments; 3 not confirmed; 4 the ledger could not be reached (batches moved before
+the failure stay moved: run the command again). JSON schema: docs/operations.md.
+
+``--verbosity 0`` prints the summary line and the skipped messages only; 2 lists every
+requeued ID (the default lists the first 50).
 """
 
 from __future__ import annotations
@@ -61,34 +65,49 @@ class Command(ZeroLossCommand):
             help="With IDs: also revoke live leases (the running worker's ack will be refused).",
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        ids: list[str] = list(dict.fromkeys(options["ids"]))  # de-duplicated, order kept
-        selecting = options["queue"] is not None or options["state"] is not None
+    def handle(
+        self,
+        *,
+        ids: list[str],
+        queue: str | None,
+        state: str | None,
+        older_than: float | None,
+        limit: int | None,
+        force: bool,
+        dry_run: bool,
+        json: bool,
+        **options: Any,
+    ) -> None:
+        ids = list(dict.fromkeys(ids))  # de-duplicated, order kept
+        selecting = queue is not None or state is not None
         if ids and selecting:
             self.usage_error("give message IDs or --queue/--state, not both")
         if not ids and not selecting:
             self.usage_error("give message IDs, or --queue Q --state stuck|dead")
-        if selecting and (options["queue"] is None or options["state"] is None):
+        if selecting and (queue is None or state is None):
             self.usage_error("--queue and --state go together")
-        if ids and (options["older_than"] is not None or options["limit"] is not None):
+        if ids and (older_than is not None or limit is not None):
             self.usage_error("--older-than and --limit apply to a --queue/--state selection, not to IDs")
-        if selecting and options["force"]:
+        if selecting and force:
             self.usage_error(
                 "--force applies to message IDs; a --state stuck selection only takes expired leases"
             )
         service = self.service(options)
+        # The helpers read these back (confirm() and progress() read "yes" and "json").
+        options.update(force=force, dry_run=dry_run, json=json, older_than=older_than, limit=limit)
         if ids:
             result = self.by_ids(service, ids, options)
         else:
-            self.check_queue(service, options["queue"])
-            result = self.by_selection(service, options)
-        if not options["dry_run"] and result["requeued"]:
+            assert queue is not None and state is not None
+            self.check_queue(service, queue)
+            result = self.by_selection(service, queue, state, options)
+        if not dry_run and result["requeued"]:
             invalidate(service)
-        self.report(result, options)
+        self.report(result, as_json=json)
         if result["skipped"]:
             raise Incomplete(
                 f"{len(result['skipped'])} of {result['matched']} selected message(s) "
-                f"{'would not be' if options['dry_run'] else 'were not'} requeued"
+                f"{'would not be' if dry_run else 'were not'} requeued"
             )
 
     # -- by ID --------------------------------------------------------------------------
@@ -177,8 +196,10 @@ class Command(ZeroLossCommand):
             )
         return messages.filter(status=Status.DEAD, dead_at__lt=cutoff).order_by("dead_at", "id")
 
-    def by_selection(self, service: ZeroLossMessageService, options: dict[str, Any]) -> dict[str, Any]:
-        queue, state, limit = options["queue"], options["state"], options["limit"]
+    def by_selection(
+        self, service: ZeroLossMessageService, queue: str, state: str, options: dict[str, Any]
+    ) -> dict[str, Any]:
+        limit = options["limit"]
         older = options["older_than"] or 0.0
         # One cutoff on the database clock for the whole run: messages that become stuck or
         # dead while it runs are not taken, so the run is bounded by what was confirmed.
@@ -249,14 +270,14 @@ class Command(ZeroLossCommand):
             for m in ids
         ]
 
-    def report(self, result: dict[str, Any], options: dict[str, Any]) -> None:
-        if options["json"]:
+    def report(self, result: dict[str, Any], *, as_json: bool) -> None:
+        if as_json:
             self.emit_json(result)
             return
         verb = "would requeue" if result["dry_run"] else "requeued"
         self.stdout.write(f"{verb} {len(result['requeued'])} of {result['matched']} selected message(s)")
-        if result["requeued"]:
-            shown = result["requeued"][:50]
+        if result["requeued"] and self.verbosity >= 1:
+            shown = result["requeued"] if self.verbosity >= 2 else result["requeued"][:50]
             self.table(["message_id", "result"], [[m, verb] for m in shown])
             if len(result["requeued"]) > len(shown):
                 self.stdout.write(f"... and {len(result['requeued']) - len(shown)} more (--json lists all)")

@@ -4,20 +4,27 @@ Reads only, from the snapshot cache (``CACHE_TIMEOUT``) unless ``--no-cache``. `
 SECONDS`` reads the database at every refresh until Ctrl-C/SIGTERM (or ``--count``
 refreshes); with ``--json`` it then prints one JSON document per line.
 
-Exit codes: 0 done; 2 bad arguments (unknown queue or database alias, malformed number).
+``--verbosity 0`` prints the queue table only; 2 adds how the snapshot was read (fresh or
+cached, how long it took, whether completed counts are estimated).
+
+Exit codes: 0 done; 2 bad arguments (unknown queue or database alias, malformed number);
+4 the ledger could not be reached; 141 stdout was closed (``--watch ... | head -1``).
 JSON schema: docs/operations.md.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from django.core.management.base import CommandParser
 
 from ...loops import StopFlag
-from ...snapshot import STATUSES, Snapshot, get_snapshot
-from ..base import ZeroLossCommand, format_duration, positive_float, positive_int
+from ...models import Status
+from ...service import ZeroLossMessageService
+from ...snapshot import Snapshot, format_duration, get_snapshot
+from ..base import ZeroLossCommand, positive_float, positive_int
 
 
 class Command(ZeroLossCommand):
@@ -40,33 +47,51 @@ class Command(ZeroLossCommand):
             help="Read the database now instead of a snapshot up to CACHE_TIMEOUT seconds old.",
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        if options["count"] is not None and options["watch"] is None:
+    def handle(
+        self,
+        *,
+        queue: str | None,
+        watch: float | None,
+        count: int | None,
+        no_cache: bool,
+        json: bool,
+        **options: Any,
+    ) -> None:
+        if count is not None and watch is None:
             self.usage_error("--count needs --watch")
         service = self.service(options)
-        queue = self.check_queue(service, options["queue"])
-        use_cache = not options["no_cache"]
-        if options["watch"] is None:
-            self.show(get_snapshot(service, use_cache=use_cache), queue, options, compact=False)
+        queue = self.check_queue(service, queue)
+        if watch is None:
+            self.show(service, queue, use_cache=not no_cache, as_json=json, compact=False)
             return
-        # Watching asks for fresh numbers: every refresh reads the database (and refreshes
-        # the cached snapshot other readers get).
-        use_cache = False
         stop = StopFlag()
         shown = 0
         with stop.on_signals():
             while not stop:
-                self.show(get_snapshot(service, use_cache=use_cache), queue, options, compact=True)
+                # Watching asks for fresh numbers: every refresh reads the database (and refreshes
+                # the cached snapshot other readers get).
+                self.show(service, queue, use_cache=False, as_json=json, compact=True)
                 shown += 1
-                if options["count"] is not None and shown >= options["count"]:
+                if count is not None and shown >= count:
                     break
-                stop.wait(options["watch"])
+                stop.wait(watch)
 
-    def show(self, snapshot: Snapshot, queue: str | None, options: dict[str, Any], *, compact: bool) -> None:
+    def show(
+        self,
+        service: ZeroLossMessageService,
+        queue: str | None,
+        *,
+        use_cache: bool,
+        as_json: bool,
+        compact: bool,
+    ) -> None:
+        began = time.perf_counter()
+        snapshot: Snapshot = get_snapshot(service, use_cache=use_cache)
+        elapsed = time.perf_counter() - began
         if queue is not None:
             snapshot = snapshot.for_queue(queue)
         data = snapshot.as_dict()
-        if options["json"]:
+        if as_json:
             if compact:
                 self.stdout.write(json.dumps(data, sort_keys=True, default=str))
             else:
@@ -75,27 +100,42 @@ class Command(ZeroLossCommand):
             return
         if compact:
             self.stdout.write("")
-        rows = []
-        for q in data["queues"]:
-            rows.append(
-                [
-                    q["name"],
-                    *(q["counts"][s] for s in STATUSES),
-                    q["stuck"],
-                    format_duration(q["oldest_pending_age"]),
-                ]
-            )
+        statuses = Status.values
+        completed = "completed~" if data["completed_estimated"] else "completed"
+        headers = [completed if s == Status.COMPLETED else s for s in statuses]
+        rows = [
+            [
+                q["name"],
+                *(q["counts"][s] for s in statuses),
+                q["stuck"],
+                format_duration(q["oldest_pending_age"]),
+            ]
+            for q in data["queues"]
+        ]
         if len(rows) != 1:
             totals = data["totals"]
             rows.append(
                 [
                     "(all)",
-                    *(totals[s] for s in STATUSES),
+                    *(totals[s] for s in statuses),
                     data["stuck"],
                     format_duration(data["oldest_pending_age"]),
                 ]
             )
-        self.table(["queue", *STATUSES, "stuck", "oldest pending"], rows)
+        self.table(["queue", *headers, "stuck", "oldest pending"], rows)
+        if self.verbosity >= 1:
+            self.footer(data)
+        if self.verbosity >= 2:
+            self.stdout.write(
+                f"snapshot: {'from the cache' if data['cached'] else 'read from the database'} in "
+                f"{elapsed * 1000:.1f} ms; completed counts "
+                + ("estimated from PostgreSQL's statistics" if data["completed_estimated"] else "exact")
+            )
+        self.stdout.flush()
+
+    def footer(self, data: dict[str, Any]) -> None:
+        if data["completed_estimated"]:
+            self.stdout.write("completed~: estimated from PostgreSQL's statistics (other columns are exact)")
         rep = data["replication"]
         self.stdout.write("")
         self.stdout.write(f"nodes: {data['nodes']['live']} live, {data['nodes']['down']} down")
@@ -113,4 +153,3 @@ class Command(ZeroLossCommand):
         self.stdout.write(
             f"as of {data['taken_at']} (database clock){' from cache' if data['cached'] else ''}"
         )
-        self.stdout.flush()

@@ -16,23 +16,36 @@ statement so concurrent transitions never make it disagree with itself:
 
 Plus: dead letters above ``HEALTH_MAX_DEAD`` and the replication requirement.
 
+Severity comes from each issue's code (:data:`SEVERITY`), never from its text. Nothing is
+written: ``--replication`` measures with ``replication_status(message, record=False)``, against
+the message's recorded commit position or, when none was recorded, the current WAL position.
+
+Memory is bounded by bytes, not rows: ids and payload sizes are read first (no payloads), then
+full rows in batches of at most ``BATCH_PAYLOAD_BYTES`` (32 MiB) of payload JSON text and
+2,000 rows (:mod:`zeroloss.management.batches`); a payload larger than that is fetched alone.
+
+``--verbosity 0`` prints the verdict and the issues only; 2 adds how the run went (batches,
+largest batch, seconds per phase).
+
 Exit codes (a monitor can page on them): 0 OK; 1 warning (stuck messages, dead letters
 above ``HEALTH_MAX_DEAD``); 2 critical (checksum mismatch, attempts beyond max, any
 conservation discrepancy, insufficient replication, replication requirement unmet) or bad
-arguments. JSON schema: docs/operations.md.
+arguments; 4 the ledger could not be reached. JSON schema: docs/operations.md.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.management.base import CommandParser
+from django.db import connections
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 
-from ... import replication
 from ...models import Message, MessageEvent, PurgeRecord, Status
-from ...service import ZeroLossMessageService
+from ...replication import requirement as replication_requirement
+from ...service import IntegrityFinding, ZeroLossMessageService
 from ..base import (
     EXIT_CRITICAL,
     EXIT_OK,
@@ -42,6 +55,7 @@ from ..base import (
     ZeroLossCommand,
     positive_int,
 )
+from ..batches import BATCH_PAYLOAD_BYTES, PayloadBatches
 
 MSG = Message._meta.db_table
 EVT = MessageEvent._meta.db_table
@@ -50,7 +64,25 @@ PURGE = PurgeRecord._meta.db_table
 CRITICAL = "critical"
 WARNING = "warning"
 
-# The integrity finding codes (ZeroLossMessageService.verify_message), each counted in the JSON.
+#: Every issue code and its severity. The verdict (and exit code) is decided from these codes;
+#: a code the service adds later keeps the severity its finding carries.
+SEVERITY: dict[str, str] = {
+    # integrity, per message (ZeroLossMessageService.verify_message's finding codes)
+    "checksum_mismatch": CRITICAL,
+    "attempts_exceeded": CRITICAL,
+    "replication_insufficient": CRITICAL,
+    "stuck": WARNING,
+    # conservation
+    "orphan_event": CRITICAL,
+    "missing_persisted_event": CRITICAL,
+    "duplicate_persisted_event": CRITICAL,
+    "status_mismatch": CRITICAL,
+    "unbalanced": CRITICAL,
+    # the ledger as a whole
+    "dead_letters": WARNING,
+    "replication_requirement": CRITICAL,
+}
+# The integrity finding codes, each counted in the JSON even when zero.
 _INTEGRITY_CODES = ("checksum_mismatch", "stuck", "attempts_exceeded", "replication_insufficient")
 
 
@@ -93,32 +125,40 @@ class Command(ZeroLossCommand):
             help="List at most this many issues (all are counted; default: %(default)s).",
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def handle(
+        self,
+        *,
+        queue: str | None,
+        sample: int | None,
+        replication: bool,
+        max_issues: int,
+        json: bool,
+        **options: Any,
+    ) -> None:
         service = self.service(options)
-        queue = self.check_queue(service, options["queue"])
+        queue = self.check_queue(service, queue)
         self.issues: list[Issue] = []
         self.issue_counts: dict[str, int] = {}
-        self.max_issues: int = options["max_issues"]
+        self.severities: dict[str, str] = {}
+        self.max_issues = max_issues
         now = service.database_now()
 
-        integrity, checked_pks = self.integrity(service, queue, options)
-        conservation = self.conservation(service, queue, checked_pks if options["sample"] else None)
+        began = time.perf_counter()
+        integrity, checked_pks = self.integrity(service, queue, sample, replication, as_json=json)
+        integrity_seconds = time.perf_counter() - began
+        conservation = self.conservation(service, queue, checked_pks if sample else None)
         dead = Message.objects.using(service.using).dead()
         if queue is not None:
             dead = dead.filter(queue_name=queue)
         dead_count = dead.count()
         max_dead = service.settings.HEALTH_MAX_DEAD
         if dead_count > max_dead:
-            self.add(
-                WARNING, "dead_letters", f"{dead_count} dead letter(s), above HEALTH_MAX_DEAD={max_dead}"
-            )
-        req = replication.requirement(service)
+            self.add("dead_letters", f"{dead_count} dead letter(s), above HEALTH_MAX_DEAD={max_dead}")
+        req = replication_requirement(service)
         for problem in req.problems:
-            self.add(CRITICAL, "replication_requirement", problem)
+            self.add("replication_requirement", problem)
 
-        severities = {i.severity for i in self.issues} | {
-            sev for check, sev in self._severity_of_counts().items() if self.issue_counts.get(check)
-        }
+        severities = set(self.severities.values())
         if CRITICAL in severities:
             status, code = CRITICAL, EXIT_CRITICAL
         elif WARNING in severities:
@@ -146,7 +186,13 @@ class Command(ZeroLossCommand):
             "issues_total": total,
             "issues_truncated": total > len(self.issues),
         }
-        self.report(result, options)
+        self.report(result, as_json=json)
+        self.log(
+            f"zeroloss_verify: integrity {integrity_seconds:.2f}s in {self.fetched.count} batch(es), largest "
+            f"{self.fetched.largest / 2**20:.1f} MiB of payload (bound {BATCH_PAYLOAD_BYTES / 2**20:.0f} MiB); "
+            f"conservation and the rest {time.perf_counter() - began - integrity_seconds:.2f}s",
+            level=2,
+        )
         if code == EXIT_CRITICAL:
             raise CriticalFound(f"zeroloss_verify: critical: {total} issue(s)")
         if code == EXIT_WARNING:
@@ -154,26 +200,12 @@ class Command(ZeroLossCommand):
 
     # -- bookkeeping --------------------------------------------------------------------
 
-    _SEVERITY: dict[str, str] = {
-        "checksum_mismatch": CRITICAL,
-        "stuck": WARNING,
-        "attempts_exceeded": CRITICAL,
-        "replication_insufficient": CRITICAL,
-    }
-
-    def _severity_of_counts(self) -> dict[str, str]:
-        return {
-            **self._SEVERITY,
-            "orphan_event": CRITICAL,
-            "missing_persisted_event": CRITICAL,
-            "duplicate_persisted_event": CRITICAL,
-            "status_mismatch": CRITICAL,
-            "unbalanced": CRITICAL,
-            "dead_letters": WARNING,
-            "replication_requirement": CRITICAL,
-        }
-
-    def add(self, severity: str, check: str, detail: str, message_id: str | None = None) -> None:
+    def add(
+        self, check: str, detail: str, message_id: str | None = None, *, severity: str | None = None
+    ) -> None:
+        """Count one issue of code ``check`` (listed while under ``--max-issues``)."""
+        severity = SEVERITY.get(check, severity or CRITICAL)
+        self.severities[check] = severity
         self.issue_counts[check] = self.issue_counts.get(check, 0) + 1
         if len(self.issues) < self.max_issues:
             self.issues.append(Issue(severity, check, detail, message_id))
@@ -181,51 +213,66 @@ class Command(ZeroLossCommand):
     def count_only(self, check: str, n: int) -> None:
         """Count ``n`` more issues of ``check`` beyond those already listed (no detail)."""
         if n > 0:
+            self.severities[check] = SEVERITY.get(check, CRITICAL)
             self.issue_counts[check] = self.issue_counts.get(check, 0) + n
 
     # -- integrity ----------------------------------------------------------------------
 
     def integrity(
-        self, service: ZeroLossMessageService, queue: str | None, options: dict[str, Any]
+        self,
+        service: ZeroLossMessageService,
+        queue: str | None,
+        sample: int | None,
+        replication: bool,
+        *,
+        as_json: bool,
     ) -> tuple[dict[str, Any], list[int]]:
         qs = Message.objects.using(service.using)
         if queue is not None:
             qs = qs.filter(queue_name=queue)
-        sample = options["sample"]
+        self.fetched = PayloadBatches(service)
         if sample:
-            messages = list(qs.order_by("?")[:sample])
-            total = len(messages)
+            pks = list(qs.order_by("?").values_list("id", flat=True)[:sample])
+            total = len(pks)
+            sizes = self.fetched.sizes_of(sorted(pks))
         else:
+            pks = []
             total = qs.count()
-            messages = None
+            sizes = self.fetched.all_sizes(queue)
         now = service.database_now()
         checked = 0
-        pks: list[int] = []
         found = dict.fromkeys(_INTEGRITY_CODES, 0)
-        bar = self.progress(total, "verify", options)
+        bar = self.progress(total, "verify", {"json": as_json})
         try:
-            source = messages if messages is not None else qs.order_by("id").iterator(chunk_size=2000)
-            for message in source:
-                report = service.verify_message(message, now, replication=options["replication"])
-                checked += 1
-                if sample:
-                    pks.append(message.pk)
-                for finding in report.findings:
-                    found[finding.code] = found.get(finding.code, 0) + 1
-                    self.add(finding.severity, finding.code, finding.detail, message.message_id)
-                if checked % 500 == 0:
-                    bar.advance(500)
+            for batch in self.fetched.batches(sizes):
+                for message in batch:
+                    checked += 1
+                    for finding in self.findings(service, message, now, replication):
+                        found[finding.code] = found.get(finding.code, 0) + 1
+                        self.add(finding.code, finding.detail, message.message_id, severity=finding.severity)
+                bar.advance(len(batch))
         finally:
             bar.close()
-        return (
-            {
-                "messages_checked": checked,
-                "sampled": bool(sample),
-                "replication_checked": bool(options["replication"]),
-                **found,
-            },
-            pks,
-        )
+        result = {
+            "messages_checked": checked,
+            "sampled": bool(sample),
+            "replication_checked": replication,
+            **found,
+        }
+        return result, pks
+
+    @staticmethod
+    def findings(
+        service: ZeroLossMessageService, message: Message, now: Any, replication: bool
+    ) -> list[IntegrityFinding]:
+        """The service's findings; replication is measured here with ``record=False`` (no write)."""
+        findings = list(service.verify_message(message, now, replication=False).findings)
+        if replication:
+            status = service.replication_status(message, record=False)
+            if not status.sufficient:
+                detail = f"Insufficient replication: {status.confirmed}/{status.required} ({status.detail})"
+                findings.append(IntegrityFinding("replication_insufficient", CRITICAL, detail))
+        return findings
 
     # -- conservation -------------------------------------------------------------------
 
@@ -249,8 +296,6 @@ class Command(ZeroLossCommand):
         for status in statuses:
             parts.append(f"(SELECT COUNT(*) FROM {MSG} WHERE status = %s{qfilter})")
             params += [status, *qparams]
-        from django.db import connections
-
         with connections[alias].cursor() as cursor:
             cursor.execute("SELECT " + ", ".join(parts), params)
             row = cursor.fetchone()
@@ -260,7 +305,6 @@ class Command(ZeroLossCommand):
         accounted = sum(by_status.values()) + purged
         if persisted != accounted:
             self.add(
-                CRITICAL,
                 "unbalanced",
                 f"{persisted} message(s) persisted ({persisted_events} persisted events + {purged} purged) but "
                 f"{accounted} accounted for ("
@@ -279,7 +323,6 @@ class Command(ZeroLossCommand):
         orphan_count = orphans.count()
         for ev in orphans.order_by("id")[: self.max_issues]:
             self.add(
-                CRITICAL,
                 "orphan_event",
                 f"audit row {ev.pk} ({ev.reason}, to {ev.to_status}) refers to missing message pk {ev.message_id}",
             )
@@ -288,7 +331,7 @@ class Command(ZeroLossCommand):
         missing = messages.filter(~Exists(events.filter(message_id=OuterRef("pk"), reason="persisted")))
         missing_count = missing.count()
         for mid in missing.order_by("id").values_list("message_id", flat=True)[: self.max_issues]:
-            self.add(CRITICAL, "missing_persisted_event", "no 'persisted' audit row", mid)
+            self.add("missing_persisted_event", "no 'persisted' audit row", mid)
         self.count_only("missing_persisted_event", missing_count - min(missing_count, self.max_issues))
 
         dups = (
@@ -304,7 +347,6 @@ class Command(ZeroLossCommand):
         )
         for r in dup_rows:
             self.add(
-                CRITICAL,
                 "duplicate_persisted_event",
                 f"{r['n']} 'persisted' audit rows",
                 names.get(r["message_id"]),
@@ -320,7 +362,6 @@ class Command(ZeroLossCommand):
             : self.max_issues
         ]:
             self.add(
-                CRITICAL,
                 "status_mismatch",
                 f"status is {status!r} but the latest audit row moved it to {last!r}",
                 mid,
@@ -344,13 +385,27 @@ class Command(ZeroLossCommand):
 
     # -- output -------------------------------------------------------------------------
 
-    def report(self, result: dict[str, Any], options: dict[str, Any]) -> None:
-        if options["json"]:
+    def report(self, result: dict[str, Any], *, as_json: bool) -> None:
+        if as_json:
             self.emit_json(result)
             return
+        self.stdout.write(f"zeroloss_verify: {result['status'].upper()}")
+        if self.verbosity >= 1:
+            self.summary(result)
+        if result["issues"]:
+            self.stdout.write("")
+            self.table(
+                ["severity", "check", "message_id", "detail"],
+                [[x["severity"], x["check"], x["message_id"] or "-", x["detail"]] for x in result["issues"]],
+            )
+            if result["issues_truncated"]:
+                self.stdout.write(
+                    f"... {result['issues_total'] - len(result['issues'])} more (raise --max-issues)"
+                )
+
+    def summary(self, result: dict[str, Any]) -> None:
         c = result["conservation"]
         i = result["integrity"]
-        self.stdout.write(f"zeroloss_verify: {result['status'].upper()}")
         self.stdout.write(
             f"integrity: {i['messages_checked']} message(s) checked"
             + (" (random sample)" if i["sampled"] else "")
@@ -369,13 +424,3 @@ class Command(ZeroLossCommand):
         if result["issue_counts"]:
             self.stdout.write("")
             self.table(["check", "issues"], sorted(result["issue_counts"].items()))
-        if result["issues"]:
-            self.stdout.write("")
-            self.table(
-                ["severity", "check", "message_id", "detail"],
-                [[x["severity"], x["check"], x["message_id"] or "-", x["detail"]] for x in result["issues"]],
-            )
-            if result["issues_truncated"]:
-                self.stdout.write(
-                    f"... {result['issues_total'] - len(result['issues'])} more (raise --max-issues)"
-                )

@@ -1,0 +1,149 @@
+"""``zeroloss_verify``: bounded memory, never a write, severity from codes (issues 15, 17.7, 18.12)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+from django.db import connection
+
+from tests.conftest import ROOT, child_env
+from tests.test_ops_support import clear_cache, ledger_state, make_stuck, run
+from zeroloss.management.batches import BATCH_PAYLOAD_BYTES, PayloadBatches
+from zeroloss.management.commands import zeroloss_verify
+from zeroloss.models import Message
+from zeroloss.service import WARNING, IntegrityFinding, IntegrityReport, ZeroLossMessageService
+
+#: ~1,000 messages of ~200 KiB: 200 MiB of payload. Fetched 2,000 rows at a time (before issue
+#: 17.7) the whole ledger was in memory at once: about 0.9 GiB peak.
+MESSAGES = 1_000
+PAYLOAD_CHARS = 200 * 1024
+#: The stated bound on a full run's peak RSS: the interpreter with Django (~70 MiB) plus a
+#: batch of at most BATCH_PAYLOAD_BYTES (32 MiB) of JSON text, as text and as parsed objects.
+PEAK_RSS_BOUND = 256 * 2**20
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    clear_cache()
+    yield
+    clear_cache()
+
+
+def run_measured(*args: str, timeout: float = 600) -> tuple[int, int, str, str]:
+    """(exit code, peak RSS in bytes, stdout, stderr) of ``manage.py ARGS``, measured by the kernel.
+
+    The child is reaped with ``os.wait4``, which returns that one child's resource usage
+    (``RUSAGE_CHILDREN`` would mix in every other child this test process ever had).
+    """
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    break
+                assert time.monotonic() < deadline, f"manage.py {args} still running after {timeout}s"
+                time.sleep(0.05)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, usage.ru_maxrss * 1024, out.read().decode(), err.read().decode()  # KiB
+
+
+@pytest.mark.django_db(transaction=True)
+def test_full_run_memory_is_bounded_by_bytes_not_rows():
+    service = ZeroLossMessageService()
+    for start in range(0, MESSAGES, 50):
+        service.persist_messages(
+            [
+                (f"big-{i}", "big", {"i": i, "blob": os.urandom(PAYLOAD_CHARS // 2).hex()})
+                for i in range(start, start + 50)
+            ]
+        )
+    code, peak, out, err = run_measured("zeroloss_verify", "--json", "-v", "2")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["integrity"]["messages_checked"] == MESSAGES
+    assert data["status"] == "ok"
+    # 200 MiB of payload went through in batches of at most BATCH_PAYLOAD_BYTES.
+    assert "MiB of payload (bound 32 MiB)" in err
+    assert peak < PEAK_RSS_BOUND, f"peak RSS {peak / 2**20:.0f} MiB, bound {PEAK_RSS_BOUND / 2**20:.0f} MiB"
+    print(f"zeroloss_verify over {MESSAGES} x {PAYLOAD_CHARS // 1024} KiB: peak RSS {peak / 2**20:.0f} MiB")
+
+
+@pytest.mark.django_db
+def test_batches_hold_at_most_the_byte_bound():
+    service = ZeroLossMessageService()
+    service.persist_messages([(f"m{i}", "q", {"blob": "x" * 1000}) for i in range(10)])
+    service.persist_message("huge", "q", {"blob": "y" * 5000})
+    batches = PayloadBatches(service, max_bytes=3_500)
+    got = [[m.message_id for m in batch] for batch in batches.batches(batches.all_sizes())]
+    # 1,012 bytes of JSON each: three fit under 3,500; a payload above the bound comes alone.
+    assert got == [["m0", "m1", "m2"], ["m3", "m4", "m5"], ["m6", "m7", "m8"], ["m9"], ["huge"]]
+    assert batches.count == 5
+    assert 5000 < batches.largest < 5100
+    assert [m.message_id for b in batches.batches(batches.sizes_of([1, 2])) for m in b] == [
+        m.message_id for m in Message.objects.filter(pk__in=[1, 2]).order_by("id")
+    ]
+    assert BATCH_PAYLOAD_BYTES == 32 * 2**20
+
+
+@pytest.mark.django_db(transaction=True)
+def test_replication_check_never_writes():
+    service = ZeroLossMessageService()
+    service.persist_messages([("m1", "q", {"a": 1}), ("m2", "q", {"b": 2})])
+    assert list(Message.objects.values_list("commit_lsn", flat=True)) == [None, None]
+    before = ledger_state()
+    r = run("zeroloss_verify", "--replication", "--json")
+    assert r.code == 0, r
+    assert json.loads(r.out)["integrity"]["replication_checked"] is True
+    # Before issue 18.12 the first measurement recorded commit_lsn on PostgreSQL.
+    assert ledger_state() == before
+    assert connection.vendor in ("postgresql", "sqlite")
+
+
+@pytest.mark.django_db
+def test_severity_comes_from_the_code_not_the_text(monkeypatch):
+    make_stuck(["s1"])
+
+    def verify(self, message, now=None, *, replication=True):
+        # A warning code whose text looks alarming: the verdict follows the code.
+        finding = IntegrityFinding("stuck", WARNING, "CRITICAL: checksum mismatch (not really)")
+        return IntegrityReport(message.message_id, False, [finding], message.status)
+
+    monkeypatch.setattr(ZeroLossMessageService, "verify_message", verify)
+    r = run("zeroloss_verify", "--json")
+    data = json.loads(r.out)
+    assert (r.code, data["status"], data["issue_counts"]) == (1, "warning", {"stuck": 1})
+
+    def unknown(self, message, now=None, *, replication=True):
+        finding = IntegrityFinding("future_check", "critical", "a check this command does not know yet")
+        return IntegrityReport(message.message_id, False, [finding], message.status)
+
+    monkeypatch.setattr(ZeroLossMessageService, "verify_message", unknown)
+    r = run("zeroloss_verify", "--json")
+    assert (r.code, json.loads(r.out)["issues"][0]["severity"]) == (2, "critical")
+
+
+def test_every_code_the_command_emits_has_a_severity():
+    codes = {"orphan_event", "missing_persisted_event", "duplicate_persisted_event", "status_mismatch"}
+    codes |= {"unbalanced", "dead_letters", "replication_requirement", *zeroloss_verify._INTEGRITY_CODES}
+    assert codes == set(zeroloss_verify.SEVERITY)
