@@ -5,8 +5,9 @@
 - ``CELERY_BROKER_URL``: ``redis://127.0.0.1:6379/0`` to use Celery as the transport;
   unset means the built-in database worker (``manage.py zeroloss_worker``).
 - ``REDIS_URL``: use django-redis as the cache (status, dashboard, metrics reads).
-- ``ZEROLOSS_EXTRA_DATABASE_URL``: a second database alias, ``extra`` (``--database extra``);
-  the test suite points it at a server that is not there, to see how commands fail.
+- ``ZEROLOSS_EXTRA_DATABASES``: more database aliases, as JSON (alias -> URL, or alias -> a full
+  ``DATABASES`` entry, for libpq's multi-host form); ``ZEROLOSS_QUEUE_DATABASES``: queues whose
+  ledger lives in one of them (JSON, queue -> alias).
 """
 
 import json
@@ -79,8 +80,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;",
     }
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_zeroloss.sqlite3")}
-if os.environ.get("ZEROLOSS_EXTRA_DATABASE_URL"):
-    DATABASES["extra"] = dj_database_url.parse(os.environ["ZEROLOSS_EXTRA_DATABASE_URL"], conn_max_age=0)
 
 # More databases, from the environment (tests and several-ledger deployments): a JSON object of
 # alias -> URL, or alias -> a full DATABASES entry (needed for libpq's multi-host form, which a

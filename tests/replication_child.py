@@ -97,13 +97,10 @@ def run(role: str, args: dict[str, Any]) -> int:
         _emit(checks=[[m.id, m.msg] for m in found if (m.id or "").startswith("zeroloss.")])
         return 0
     if role == "stats":
-        stats = service.get_stats()
-        _emit(
-            required=stats.replication_required,
-            available=stats.replication_available,
-            ok=stats.replication_ok,
-            problems=stats.problems,
-        )
+        from zeroloss.snapshot import compute_snapshot
+
+        health = compute_snapshot(service).replication
+        _emit(required=health.required, available=health.available, ok=health.ok, problems=health.problems)
         return 0
     if role == "register":
         for node_id in args["node_ids"]:

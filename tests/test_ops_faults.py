@@ -86,7 +86,7 @@ def manage(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedP
 
 @pytest.mark.parametrize("name", OPS_COMMANDS)
 def test_unreachable_database_is_exit_4_with_one_line(name, unreachable_url):
-    env = {"ZEROLOSS_EXTRA_DATABASE_URL": unreachable_url}
+    env = {"ZEROLOSS_EXTRA_DATABASES": json.dumps({"extra": unreachable_url})}
     plain = manage(name, *REACHING[name], "--database", "extra", **env)
     assert plain.returncode == EXIT_UNREACHABLE == 4, plain.stderr
     assert "Traceback" not in plain.stderr

@@ -29,7 +29,9 @@ def test_message_persisted_by_killed_process_survives_and_is_claimable(children)
         "valid": True,
     }
     # A service instance created after the crash ("restart") sees every message.
-    assert ZeroLossMessageService().get_stats().totals["pending"] == 19
+    from zeroloss.snapshot import compute_snapshot
+
+    assert compute_snapshot(ZeroLossMessageService()).totals["pending"] == 19
 
 
 def test_killed_worker_lease_expires_and_sweep_requeues_exactly_once(children, live_service):

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from .ledger.dispatch import Dispatching
-from .ledger.integrity import Integrity, Stats
+from .ledger.integrity import Integrity
 from .ledger.leases import Leasing
 from .ledger.nodes import Nodes
 from .ledger.operator import OperatorActions
@@ -59,7 +59,6 @@ __all__ = [
     "PersistedMessage",
     "RecoveryReport",
     "ReplicationStatus",
-    "Stats",
     "Verdict",
     "ZeroLossMessageService",
     "canonical_json",

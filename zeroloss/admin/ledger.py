@@ -77,11 +77,11 @@ class ReplicationNodeAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("flush position"))
     def flush_position(self, obj: ReplicationNode) -> str:
-        return dashboard.format_lsn(obj.flush_lsn)
+        return dashboard.format_lsn(obj.flush_lsn) or "-"
 
     @admin.display(description=_("replay position"))
     def replay_position(self, obj: ReplicationNode) -> str:
-        return dashboard.format_lsn(obj.replay_lsn)
+        return dashboard.format_lsn(obj.replay_lsn) or "-"
 
     @admin.display(description=_("metadata"))
     def metadata_pretty(self, obj: ReplicationNode) -> SafeString:

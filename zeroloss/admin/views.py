@@ -17,26 +17,12 @@ from .. import dashboard
 from ..models import Message, Status
 from ..service import ZeroLossMessageService
 from . import paginator
-from .base import MessagePermissions, actor, cache_get, cache_set, get_service
+from .base import MessagePermissions, actor, get_service
 
 
 def cached_dashboard(service: ZeroLossMessageService, *, refresh: bool) -> dashboard.Dashboard:
-    """``dashboard.snapshot`` with every cache call guarded: a dead cache is logged and bypassed.
-
-    Same key and value as ``dashboard.snapshot`` (which does not guard its cache calls), so
-    both share one cached snapshot.
-    """
-    timeout = service.settings.CACHE_TIMEOUT
-    if timeout <= 0:
-        return dashboard.collect(service)
-    key = f"{dashboard.CACHE_KEY}:{service.using}"
-    if not refresh:
-        cached = cache_get(key)
-        if isinstance(cached, dashboard.Dashboard):
-            return cached
-    data = dashboard.collect(service)
-    cache_set(key, data, timeout)
-    return data
+    """The dashboard over the one cached snapshot (a dead cache is logged and bypassed there)."""
+    return dashboard.snapshot(service, refresh=refresh)
 
 
 class DeskViews(MessagePermissions):

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import InvalidPayload
@@ -12,26 +10,6 @@ from ..models import Message, MessageEvent, Status
 from .base import LedgerBase
 from .types import CRITICAL, WARNING, IntegrityFinding, IntegrityReport
 from .validation import canonical_json, payload_checksum, validate_message_id
-
-
-@dataclass(frozen=True)
-class Stats:
-    by_queue: dict[str, dict[str, int]]
-    totals: dict[str, int]
-    oldest_pending_age: float | None
-    expired_leases: int
-    nodes_live: int
-    nodes_down: int
-    replication_required: int
-    replication_available: int
-    replication_ok: bool
-    problems: list[str]
-    database_now: dt.datetime
-
-    def as_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["database_now"] = self.database_now.isoformat()
-        return data
 
 
 class Integrity(LedgerBase):
@@ -131,33 +109,3 @@ class Integrity(LedgerBase):
         from ..replication import measure
 
         return measure(self, message, record=record)
-
-    def get_stats(self) -> Stats:
-        from django.db.models import Count, Min
-
-        from .. import replication
-
-        qs = Message.objects.using(self.using)
-        by_queue: dict[str, dict[str, int]] = {}
-        totals = {s.value: 0 for s in Status}
-        for row in qs.values("queue_name", "status").annotate(n=Count("id")).order_by("queue_name", "status"):
-            by_queue.setdefault(row["queue_name"], {s.value: 0 for s in Status})[row["status"]] = row["n"]
-            totals[row["status"]] += row["n"]
-        now = self.database_now()
-        oldest = qs.pending().aggregate(oldest=Min("created_at"))["oldest"]
-        expired = qs.stuck().count()
-        live, down = replication.node_counts(self)
-        health = replication.requirement(self)
-        return Stats(
-            by_queue=by_queue,
-            totals=totals,
-            oldest_pending_age=(now - oldest).total_seconds() if oldest else None,
-            expired_leases=expired,
-            nodes_live=live,
-            nodes_down=down,
-            replication_required=health.required,
-            replication_available=health.available,
-            replication_ok=health.ok,
-            problems=list(health.problems),
-            database_now=now,
-        )

@@ -33,45 +33,56 @@ class Command(ZeroLossCommand):
         )
         parser.add_argument("--max-runs", type=positive_int, help="With --loop: stop after this many sweeps.")
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def handle(
+        self,
+        *,
+        loop: bool,
+        interval: float | None,
+        batch_size: int | None,
+        max_runs: int | None,
+        json: bool,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
         service = self.service(options)
         stop = StopFlag()
         requeued: list[str] = []
         dead_lettered: list[str] = []
-        verbosity = options["verbosity"]
 
         def report(r: RecoveryReport) -> None:
             requeued.extend(r.requeued)
             dead_lettered.extend(r.dead_lettered)
-            if verbosity and not options["json"] and (r.total or not options["loop"]):
+            if verbosity and not json and (r.total or not loop):
                 self.stdout.write(
                     f"requeued {len(r.requeued)}, dead-lettered {len(r.dead_lettered)}"
                     + (f": requeued {', '.join(r.requeued[:20])}" if r.requeued else "")
                     + (f"; dead {', '.join(r.dead_lettered[:20])}" if r.dead_lettered else "")
                 )
 
-        loop = SweepLoop(
+        sweeper = SweepLoop(
             service,
-            interval=options["interval"],
-            batch_size=options["batch_size"],
+            interval=interval,
+            batch_size=batch_size,
             stop=stop,
             on_report=report,
             after_sweep=after_sweep_hooks(service),
         )
-        if options["loop"]:
+        if loop:
             with stop.on_signals():
                 if verbosity:
-                    self.log(f"zeroloss_sweep: sweeping every {loop.interval:g}s (Ctrl-C or SIGTERM stops)")
+                    self.log(
+                        f"zeroloss_sweep: sweeping every {sweeper.interval:g}s (Ctrl-C or SIGTERM stops)"
+                    )
                 try:
-                    loop.run(max_runs=options["max_runs"])
+                    sweeper.run(max_runs=max_runs)
                 except OutageTooLong as exc:
                     raise CommandError(str(exc), returncode=EXIT_UNREACHABLE) from None
             if verbosity:
                 self.log(
-                    f"zeroloss_sweep: stopped after {loop.runs} sweep(s)"
+                    f"zeroloss_sweep: stopped after {sweeper.runs} sweep(s)"
                     f"{' on ' + stop.signal_name if stop.signal_name else ''}"
                 )
         else:
-            loop.run_once()
-        if options["json"]:
-            self.emit_json({"runs": loop.runs, "requeued": requeued, "dead_lettered": dead_lettered})
+            sweeper.run_once()
+        if json:
+            self.emit_json({"runs": sweeper.runs, "requeued": requeued, "dead_lettered": dead_lettered})

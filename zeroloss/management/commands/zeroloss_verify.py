@@ -46,6 +46,7 @@ from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 from ...models import Message, MessageEvent, PurgeRecord, Status
 from ...replication import requirement as replication_requirement
 from ...service import IntegrityFinding, ZeroLossMessageService
+from ...states import ANNOTATIONS, is_allowed
 from ..base import (
     EXIT_CRITICAL,
     EXIT_OK,
@@ -78,6 +79,7 @@ SEVERITY: dict[str, str] = {
     "duplicate_persisted_event": CRITICAL,
     "status_mismatch": CRITICAL,
     "unbalanced": CRITICAL,
+    "disallowed_transition": CRITICAL,
     # the ledger as a whole
     "dead_letters": WARNING,
     "replication_requirement": CRITICAL,
@@ -266,13 +268,7 @@ class Command(ZeroLossCommand):
         service: ZeroLossMessageService, message: Message, now: Any, replication: bool
     ) -> list[IntegrityFinding]:
         """The service's findings; replication is measured here with ``record=False`` (no write)."""
-        findings = list(service.verify_message(message, now, replication=False).findings)
-        if replication:
-            status = service.replication_status(message, record=False)
-            if not status.sufficient:
-                detail = f"Insufficient replication: {status.confirmed}/{status.required} ({status.detail})"
-                findings.append(IntegrityFinding("replication_insufficient", CRITICAL, detail))
-        return findings
+        return list(service.verify_message(message, now, replication=replication, record=False).findings)
 
     # -- conservation -------------------------------------------------------------------
 
@@ -352,7 +348,23 @@ class Command(ZeroLossCommand):
                 names.get(r["message_id"]),
             )
 
-        latest = events.filter(message_id=OuterRef("pk")).order_by("-id").values("to_status")[:1]
+        # Edges of the state machine: every audit row must be one (zeroloss.states.TRANSITIONS).
+        edges = events if queue is None else events.filter(message__queue_name=queue)
+        for row in edges.order_by().values("from_status", "to_status", "reason").annotate(n=Count("id")):
+            if not is_allowed(row["from_status"], row["to_status"], row["reason"]):
+                self.add(
+                    "disallowed_transition",
+                    f"{row['n']} audit row(s) record {row['from_status'] or '(new)'} -> {row['to_status']} "
+                    f"({row['reason']}), an edge the state machine does not have",
+                )
+
+        # Annotations (a deduplicated send) repeat the status: the latest *move* decides.
+        latest = (
+            events.filter(message_id=OuterRef("pk"))
+            .exclude(reason__in=[r.value for r in ANNOTATIONS])
+            .order_by("-id")
+            .values("to_status")[:1]
+        )
         scope = messages if sample_pks is None else messages.filter(pk__in=sample_pks)
         mismatched = scope.annotate(last_to=Subquery(latest)).filter(
             Q(last_to__isnull=True) | ~Q(last_to=F("status"))

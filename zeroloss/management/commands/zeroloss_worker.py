@@ -10,7 +10,6 @@ at once with 128 + the signal number.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -18,22 +17,10 @@ from django.core.management.base import CommandError, CommandParser
 from ...handlers import registered_queues
 from ...loops import StopFlag
 from ...worker import Worker
-from ..base import ZeroLossCommand, positive_int
+from ..base import ZeroLossCommand, positive_float, positive_int
 
 EXIT_CRASHED = 1
 EXIT_UNREACHABLE = 4
-
-
-def _seconds(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected seconds > 0") from None
-    if not math.isfinite(value) or not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected seconds > 0 and at most 3600")
-    return value
 
 
 class Command(ZeroLossCommand):
@@ -53,7 +40,9 @@ class Command(ZeroLossCommand):
             default=100,
             help="Most messages claimed per round trip (fewer for slow handlers; default 100).",
         )
-        parser.add_argument("--poll-interval", type=_seconds, default=0.5, help="Seconds to wait when idle.")
+        parser.add_argument(
+            "--poll-interval", type=positive_float, default=0.5, help="Seconds to wait when idle."
+        )
         parser.add_argument("--burst", action="store_true", help="Exit once the queues are empty.")
         parser.add_argument(
             "--max-messages", type=positive_int, help="Exit after handling this many messages."
@@ -71,14 +60,28 @@ class Command(ZeroLossCommand):
             help="Rewrite this JSON file about every second with the worker's state (for liveness probes).",
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        verbosity = options["verbosity"]
+    def handle(
+        self,
+        *,
+        queues: list[str] | None,
+        concurrency: int,
+        batch_size: int,
+        poll_interval: float,
+        burst: bool,
+        max_messages: int | None,
+        no_sweep: bool,
+        no_listen: bool,
+        health_file: str | None,
+        json: bool,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
         if verbosity != 1:
             level = {0: logging.ERROR, 2: logging.INFO}.get(verbosity, logging.DEBUG)
             logging.getLogger("zeroloss").setLevel(level)
         service = self.service(options)
         known = registered_queues()
-        queues = options["queues"] or known
+        queues = queues or known
         unknown = sorted(set(queues) - set(known))
         if unknown or not queues:
             raise CommandError(
@@ -89,20 +92,20 @@ class Command(ZeroLossCommand):
         stop = StopFlag()
         worker = Worker(
             queues,
-            concurrency=options["concurrency"],
-            batch_size=options["batch_size"],
-            poll_interval=options["poll_interval"],
-            burst=options["burst"],
-            max_messages=options["max_messages"],
-            sweep=not options["no_sweep"],
+            concurrency=concurrency,
+            batch_size=batch_size,
+            poll_interval=poll_interval,
+            burst=burst,
+            max_messages=max_messages,
+            sweep=not no_sweep,
             using=service.using,
             stop=stop,
-            health_file=options["health_file"],
+            health_file=health_file,
         )
-        if options["no_listen"]:
+        if no_listen:
             worker.wakeup.enabled = False
         if verbosity:
-            self.log(f"zeroloss_worker: queues {', '.join(queues)}, {options['concurrency']} thread(s)")
+            self.log(f"zeroloss_worker: queues {', '.join(queues)}, {concurrency} thread(s)")
         with stop.on_signals():
             stats = worker.run()
         summary = {
@@ -113,7 +116,7 @@ class Command(ZeroLossCommand):
         }
         if verbosity:
             self.log(f"zeroloss_worker: stopped{' on ' + stop.signal_name if stop.signal_name else ''}")
-        if options["json"]:
+        if json:
             self.emit_json(summary)
         elif verbosity:
             self.stdout.write(
