@@ -147,3 +147,30 @@ def test_every_code_the_command_emits_has_a_severity():
     codes = {"orphan_event", "missing_persisted_event", "duplicate_persisted_event", "status_mismatch"}
     codes |= {"unbalanced", "dead_letters", "replication_requirement", *zeroloss_verify._INTEGRITY_CODES}
     assert codes == set(zeroloss_verify.SEVERITY)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_audit_row_off_the_state_machine_is_critical():
+    from zeroloss.models import MessageEvent
+
+    service = ZeroLossMessageService(instance_id="w")
+    service.persist_message("m1", "q", {})
+    lease = service.mark_processing("m1")
+    assert lease and service.acknowledge_message("m1", lease.token)
+    assert json.loads(run("zeroloss_verify", "--json").out)["status"] == "ok"
+    # A row no transition writes: completed straight back to pending, "claimed".
+    event = MessageEvent.objects.for_message("m1").last()
+    MessageEvent.objects.create(
+        message=event.message,
+        from_status="completed",
+        to_status="completed",
+        reason="claimed",
+        actor="forger",
+        attempt=1,
+        created_at=event.created_at,
+    )
+    result = run("zeroloss_verify", "--json")
+    assert result.code == 2
+    data = json.loads(result.out)
+    [issue] = [i for i in data["issues"] if i["check"] == "disallowed_transition"]
+    assert issue["severity"] == "critical" and "completed -> completed (claimed)" in issue["detail"]
