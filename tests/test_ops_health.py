@@ -87,7 +87,48 @@ def test_unmet_replication_requirement_fails(client, settings):
 def test_unreadable_database_fails_without_raising():
     report = health_report(ZeroLossMessageService(using="missing"))
     assert report.healthy is False
-    assert report.checks == {"database": {"ok": False, "error": "ConnectionDoesNotExist"}}
+    assert report.checks == {
+        "database": {"ok": False, "error": "ConnectionDoesNotExist", "unreachable_since": None}
+    }
+
+
+def test_an_unreachable_database_says_since_when_and_logs_once():
+    """Each probe answers "unreachable since <time>" at once; the log gets one line per outage."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, child_env
+    from tests.pgcluster import free_port
+
+    script = (
+        "from zeroloss.health import health_report\n"
+        "from zeroloss.service import ZeroLossMessageService\n"
+        "import json\n"
+        "reports = [health_report(ZeroLossMessageService(using='down'), use_cache=False) for _ in range(3)]\n"
+        "print(json.dumps([r.as_dict() for r in reports]))\n"
+    )
+    env = child_env(
+        ZEROLOSS_EXTRA_DATABASES=json.dumps({"down": f"postgres://postgres@127.0.0.1:{free_port()}/nothing"}),
+        ZEROLOSS_LOG_LEVEL="INFO",
+    )
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    reports = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(r["status"] == "fail" for r in reports)
+    assert all(r["problems"][0].startswith("database unreachable since ") for r in reports)
+    assert (
+        reports[0]["checks"]["database"]["unreachable_since"]
+        == reports[2]["checks"]["database"]["unreachable_since"]
+    )
+    assert done.stderr.count("unreachable since") == 1 and "Traceback" not in done.stderr
 
 
 def test_health_is_cached_for_cache_timeout(client):

@@ -27,6 +27,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
+from .outage import OutageMonitor, close_connection, is_outage
 from .service import ZeroLossMessageService
 from .snapshot import get_snapshot
 
@@ -57,15 +58,30 @@ def health_report(service: ZeroLossMessageService | None = None, *, use_cache: b
     """Evaluate the thresholds against a (possibly cached) snapshot; never raises on a DB failure."""
     service = service or ZeroLossMessageService()
     cfg = service.settings
+    monitor = OutageMonitor.for_alias(service.using)
     try:
         snap = get_snapshot(service, use_cache=use_cache)
     except Exception as exc:
-        logger.exception("zeroloss: health check could not read the ledger")
+        if is_outage(exc):
+            # One log line per outage (not a traceback per probe), and since when it lasts.
+            monitor.failed("the health check", exc)
+            close_connection(service.using)
+            problem = monitor.status()
+        else:
+            logger.exception("zeroloss: health check could not read the ledger")
+            problem = f"database {service.using!r} could not be read ({type(exc).__name__})"
         return HealthReport(
             healthy=False,
-            checks={"database": {"ok": False, "error": type(exc).__name__}},
-            problems=[f"database {service.using!r} could not be read ({type(exc).__name__})"],
+            checks={
+                "database": {
+                    "ok": False,
+                    "error": type(exc).__name__,
+                    "unreachable_since": monitor.since.isoformat() if monitor.since else None,
+                }
+            },
+            problems=[problem],
         )
+    monitor.recovered()
     stuck_ok = snap.stuck <= cfg.HEALTH_MAX_STUCK
     dead_ok = snap.dead <= cfg.HEALTH_MAX_DEAD
     rep = snap.replication
