@@ -117,6 +117,10 @@ ZEROLOSS = {
     # With a broker, Celery carries messages; without one, the built-in worker polls the ledger.
     "TRANSPORT": "celery" if CELERY_BROKER_URL else "database",
 }
+if os.environ.get("ZEROLOSS_ACK_BATCH_SIZE"):
+    ZEROLOSS["ACK_BATCH_SIZE"] = int(os.environ["ZEROLOSS_ACK_BATCH_SIZE"])
+if os.environ.get("ZEROLOSS_ACK_FLUSH_INTERVAL"):
+    ZEROLOSS["ACK_FLUSH_INTERVAL"] = float(os.environ["ZEROLOSS_ACK_FLUSH_INTERVAL"])
 if os.environ.get("ZEROLOSS_QUEUE_DATABASES"):  # {"queue": "alias"}: queues whose ledger is elsewhere
     ZEROLOSS["QUEUE_DATABASES"] = json.loads(os.environ["ZEROLOSS_QUEUE_DATABASES"])
 CELERY_TASK_ACKS_LATE = True
