@@ -14,7 +14,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from .. import conf
 from ..exceptions import InvalidLeaseToken
 from . import statements
-from .engine import Engine, Rows
+from .engine import Engine, Move, Rows
 from .postgres import PostgresEngine
 from .sqlite import SqliteEngine
 from .validation import default_instance_id
@@ -102,13 +102,7 @@ class LedgerBase:
         )
         return engine.transition(
             self.connection,
-            engine.sql[name],
-            params,
-            moved=moved,
-            actor=actor or self.instance_id,
-            extra=extra,
-            promote=promote,
-            prepare=prepare,
+            Move(engine.sql[name], params, moved, actor or self.instance_id, extra, promote, prepare),
         )
 
     def promote_keys(self, keys: Iterable[tuple[str, str]]) -> list[str]:

@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -27,6 +28,22 @@ DEDUP = DedupKey._meta.db_table
 Rows = list[tuple[Any, ...]]
 
 _EVENT_COLUMNS = "message_id, from_status, to_status, reason, actor, attempt, detail, created_at"
+
+
+@dataclass(frozen=True)
+class Move:
+    """One moving statement, ready to run with its audit rows (see :meth:`Engine.transition`)."""
+
+    sql: str
+    params: Sequence[Any]
+    #: The RETURNING columns: :data:`statements.MOVED` filled in, then ``extra`` ones.
+    moved: str
+    actor: str
+    extra: str = ""
+    #: When a message of an ordering key finished (completed or dead), release the next one of
+    #: its key in the same transaction.
+    promote: bool = False
+    prepare: bool = True
 
 
 class Engine:
@@ -96,24 +113,8 @@ class Engine:
             cursor.execute(sql, params)
             return (list(cursor.fetchall()) if cursor.description else []), cursor.rowcount
 
-    def transition(
-        self,
-        conn: BaseDatabaseWrapper,
-        sql: str,
-        params: Sequence[Any],
-        *,
-        moved: str,
-        actor: str,
-        extra: str = "",
-        promote: bool = False,
-        prepare: bool = True,
-    ) -> Rows:
-        """Run one moving statement and write one audit row per message it moved, atomically.
-
-        ``moved`` is :data:`statements.MOVED` filled in; ``extra`` more RETURNING columns.
-        ``promote``: when a message of an ordering key finished (completed or dead), release the
-        next one of its key in the same transaction.
-        """
+    def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
+        """Run one moving statement and write one audit row per message it moved, atomically."""
         raise NotImplementedError
 
     # -- values coming back ---------------------------------------------------------------

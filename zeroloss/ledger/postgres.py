@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .engine import MSG, Engine, Rows
+from .engine import MSG, Engine, Move, Rows
 
 # After a message of an ordering key finished (completed or dead) in ``t``, release the next
 # one of its key, unless the key still has a head outside ``t``. Rows of ``t`` are excluded:
@@ -93,24 +93,13 @@ class PostgresEngine(Engine):
             executor(sql, params, False, {"connection": conn, "cursor": cur})
             return (cur.fetchall() if cur.description else []), cur.rowcount
 
-    def transition(
-        self,
-        conn: BaseDatabaseWrapper,
-        sql: str,
-        params: Sequence[Any],
-        *,
-        moved: str,
-        actor: str,
-        extra: str = "",
-        promote: bool = False,
-        prepare: bool = True,
-    ) -> Rows:
+    def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
         full = self.composed(
-            (sql, moved, extra, promote),
+            (move.sql, move.moved, move.extra, move.promote),
             lambda: (
-                f"WITH t AS ({sql} RETURNING {moved}{extra}), ev AS ({self.event_insert('t')})"
-                f"{_PROMOTE_CTE if promote else ''} SELECT * FROM t"
+                f"WITH t AS ({move.sql} RETURNING {move.moved}{move.extra}), ev AS ({self.event_insert('t')})"
+                f"{_PROMOTE_CTE if move.promote else ''} SELECT * FROM t"
             ),
         )
-        rows, _ = self.execute(conn, full, [*params, actor], prepare=prepare)
+        rows, _ = self.execute(conn, full, [*move.params, move.actor], prepare=move.prepare)
         return rows

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .engine import Engine, Rows
+from .engine import Engine, Move, Rows
 
 _CLOCK = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'"
 
@@ -39,19 +39,10 @@ class SqliteEngine(Engine):
     def token(self, value: Any) -> Any:
         return value.hex  # Django stores UUIDs on SQLite as 32 hex digits
 
-    def transition(
-        self,
-        conn: BaseDatabaseWrapper,
-        sql: str,
-        params: Sequence[Any],
-        *,
-        moved: str,
-        actor: str,
-        extra: str = "",
-        promote: bool = False,
-        prepare: bool = True,
-    ) -> Rows:
-        full = self.composed((sql, moved, extra), lambda: f"{sql} RETURNING {moved}{extra}")
+    def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
+        full = self.composed(
+            (move.sql, move.moved, move.extra), lambda: f"{move.sql} RETURNING {move.moved}{move.extra}"
+        )
         events = self.composed(
             ("events",),
             lambda: self.event_insert(
@@ -62,12 +53,12 @@ class SqliteEngine(Engine):
             ),
         )
         with transaction.atomic(using=conn.alias):
-            rows, _ = self.execute(conn, full, params)
+            rows, _ = self.execute(conn, full, move.params)
             if rows:
                 # id, message_id, status, attempts, updated_at, from_status, reason, detail
                 audit = [[r[0], r[5], r[2], r[6], r[3], r[7], r[4]] for r in rows]
-                self.execute(conn, events, [actor, json.dumps(audit, default=str)])
-                if promote:
+                self.execute(conn, events, [move.actor, json.dumps(audit, default=str)])
+                if move.promote:
                     keys = {(r[8], r[9]) for r in rows if r[9] and r[2] in ("completed", "dead")}
                     if keys:
                         q, k = zip(*sorted(keys), strict=True)
