@@ -84,6 +84,7 @@ class LedgerBase:
         extra: str = "",
         promote: bool = False,
         prepare: bool = True,
+        result: tuple[str, ...] | None = None,
     ) -> Rows:
         """Run the named moving statement with its audit rows; returns the moved rows.
 
@@ -102,7 +103,7 @@ class LedgerBase:
         )
         return engine.transition(
             self.connection,
-            Move(engine.sql[name], params, moved, actor or self.instance_id, extra, promote, prepare),
+            Move(engine.sql[name], params, moved, actor or self.instance_id, extra, promote, prepare, result),
         )
 
     def promote_keys(self, keys: Iterable[tuple[str, str]]) -> list[str]:

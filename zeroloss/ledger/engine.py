@@ -44,6 +44,24 @@ class Move:
     #: its key in the same transaction.
     promote: bool = False
     prepare: bool = True
+    #: The columns handed back, by name (``MOVED`` ones, then ``extra`` ones); ``None``: all.
+    #: The audit rows are written whatever it says; fewer columns, less to convert.
+    result: tuple[str, ...] | None = None
+
+
+#: The names of the :data:`statements.MOVED` columns, in order.
+MOVED_NAMES = (
+    "id",
+    "message_id",
+    "status",
+    "attempts",
+    "updated_at",
+    "from_status",
+    "reason",
+    "detail",
+    "queue_name",
+    "ordering_key",
+)
 
 
 class Engine:

@@ -21,6 +21,21 @@ from .types import Completion, CompletionReport, Lease, Verdict
 from .validation import canonical_json, clean_text, validate_count, validate_message_id, validate_queue_name
 
 _FAILED_REASON = "CASE WHEN status = 'dead' THEN 'dead_lettered' ELSE 'failed' END"
+#: What a claim hands back to build its leases (no audit-only columns: less to convert).
+_LEASE_COLUMNS = (
+    "id",
+    "message_id",
+    "attempts",
+    "queue_name",
+    "ordering_key",
+    "lease_token",
+    "lease_expires_at",
+    "payload",
+    "max_attempts",
+    "priority",
+)
+#: What an outcome statement hands back.
+_OUTCOME_COLUMNS = ("message_id", "status")
 
 
 class Leasing(LedgerBase):
@@ -34,20 +49,21 @@ class Leasing(LedgerBase):
             source="pending",
             reason="claimed",
             extra=statements.CLAIM_RETURNING,
+            result=_LEASE_COLUMNS,
         )
         # Oldest first within a priority: the order the claim chose (RETURNING keeps none).
-        rows.sort(key=lambda r: (-r[14], r[0]))
+        rows.sort(key=lambda r: (-r[9], r[0]))
         return [
             Lease(
                 message_id=r[1],
-                token=engine.to_uuid(r[10]),
-                expires_at=engine.at(r[11]),
-                attempt=r[3],
-                queue_name=r[8],
-                payload=engine.to_json(r[12]),
-                max_attempts=r[13],
-                ordering_key=r[9],
-                priority=r[14],
+                token=engine.to_uuid(r[5]),
+                expires_at=engine.at(r[6]),
+                attempt=r[2],
+                queue_name=r[3],
+                payload=engine.to_json(r[7]),
+                max_attempts=r[8],
+                ordering_key=r[4],
+                priority=r[9],
             )
             for r in rows
         ]
@@ -270,8 +286,9 @@ class Leasing(LedgerBase):
             reason=_FAILED_REASON,
             detail=None,
             promote=True,
+            result=_OUTCOME_COLUMNS,
         )
-        return [(r[1], r[2]) for r in rows] if statuses else [r[1] for r in rows]
+        return [(r[0], r[1]) for r in rows] if statuses else [r[0] for r in rows]
 
     def _release(self, ids: list[str], tokens: list[Any], detail: str) -> list[str]:
         rows = self._move(

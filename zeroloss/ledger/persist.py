@@ -241,8 +241,15 @@ class Persisting(LedgerBase):
                     reason="persisted",
                     actor=actor,
                     extra=_INSERT_RETURNING + engine.notify,
+                    result=("id", "message_id"),
                 )
-                stored.update({r[1]: (r[0], engine.at(r[4]), engine.to_datetime(r[10])) for r in rows})
+                if not rows:
+                    continue
+                # One statement, one clock reading: every row it stored has the same times.
+                created = engine.at(self._run("CREATED_AT", [rows[0][0]])[0][0][0])
+                later = created + dt.timedelta(seconds=delay_s)
+                key_of = {p.message_id: p.ordering_key for p in chunk}
+                stored.update({mid: (pk, created, None if key_of[mid] else later) for pk, mid in rows})
         result = []
         for p in prepared:
             if p.message_id in stored:

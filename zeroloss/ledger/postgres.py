@@ -94,11 +94,12 @@ class PostgresEngine(Engine):
             return (cur.fetchall() if cur.description else []), cur.rowcount
 
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
+        result = ", ".join(move.result) if move.result else "*"
         full = self.composed(
-            (move.sql, move.moved, move.extra, move.promote),
+            (move.sql, move.moved, move.extra, move.promote, result),
             lambda: (
                 f"WITH t AS ({move.sql} RETURNING {move.moved}{move.extra}), ev AS ({self.event_insert('t')})"
-                f"{_PROMOTE_CTE if move.promote else ''} SELECT * FROM t"
+                f"{_PROMOTE_CTE if move.promote else ''} SELECT {result} FROM t"
             ),
         )
         rows, _ = self.execute(conn, full, [*move.params, move.actor], prepare=move.prepare)

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .engine import Engine, Move, Rows
+from .engine import MOVED_NAMES, Engine, Move, Rows
 
 _CLOCK = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'"
 
@@ -63,4 +63,8 @@ class SqliteEngine(Engine):
                     if keys:
                         q, k = zip(*sorted(keys), strict=True)
                         self.execute(conn, self.sql["PROMOTE"], self.row_params("PROMOTE", [q, k]))
+        if move.result:
+            names = [*MOVED_NAMES, *(x.strip() for x in move.extra.split(",") if x.strip())]
+            picks = [names.index(name) for name in move.result]
+            rows = [tuple(r[i] for i in picks) for r in rows]
         return rows

@@ -202,6 +202,7 @@ MARK_UNDISPATCHED = "UPDATE {msg} SET dispatched_at = NULL " + _BY_IDS
 # -- reads ----------------------------------------------------------------------------
 
 NOW = "SELECT {now}"
+CREATED_AT = "SELECT created_at FROM {msg} WHERE id = %s"
 
 #: The batch each statement's ``{rows}`` carries, as ``b(column, ...)`` with PostgreSQL types.
 #: PostgreSQL passes one array per column (``unnest``); SQLite one JSON array of rows.
