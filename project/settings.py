@@ -5,8 +5,16 @@
 - ``CELERY_BROKER_URL``: ``redis://127.0.0.1:6379/0`` to use Celery as the transport;
   unset means the built-in database worker (``manage.py zeroloss_worker``).
 - ``REDIS_URL``: use django-redis as the cache (status, dashboard, metrics reads).
+- ``ZEROLOSS_DATABASE_JSON``: a whole ``DATABASES["default"]`` entry as JSON, used instead of
+  ``DATABASE_URL``. For what a URL cannot say, e.g. libpq's multi-host form behind automatic
+  failover (``{"ENGINE": "django.db.backends.postgresql", "HOST": "10.0.0.1,10.0.0.2",
+  "PORT": "5432,5432", "OPTIONS": {"target_session_attrs": "read-write"}, ...}``):
+  dj-database-url cannot parse multi-host URLs. See docs/high-availability.md.
+- ``ZEROLOSS_SETTINGS_JSON``: a JSON object laid over ``ZEROLOSS`` below, e.g.
+  ``{"PREPARED_STATEMENTS": false}`` behind PgBouncer in transaction mode (docs/scaling.md).
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -66,6 +74,8 @@ DATABASES = {
         os.environ.get("DATABASE_URL") or f"sqlite:///{_SQLITE_FILE}", conn_max_age=0
     )
 }
+if os.environ.get("ZEROLOSS_DATABASE_JSON"):
+    DATABASES["default"] = json.loads(os.environ["ZEROLOSS_DATABASE_JSON"])
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         # Writers queue for the lock instead of failing; WAL lets readers run beside them;
@@ -106,6 +116,7 @@ ZEROLOSS = {
     # With a broker, Celery carries messages; without one, the built-in worker polls the ledger.
     "TRANSPORT": "celery" if CELERY_BROKER_URL else "database",
 }
+ZEROLOSS.update(json.loads(os.environ.get("ZEROLOSS_SETTINGS_JSON") or "{}"))
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
