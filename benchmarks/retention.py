@@ -295,8 +295,7 @@ def child(args: dict[str, Any]) -> int:
 def run_real(url: str, rows: int) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True) as conn:
         started = time.perf_counter()
-        db.load_messages(conn, queue="bench.retention", prefix="ret", count=rows, state="completed")
-        db.load_messages(conn, queue="bench.noop", prefix="probe", count=PROBE_PENDING, state="pending")
+        load(conn, db.MSG, db.EVT, rows, spread_days=0)
         db.analyze(conn, vacuum=True)
         conn.execute("CHECKPOINT")
         _log(
@@ -415,49 +414,59 @@ def create_scratch(conn: psycopg.Connection[Any]) -> None:
             )
 
 
+def load(
+    conn: psycopg.Connection[Any], msg: str, evt: str, rows: int, *, spread_days: int, carry: bool = False
+) -> None:
+    """``rows`` completed messages (persisted, claimed, acknowledged: three audit rows each) and
+    PROBE_PENDING pending ones for the claim probe, set-based, in one transaction.
+
+    ``spread_days`` 0: completed an hour ago; otherwise created at noon on one of the
+    ``spread_days`` days before today. ``carry``: the audit table has ``message_created_at``.
+    """
+    payload = "format('{\"n\":%%s}', g)"
+    if spread_days:
+        created = f"(current_date - 1 - (g %% {spread_days}) + time '12:00')::timestamptz"
+    else:
+        created = "(now() - interval '1 hour')"
+    columns = (
+        "message_id, queue_name, payload, checksum, status, attempts, max_attempts, priority, ordering_key, "
+        "available_at, claimed_by, last_error, replication_targets, created_at, updated_at, completed_at"
+    )
+    checksum = f"encode(sha256(convert_to({payload}, 'UTF8')), 'hex')"
+    extra, extra_value = (", message_created_at", ", m.created_at") if carry else ("", "")
+    events = f"INSERT INTO {evt} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at{extra}) "
+    with conn.transaction():
+        conn.execute(
+            f"INSERT INTO {msg} ({columns}) SELECT 'ret-' || g, 'bench.retention', ({payload})::jsonb, {checksum}, "
+            f"'completed', 1, 5, 0, '', {created}, 'old-worker', '', '[]'::jsonb, {created}, {created}, "
+            f"{created} + interval '1 second' FROM generate_series(1, %s) g",
+            [rows],
+        )
+        conn.execute(
+            f"INSERT INTO {msg} ({columns}) SELECT 'probe-' || g, 'bench.noop', ({payload})::jsonb, {checksum}, "
+            "'pending', 0, 5, 0, '', now(), '', '', '[]'::jsonb, now(), now(), NULL FROM generate_series(1, %s) g",
+            [PROBE_PENDING],
+        )
+        for from_status, to_status, reason, attempt, offset in (
+            ("", "pending", "persisted", 0, "0 seconds"),
+            ("pending", "processing", "claimed", 1, "0.5 seconds"),
+            ("processing", "completed", "acknowledged", 1, "1 second"),
+        ):
+            conn.execute(
+                events + f"SELECT m.id, %s, %s, %s, 'loader', %s, '', m.created_at + interval '{offset}'"
+                f"{extra_value} FROM {msg} m WHERE m.queue_name = 'bench.retention' ORDER BY m.id",
+                [from_status, to_status, reason, attempt],
+            )
+        conn.execute(
+            events + f"SELECT m.id, '', 'pending', 'persisted', 'loader', 0, '', m.created_at{extra_value} "
+            f"FROM {msg} m WHERE m.queue_name = 'bench.noop'"
+        )
+
+
 def load_scratch(conn: psycopg.Connection[Any], rows: int) -> None:
-    payload = "format('{\"n\":%s}', g)"
-    created = f"(current_date - 1 - (g % {DAYS}) + time '12:00')::timestamptz"
-    for schema in ("rows_s", "parts_s"):
-        with conn.transaction():
-            conn.execute(
-                f"INSERT INTO {schema}.message (message_id, queue_name, payload, checksum, status, attempts, "
-                "max_attempts, priority, ordering_key, available_at, claimed_by, last_error, replication_targets, "
-                f"created_at, updated_at, completed_at) SELECT 'ret-' || g, 'bench.retention', ({payload})::jsonb, "
-                f"encode(sha256(convert_to({payload}, 'UTF8')), 'hex'), 'completed', 1, 5, 0, '', {created}, "
-                f"'old-worker', '', '[]'::jsonb, {created}, {created}, {created} + interval '1 second' "
-                "FROM generate_series(1, %s) g",
-                [rows],
-            )
-            conn.execute(
-                f"INSERT INTO {schema}.message (message_id, queue_name, payload, checksum, status, attempts, "
-                "max_attempts, priority, ordering_key, available_at, claimed_by, last_error, replication_targets, "
-                f"created_at, updated_at) SELECT 'probe-' || g, 'bench.noop', ({payload})::jsonb, "
-                f"encode(sha256(convert_to({payload}, 'UTF8')), 'hex'), 'pending', 0, 5, 0, '', now(), '', '', "
-                "'[]'::jsonb, now(), now() FROM generate_series(1, %s) g",
-                [PROBE_PENDING],
-            )
-            carry, carried = (", message_created_at", ", m.created_at") if schema == "parts_s" else ("", "")
-            for from_status, to_status, reason, attempt, offset in (
-                ("", "pending", "persisted", 0, "0 seconds"),
-                ("pending", "processing", "claimed", 1, "0.5 seconds"),
-                ("processing", "completed", "acknowledged", 1, "1 second"),
-            ):
-                conn.execute(
-                    f"INSERT INTO {schema}.event (message_id, from_status, to_status, reason, actor, attempt, detail, "
-                    f"created_at{carry}) SELECT m.id, %s, %s, %s, 'loader', %s, '', m.created_at + interval '{offset}'"
-                    f"{carried} FROM {schema}.message m WHERE m.queue_name = 'bench.retention' ORDER BY m.id",
-                    [from_status, to_status, reason, attempt],
-                )
-            conn.execute(
-                f"INSERT INTO {schema}.event (message_id, from_status, to_status, reason, actor, attempt, detail, "
-                f"created_at{carry}) SELECT m.id, '', 'pending', 'persisted', 'loader', 0, '', m.created_at{carried} "
-                f"FROM {schema}.message m WHERE m.queue_name = 'bench.noop'"
-            )
-        if schema == "parts_s":
-            conn.execute(
-                "INSERT INTO parts_s.message_key SELECT message_id, created_at::date FROM parts_s.message"
-            )
+    load(conn, "rows_s.message", "rows_s.event", rows, spread_days=DAYS)
+    load(conn, "parts_s.message", "parts_s.event", rows, spread_days=DAYS, carry=True)
+    conn.execute("INSERT INTO parts_s.message_key SELECT message_id, created_at::date FROM parts_s.message")
     conn.execute(
         "VACUUM (ANALYZE) rows_s.message, rows_s.event, parts_s.message, parts_s.event, parts_s.message_key"
     )
