@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 WORKLOADS = ["insert", "pgbench", "bulk", "claimack", "sweep", "retained", "drain", "latency", "sigkill"]
+#: Run only when named in --only: minutes each, on a private server (benchmarks/retention.py).
+OPT_IN = ["retention"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,7 +34,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="Small sizes: proves the suite works (CI).")
     parser.add_argument("--runs", type=int, help="Runs per figure (default 3; the table shows the median).")
     parser.add_argument(
-        "--only", nargs="+", choices=WORKLOADS, metavar="NAME", help=f"Run only: {', '.join(WORKLOADS)}."
+        "--only",
+        nargs="+",
+        choices=WORKLOADS + OPT_IN,
+        metavar="NAME",
+        help=f"Run only: {', '.join(WORKLOADS + OPT_IN)} (the last only when named).",
     )
     parser.add_argument("--json", type=Path, help="Also save every figure and the machine to this file.")
     parser.add_argument(
@@ -134,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.only or WORKLOADS:
                 t0 = time.monotonic()
                 print(f"- {name} ...", file=sys.stderr, flush=True)
-                getattr(suite, f"run_{name.replace('claimack', 'claim_ack')}")()
+                if name == "retention":
+                    from .retention import run_in_suite
+
+                    run_in_suite(suite)
+                else:
+                    getattr(suite, f"run_{name.replace('claimack', 'claim_ack')}")()
                 print(f"- {name}: {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
             from .report import evaluate, save_json, table
 
