@@ -181,8 +181,9 @@ class Sends:
         """Refused sends that had committed after all (found stored by their retry)."""
         return sorted(i for i, rec in self.accepted.items() if rec["existed_before"])
 
-    def accepted_between(self, start: float, end: float) -> set[str]:
-        return {i for i, rec in self.accepted.items() if start <= rec["t"] < end}
+    def accepted_between(self, start: float, end: float, port: int) -> set[str]:
+        """Ids accepted by the server on ``port`` and logged between ``start`` and ``end``."""
+        return {i for i, rec in self.accepted.items() if start <= rec["t"] < end and rec["port"] == port}
 
 
 def ledger(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, int]]:
@@ -414,9 +415,13 @@ def test_failover_with_asynchronous_lagging_standby_loses_what_it_never_received
     assert sender.wait(60) == 0, sender.text[-3000:]
     sends = Sends(sender.records())
 
-    before_barrier = sends.accepted_between(0, barrier)
-    while_lagging = sends.accepted_between(lag_from, killed_at)
-    after_kill = sends.accepted_between(killed_at, float("inf"))
+    before_barrier = sends.accepted_between(0, barrier, old_port)
+    while_lagging = sends.accepted_between(lag_from, killed_at, old_port)
+    after_kill = sends.accepted_between(killed_at, float("inf"), standby_port)
+    assert (
+        set(sends.accepted)
+        == before_barrier | sends.accepted_between(barrier, killed_at, old_port) | after_kill
+    )
     with ha.primary() as conn:
 
         def drained() -> bool:
