@@ -386,6 +386,7 @@ def test_failover_with_asynchronous_lagging_standby_loses_what_it_never_received
         wait_until("the standby replayed the barrier", 30, replayed, interval=0.02)
 
     with ha.cluster.paused_standby():
+        paused_at = time.time()
         with ha.cluster.connect(old_port) as conn:
             conn.execute(
                 "INSERT INTO wal_filler (pad) SELECT repeat(md5(g::text), 32) FROM generate_series(1, %s) g",
@@ -443,7 +444,8 @@ def test_failover_with_asynchronous_lagging_standby_loses_what_it_never_received
     print(
         f"\nasynchronous failover: probe write accepted {failover:.1f}s after the kill; "
         f"{len(sends.accepted)} messages accepted, {len(lost)} of them lost with the old primary "
-        f"({len(while_lagging)} accepted while the standby lagged, all lost); "
+        f"({len(while_lagging)} accepted after the filler, all lost; the standby was frozen "
+        f"{killed_at - paused_at:.1f}s before the kill); "
         f"{len(sends.in_doubt)} refused sends had committed after all"
     )
 
