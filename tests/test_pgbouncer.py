@@ -217,6 +217,39 @@ def test_send_drain_sigkill_sweep_and_admin_requeue_through_transaction_pooling(
     verified = manage(env, "zeroloss_verify", "--json")
     assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
 
+    # Measuring a message's copies records its WAL position in a transaction that uses SET LOCAL
+    # (synchronous_commit, statement_timeout): through the pooler it works, and leaks nowhere.
+    measured = subprocess.run(
+        [sys.executable, "-m", "tests.replication_child", "verify", json.dumps({"message_id": ids[0]})],
+        cwd=ROOT,
+        env={**env, "ZEROLOSS_SETTINGS_JSON": json.dumps({**POOLED, "REPLICATION_FACTOR": 2})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert measured.returncode == 0, measured.stderr[-3000:]
+    report = json.loads(measured.stdout.strip().splitlines()[-1])
+    assert (report["confirmed"], report["required"], report["measured"]) == (1, 2, True)
+    with pooled.conn() as conn:
+        row = conn.execute(
+            "SELECT commit_lsn FROM zeroloss_message WHERE message_id = %s", [ids[0]]
+        ).fetchone()
+        assert row is not None and row[0] is not None  # the marker transaction committed
+    clients = [pooled.bouncer.connect(autocommit=False) for _ in range(pooled.bouncer.pool_size)]
+    try:  # each client in a transaction holds its own server connection: every one is clean
+        seen = {
+            c.execute(
+                "SELECT pg_backend_pid(), current_setting('synchronous_commit'), "
+                "current_setting('statement_timeout')"
+            ).fetchone()
+            for c in clients
+        }
+    finally:
+        for c in clients:
+            c.close()
+    assert len(seen) == pooled.bouncer.pool_size
+    assert {(sync, timeout) for _pid, sync, timeout in seen} == {("on", "0")}
+
 
 @pytest.mark.postgres_only
 @pytest.mark.slow
