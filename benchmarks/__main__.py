@@ -25,6 +25,8 @@ from typing import Any
 WORKLOADS = ["insert", "pgbench", "bulk", "claimack", "sweep", "retained", "drain", "latency", "sigkill"]
 #: Issue 12 and 16 workloads (benchmarks/throughput.py); run with ``--only``, and in the full profile.
 MORE_WORKLOADS = ["batched", "bulksend", "celery", "e2e", "ordered"]
+#: Run only when named in --only: minutes each, on a private server (benchmarks/retention.py).
+OPT_IN = ["retention"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,9 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=WORKLOADS + MORE_WORKLOADS,
+        choices=WORKLOADS + MORE_WORKLOADS + OPT_IN,
         metavar="NAME",
-        help=f"Run only: {', '.join(WORKLOADS + MORE_WORKLOADS)}.",
+        help=f"Run only: {', '.join(WORKLOADS + MORE_WORKLOADS + OPT_IN)}.",
     )
     parser.add_argument("--json", type=Path, help="Also save every figure and the machine to this file.")
     parser.add_argument(
@@ -140,7 +142,12 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.only or (WORKLOADS if args.quick else WORKLOADS + MORE_WORKLOADS):
                 t0 = time.monotonic()
                 print(f"- {name} ...", file=sys.stderr, flush=True)
-                getattr(suite, f"run_{name.replace('claimack', 'claim_ack')}")()
+                if name == "retention":
+                    from .retention import run_in_suite
+
+                    run_in_suite(suite)
+                else:
+                    getattr(suite, f"run_{name.replace('claimack', 'claim_ack')}")()
                 print(f"- {name}: {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
             from .report import evaluate, save_json, table
 

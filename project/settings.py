@@ -6,8 +6,14 @@
   unset means the built-in database worker (``manage.py zeroloss_worker``).
 - ``REDIS_URL``: use django-redis as the cache (status, dashboard, metrics reads).
 - ``ZEROLOSS_EXTRA_DATABASES``: more database aliases, as JSON (alias -> URL, or alias -> a full
-  ``DATABASES`` entry, for libpq's multi-host form); ``ZEROLOSS_QUEUE_DATABASES``: queues whose
-  ledger lives in one of them (JSON, queue -> alias).
+  ``DATABASES`` entry, for libpq's multi-host form).
+- ``ZEROLOSS_DATABASE_JSON``: a whole ``DATABASES["default"]`` entry as JSON, used instead of
+  ``DATABASE_URL``. For what a URL cannot say, e.g. libpq's multi-host form behind automatic
+  failover (``{"ENGINE": "django.db.backends.postgresql", "HOST": "10.0.0.1,10.0.0.2",
+  "PORT": "5432,5432", "OPTIONS": {"target_session_attrs": "read-write"}, ...}``):
+  dj-database-url cannot parse multi-host URLs. See docs/high-availability.md.
+- ``ZEROLOSS_SETTINGS_JSON``: a JSON object laid over ``ZEROLOSS`` below, e.g.
+  ``{"PREPARED_STATEMENTS": false}`` behind PgBouncer in transaction mode (docs/scaling.md).
 """
 
 import json
@@ -70,6 +76,8 @@ DATABASES = {
         os.environ.get("DATABASE_URL") or f"sqlite:///{_SQLITE_FILE}", conn_max_age=0
     )
 }
+if os.environ.get("ZEROLOSS_DATABASE_JSON"):
+    DATABASES["default"] = json.loads(os.environ["ZEROLOSS_DATABASE_JSON"])
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         # Writers queue for the lock instead of failing; WAL lets readers run beside them;
@@ -117,12 +125,7 @@ ZEROLOSS = {
     # With a broker, Celery carries messages; without one, the built-in worker polls the ledger.
     "TRANSPORT": "celery" if CELERY_BROKER_URL else "database",
 }
-if os.environ.get("ZEROLOSS_ACK_BATCH_SIZE"):
-    ZEROLOSS["ACK_BATCH_SIZE"] = int(os.environ["ZEROLOSS_ACK_BATCH_SIZE"])
-if os.environ.get("ZEROLOSS_ACK_FLUSH_INTERVAL"):
-    ZEROLOSS["ACK_FLUSH_INTERVAL"] = float(os.environ["ZEROLOSS_ACK_FLUSH_INTERVAL"])
-if os.environ.get("ZEROLOSS_QUEUE_DATABASES"):  # {"queue": "alias"}: queues whose ledger is elsewhere
-    ZEROLOSS["QUEUE_DATABASES"] = json.loads(os.environ["ZEROLOSS_QUEUE_DATABASES"])
+ZEROLOSS.update(json.loads(os.environ.get("ZEROLOSS_SETTINGS_JSON") or "{}"))
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

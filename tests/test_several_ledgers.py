@@ -38,7 +38,7 @@ def second_server():
 def test_queues_routed_to_two_servers_are_sent_drained_swept_and_verified_per_ledger(children, second_server):
     routing = {
         "ZEROLOSS_EXTRA_DATABASES": json.dumps({"ledger2": second_server.url()}),
-        "ZEROLOSS_QUEUE_DATABASES": json.dumps({"demo.record": "ledger2"}),
+        "ZEROLOSS_SETTINGS_JSON": json.dumps({"QUEUE_DATABASES": {"demo.record": "ledger2"}}),
         "ZEROLOSS_ACK_TIMEOUT": "2",
         "ZEROLOSS_SWEEP_INTERVAL": "0.5",
     }

@@ -14,6 +14,11 @@
 | zeroloss.W010   | PostgreSQL with fewer streaming physical standbys than ``REPLICATION_FACTOR - 1``, |
 |                 | or a role that cannot read ``pg_stat_replication`` (``check --database default``) |
 | zeroloss.W011   | ``REPLICATION_FACTOR > 1`` on a database that cannot replicate |
+| zeroloss.W030   | PostgreSQL on port 6432 (PgBouncer's default) with ``PREPARED_STATEMENTS`` on |
+| zeroloss.W031   | a pooler answers the connection (measured) and ``PREPARED_STATEMENTS`` is on |
+|                 | (``check --database default``)                                           |
+| zeroloss.W032   | a pooler answers the connection (measured) and Django's server-side cursors |
+|                 | are on (``DISABLE_SERVER_SIDE_CURSORS``; ``check --database default``)   |
 """
 
 from __future__ import annotations
@@ -93,7 +98,10 @@ def check_database(
 
     messages: list[CheckMessage] = []
     for alias in databases:
-        if connections[alias].vendor != "postgresql" or cfg.REPLICATION_FACTOR == 1:
+        if connections[alias].vendor != "postgresql":
+            continue
+        messages += pooler_messages(alias, behind_pooler(alias), connections[alias].settings_dict, cfg)
+        if cfg.REPLICATION_FACTOR == 1:
             continue
         req = requirement(ZeroLossMessageService(using=alias))
         if not req.ok:
@@ -108,6 +116,86 @@ def check_database(
     return messages
 
 
+# -- connection poolers (docs/scaling.md, "Behind PgBouncer") ---------------------------------
+
+#: PgBouncer's default listen port. PostgreSQL itself listens on 5432 unless told otherwise.
+PGBOUNCER_DEFAULT_PORT = 6432
+
+
+def behind_pooler(alias: str) -> bool:
+    """Whether a protocol-level pooler (PgBouncer, ...) sits between Django and PostgreSQL.
+
+    At connection start PostgreSQL sends the client its backend's process id (BackendKeyData);
+    PgBouncer sends a random one of its own instead, since the client will be served by
+    whichever server connection is free. So the pid the connection was given differs from the
+    pid of the backend that runs our query. A TCP proxy or a port mapping forwards the real one.
+    """
+    conn = connections[alias]
+    conn.ensure_connection()
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (backend_pid,) = cursor.fetchone()
+    return bool(conn.connection.info.backend_pid != backend_pid)
+
+
+def _ports(value: Any) -> list[str]:
+    return [p.strip() for p in str(value or "").split(",") if p.strip()]
+
+
+def pooler_messages(
+    alias: str, measured: bool | None, settings_dict: dict[str, Any], cfg: ZeroLossSettings
+) -> list[CheckMessage]:
+    """W030 (``measured`` None: from the configured port only), W031 and W032 (measured)."""
+    messages: list[CheckMessage] = []
+    prepared = cfg.PREPARED_STATEMENTS
+    if measured is None:
+        if prepared and str(PGBOUNCER_DEFAULT_PORT) in _ports(settings_dict.get("PORT")):
+            messages.append(
+                Warning(
+                    f"Database {alias!r} uses port {PGBOUNCER_DEFAULT_PORT}, PgBouncer's default, and "
+                    "ZEROLOSS['PREPARED_STATEMENTS'] is True: behind PgBouncer before 1.21 in transaction "
+                    "mode, zeroloss's prepared statements fail ('prepared statement \"_pg3_0\" already "
+                    "exists' / 'does not exist').",
+                    hint="Behind a transaction-pooling PgBouncer set ZEROLOSS['PREPARED_STATEMENTS'] = False "
+                    "(and run zeroloss_worker with --no-listen). If port 6432 is PostgreSQL itself or a "
+                    "session-pooling PgBouncer, add 'zeroloss.W030' to SILENCED_SYSTEM_CHECKS.",
+                    obj="settings.DATABASES",
+                    id="zeroloss.W030",
+                )
+            )
+        return messages
+    if not measured:
+        return messages
+    if prepared:
+        messages.append(
+            Warning(
+                f"Database {alias!r} is reached through a connection pooler (the backend pid differs from "
+                "the one the connection was given) and ZEROLOSS['PREPARED_STATEMENTS'] is True: in "
+                "transaction pooling mode (PgBouncer before 1.21, or without max_prepared_statements) "
+                "zeroloss's prepared statements fail.",
+                hint="Set ZEROLOSS['PREPARED_STATEMENTS'] = False and run zeroloss_worker with --no-listen. "
+                "Session pooling, or PgBouncer >= 1.21 with max_prepared_statements > 0, keeps prepared "
+                "statements: then add 'zeroloss.W031' to SILENCED_SYSTEM_CHECKS.",
+                obj="settings.ZEROLOSS",
+                id="zeroloss.W031",
+            )
+        )
+    if not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        messages.append(
+            Warning(
+                f"Database {alias!r} is reached through a connection pooler and Django's server-side "
+                "cursors are on: in transaction pooling mode a QuerySet.iterator() outside a transaction "
+                "(zeroloss_verify uses one) declares a cursor on one server connection and fetches from "
+                "another.",
+                hint=f"Set DATABASES[{alias!r}]['DISABLE_SERVER_SIDE_CURSORS'] = True. Under session pooling "
+                "add 'zeroloss.W032' to SILENCED_SYSTEM_CHECKS.",
+                obj="settings.DATABASES",
+                id="zeroloss.W032",
+            )
+        )
+    return messages
+
+
 @register()
 def check_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Checks that only need the configured backend, not a connection."""
@@ -117,6 +205,8 @@ def check_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
         if alias in settings.DATABASES:
             conn = connections[alias]
             messages += backend_messages(alias, conn.vendor, conn.settings_dict.get("OPTIONS") or {}, cfg)
+            if conn.vendor == "postgresql" and cfg is not None:
+                messages += pooler_messages(alias, None, conn.settings_dict, cfg)
     return messages
 
 
