@@ -114,7 +114,12 @@ def test_manage_py_check_names_a_server_without_fsync_and_a_database_without_syn
             assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
         env = child_env(DATABASE_URL=cluster.url())
         plain = subprocess.run(
-            [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+            [sys.executable, "manage.py", "check"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert plain.returncode == 0, plain.stderr
         assert "zeroloss.W04" not in plain.stdout + plain.stderr  # needs --database

@@ -68,7 +68,11 @@ def test_a_normal_life_writes_three_audit_rows():
     call_command("zeroloss_worker", "--queue", "demo.record", "--burst", verbosity=0)
     assert Message.objects.filter(status=Status.COMPLETED).count() == 50
     assert MessageEvent.objects.count() == 150
-    assert set(MessageEvent.objects.values_list("reason", flat=True)) == {"persisted", "claimed", "acknowledged"}
+    assert set(MessageEvent.objects.values_list("reason", flat=True)) == {
+        "persisted",
+        "claimed",
+        "acknowledged",
+    }
 
 
 def _sessions(app_name: str) -> int:
@@ -106,9 +110,9 @@ def test_sweep_loop_rides_out_killed_connections():
                     [app],
                 )
                 assert cursor.fetchone()[0] == 1
-            assert wait_until(
-                lambda n=round_ + 1: sweeper.text.count("reachable again") == n, timeout=30
-            ), sweeper.text
+            assert wait_until(lambda n=round_ + 1: sweeper.text.count("reachable again") == n, timeout=30), (
+                sweeper.text
+            )
         assert sweeper.popen.poll() is None, sweeper.text  # still running: nobody restarted it
         assert sweeper.text.count("unreachable since") == 3  # one line per outage, none per retry
         assert "Traceback" not in sweeper.text
@@ -144,7 +148,12 @@ def test_past_db_outage_tolerance_the_process_exits_4(tmp_path: Path, command: l
     env = _tolerant_settings(tmp_path, 1)
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "manage.py", *command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     out = done.stdout + done.stderr
     assert done.returncode == 4, out

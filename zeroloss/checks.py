@@ -133,7 +133,9 @@ def postgres_readings(alias: str) -> tuple[int, str, str]:
     return int(version), str(fsync), str(synchronous_commit)
 
 
-def postgres_messages(alias: str, version_num: int, fsync: str, synchronous_commit: str) -> list[CheckMessage]:
+def postgres_messages(
+    alias: str, version_num: int, fsync: str, synchronous_commit: str
+) -> list[CheckMessage]:
     """E040/W040/W041 from what a PostgreSQL server reported."""
     messages: list[CheckMessage] = []
     if version_num < MIN_POSTGRES_VERSION_NUM:
@@ -153,7 +155,7 @@ def postgres_messages(alias: str, version_num: int, fsync: str, synchronous_comm
         messages.append(
             Warning(
                 f"Database {alias!r} runs with fsync = off: a crash of the server or its host can lose or "
-                "corrupt committed messages, so \"durable\" is not.",
+                'corrupt committed messages, so "durable" is not.',
                 hint="Set fsync = on in postgresql.conf (docs/production.md).",
                 obj="settings.DATABASES",
                 id="zeroloss.W040",
