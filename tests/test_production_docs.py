@@ -294,10 +294,11 @@ def test_connections_per_zeroloss_worker(concurrency: int, flags: list[str], exp
     ]
     worker = Proc(argv, child_env(PGAPPNAME=app))
     try:
-        if not flags:  # LISTEN connects at start; wait for it before sending
-            assert wait_until(lambda: _sessions(app) >= 1, timeout=60), worker.text
-        else:
-            time.sleep(3)
+        # Idle: the claim threads, the sweep and LISTEN have connected; the lease keeper has not
+        # (it connects when it first has a lease to renew).
+        idle = concurrency + (0 if flags else 2)
+        assert wait_until(lambda: _sessions(app) == idle, timeout=60), worker.text
+        assert _peak_sessions(app, 1.0) == idle
         # Every thread busy with a 2 s handler, so claims, renewals and the sweep all run.
         ZeroLossMessageService().persist_messages(
             [(f"conn-{app}-{i}", "demo.record", {"sleep": 2}) for i in range(2 * concurrency)]
@@ -343,6 +344,9 @@ def test_connections_per_celery_prefork_child(settings):
         assert wait_until(lambda: Message.objects.filter(status=Status.COMPLETED).count() == 4, timeout=60), (
             worker.text
         )
+        # Between tasks Celery's Django fix-up has closed each task's connection; the keeper's
+        # and the flusher's stay.
+        assert wait_until(lambda: _sessions(app) == 2 * 2, timeout=15), _sessions(app)
     finally:
         worker.terminate(timeout=30)
         celery_app.conf.broker_url = old
