@@ -29,8 +29,7 @@ def test_a_sigkill_mid_batch_reruns_at_most_the_unrecorded_outcomes_each_visible
         "demo.record",
         "--batch-size",
         "50",
-        ZEROLOSS_ACK_FLUSH_INTERVAL="60",
-        ZEROLOSS_ACK_BATCH_SIZE="1000",
+        ZEROLOSS_SETTINGS_JSON='{"ACK_FLUSH_INTERVAL": 60, "ACK_BATCH_SIZE": 1000}',
     )
     try:
         assert wait_until(lambda: HandledRecord.objects.count() >= 30, timeout=60), worker.text

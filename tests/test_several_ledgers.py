@@ -2,7 +2,7 @@
 
 The second server is a private PostgreSQL this test starts (tests/pgcluster.py). Everything that
 talks to it runs in real processes given the routing through the environment
-(``ZEROLOSS_EXTRA_DATABASES``, ``ZEROLOSS_QUEUE_DATABASES``), as a deployment would set it.
+(``ZEROLOSS_EXTRA_DATABASES``, ``ZEROLOSS_SETTINGS_JSON``), as a deployment would set it.
 """
 
 from __future__ import annotations

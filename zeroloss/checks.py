@@ -19,6 +19,10 @@
 |                 | (``check --database default``)                                           |
 | zeroloss.W032   | a pooler answers the connection (measured) and Django's server-side cursors |
 |                 | are on (``DISABLE_SERVER_SIDE_CURSORS``; ``check --database default``)   |
+| zeroloss.E040   | PostgreSQL older than 13 (``check --database default``) |
+| zeroloss.W040   | PostgreSQL with ``fsync = off`` (``check --database default``) |
+| zeroloss.W041   | PostgreSQL with ``synchronous_commit = off`` for zeroloss's connection |
+|                 | (``check --database default``) |
 """
 
 from __future__ import annotations
@@ -88,17 +92,21 @@ def check_database(
 ) -> list[CheckMessage]:
     """Checks that need to talk to the database (``manage.py check --database default``).
 
-    W010 is measured on the primary (``pg_stat_replication``), never read from the node registry.
+    E040/W040/W041 read the server's settings; W010 is measured on the primary
+    (``pg_stat_replication``), never read from the node registry.
     """
-    cfg, _ = _settings()
-    if cfg is None or not databases:
+    if not databases:
         return []
+    cfg, _ = _settings()
     from .replication import requirement
     from .service import ZeroLossMessageService
 
     messages: list[CheckMessage] = []
     for alias in databases:
         if connections[alias].vendor != "postgresql":
+            continue
+        messages += postgres_messages(alias, *postgres_readings(alias))
+        if cfg is None:
             continue
         messages += pooler_messages(alias, behind_pooler(alias), connections[alias].settings_dict, cfg)
         if cfg.REPLICATION_FACTOR == 1:
@@ -191,6 +199,68 @@ def pooler_messages(
                 "add 'zeroloss.W032' to SILENCED_SYSTEM_CHECKS.",
                 obj="settings.DATABASES",
                 id="zeroloss.W032",
+            )
+        )
+    return messages
+
+
+# -- PostgreSQL's own settings (docs/production.md) -------------------------------------------
+
+#: The oldest PostgreSQL the ledger's SQL runs on: ``gen_random_uuid()`` is built in from 13
+#: (a contrib extension before), like ``pg_current_xact_id_if_assigned()``.
+MIN_POSTGRES_VERSION_NUM = 130000
+
+
+def postgres_readings(alias: str) -> tuple[int, str, str]:
+    """``server_version_num``, ``fsync`` and ``synchronous_commit`` as this alias's connection sees them
+    (``synchronous_commit`` may be set per role, database or connection ``OPTIONS``)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('server_version_num')::int, current_setting('fsync'), "
+            "current_setting('synchronous_commit')"
+        )
+        version, fsync, synchronous_commit = cursor.fetchone()
+    return int(version), str(fsync), str(synchronous_commit)
+
+
+def postgres_messages(
+    alias: str, version_num: int, fsync: str, synchronous_commit: str
+) -> list[CheckMessage]:
+    """E040/W040/W041 from what a PostgreSQL server reported."""
+    messages: list[CheckMessage] = []
+    if version_num < MIN_POSTGRES_VERSION_NUM:
+        major = str(version_num // 10000)
+        if version_num < 100000:  # 9.6 is 90600: its major version has two parts
+            major += f".{version_num // 100 % 100}"
+        messages.append(
+            Error(
+                f"Database {alias!r} is PostgreSQL {major} (server_version_num {version_num}); zeroloss "
+                "needs PostgreSQL 13 or newer (gen_random_uuid(), pg_current_xact_id_if_assigned()).",
+                hint="Upgrade the server to PostgreSQL 13 or newer.",
+                obj="settings.DATABASES",
+                id="zeroloss.E040",
+            )
+        )
+    if fsync.lower() == "off":
+        messages.append(
+            Warning(
+                f"Database {alias!r} runs with fsync = off: a crash of the server or its host can lose or "
+                'corrupt committed messages, so "durable" is not.',
+                hint="Set fsync = on in postgresql.conf (docs/production.md).",
+                obj="settings.DATABASES",
+                id="zeroloss.W040",
+            )
+        )
+    if synchronous_commit.lower() == "off":
+        messages.append(
+            Warning(
+                f"Database {alias!r}: synchronous_commit = off for zeroloss's connection: a commit returns "
+                "before it is flushed, so a server crash can lose messages send() already returned, and "
+                "acknowledgements (handlers then run again).",
+                hint="Use synchronous_commit = on (or local, remote_write, remote_apply) for the role, the "
+                "database and the connection OPTIONS zeroloss uses (docs/production.md).",
+                obj="settings.DATABASES",
+                id="zeroloss.W041",
             )
         )
     return messages

@@ -193,6 +193,13 @@ class LeaseKeeper:
 
         try:
             while not self._stop.wait(self.interval):
+                with self._lock:
+                    idle = not self._held
+                if idle:
+                    # Nothing to renew or release, so no statement: a tick that succeeds without
+                    # the database must not tell the outage monitor the database is back (that
+                    # logged "reachable again" every tick and restarted DB_OUTAGE_TOLERANCE).
+                    continue
                 self.monitor.attempt(
                     tick,
                     who="the lease keeper",

@@ -1,0 +1,269 @@
+"""Behaviour the docs state in words (quickstart, guarantees, sweep, production), each tested.
+
+- a resend is idempotent only while the message is in the ledger, and only its queue and
+  payload are compared: other options are silently ignored (``ledger/persist.py`` ``_existing``);
+- ``zeroloss_sweep --loop`` rides out killed connections (closes, logs once, reconnects);
+- ``zeroloss_sweep --loop`` and ``zeroloss_worker`` exit with code 4 once the database has been
+  unreachable longer than ``DB_OUTAGE_TOLERANCE``;
+- a message's normal life writes three audit rows (docs/production.md, retention);
+- ``delivery.lease_lost`` turns true when a renewal is refused, and when no renewal lands
+  before the lease runs out (the database not answering: here, its writes blocked by a lock
+  another connection holds, on PostgreSQL and on SQLite).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+import zeroloss
+from zeroloss.loops import StopFlag
+from zeroloss.models import Message, MessageEvent, Status
+from zeroloss.processing import Delivery
+from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.worker import Worker
+
+from .conftest import ROOT, child_env, database_url
+from .pgcluster import free_port
+from .support import expire_leases
+from .workers import Proc
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def reasons(message_id: str) -> list[str]:
+    return list(MessageEvent.objects.for_message(message_id).values_list("reason", flat=True))
+
+
+def test_a_resend_with_other_options_returns_the_stored_message_unchanged():
+    service = ZeroLossMessageService()
+    first = service.persist_message("opt-1", "demo.record", {"n": 1}, max_attempts=3)
+    again = service.persist_message("opt-1", "demo.record", {"n": 1}, max_attempts=9, delay=600, priority=50)
+    keyed = service.persist_message("opt-1", "demo.record", {"n": 1}, ordering_key="k")
+    stored = Message.objects.get(message_id="opt-1")
+    assert again.pk == keyed.pk == first.pk == stored.pk
+    assert (stored.max_attempts, stored.priority, stored.ordering_key) == (3, 0, "")
+    assert stored.available_at == first.available_at  # not pushed 600 s into the future
+    assert reasons("opt-1") == ["persisted"]
+
+
+def test_a_purged_message_id_is_free_again_and_the_same_send_runs_again():
+    service = ZeroLossMessageService()
+    service.persist_message("once-1", "demo.record", {"n": 1})
+    call_command("zeroloss_worker", "--queue", "demo.record", "--burst", verbosity=0)
+    assert Message.objects.get(message_id="once-1").status == Status.COMPLETED
+    assert service.persist_message("once-1", "demo.record", {"n": 1}).status == Status.COMPLETED
+    assert service.purge_messages(status=Status.COMPLETED, older_than=0) == 1
+    again = service.persist_message("once-1", "demo.record", {"n": 1})  # a new message
+    assert again.status == Status.PENDING
+    assert reasons("once-1") == ["persisted"]
+    call_command("zeroloss_worker", "--queue", "demo.record", "--burst", verbosity=0)
+    from project.demo.models import HandledRecord
+
+    assert HandledRecord.objects.filter(message_id="once-1").count() == 2  # handled twice
+
+
+def test_a_normal_life_writes_three_audit_rows():
+    service = ZeroLossMessageService()
+    service.persist_messages([(f"life-{i}", "demo.record", {"i": i}) for i in range(50)])
+    call_command("zeroloss_worker", "--queue", "demo.record", "--burst", verbosity=0)
+    assert Message.objects.filter(status=Status.COMPLETED).count() == 50
+    assert MessageEvent.objects.count() == 150
+    assert set(MessageEvent.objects.values_list("reason", flat=True)) == {
+        "persisted",
+        "claimed",
+        "acknowledged",
+    }
+
+
+def _sessions(app_name: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
+            [app_name],
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.postgres_only
+def test_sweep_loop_rides_out_killed_connections():
+    service = ZeroLossMessageService()
+    app = "zl-doc-sweep-loop"
+    sweeper = Proc(
+        [sys.executable, "manage.py", "zeroloss_sweep", "--loop", "--interval", "0.2"],
+        child_env(PGAPPNAME=app),
+    )
+    try:
+        assert wait_until(lambda: _sessions(app) >= 1, timeout=30), sweeper.text
+        for round_ in range(3):
+            mid = f"orphan-{round_}"
+            service.persist_message(mid, "demo.record", {})
+            assert service.mark_processing(mid) is not None
+            expire_leases([mid])
+            # The sweep that requeued it has finished (its report is printed after its hooks):
+            # the kill below lands between two sweeps, so each kill is an outage of its own.
+            assert wait_until(lambda m=mid: f"requeued {m}" in sweeper.text, timeout=30), sweeper.text
+            assert Message.objects.get(message_id=mid).status == Status.PENDING
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND application_name = %s",
+                    [app],
+                )
+                assert cursor.fetchone()[0] == 1
+            assert wait_until(lambda n=round_ + 1: sweeper.text.count("reachable again") == n, timeout=30), (
+                sweeper.text
+            )
+        assert sweeper.popen.poll() is None, sweeper.text  # still running: nobody restarted it
+        assert sweeper.text.count("unreachable since") == 3  # one line per outage, none per retry
+        assert "Traceback" not in sweeper.text
+        assert reasons("orphan-0") == ["persisted", "claimed", "lease_expired"]
+    finally:
+        assert sweeper.terminate() == 0, sweeper.text
+
+
+def _tolerant_settings(tmp_path: Path, tolerance: float) -> dict[str, str]:
+    """A settings module: the example project's, with DB_OUTAGE_TOLERANCE set, and a database
+    URL on a loopback port where nothing listens (connections are refused)."""
+    (tmp_path / "tolerant_settings.py").write_text(
+        "from project.settings import *  # noqa: F403\n"
+        f"ZEROLOSS = {{**ZEROLOSS, 'DB_OUTAGE_TOLERANCE': {tolerance}}}  # noqa: F405\n"
+    )
+    return child_env(
+        DJANGO_SETTINGS_MODULE="tolerant_settings",
+        PYTHONPATH=f"{ROOT}:{tmp_path}",
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:{free_port()}/nowhere",
+    )
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize(
+    ("command", "needle"),
+    [
+        (["zeroloss_sweep", "--loop", "--interval", "0.2"], "DB_OUTAGE_TOLERANCE=4s"),
+        (["zeroloss_worker", "--queue", "demo.record"], "unreachable longer than DB_OUTAGE_TOLERANCE"),
+    ],
+    ids=["zeroloss_sweep", "zeroloss_worker"],
+)
+def test_past_db_outage_tolerance_the_process_exits_4(tmp_path: Path, command: list[str], needle: str):
+    # Longer than a lease keeper's tick (ACK_TIMEOUT / 3): an idle keeper has nothing to renew,
+    # and must not take that for the database being back (which restarted the outage clock).
+    env = _tolerant_settings(tmp_path, 4)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "manage.py", *command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 4, out
+    assert needle in out
+    assert out.count("unreachable since") == 1  # one line for the outage, none per retry
+    assert "reachable again" not in out
+    assert time.monotonic() - started < 60
+
+
+# -- delivery.lease_lost -----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def writes_blocked() -> Iterator[None]:
+    """Another connection holds a lock that makes every write to the ledger wait (the database
+    is up, but no renewal can land): PostgreSQL, an EXCLUSIVE table lock; SQLite, the write lock."""
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        with psycopg.connect(database_url(), connect_timeout=10) as conn:
+            conn.execute("LOCK TABLE zeroloss_message IN EXCLUSIVE MODE")  # reads go on, writes wait
+            yield
+            conn.rollback()
+    else:
+        conn = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            yield
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+
+
+def _watch_lease(queue: str) -> tuple[dict[str, bool], threading.Event, threading.Event]:
+    """A handler that, on its first attempt, waits (at most 30 s) for its lease to be lost."""
+    seen: dict[str, bool] = {}
+    started, done = threading.Event(), threading.Event()
+
+    def watch(delivery: Delivery) -> None:
+        if delivery.attempt > 1:
+            return
+        seen["at_start"] = delivery.lease_lost
+        started.set()
+        deadline = time.monotonic() + 30
+        while not delivery.lease_lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+        seen["lost"] = delivery.lease_lost
+        done.set()
+
+    zeroloss.handler(queue)(watch)
+    return seen, started, done
+
+
+def _run_worker(queue: str) -> tuple[Worker, threading.Thread]:
+    worker = Worker([queue], stop=StopFlag(), poll_interval=0.05)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return worker, thread
+
+
+def _finish(worker: Worker, thread: threading.Thread) -> None:
+    worker.stop.set("test")
+    thread.join(60)
+    assert not thread.is_alive(), "the worker did not stop"
+
+
+def test_lease_lost_turns_true_when_a_renewal_is_refused():
+    seen, started, done = _watch_lease("claims.refused")
+    ZeroLossMessageService().persist_message("refused-1", "claims.refused", {})
+    worker, thread = _run_worker("claims.refused")
+    try:
+        assert started.wait(30)
+        assert expire_leases(["refused-1"]) == 1  # the next renewal finds an expired lease
+        assert done.wait(30)
+        assert seen == {"at_start": False, "lost": True}
+        # Its late outcome is refused; the sweep requeues it and attempt 2 completes.
+        assert wait_until(lambda: Message.objects.get(message_id="refused-1").status == Status.COMPLETED, 30)
+        assert reasons("refused-1") == ["persisted", "claimed", "lease_expired", "claimed", "acknowledged"]
+        assert worker.stats.outcomes["lease_lost"] == 1
+    finally:
+        _finish(worker, thread)
+
+
+def test_lease_lost_turns_true_when_no_renewal_lands_before_the_lease_runs_out():
+    seen, started, done = _watch_lease("claims.silent")
+    ZeroLossMessageService().persist_message("silent-1", "claims.silent", {})
+    worker, thread = _run_worker("claims.silent")
+    try:
+        assert started.wait(30)
+        blocked_at = time.monotonic()
+        with writes_blocked():  # renewals wait; ACK_TIMEOUT (5 s) passes on the worker's clock
+            assert done.wait(30)
+            waited = time.monotonic() - blocked_at
+        assert seen == {"at_start": False, "lost": True}
+        # Known lost without any answer from the database: at most one lease after the block.
+        assert waited <= worker.base.settings.ACK_TIMEOUT + 1
+        assert wait_until(lambda: Message.objects.get(message_id="silent-1").status == Status.COMPLETED, 30)
+        assert reasons("silent-1") == ["persisted", "claimed", "lease_expired", "claimed", "acknowledged"]
+    finally:
+        _finish(worker, thread)
