@@ -95,6 +95,9 @@ class ZeroLossSettings:
     #: Prepare the hot-path statements once per PostgreSQL connection. Turn off behind a
     #: pooler that cannot keep prepared statements (PgBouncer < 1.21 in transaction mode).
     PREPARED_STATEMENTS: bool = True
+    #: Built-in workers LISTEN for wake-ups on PostgreSQL (one extra connection each). Turn off
+    #: behind a transaction-pooling PgBouncer, where LISTEN cannot work: workers then poll.
+    LISTEN: bool = True
     #: Seconds that status, dashboard, metrics and health reads may be cached (0 disables).
     CACHE_TIMEOUT: float = 5.0
     #: Thresholds for the health check: above them the check fails.
@@ -207,7 +210,7 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             if value not in PERSISTENCE_LEVELS:
                 raise SettingError(key, f"must be one of {PERSISTENCE_LEVELS}, got {value!r}.")
             values[key] = value
-        elif key == "PREPARED_STATEMENTS":
+        elif key in ("PREPARED_STATEMENTS", "LISTEN"):
             if not isinstance(value, bool):
                 raise SettingError(key, f"must be True or False, got {value!r}.")
             values[key] = value

@@ -44,8 +44,16 @@ def _psycopg_errors() -> tuple[type[BaseException], ...]:
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceError, *_psycopg_errors())
 
 
+#: SQLSTATEs that mean "this server is not (or no longer) the writable primary": a node fenced
+#: read-only in a failover, an admin or crash shutdown, a server still starting.
+_OUTAGE_SQLSTATES = {"25006", "57P01", "57P02", "57P03"}
+
+
 def is_outage(exc: BaseException) -> bool:
-    return isinstance(exc, CONNECTION_ERRORS)
+    if isinstance(exc, CONNECTION_ERRORS):
+        return True
+    cause = exc.__cause__ or exc
+    return getattr(cause, "sqlstate", None) in _OUTAGE_SQLSTATES
 
 
 class OutageTooLong(Exception):

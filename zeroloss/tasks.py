@@ -12,6 +12,7 @@ import random
 from typing import Any
 
 from celery import Task, shared_task
+from celery.signals import worker_process_shutdown
 
 from .outage import BACKOFF_MAX, OutageMonitor, close_connection, is_outage
 from .schedule import beat_schedule_entry
@@ -62,3 +63,12 @@ def sweep() -> dict[str, Any]:
         totals["dead_lettered"] += len(report.dead_lettered)
         totals["redispatched"] += len(report.redispatched)
     return totals
+
+
+@worker_process_shutdown.connect
+def _record_waiting_outcomes(**kwargs: Any) -> None:
+    """A prefork child that stops (warm shutdown, ``--max-tasks-per-child``) records the outcomes
+    still waiting for their batch first; pool children do not run ``atexit`` handlers."""
+    from .worker.delivery import DeliveryRuntime
+
+    DeliveryRuntime.close_all()

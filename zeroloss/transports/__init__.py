@@ -145,8 +145,9 @@ def send(
     published. The queue's ledger database comes from ``QUEUE_DATABASES`` (``default``
     otherwise); a send inside a transaction on another database is refused rather than
     committed outside it. Bad input raises a :class:`~zeroloss.exceptions.ZeroLossError` and stores
-    nothing; a database that cannot be reached raises Django's ``OperationalError`` — the
-    message was *not* accepted (retry with the same ``message_id``: persisting is idempotent).
+    nothing; a database that cannot be reached raises Django's ``OperationalError``: the message
+    was not accepted — unless the connection died during COMMIT, when it may have been stored.
+    Either way, retry with the same ``message_id``: persisting is idempotent.
     """
     get_handler(queue_name)  # fail fast on a typo: UnknownQueue
     alias = database_for(queue_name, using)

@@ -91,7 +91,7 @@ class Worker:
         self.base = ZeroLossMessageService(using=using, instance_id=instance_id)
         settings = self.base.settings
         self.monitor = OutageMonitor.for_alias(using)
-        self.wakeup = Wakeup(using, self.queues)
+        self.wakeup = Wakeup(using, self.queues, listen=settings.LISTEN)
         self.keeper = LeaseKeeper(
             self.service_for(-2),
             settings.heartbeat_interval,

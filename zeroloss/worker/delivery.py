@@ -108,8 +108,18 @@ class DeliveryRuntime:
             return Outcome.COMPLETED
         return Outcome.FAILED if (report.retrying or report.dead_lettered) else Outcome.LEASE_LOST
 
+    @classmethod
+    def close_all(cls) -> None:
+        """Close every runtime of this process (its outcomes recorded first)."""
+        with cls._lock:
+            mine = [r for (pid, _), r in cls._instances.items() if pid == os.getpid()]
+        for runtime in mine:
+            runtime.close()
+
     def close(self) -> None:
         """Record what is waiting and stop (process exit, Celery's worker_process_shutdown)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         try:
             self.completer.flush()

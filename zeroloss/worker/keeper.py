@@ -66,6 +66,7 @@ class _Held:
     since: float
     batch: Batch | None = None
     paused: bool = False
+    timed_out: bool = False
 
 
 class LeaseKeeper:
@@ -136,16 +137,38 @@ class LeaseKeeper:
 
     # -- the thread -----------------------------------------------------------------------
 
-    def renew_now(self) -> None:
+    def _due(self) -> list[_Held]:
+        """Held leases to renew now: not paused, not lost, not past ``HANDLER_TIMEOUT``."""
         now = time.monotonic()
+        due = []
         with self._lock:
-            due = [
-                h
-                for h in self._held.values()
-                if not h.paused
-                and h.lease.message_id not in self.lost
-                and (self.handler_timeout is None or now - h.since < self.handler_timeout)
-            ]
+            for h in self._held.values():
+                if h.paused or h.lease.message_id in self.lost:
+                    continue
+                if self.handler_timeout is not None and now - h.since >= self.handler_timeout:
+                    if not h.timed_out:
+                        h.timed_out = True
+                        logger.warning(
+                            "%s: its handler has run longer than HANDLER_TIMEOUT (%gs); its lease is left to "
+                            "expire and the message goes to another worker",
+                            h.lease.message_id,
+                            self.handler_timeout,
+                        )
+                    continue
+                due.append(h)
+        return due
+
+    def _has_work(self) -> bool:
+        if self._due():
+            return True
+        with self._lock:
+            batches = [h.batch for h in self._held.values() if h.batch is not None]
+        return any(
+            b.running is not None and time.monotonic() - b.running_since >= self.interval for b in batches
+        )
+
+    def renew_now(self) -> None:
+        due = self._due()
         if not due:
             return
         started = time.monotonic()
@@ -193,9 +216,7 @@ class LeaseKeeper:
 
         try:
             while not self._stop.wait(self.interval):
-                with self._lock:
-                    idle = not self._held
-                if idle:
+                if not self._has_work():
                     # Nothing to renew or release, so no statement: a tick that succeeds without
                     # the database must not tell the outage monitor the database is back (that
                     # logged "reachable again" every tick and restarted DB_OUTAGE_TOLERANCE).
