@@ -41,6 +41,7 @@ class Completer:
         self.tolerance = tolerance
         self.monitor = OutageMonitor.for_alias(service.using)
         self.pending: list[Completion] = []
+        self._retried = False
         self._first_at = 0.0
         self._lock = threading.Lock()
 
@@ -62,16 +63,37 @@ class Completer:
             len(self.pending) >= self.batch_size or time.monotonic() - self._first_at >= self.interval
         )
 
+    def take(self) -> tuple[list[Completion], bool]:
+        """The waiting outcomes (now the caller's to record), and whether an earlier attempt to
+        record them may have landed (its commit outcome was lost)."""
+        with self._lock:
+            batch, self.pending = self.pending, []
+            retried, self._retried = self._retried, False
+        return batch, retried
+
+    def restore(self, batch: list[Completion]) -> None:
+        """Give back outcomes a failed attempt did not record (it may have: they are checked)."""
+        with self._lock:
+            self.pending[:0] = batch
+            self._retried = self._retried or bool(batch)
+            if batch:
+                self._first_at = time.monotonic()
+
+    def settle(self, batch: list[Completion], report: CompletionReport, *, retried: bool) -> CompletionReport:
+        """Outcomes recorded (by :meth:`flush`, or with a claim in one transaction): stop renewing."""
+        if retried and report.refused:
+            report = self._resolve(report, batch)
+        self.keeper.drop(c.lease.message_id for c in batch)
+        self.on_report(report)
+        return report
+
     def flush(self) -> CompletionReport | None:
         """Record every waiting outcome. Through an outage it retries until each is recorded or
         its lease has certainly expired (then nothing can be recorded: it is reported refused)."""
-        with self._lock:
-            batch, self.pending = self.pending, []
+        batch, retried = self.take()
         if not batch:
             return None
         backoff = Backoff()
-        retried = False
-        report: CompletionReport | None = None
         while True:
             live = [c for c in batch if not self.keeper.is_lost(c.lease.message_id)]
             expired = [c for c in batch if c not in live]
@@ -87,15 +109,10 @@ class Completer:
             )
             if ok and got is not None:
                 report = got
-                if retried and report.refused:
-                    report = self._resolve(report, live)
                 report.refused.extend(c.lease.message_id for c in expired)
                 break
             retried = True
-        assert report is not None
-        self.keeper.drop(c.lease.message_id for c in batch)
-        self.on_report(report)
-        return report
+        return self.settle(batch, report, retried=retried)
 
     def _resolve(self, report: CompletionReport, sent: list[Completion]) -> CompletionReport:
         """A retry after a lost commit: rows refused because the first try did land are ours."""

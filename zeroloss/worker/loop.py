@@ -135,13 +135,18 @@ class ClaimLoop:
                 queue = worker.queues[(turn + i) % len(worker.queues)]
                 claimed_at = time.monotonic()
                 size = self.paces[queue].claim_size
+                # Outcomes still waiting are recorded in the claim's transaction: one commit.
+                outcomes, retried = self.completer.take()
                 ok, got = self._attempt(
-                    lambda q=queue, s=size: self.service.claim_next(q, limit=s), "a claim"
+                    lambda q=queue, s=size, o=outcomes: self._record_and_claim(o, q, s), "a claim"
                 )
-                if not ok:
+                if not ok or got is None:
+                    self.completer.restore(outcomes)
                     self.claim_unknown = True
                     break
-                leases = got or []
+                report, leases = got
+                if report is not None:
+                    self.completer.settle(outcomes, report, retried=retried)
                 if leases:
                     break
             turn += 1
@@ -164,6 +169,13 @@ class ClaimLoop:
             else:
                 self._run_plain(spec, self.paces[queue])
             self.batch = None
+
+    def _record_and_claim(
+        self, outcomes: list[Completion], queue: str, size: int
+    ) -> tuple[CompletionReport | None, list[Lease]]:
+        with transaction.atomic(using=self.service.using):
+            report = self.service.complete(outcomes) if outcomes else None
+            return report, self.service.claim_next(queue, limit=size)
 
     def _run_plain(self, spec: HandlerSpec, pace: Pace) -> None:
         assert self.batch is not None
@@ -189,7 +201,7 @@ class ClaimLoop:
             self.completer.add(run.completion(lease))
             if self.completer.due:
                 self.completer.flush()
-        self.completer.flush()
+        # What is left is recorded with the next claim, in its transaction.
 
     def _run_transactional(self, spec: HandlerSpec, pace: Pace) -> None:
         assert self.batch is not None
