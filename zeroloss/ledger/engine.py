@@ -9,6 +9,7 @@ engines knows which database it talks to.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import uuid
 from collections.abc import Sequence
@@ -28,6 +29,12 @@ DEDUP = DedupKey._meta.db_table
 Rows = list[tuple[Any, ...]]
 
 _EVENT_COLUMNS = "message_id, from_status, to_status, reason, actor, attempt, detail, created_at"
+
+
+@functools.lru_cache(maxsize=64)
+def _from_epoch(value: float) -> dt.datetime:
+    # A claim's rows share one expiry: converted once.
+    return dt.datetime.fromtimestamp(value, dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,8 @@ class Engine:
 
     @staticmethod
     def to_datetime(value: Any) -> dt.datetime | None:
+        if isinstance(value, float):  # epoch seconds (see PostgresEngine)
+            return _from_epoch(value)
         if isinstance(value, dt.datetime):
             # SQLite hands back naive UTC datetimes; the ledger always speaks aware UTC.
             return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)

@@ -25,6 +25,11 @@ _PROMOTE_CTE = (
 )
 
 
+# Timestamps handed back as epoch seconds: a float loads far cheaper than a timestamptz through
+# Django's time-zone-aware loader (measured: 15% of a no-op worker's time went there).
+_EPOCH = {"lease_expires_at": "extract(epoch FROM lease_expires_at)::float8"}
+
+
 class PostgresEngine(Engine):
     vendor = "postgresql"
     now = "statement_timestamp()"
@@ -94,7 +99,7 @@ class PostgresEngine(Engine):
             return (cur.fetchall() if cur.description else []), cur.rowcount
 
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
-        result = ", ".join(move.result) if move.result else "*"
+        result = ", ".join(_EPOCH.get(c, c) for c in move.result) if move.result else "*"
         full = self.composed(
             (move.sql, move.moved, move.extra, move.promote, result),
             lambda: (

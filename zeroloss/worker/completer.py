@@ -95,8 +95,10 @@ class Completer:
             return None
         backoff = Backoff()
         while True:
-            live = [c for c in batch if not self.keeper.is_lost(c.lease.message_id)]
-            expired = [c for c in batch if c not in live]
+            live: list[Completion] = []
+            expired: list[Completion] = []
+            for c in batch:
+                (expired if self.keeper.is_lost(c.lease.message_id) else live).append(c)
             if not live:
                 report = CompletionReport(refused=[c.lease.message_id for c in batch])
                 break

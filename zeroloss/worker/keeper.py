@@ -44,6 +44,10 @@ class Batch:
         with self._lock:
             self.running = None
 
+    @property
+    def has_more(self) -> bool:
+        return bool(self._waiting)
+
     def take_unstarted(self, *, if_running_longer_than: float | None = None) -> list[Lease]:
         """Remove and return the messages not started yet (all, or only when the one running
         has run longer than the given seconds)."""

@@ -199,14 +199,20 @@ class ClaimLoop:
             self.batch.done()
             pace.update(run.seconds)
             self.completer.add(run.completion(lease))
-            if self.completer.due:
+            if self.completer.due and self.batch.has_more:
                 self.completer.flush()
         # What is left is recorded with the next claim, in its transaction.
 
     def _run_transactional(self, spec: HandlerSpec, pace: Pace) -> None:
+        """Each ``ACK_BATCH_SIZE`` of the claim in one transaction (1: a transaction per message)."""
         assert self.batch is not None
+        claimed = self.batch.take_unstarted()
+        size = self.service.settings.ACK_BATCH_SIZE
+        for start in range(0, len(claimed), size):
+            self._transactional_batch(spec, pace, claimed[start : start + size])
+
+    def _transactional_batch(self, spec: HandlerSpec, pace: Pace, leases: list[Lease]) -> None:
         keeper = self.worker.keeper
-        leases = self.batch.take_unstarted()
         service = self.service
 
         def batch() -> CompletionReport:
