@@ -268,6 +268,23 @@ def admin_post(
     return run
 
 
+def admin_get(kind: str, url: Callable[[], str], query: dict[str, str]) -> Callable[[Ledger], str]:
+    """A GET from a user of ``kind``: reads must answer too (a filter finds nothing, or 4xx)."""
+
+    def run(ledger: Ledger) -> str:
+        client = Client()
+        account = user(kind)
+        if account is not None:
+            client.force_login(account)
+        try:
+            with transaction.atomic():
+                return f"HTTP {client.get(url(), query).status_code}"
+        except Exception as exc:
+            return f"untyped {type(exc).__module__}.{type(exc).__name__}: {exc}"[:300]
+
+    return run
+
+
 CHANGELIST = lambda: reverse("admin:zeroloss_message_changelist")  # noqa: E731
 
 
@@ -726,6 +743,62 @@ CASES: list[Hostile] = [
         "InvalidMessage",
         api(lambda s: s.service.recover_orphaned_messages(limit=0)),
     ),
+    Hostile(
+        "claim-limit-2-63",
+        "api",
+        "`claim_next(queue, limit=2**63)`",
+        "InvalidMessage",
+        api(lambda s: s.service.claim_next(QUEUE, 2**63)),
+    ),
+    Hostile(
+        "purge-batch-size-2-63",
+        "api",
+        "`purge_messages(older_than=0, batch_size=2**63)`",
+        "InvalidMessage",
+        api(lambda s: s.service.purge_messages(older_than=0, batch_size=2**63)),
+    ),
+    Hostile(
+        "sweep-limit-2-63",
+        "api",
+        "`recover_orphaned_messages(limit=2**63)`",
+        "InvalidMessage",
+        api(lambda s: s.service.recover_orphaned_messages(limit=2**63)),
+    ),
+    Hostile(
+        "persist-actor-nul",
+        "api",
+        "`persist_message(..., actor='op\\x00')`",
+        "InvalidMessage",
+        api(persist(actor="op" + NUL)),
+    ),
+    Hostile(
+        "requeue-actor-300-chars",
+        "api",
+        "`requeue_messages(['s1'], actor='x' * 300)`",
+        "InvalidMessage",
+        api(lambda s: s.service.requeue_messages(["s1"], actor="x" * 300)),
+    ),
+    Hostile(
+        "service-instance-id-nul",
+        "api",
+        "`ZeroLossMessageService(instance_id='i\\x00')`, then a persist",
+        "InvalidMessage",
+        api(lambda _: ZeroLossMessageService(instance_id="i" + NUL).persist_message("x1", QUEUE, {})),
+    ),
+    Hostile(
+        "service-unknown-database",
+        "api",
+        "`ZeroLossMessageService(using='nope')`, then a persist",
+        "InvalidMessage",
+        api(lambda _: ZeroLossMessageService(using="nope").persist_message("x1", QUEUE, {})),
+    ),
+    Hostile(
+        "complete-unknown-verdict",
+        "api",
+        "`complete([Completion(l1, 'bogus')])`",
+        "InvalidMessage",
+        api(lambda s: s.service.complete([Completion(s.live, "bogus")])),
+    ),
     # -- node registration ------------------------------------------------------------------
     Hostile(
         "node-metadata-nan",
@@ -992,6 +1065,53 @@ CASES: list[Hostile] = [
         "exit 2",
         command("zeroloss_worker", "--poll-interval", "inf", "--burst"),
     ),
+    Hostile(
+        "cmd-status-queue-not-utf8",
+        "command",
+        "`zeroloss_status --queue $'\\xff'` (bytes that are not UTF-8)",
+        "exit 2",
+        manage("zeroloss_status", "--queue", "\udcff"),
+        committed=True,
+    ),
+    Hostile(
+        "cmd-purge-queue-not-utf8",
+        "command",
+        "`zeroloss_purge --older-than 1d --queue $'\\xff' --yes`",
+        "exit 2",
+        manage("zeroloss_purge", "--older-than", "1d", "--queue", "\udcff", "--yes"),
+        committed=True,
+    ),
+    Hostile(
+        "cmd-nodes-register-not-utf8",
+        "command",
+        "`zeroloss_nodes register $'n\\xff'`",
+        "exit 2",
+        manage("zeroloss_nodes", "register", "n\udcff"),
+        committed=True,
+    ),
+    Hostile(
+        "cmd-nodes-unregister-not-utf8",
+        "command",
+        "`zeroloss_nodes unregister $'n\\xff'`",
+        "exit 2",
+        manage("zeroloss_nodes", "unregister", "n\udcff"),
+        committed=True,
+    ),
+    Hostile(
+        "cmd-purge-batch-size-2-63",
+        "command",
+        "`zeroloss_purge --older-than 0s --batch-size 9223372036854775808 --yes`",
+        "exit 2",
+        manage("zeroloss_purge", "--older-than", "0s", "--batch-size", str(2**63), "--yes"),
+        committed=True,
+    ),
+    Hostile(
+        "cmd-sweep-batch-size-2-63",
+        "command",
+        "`zeroloss_sweep --batch-size 9223372036854775808`",
+        "exit 2",
+        command("zeroloss_sweep", "--batch-size", str(2**63)),
+    ),
     # -- the admin --------------------------------------------------------------------------
     Hostile(
         "admin-action-anonymous",
@@ -1077,6 +1197,13 @@ CASES: list[Hostile] = [
         "dead-letter action with reason `'x\\x00y'`",
         "HTTP 200 form error",
         admin_post("superuser", CHANGELIST, action("dead_letter", "p1", post="yes", reason="x\x00y")),
+    ),
+    Hostile(
+        "admin-queue-filter-nul",
+        "admin",
+        "changelist GET `?queue=%00` (NUL in the queue filter)",
+        "HTTP 200",
+        admin_get("superuser", CHANGELIST, {"queue": NUL}),
     ),
     # -- settings ---------------------------------------------------------------------------
     Hostile(
