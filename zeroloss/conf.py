@@ -159,6 +159,17 @@ def _number(key: str, value: Any, *, allow_zero: bool) -> float:
     return float(value)
 
 
+def _printable(text: str) -> bool:
+    """No control characters (a trailing newline from an environment variable) and valid UTF-8."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _integer(key: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SettingError(key, f"must be an integer, got {value!r}.")
@@ -201,10 +212,21 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
                 or not all(isinstance(a, str) and a for a in value)
             ):
                 raise SettingError(key, f"must be a non-empty list of database aliases, got {value!r}.")
+            # An alias DATABASES does not define would fail only when the sweep reaches it.
+            unknown_aliases = [a for a in value if a not in settings.DATABASES]
+            if unknown_aliases:
+                raise SettingError(
+                    key, f"names {unknown_aliases!r}, not in DATABASES ({', '.join(settings.DATABASES)})."
+                )
             values[key] = tuple(value)
         elif key == "SWEEP_QUEUE":
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise SettingError(key, f"must be a Celery queue name or None, got {value!r}.")
+            if value is not None and (
+                not isinstance(value, str) or not value.strip() or not _printable(value) or len(value) > 255
+            ):
+                raise SettingError(
+                    key,
+                    f"must be a Celery queue name (printable, at most 255 characters) or None, got {value!r}.",
+                )
             values[key] = value
         elif key == "PERSISTENCE_LEVEL":
             if value not in PERSISTENCE_LEVELS:

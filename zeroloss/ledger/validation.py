@@ -101,10 +101,15 @@ def validate_priority(value: Any) -> int:
     return value
 
 
+#: Largest batch size or limit accepted: a 32-bit integer, which both databases take as a
+#: ``LIMIT`` (a larger one is a ``DataError`` on PostgreSQL and an ``OverflowError`` on SQLite).
+MAX_COUNT = 2**31 - 1
+
+
 def validate_count(value: Any, what: str) -> int:
-    """A positive whole number (batch sizes, limits)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidMessage(f"{what} must be an integer >= 1, got {value!r}.")
+    """A positive whole number (batch sizes, limits), at most :data:`MAX_COUNT`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        raise InvalidMessage(f"{what} must be an integer from 1 to {MAX_COUNT}, got {value!r}.")
     return value
 
 

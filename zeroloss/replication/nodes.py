@@ -4,10 +4,10 @@ instance through the database). The registry never counts as a copy: copies are 
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import InvalidMessage
+from ..ledger.validation import canonical_json, validate_message_id
 from ..models import NodeRole, ReplicationNode
 
 if TYPE_CHECKING:
@@ -17,11 +17,28 @@ NODE = ReplicationNode._meta.db_table
 
 
 def _check_node_id(node_id: Any) -> str:
-    if not isinstance(node_id, str) or not node_id.strip() or len(node_id) > 255:
-        raise InvalidMessage(
-            f"node_id must be a non-empty string of at most 255 characters, got {node_id!r}."
-        )
-    return node_id
+    """A node id follows the rules of a message id: a non-empty string of at most 255
+    characters, without control characters (NUL: PostgreSQL refuses it) or lone surrogates."""
+    return validate_message_id(node_id, "node_id")
+
+
+def _check_address(address: Any) -> str:
+    if not isinstance(address, str) or len(address) > 255:
+        raise InvalidMessage(f"address must be a string of at most 255 characters, got {address!r}.")
+    if address:
+        validate_message_id(address, "address")
+    return address
+
+
+def _encode_metadata(metadata: Any) -> str:
+    """The metadata as the JSON that is stored. :class:`~zeroloss.exceptions.InvalidPayload`
+    (an ``InvalidMessage``) for NaN or infinity (jsonb and SQLite's JSON_VALID refuse them),
+    NUL, lone surrogates, or nesting deeper than payloads may be."""
+    if metadata is None:
+        return "{}"
+    if not isinstance(metadata, dict):
+        raise InvalidMessage(f"metadata must be a dict, got {type(metadata).__name__}.")
+    return canonical_json(metadata)
 
 
 def register_node(
@@ -38,16 +55,10 @@ def register_node(
 ) -> ReplicationNode:
     """Idempotent upsert; counts as a heartbeat. The registry never counts as a copy."""
     _check_node_id(node_id)
-    if role not in NodeRole.values:
+    if not isinstance(role, str) or role not in NodeRole.values:
         raise InvalidMessage(f"role must be one of {NodeRole.values}, got {role!r}.")
-    if not isinstance(address, str) or len(address) > 255:
-        raise InvalidMessage(f"address must be a string of at most 255 characters, got {address!r}.")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise InvalidMessage(f"metadata must be a dict, got {type(metadata).__name__}.")
-    try:
-        encoded = json.dumps(metadata or {}, sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise InvalidMessage(f"metadata is not JSON-serialisable: {exc}.") from exc
+    _check_address(address)
+    encoded = _encode_metadata(metadata)
     e = service.engine
     with service.connection.cursor() as cursor:
         cursor.execute(
