@@ -84,7 +84,11 @@ class CachedValuesFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         value = self.value()
-        return queryset.filter(**{self.field: value}) if value else queryset
+        if not value:
+            return queryset
+        if "\x00" in value:  # PostgreSQL cannot even compare it: no row can match
+            return queryset.none()
+        return queryset.filter(**{self.field: value})
 
 
 class QueueFilter(CachedValuesFilter):

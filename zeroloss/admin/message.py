@@ -6,6 +6,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import unquote
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
@@ -103,8 +104,22 @@ class MessageAdmin(MessageColumns, DeskViews):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        if request.method == "POST" and request.POST.get("action"):
+            self._refuse_forged_action(request)
         context = {"can_purge": self.has_purge_permission(request), **(extra_context or {})}
         return super().changelist_view(request, extra_context=context)
+
+    def _refuse_forged_action(self, request: HttpRequest) -> None:
+        """A POSTed action this user may not run is 403, one that does not exist or a selection
+        that is not message ids is 400 (Django would quietly answer "No action selected")."""
+        name = request.POST["action"]
+        if name not in self.get_actions(request):
+            known = {getattr(func, "__name__", "") for func in self.actions or ()}
+            if name in known:
+                raise PermissionDenied(f"You may not run the action {name!r}.")
+            raise BadRequest(f"There is no action {name!r}.")
+        if any(not pk.isdigit() for pk in request.POST.getlist("_selected_action")):
+            raise BadRequest("Selected messages must be given by their numeric ids.")
 
     def change_view(
         self,

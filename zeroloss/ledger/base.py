@@ -12,12 +12,12 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import conf
-from ..exceptions import InvalidLeaseToken
+from ..exceptions import InvalidLeaseToken, InvalidMessage
 from . import statements
 from .engine import Engine, Move, Rows
 from .postgres import PostgresEngine
 from .sqlite import SqliteEngine
-from .validation import default_instance_id
+from .validation import default_instance_id, validate_message_id
 
 _ENGINES: dict[str, Engine] = {"postgresql": PostgresEngine(), "sqlite": SqliteEngine()}
 
@@ -51,8 +51,14 @@ class LedgerBase:
             self.settings = conf.parse_settings(raw)
         else:
             self.settings = conf.get_settings()
+        if using not in connections.databases:
+            raise InvalidMessage(
+                f"Unknown database alias {using!r}; DATABASES has {', '.join(connections.databases)}."
+            )
         self.using = using
-        self.instance_id = instance_id or default_instance_id()
+        self.instance_id = (
+            validate_message_id(instance_id, "instance_id") if instance_id else default_instance_id()
+        )
 
     @property
     def connection(self) -> BaseDatabaseWrapper:
@@ -92,6 +98,8 @@ class LedgerBase:
         constant ``detail`` (a parameter), or the SQL expression ``detail_sql``, or with
         ``detail=None`` the row's new ``last_error``.
         """
+        if actor is not None:
+            validate_message_id(actor, "actor")
         engine = self.engine
         reason_sql = reason if " " in reason else f"'{reason}'"
         if detail_sql is None:

@@ -161,6 +161,8 @@ class Leasing(LedgerBase):
         engine = self.engine
         by_kind: dict[Verdict, list[Completion]] = {v: [] for v in Verdict}
         for c in batch:
+            if c.verdict not in by_kind:
+                raise InvalidMessage(f"Unknown verdict {c.verdict!r}: use zeroloss.ledger.types.Verdict.")
             by_kind[c.verdict].append(c)
         acks, fails, releases = by_kind[Verdict.ACKNOWLEDGE], by_kind[Verdict.FAIL], by_kind[Verdict.RELEASE]
         results = [None if c.result is None else canonical_json(c.result) for c in acks]

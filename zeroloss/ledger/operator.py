@@ -172,7 +172,7 @@ class OperatorActions(LedgerBase):
             f"SELECT id, queue_name FROM {MSG} WHERE status = %s AND {stamp} < {engine.after('%s')}{queue_sql} "
             f"ORDER BY {stamp} LIMIT %s{engine.skip_locked}"
         )
-        actor = actor or self.instance_id
+        actor = validate_message_id(actor, "actor") if actor is not None else self.instance_id
         purged = 0
         while limit is None or purged < limit:
             size = batch_size if limit is None else min(batch_size, limit - purged)

@@ -25,7 +25,9 @@ class Sweeping(LedgerBase):
         A message whose lease is renewed in time never matches. Also releases the next
         message of any ordering key left without a head (see :meth:`repair_ordering_keys`).
         """
-        batch = validate_count(batch_size or self.settings.SWEEP_BATCH_SIZE, "batch_size")
+        batch = validate_count(
+            self.settings.SWEEP_BATCH_SIZE if batch_size is None else batch_size, "batch_size"
+        )
         if limit is not None:
             validate_count(limit, "limit")
         actor = f"sweep@{self.instance_id}"

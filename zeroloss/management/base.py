@@ -45,6 +45,8 @@ from typing import Any, NoReturn
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 
+from ..exceptions import InvalidMessage
+from ..ledger.validation import validate_queue_name
 from ..models import Message
 from ..service import ZeroLossMessageService, default_instance_id
 
@@ -81,13 +83,19 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+#: The largest count a command takes (the database's 32-bit integers).
+MAX_COUNT = 2**31 - 1
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected a whole number >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected a whole number >= 1")
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(
+            f"invalid number {text!r}: expected a whole number from 1 to {MAX_COUNT}"
+        )
     return value
 
 
@@ -283,6 +291,10 @@ class ZeroLossCommand(BaseCommand):
         """``queue`` if the ledger has messages in it; otherwise a usage error (exit code 2)."""
         if queue is None:
             return None
+        try:
+            validate_queue_name(queue)
+        except InvalidMessage as exc:
+            self.usage_error(str(exc))
         messages = Message.objects.using(service.using)
         if not messages.filter(queue_name=queue).exists():
             known = list(messages.values_list("queue_name", flat=True).distinct().order_by("queue_name")[:21])

@@ -58,7 +58,11 @@ class Command(ZeroLossCommand):
             self._register(service, node_id, options, as_json=json)
         elif action == "unregister":
             assert node_id is not None
-            if not service.unregister_replication_node(node_id):
+            try:
+                removed = service.unregister_replication_node(node_id)
+            except InvalidMessage as exc:
+                self.usage_error(str(exc))
+            if not removed:
                 raise WarningFound(f"no node {node_id!r} is registered; nothing was removed.")
             if json:
                 self.emit_json({"unregistered": node_id})
