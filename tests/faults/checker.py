@@ -114,6 +114,8 @@ class Findings:
     stops: list[dict[str, Any]] = field(default_factory=list)
     fault_timing: list[dict[str, Any]] = field(default_factory=list)
     unexpected_exits: list[str] = field(default_factory=list)
+    #: Celery workers that exited on a broker connection loss (Celery's behaviour; restarted).
+    celery_exits: list[str] = field(default_factory=list)
     late_outcomes_refused: int = 0
     verify_exit: int | None = None
     verify_issues: list[Any] = field(default_factory=list)
@@ -166,6 +168,18 @@ def read_runs(run_dir: Path) -> list[Run]:
             elif event == "end" and (token, int(pid)) in starts:
                 starts[(token, int(pid))].ended = float(at)
     return runs
+
+
+def _celery_unrecoverable(log: Path) -> str:
+    """The "Unrecoverable error" line a Celery worker logs before exiting, if any."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if "Unrecoverable error" in line:
+            return line.split("Unrecoverable error", 1)[1].strip(": ")[:200]
+    return ""
 
 
 class Checker:
@@ -224,8 +238,17 @@ class Checker:
         self._check_faults(f, claims)
         self._check_verify(f)
         for g in self.generations:
-            if g.how == "died":
-                f.unexpected_exits.append(f"worker w{g.slot}g{g.number} (pid {g.pid}) exited {g.exit_code}")
+            if g.how != "died":
+                continue
+            what = f"worker w{g.slot}g{g.number} (pid {g.pid}) exited {g.exit_code}"
+            crash = _celery_unrecoverable(g.log)
+            if g.health is None and crash:
+                # Celery's own consumer gave up on a broker connection reset (kombu's redis
+                # transport, while restoring unacknowledged messages): Celery's behaviour, not
+                # zeroloss's; the supervisor restarts it, as systemd would.
+                f.celery_exits.append(f"{what}: {crash}")
+            else:
+                f.unexpected_exits.append(what)
         f.late_outcomes_refused = sum(int(g.outcomes.get("lease_lost", 0)) for g in self.generations)
         self._violations(f)
         return f
@@ -417,10 +440,13 @@ class Checker:
         every_claim = [c for cs in claims.values() for c in cs]
         for fault in self.faults:
             victims = fault.pids if fault.kind in ("sigkill", "sigstop") else None
+            # A kill takes effect when the process is gone (``ended``): a claim statement it
+            # had sent may commit in between, and that claim was in its hands too.
+            held_at = fault.ended if fault.kind == "sigkill" else fault.began
             in_flight = [
                 c
                 for c in every_claim
-                if c.at <= fault.began
+                if c.at <= held_at
                 and (c.end_at is None or c.end_at >= fault.began)
                 and (victims is None or c.pid in victims)
             ]
@@ -441,10 +467,12 @@ class Checker:
             if fault.kind == "sigkill":
                 phases = set()
                 for c in in_flight:
-                    started = [r for r in c.runs if r.at <= fault.began]
-                    if not started:
+                    started = [r for r in c.runs if r.at <= fault.ended]
+                    if c.end_reason == "acknowledged":
+                        phases.add("its outcome statement in flight (it landed)")
+                    elif not started:
                         phases.add("claimed, handler not started")
-                    elif any(r.ended is None or r.ended > fault.began for r in started):
+                    elif any(r.ended is None or r.ended > fault.ended for r in started):
                         phases.add("inside a handler")
                     else:
                         phases.add("handler done, outcome not yet recorded")

@@ -172,10 +172,11 @@ class Injector(threading.Thread):
         slot = self.rng.choice(holding or slots)
         began = time.time()
         generation = self.pool.kill(slot)
+        dead = time.time()  # every process of its group is gone
         delay = round(self.rng.uniform(0.2, 1.0), 2)
         time.sleep(delay)
         self.pool.restart(slot)  # the supervisor's job: a killed worker comes back
-        return Fault("sigkill", began, began, slot, generation.pids, {"restarted_after_s": delay})
+        return Fault("sigkill", began, dead, slot, generation.pids, {"restarted_after_s": delay})
 
     def _sigstop(self) -> Fault | None:
         if self.pool.kind != "zeroloss":

@@ -471,6 +471,8 @@ def report(results: list[Result], *, profile: Profile, seed: int) -> str:
                 f"  restart -m {rec['mode']} (default settings): down {rec['down_s']}s, first acknowledgement "
                 f"{rec['to_first_ack_s']}s after PostgreSQL accepted connections again"
             )
+        for exit_line in f.celery_exits:
+            lines.append(f"  Celery worker exited on the broker's loss and was restarted: {exit_line}")
         lines.append(f"  zeroloss_verify --json: exit {f.verify_exit}")
         if r.injector_error:
             lines.append(f"  INJECTOR ERROR: {r.injector_error}")

@@ -146,6 +146,7 @@ class Generation:
     pid: int
     started: float
     health: Path | None
+    log: Path
     ready_at: float | None = None
     ended: float | None = None
     #: ``sigkill`` (the injector), ``sigterm`` (the end of the run), ``died`` (on its own: a finding).
@@ -204,7 +205,7 @@ class WorkerPool:
             ]
             args += ["--prefetch-multiplier", "1"]
         proc = Proc(name, args, env, log)
-        generation = Generation(slot, number, proc.pid, proc.started, health)
+        generation = Generation(slot, number, proc.pid, proc.started, health, log)
         self.generations.append(generation)
         self._current[slot] = generation
         self.procs[slot] = proc
@@ -307,7 +308,8 @@ class WorkerPool:
             for slot, proc in self.procs.items():
                 if self._current[slot].ended is None:
                     proc.terminate(timeout, signalled=True)
-                    self._ended(slot, "sigterm" if proc.popen.returncode == 0 else "died")
+                    # -SIGTERM: it was still starting up, before its own handler was installed.
+                    self._ended(slot, "sigterm" if proc.popen.returncode in (0, -signal.SIGTERM) else "died")
 
     def kill_all(self) -> None:
         """Last-resort clean-up (errors, atexit): nothing of the pool survives."""
