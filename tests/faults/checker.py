@@ -392,7 +392,8 @@ class Checker:
             if (
                 fault.kind == "sigkill"
                 and claim.pid in fault.pids
-                and claim.at - CLOCK_SLACK <= fault.began <= end
+                and claim.at <= fault.ended + CLOCK_SLACK
+                and fault.began <= end
             ):
                 return f"lease_expired after sigkill ({finished})"
         for fault in self.faults:
