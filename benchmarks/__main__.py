@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 WORKLOADS = ["insert", "pgbench", "bulk", "claimack", "sweep", "retained", "drain", "latency", "sigkill"]
+#: Run only when named: the fault suite's soak (minutes; its own servers; benchmarks/faults.py).
+ON_REQUEST = ["faults"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,7 +34,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="Small sizes: proves the suite works (CI).")
     parser.add_argument("--runs", type=int, help="Runs per figure (default 3; the table shows the median).")
     parser.add_argument(
-        "--only", nargs="+", choices=WORKLOADS, metavar="NAME", help=f"Run only: {', '.join(WORKLOADS)}."
+        "--only",
+        nargs="+",
+        choices=WORKLOADS + ON_REQUEST,
+        metavar="NAME",
+        help=f"Run only: {', '.join(WORKLOADS + ON_REQUEST)} (faults: the fault suite's soak, --quick: its CI profile).",
     )
     parser.add_argument("--json", type=Path, help="Also save every figure and the machine to this file.")
     parser.add_argument(
@@ -94,6 +100,16 @@ def machine_info(conn: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.only and "faults" in args.only:
+        from .faults import main as faults_main
+
+        code = faults_main([], profile="ci" if args.quick else "soak")
+        args.only = [name for name in args.only if name != "faults"]
+        return max(code, _run_suite(args)) if args.only else code
+    return _run_suite(args)
+
+
+def _run_suite(args: argparse.Namespace) -> int:
     from .db import BenchDatabase, server_url
     from .suite import STRIPPED_ENV, Sizes, Suite
 

@@ -9,6 +9,7 @@ injector killing it, and records that as a finding.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -57,6 +58,17 @@ def child_env(database_url: str, run_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+#: Every process started and not yet reaped: killed at interpreter exit whatever happened.
+_LIVE: set[Proc] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for proc in list(_LIVE):
+        proc.signal(signal.SIGCONT)
+        proc.signal(signal.SIGKILL)
+
+
 class Proc:
     """One process in its own session, output to ``log``."""
 
@@ -70,6 +82,7 @@ class Proc:
             )
         self.pid = self.popen.pid
         self.started = time.time()
+        _LIVE.add(self)
 
     @property
     def alive(self) -> bool:
@@ -82,8 +95,11 @@ class Proc:
             return ""
 
     def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, sig)
+        """Signal the process group, only while it is ours (its leader or a member lives: a
+        group id is not reused while any member lives)."""
+        if self.alive or _live_group_members(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, sig)
 
     def kill(self) -> list[int]:
         """SIGKILL the whole group and wait until none of it is left; returns the pids killed."""
@@ -109,7 +125,7 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.kill()
         else:
-            self.signal(signal.SIGKILL)  # children a dead leader left behind
+            self.signal(signal.SIGKILL)  # children a dead leader left behind, if any
         return self.popen.returncode
 
     def wait_for_text(self, needle: str, timeout: float) -> None:
@@ -293,6 +309,7 @@ class WorkerPool:
                 for slot, proc in list(self.procs.items()):
                     if not proc.alive and self._current[slot].ended is None:
                         self._ended(slot, "died")
+                        proc.signal(signal.SIGKILL)  # children its leader left behind, if any
                         self._spawn(slot)
 
     def shutdown(self, timeout: float = 45) -> None:
