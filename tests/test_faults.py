@@ -30,12 +30,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
+from tests.faults.checker import read_runs
 from tests.faults.cluster import FaultCluster
 from tests.faults.scenario import CI, measure_recovery, report, run_celery, run_database
-from tests.faults.workload import WorkerPool, child_env
+from tests.faults.workload import WorkerPool, child_env, producer
 from zeroloss.ledger.types import Completion, CompletionReport, Lease, Verdict
 from zeroloss.models import Message, MessageEvent
 from zeroloss.outage import OutageMonitor, close_connection, is_outage
@@ -504,6 +506,66 @@ def test_bug_worker_reports_database_reachable_while_it_is_still_down(
     assert (outages, recoveries, set(statuses)) == (1, 1, {"degraded"}), (
         f"one outage of 10 s was logged as {outages} outages and {recoveries} recoveries, and the health "
         f"file said {dict(statuses)} while the database was down:\n" + "\n".join(lines)
+    )
+
+
+@pytest.mark.slow
+def test_bug_a_started_transactional_claim_is_released_as_unstarted_after_an_outage(
+    fault_cluster: FaultCluster, tmp_path: Path
+):
+    """zeroloss/worker/loop.py: when a transactional batch dies with its connection, the claim
+    thread drops its leases from the keeper; if its next claim then fails too (the database
+    is still down), ``release_unknown_claims`` gives back every lease the thread holds "but
+    does not know" — the dropped ones included. A message whose handler already ran is then
+    recorded ``released`` ("released unstarted", detail "the claim's commit outcome was
+    lost"), its attempt uncounted: the audit trail says it never started, and a handler that
+    loses its connection every time would never spend its attempts. Here the handler (1 s)
+    is running when PostgreSQL goes down for 4 s (``-m fast``); ACK_TIMEOUT is 30 s so the
+    lease cannot expire first."""
+    url = fault_cluster.create_database("zl_faults_released_started")
+    env = child_env(url, tmp_path, ZEROLOSS_ACK_TIMEOUT="30")
+    pool = WorkerPool("zeroloss", 1, env, tmp_path)
+    sender = None
+    try:
+        pool.start()
+        args = {"seed": 1, "prefix": "m", "count": 1, "rate": 1.0, "queues": ["faults.tx"]}
+        args.update(max_attempts=100, sleep_ms=1000, out=str(tmp_path / "sends.log"))
+        sender = producer(env, tmp_path, args)
+        deadline = time.monotonic() + 60
+        while not read_runs(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert read_runs(tmp_path), "the handler never started"
+        fault_cluster.restart("fast", down_for=4.0, dbname="zl_faults_released_started")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with psycopg.connect(url, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT status FROM zeroloss_message WHERE message_id = 'm-000000'"
+                ).fetchone()
+            if row and row[0] == "completed":
+                break
+            time.sleep(0.2)
+        pool.shutdown()
+    finally:
+        pool.kill_all()
+        if sender is not None:
+            sender.terminate(timeout=10)
+    runs = read_runs(tmp_path)
+    with psycopg.connect(url, autocommit=True) as conn:
+        events = conn.execute(
+            "SELECT e.reason, e.attempt, e.actor, e.detail FROM zeroloss_messageevent e JOIN zeroloss_message m "
+            "ON m.id = e.message_id WHERE m.message_id = 'm-000000' ORDER BY e.id"
+        ).fetchall()
+        attempts = conn.execute(
+            "SELECT attempts FROM zeroloss_message WHERE message_id = 'm-000000'"
+        ).fetchone()
+    trail = "\n".join(
+        f"  {reason} (attempt {attempt}) by {actor}: {detail}" for reason, attempt, actor, detail in events
+    )
+    released = [e for e in events if e[0] == "released"]
+    assert not released, (
+        f"the handler started {len(runs)} times (attempts {[r.attempt for r in runs]}), the message ends with "
+        f"attempts={attempts[0] if attempts else None}, and its first claim was released as unstarted:\n{trail}"
     )
 
 

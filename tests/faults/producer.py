@@ -56,7 +56,7 @@ def main() -> None:
         (
             f"{args['prefix']}-{n:06d}",
             rng.choice(queues),
-            {"n": n, "sleep_ms": round(rng.uniform(0, sleep_ms_max), 1)},
+            {"n": n, "sleep_ms": args.get("sleep_ms", round(rng.uniform(0, sleep_ms_max), 1))},
         )
         for n in range(count)
     ]
