@@ -20,6 +20,7 @@ The seed is printed (``ZEROLOSS_FAULTS_SEED=N`` replays a schedule).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -49,6 +50,18 @@ pytestmark = pytest.mark.postgres_only
 
 ROUNDS = 200
 BATCH = 10
+
+
+@pytest.fixture
+def quiet_outages() -> Iterator[None]:
+    """The races below cut hundreds of sessions: keep the outage log lines out of the output."""
+    logger = logging.getLogger("zeroloss")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _seed() -> int:
@@ -195,6 +208,7 @@ def _claim(service: ZeroLossMessageService, queue: str, limit: int = BATCH) -> l
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("quiet_outages")
 def test_outcome_flush_racing_a_cut_connection():
     """The worker's batch completer flushing acknowledgements (``complete``; after a lost
     commit, ``complete`` again and ``own_outcomes``) while its session is terminated or its
@@ -258,6 +272,7 @@ def test_outcome_flush_racing_a_cut_connection():
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("quiet_outages")
 def test_claim_racing_pg_terminate_backend_then_release_unknown_claims():
     """A claim whose session is terminated (``pg_terminate_backend``) at a random moment, 200
     rounds: when it raised, the claimer gives back what it may hold unknowingly
@@ -329,6 +344,7 @@ def race_effect_table(transactional_db: None) -> Iterator[str]:
             cursor.execute("DROP TABLE IF EXISTS faults_race_effect")
 
 
+@pytest.mark.usefixtures("quiet_outages")
 def test_transactional_batch_racing_a_cut_connection(race_effect_table: str):
     """A transactional batch as the worker runs it (rows locked, one effect row per handler,
     acknowledgements, one commit) cut at a random moment, 200 rounds: an effect exists exactly

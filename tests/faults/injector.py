@@ -159,6 +159,14 @@ class Injector(threading.Thread):
         )
         return {pid for (actor,) in rows if (pid := actor_pid(actor)) is not None}
 
+    def _in_transaction(self, application_name: str) -> bool:
+        """Whether a session of that worker is inside a transaction (its rows may be locked)."""
+        rows = self._query(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND xact_start IS NOT NULL",
+            [application_name],
+        )
+        return bool(rows[0][0])
+
     # -- the faults -----------------------------------------------------------------------
 
     def _sigkill(self) -> Fault | None:
@@ -184,14 +192,15 @@ class Injector(threading.Thread):
         slots = self._ready_slots()
         if not slots:
             return None
-        # Freeze a worker, then look: if it holds no lease of the plain queue (whose rows no
-        # transaction of its own locks, so the sweep can expire them) let it go at once and
-        # try again a moment later, for up to 10 s. Those brief freezes are harmless.
+        # Freeze a worker, then look: unless it holds a lease the sweep can expire — a claim
+        # of its while none of its sessions is inside a transaction (a transactional batch
+        # locks its rows, and the sweep rightly skips locked rows) — let it go at once and try
+        # again a moment later, for up to 20 s. Those brief freezes are harmless.
         tries = 0
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while True:
             tries += 1
-            holders = self._holders(queue="faults.plain")
+            holders = self._holders(queue="faults.plain") or self._holders()
             holding = [s for s in slots if self.pool.pid(s) in holders]
             slot = self.rng.choice(holding or slots)
             pid = self.pool.pid(slot)
@@ -199,10 +208,18 @@ class Injector(threading.Thread):
             began = time.time()
             self.pool.pause(slot)
             time.sleep(0.15)  # a statement it had sent completes meanwhile
-            if pid in self._holders(queue="faults.plain") or time.monotonic() > deadline:
+            expirable = pid in self._holders() and not self._in_transaction(self.pool.appname(slot))
+            if expirable:
                 break
             self.pool.resume(slot)
-            time.sleep(self.rng.uniform(0.05, 0.3))
+            if time.monotonic() > deadline:
+                # Nothing expirable found: not a stop past the lease. Try again later.
+                if self.stop_retries > 0:
+                    self.stop_retries -= 1
+                    heapq.heappush(self.plan, (time.monotonic() - self.start_at + 2, "sigstop"))
+                self.log(f"  (no worker held an expirable lease in {tries} brief freezes; retrying later)")
+                return None
+            time.sleep(self.rng.uniform(0.02, 0.1))
             slots = self._ready_slots() or slots
         # Wait for the real lease expiry and the sweep (another worker's) to requeue one of its
         # messages: ACK_TIMEOUT + a few sweep intervals, bounded.
@@ -240,8 +257,6 @@ class Injector(threading.Thread):
             },
         )
         if not expired and self.stop_retries > 0:
-            # It held nothing expirable (idle, or its rows were locked by its own open
-            # transaction, which the sweep rightly skips): freeze a worker again soon.
             self.stop_retries -= 1
             heapq.heappush(self.plan, (time.monotonic() - self.start_at + 2, "sigstop"))
         return fault

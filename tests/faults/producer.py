@@ -28,6 +28,13 @@ from collections import deque
 from typing import Any
 
 
+def _sleep_ms(rng: random.Random, n: int, fast_max: float, slow_every: int) -> float:
+    """Handler time: 0-``fast_max`` ms, and every ``slow_every``-th message 500 ms (handlers of
+    mixed speed: a worker is then often in the middle of one when a fault lands)."""
+    fast = round(rng.uniform(0, fast_max), 1)
+    return 500.0 if slow_every and n % slow_every == slow_every - 1 else fast
+
+
 def main() -> None:
     args: dict[str, Any] = json.loads(sys.argv[1])
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
@@ -56,7 +63,10 @@ def main() -> None:
         (
             f"{args['prefix']}-{n:06d}",
             rng.choice(queues),
-            {"n": n, "sleep_ms": args.get("sleep_ms", round(rng.uniform(0, sleep_ms_max), 1))},
+            {
+                "n": n,
+                "sleep_ms": args.get("sleep_ms", _sleep_ms(rng, n, sleep_ms_max, args.get("slow_every", 0))),
+            },
         )
         for n in range(count)
     ]

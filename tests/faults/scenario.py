@@ -173,6 +173,7 @@ def _producer_args(
         "queues": QUEUES,
         "max_attempts": MAX_ATTEMPTS,
         "sleep_ms_max": sleep_ms_max,
+        "slow_every": 25,
         "out": str(run_dir / "sends.log"),
         "give_up_after": 120,
     }

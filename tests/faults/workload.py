@@ -259,6 +259,10 @@ class WorkerPool:
     def pid(self, slot: int) -> int:
         return self.procs[slot].pid
 
+    def appname(self, slot: int) -> str:
+        """The PostgreSQL application_name of the slot's current worker (PGAPPNAME)."""
+        return f"faults-{self.procs[slot].name}"
+
     def _ended(self, slot: int, how: str) -> Generation:
         generation = self._current[slot]
         proc = self.procs[slot]
