@@ -130,13 +130,6 @@ class Findings:
         values = [t["victims_done_s"] for t in self.fault_timing if t["victims_done_s"] is not None]
         return max(values, default=0.0)
 
-    def as_dict(self) -> dict[str, Any]:
-        data = {k: v for k, v in vars(self).items()}
-        for k, v in data.items():
-            if isinstance(v, Counter):
-                data[k] = dict(v)
-        return data
-
 
 def read_sends(path: Path) -> list[Send]:
     sends = []

@@ -236,7 +236,7 @@ def _run_workload(
         injector.join(timeout=duration + 180)
         injector.halt()
         waited = _wait_drained(url, producer_proc, duration + profile.drain_timeout + 120, log)
-        log(f"  {scenario}: producer done and ledger drained {waited:.1f}s after the last fault")
+        log(f"  {scenario}: producer done and ledger drained {waited:.1f}s after the fault schedule ended")
         pool.shutdown()
         if sweep_proc is not None:
             sweep_proc.terminate()
