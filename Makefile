@@ -11,7 +11,7 @@ DJANGO ?=
 BIN := $(VENV)/bin
 STAMP := $(BIN)/.zeroloss-installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "zeroloss needs Python 3.11 or newer: make ... PYTHON=python3.12")'
@@ -30,6 +30,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+# The fault suite's soak (several minutes; starts its own PostgreSQL and Redis): docs/guarantees.md.
+# CHAOS_ARGS=--quick runs its CI profile instead.
+chaos: $(STAMP)
+	$(BIN)/python -m benchmarks --only faults $(CHAOS_ARGS)
 
 clean:
 	rm -rf .venv .venv-* var build *.egg-info

@@ -27,6 +27,8 @@ WORKLOADS = ["insert", "pgbench", "bulk", "claimack", "sweep", "retained", "drai
 MORE_WORKLOADS = ["batched", "bulksend", "celery", "e2e", "ordered"]
 #: Run only when named in --only: minutes each, on a private server (benchmarks/retention.py).
 OPT_IN = ["retention"]
+#: Run only when named: the fault suite's soak (minutes; its own servers; benchmarks/faults.py).
+ON_REQUEST = ["faults"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,9 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=WORKLOADS + MORE_WORKLOADS + OPT_IN,
+        choices=WORKLOADS + MORE_WORKLOADS + OPT_IN + ON_REQUEST,
         metavar="NAME",
-        help=f"Run only: {', '.join(WORKLOADS + MORE_WORKLOADS + OPT_IN)}.",
+        help=f"Run only: {', '.join(WORKLOADS + MORE_WORKLOADS + OPT_IN + ON_REQUEST)} "
+        "(faults: the fault suite's soak, with --quick its CI profile).",
     )
     parser.add_argument("--json", type=Path, help="Also save every figure and the machine to this file.")
     parser.add_argument(
@@ -102,6 +105,16 @@ def machine_info(conn: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.only and "faults" in args.only:
+        from .faults import main as faults_main
+
+        code = faults_main([], profile="ci" if args.quick else "soak")
+        args.only = [name for name in args.only if name != "faults"]
+        return max(code, _run_suite(args)) if args.only else code
+    return _run_suite(args)
+
+
+def _run_suite(args: argparse.Namespace) -> int:
     from .db import BenchDatabase, server_url
     from .suite import STRIPPED_ENV, Sizes, Suite
 

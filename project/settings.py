@@ -40,6 +40,8 @@ INSTALLED_APPS = [
     "zeroloss",
     "project.demo",
 ]
+# Apps a test harness adds to the processes it starts (tests/faults installs its handlers so).
+INSTALLED_APPS += [app for app in os.environ.get("ZEROLOSS_EXTRA_APPS", "").split(",") if app]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

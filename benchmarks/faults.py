@@ -1,0 +1,70 @@
+"""The fault suite's soak: ``python -m benchmarks --only faults`` (or ``make chaos``).
+
+Starts its own PostgreSQL cluster (and, for the Celery scenario, its own Redis), runs the
+workload under a seeded schedule of faults (tests/faults), checks the whole history and prints
+the table of docs/guarantees.md ("Faults, tested"). Exits 1 if any check failed.
+
+``python -m benchmarks.faults [--profile soak|ci] [--seed N] [--scenario database celery recovery]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCENARIOS = ("database", "celery", "recovery")
+
+
+def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
+    from tests.faults.cluster import FaultCluster
+    from tests.faults.scenario import PROFILES, measure_recovery, report, run_celery, run_database
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.faults", description=__doc__)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default=profile)
+    parser.add_argument("--seed", type=int, help="Replay a schedule (default: a new random seed, printed).")
+    parser.add_argument("--scenario", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--keep", action="store_true", help="Keep the run directory (logs) even on success.")
+    args = parser.parse_args(argv)
+    chosen = PROFILES[args.profile]
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
+    base = Path(tempfile.mkdtemp(prefix="zl-faults-"))
+    load = os.getloadavg()
+    print(
+        f"fault suite: profile {chosen.name}, seed {seed} (replay: --seed {seed}), {os.cpu_count()} cores, "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, logs in {base}",
+        flush=True,
+    )
+    started = time.monotonic()
+    results = []
+    cluster = FaultCluster()
+    try:
+        cluster.start()
+        runners = {"database": run_database, "celery": run_celery, "recovery": measure_recovery}
+        for name in args.scenario:
+            print(f"- {name} ...", flush=True)
+            results.append(runners[name](cluster, chosen, seed, base, lambda line: print(line, flush=True)))
+    finally:
+        cluster.stop()
+    ok = all(r.ok for r in results)
+    print()
+    print(report(results, profile=chosen, seed=seed))
+    load = os.getloadavg()
+    print(
+        f"\ntotal {time.monotonic() - started:.0f}s, load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+        f"{'all checks passed' if ok else 'CHECKS FAILED'}"
+    )
+    if ok and not args.keep:
+        shutil.rmtree(base, ignore_errors=True)
+    else:
+        print(f"logs kept in {base}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The producer: ``python -m tests.faults.producer JSON`` sends through ``zeroloss.send()`` the whole time.
+
+It chooses every message id itself (``<prefix>-<n>``) and logs every call of ``send`` as one
+line, flushed at once (the producer is never killed, so no fsync)::
+
+    <started> <returned> <message_id> <queue> <try> accepted|refused <error class>
+
+``accepted``: ``send`` returned, the message is stored. ``refused``: it raised (the database
+was unreachable, the connection died). A refused send may still have committed — the
+connection can die after the server committed and before the client heard — so the
+producer does what the docs tell a caller to do: it sends the same id with the same payload
+again (persisting is idempotent), with a backoff, until one call returns. The checker counts
+a message as accepted only from an ``accepted`` line.
+
+SIGTERM ends the sending of new messages; retries of refused ones go on until accepted or
+``give_up_after`` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections import deque
+from typing import Any
+
+
+def _sleep_ms(rng: random.Random, n: int, fast_max: float, slow_every: int) -> float:
+    """Handler time: 0-``fast_max`` ms, and every ``slow_every``-th message 500 ms (handlers of
+    mixed speed: a worker is then often in the middle of one when a fault lands)."""
+    fast = round(rng.uniform(0, fast_max), 1)
+    return 500.0 if slow_every and n % slow_every == slow_every - 1 else fast
+
+
+def main() -> None:
+    args: dict[str, Any] = json.loads(sys.argv[1])
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from zeroloss.exceptions import ZeroLossError
+    from zeroloss.transports import send
+
+    stopping = False
+
+    def on_term(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    rng = random.Random(args["seed"])
+    queues: list[str] = args["queues"]
+    count: int = args["count"]
+    rate: float = args["rate"]
+    max_attempts: int = args["max_attempts"]
+    sleep_ms_max: float = args.get("sleep_ms_max", 0)
+    plan = [
+        (
+            f"{args['prefix']}-{n:06d}",
+            rng.choice(queues),
+            {
+                "n": n,
+                "sleep_ms": args.get("sleep_ms", _sleep_ms(rng, n, sleep_ms_max, args.get("slow_every", 0))),
+            },
+        )
+        for n in range(count)
+    ]
+    retry: deque[tuple[float, int, int]] = deque()  # (due, index in plan, try number)
+    first_try: dict[int, float] = {}
+    out = open(args["out"], "a", buffering=1)  # noqa: SIM115 - open for the whole run
+    started = time.monotonic()
+    next_new = accepted = refused = 0
+    gave_up: list[str] = []
+    while True:
+        now = time.monotonic()
+        if retry and retry[0][0] <= now:
+            _, index, attempt = retry.popleft()
+        elif not stopping and next_new < count and now >= started + next_new / rate:
+            index, attempt = next_new, 1
+            next_new += 1
+        elif (stopping or next_new >= count) and not retry:
+            break
+        else:
+            due = [retry[0][0]] if retry else []
+            if not stopping and next_new < count:
+                due.append(started + next_new / rate)
+            time.sleep(min(max(min(due) - now, 0.0), 0.05))
+            continue
+        message_id, queue, payload = plan[index]
+        first_try.setdefault(index, now)
+        t0 = time.time()
+        try:
+            send(queue, payload, message_id=message_id, max_attempts=max_attempts)
+        except ZeroLossError as exc:  # bad input: a bug of this suite, never a fault
+            out.write(
+                f"{t0:.6f} {time.time():.6f} {message_id} {queue} {attempt} fatal {type(exc).__name__}\n"
+            )
+            raise
+        except Exception as exc:
+            refused += 1
+            out.write(
+                f"{t0:.6f} {time.time():.6f} {message_id} {queue} {attempt} refused {type(exc).__name__}\n"
+            )
+            try:
+                connection.close()  # a broken connection is not reused (as a request's end would do)
+            except Exception:
+                connection.connection = None
+            if time.monotonic() - first_try[index] > args.get("give_up_after", 120):
+                gave_up.append(message_id)
+                continue
+            backoff = min(0.05 * 2 ** min(attempt, 6), 2.0) * rng.uniform(0.5, 1.0)
+            retry.append((time.monotonic() + backoff, index, attempt + 1))
+            retry = deque(sorted(retry))
+        else:
+            accepted += 1
+            out.write(f"{t0:.6f} {time.time():.6f} {message_id} {queue} {attempt} accepted -\n")
+    out.write(f"# done sent={next_new} accepted={accepted} refused={refused} gave_up={len(gave_up)}\n")
+    out.close()
+
+
+if __name__ == "__main__":
+    main()
