@@ -13,7 +13,7 @@
   ``-m fast`` restarts; the Celery transport with FLUSHALL and a broker restart; and the
   recovery time after a restart with default settings. ``tests/faults/checker.py`` checks
   the history; the soak profile of the same code is ``python -m benchmarks --only faults``.
-- *Bugs the suite found in zeroloss* (``test_bug_*``, at the end): left failing until fixed.
+- *Faults the suite found in zeroloss* (at the end): fixed; their tests keep them fixed.
 
 The seed is printed (``ZEROLOSS_FAULTS_SEED=N`` replays a schedule).
 """
@@ -484,9 +484,7 @@ def test_recovery_after_restarts_with_default_settings(fault_cluster: FaultClust
 
 
 @pytest.mark.slow
-def test_bug_worker_reports_database_reachable_while_it_is_still_down(
-    fault_cluster: FaultCluster, tmp_path: Path
-):
+def test_an_idle_worker_reports_the_outage_until_it_ends(fault_cluster: FaultCluster, tmp_path: Path):
     """zeroloss/outage.py promises one log line when an outage starts and one when it ends,
     and the worker's health file says ``degraded`` meanwhile. An idle worker's lease keeper
     tick does no database work, "succeeds", and ``OutageMonitor.attempt`` then calls
@@ -526,7 +524,7 @@ def test_bug_worker_reports_database_reachable_while_it_is_still_down(
 
 
 @pytest.mark.slow
-def test_bug_a_started_transactional_claim_is_released_as_unstarted_after_an_outage(
+def test_a_started_transactional_claim_is_never_released_as_unstarted_after_an_outage(
     fault_cluster: FaultCluster, tmp_path: Path
 ):
     """zeroloss/worker/loop.py: when a transactional batch dies with its connection, the claim
@@ -597,7 +595,7 @@ def _health_status(pool: WorkerPool) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_bug_release_unknown_claims_misses_a_claim_the_server_commits_after_a_network_cut():
+def test_release_unknown_claims_waits_for_a_claim_the_server_still_runs_after_a_network_cut():
     """zeroloss/worker/loop.py: a claim that raised "may have committed", so the claim thread
     calls ``release_unknown_claims`` at once. After a *network* cut (not a terminated backend)
     the server has not noticed the client is gone: the claim is still running there and

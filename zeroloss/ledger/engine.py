@@ -130,6 +130,15 @@ class Engine:
     def token(self, value: uuid.UUID) -> Any:
         return value
 
+    def session_of(self, conn: BaseDatabaseWrapper) -> int | None:
+        """An id of the server session behind ``conn`` (None where a lost statement cannot
+        outlive its client, as with SQLite, which runs in the client)."""
+        return None
+
+    def end_session(self, conn: BaseDatabaseWrapper, session: int, timeout: float = 30.0) -> bool:
+        """End a session of ours the client lost, and wait until nothing of it can still commit."""
+        return True
+
     def execute(
         self, conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *, prepare: bool = False
     ) -> tuple[Rows, int]:

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import OperationalError, transaction
 
 from ..exceptions import InvalidMessage
 from . import statements
@@ -43,6 +43,9 @@ class Leasing(LedgerBase):
 
     def _claim(self, name: str, params: Sequence[Any]) -> list[Lease]:
         engine = self.engine
+        self.connection.ensure_connection()
+        # Remembered in case this claim's outcome is lost (see release_unknown_claims).
+        self._claim_session = engine.session_of(self.connection)
         rows = self._move(
             name,
             [self.settings.ACK_TIMEOUT, self.instance_id, *params],
@@ -230,8 +233,15 @@ class Leasing(LedgerBase):
 
     def release_unknown_claims(self, held: Iterable[Lease] = ()) -> list[str]:
         """After a claim whose commit outcome was lost: give back every lease this instance holds
-        in the ledger but not in ``held`` (it cannot know their tokens). Attempts not counted."""
+        in the ledger but not in ``held`` (it cannot know their tokens). Attempts not counted.
+
+        The lost claim's server session is ended first, and waited for: after a network cut the
+        server may still be running it, and would otherwise commit after this release.
+        """
         engine = self.engine
+        session = getattr(self, "_claim_session", None)
+        if session is not None and not engine.end_session(self.connection, session):
+            raise OperationalError(f"the lost claim's session {session} is still running; try again")
         tokens = [engine.token(x.token) for x in held]
         rows = self._move(
             "RELEASE_UNKNOWN",

@@ -54,6 +54,23 @@ class PostgresEngine(Engine):
         names = ", ".join(name for name, _ in columns)
         return f"unnest({arrays}) AS b({names})"
 
+    def session_of(self, conn: BaseDatabaseWrapper) -> int | None:
+        raw = conn.connection
+        return None if raw is None or raw.closed else int(raw.info.backend_pid)
+
+    def end_session(self, conn: BaseDatabaseWrapper, session: int, timeout: float = 30.0) -> bool:
+        import time
+
+        if session == self.session_of(conn):
+            return True
+        self.execute(conn, self.sql["END_SESSION"], [session])
+        deadline = time.monotonic() + timeout
+        while self.execute(conn, self.sql["SESSION_ALIVE"], [session])[0][0][0]:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def row_params(self, name: str, columns: Sequence[Sequence[Any]]) -> list[Any]:
         return [list(column) for column in columns]
 

@@ -148,6 +148,11 @@ RELEASE_UNKNOWN = (
     "AND claimed_by = %s AND lease_expires_at > {now} AND NOT EXISTS (SELECT 1 FROM {rows} "
     "WHERE b.tok = lease_token)"
 )
+# A session of ours that may still be running a statement whose outcome we lost (a network
+# cut: the server has not noticed). End it, and wait until it is gone, before acting on what
+# it may have committed.
+END_SESSION = "SELECT pg_terminate_backend(%s)"
+SESSION_ALIVE = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
 # Did this actor's transition land? (asked after a commit whose outcome was lost)
 OWN_EVENTS = (
     "SELECT m.message_id, e.reason FROM {evt} e JOIN {msg} m ON m.id = e.message_id JOIN {rows} "

@@ -120,6 +120,22 @@ class LeaseKeeper:
                 self._held.pop(mid, None)
                 self.lost.discard(mid)
 
+    def forget_later(self, message_ids: Iterable[str]) -> None:
+        """Stop renewing these, but remember them as this worker's until their leases have run
+        out: their handlers ran, so nothing may release them as never started."""
+        with self._lock:
+            for mid in message_ids:
+                if mid in self._held:
+                    self._held[mid].paused = False
+                    self.lost.add(mid)
+
+    def _forget_lapsed(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for mid in [m for m in self.lost if m in self._held and now >= self._held[m].expires]:
+                del self._held[mid]
+                self.lost.discard(mid)
+
     def pause(self, message_ids: Iterable[str]) -> None:
         """Stop renewing rows a transaction of ours has locked (a renewal would wait for it)."""
         with self._lock:
@@ -163,6 +179,7 @@ class LeaseKeeper:
         return due
 
     def _has_work(self) -> bool:
+        self._forget_lapsed()
         if self._due():
             return True
         with self._lock:

@@ -245,10 +245,11 @@ class ClaimLoop:
             self._count(report)
             keeper.drop(x.message_id for x in leases)
         else:
-            # Rolled back with its connection (or its commit's outcome is unknown): no effect
-            # of this batch is durable unless its acknowledgements are. Whatever is still held
-            # expires and is swept; the next attempt starts from a clean slate.
-            keeper.drop(x.message_id for x in leases)
+            # Rolled back with its connection (or its commit's outcome is unknown): no effect of
+            # this batch is durable unless its acknowledgements are. The handlers ran, so the
+            # leases stay this worker's until they run out (never released as unstarted); the
+            # sweep then puts each back, its attempt counted, and it runs from a clean slate.
+            keeper.forget_later(x.message_id for x in leases)
             self.worker.count(Outcome.LEASE_LOST, len(leases))
 
     def _give_back(self) -> None:
