@@ -6,6 +6,10 @@
    ``postgres_only``: those use PostgreSQL-only features such as streaming replication; tests
    marked ``sqlite_only`` are about SQLite itself and run only in this pass).
 
+``--skip-once`` leaves out the tests marked ``once``: PostgreSQL's own machinery under faults
+(private clusters, automatic failover, PgBouncer, the fault suite, the benchmark smoke run),
+which behaves the same whatever the Django version. CI runs them in its first pass only.
+
 PostgreSQL comes from ``ZEROLOSS_TEST_POSTGRES_URL`` (default
 ``postgres://postgres@127.0.0.1:5432/zeroloss``; the test database is ``test_<name>``) and
 Redis from ``ZEROLOSS_TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379/15``). When a default
@@ -144,6 +148,11 @@ def main() -> int:
     parser.add_argument("--lint-only", action="store_true")
     parser.add_argument("--skip-lint", action="store_true")
     parser.add_argument("--only", choices=["postgres", "sqlite"], help="Run one database pass.")
+    parser.add_argument(
+        "--skip-once",
+        action="store_true",
+        help="Leave out tests marked 'once' (PostgreSQL's own machinery: the same on every Django version).",
+    )
     parser.add_argument("pytest_args", nargs="*", help="Extra pytest arguments (e.g. -k sweep).")
     args = parser.parse_args()
 
@@ -210,13 +219,16 @@ def _tests(
     base_env.setdefault("ZEROLOSS_TEST_POSTGRES_URL", pg_url)
 
     pytest = [py, "-m", "pytest", *args.pytest_args]
+    once = " and not once" if args.skip_once else ""
     if args.only != "sqlite":
         env = dict(base_env, DATABASE_URL=pg_url)
-        results["pytest postgres"] = _run("pytest (PostgreSQL)", [*pytest, "-m", "not sqlite_only"], env)
+        results["pytest postgres"] = _run(
+            "pytest (PostgreSQL)", [*pytest, "-m", f"not sqlite_only{once}"], env
+        )
     if args.only != "postgres":
         env = dict(base_env)
         env.setdefault("ZEROLOSS_VAR_DIR", str(ROOT / "var" / "test-sqlite"))
-        results["pytest sqlite"] = _run("pytest (SQLite)", [*pytest, "-m", "not postgres_only"], env)
+        results["pytest sqlite"] = _run("pytest (SQLite)", [*pytest, "-m", f"not postgres_only{once}"], env)
     return _summary(results)
 
 

@@ -19,7 +19,7 @@ from django.db import connection
 
 from .conftest import ROOT
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres_only, pytest.mark.slow, pytest.mark.once]
 
 EVERY_FIGURE = {
     "raw.insert_bare": "msg/s",

@@ -28,7 +28,7 @@ from .conftest import child_env
 from .test_transport import use_broker
 from .workers import Proc, celery_worker
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.once]
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ import pytest
 
 from tests.hacluster import HaCluster
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres_only, pytest.mark.slow, pytest.mark.once]
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "demo.record_tx"

@@ -46,7 +46,7 @@ from zeroloss.service import ZeroLossMessageService
 from zeroloss.worker.completer import Completer, verdict_counts
 from zeroloss.worker.keeper import LeaseKeeper
 
-pytestmark = pytest.mark.postgres_only
+pytestmark = [pytest.mark.postgres_only, pytest.mark.once]
 
 ROUNDS = 200
 BATCH = 10

@@ -20,7 +20,7 @@ from tests.hacluster import HaCluster
 from tests.pgbouncer import PgBouncer, ensure_pgbouncer, pgbouncer_version
 from tests.pgcluster import ClusterError, PgCluster
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres_only, pytest.mark.slow, pytest.mark.once]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from django.db import connection
 
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres_only, pytest.mark.slow, pytest.mark.once]
 
 
 def test_snapshot_benchmark_runs_and_compares_with_an_older_snapshot(tmp_path: Path) -> None:

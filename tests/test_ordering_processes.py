@@ -22,6 +22,7 @@ PER_KEY = 200
 FAILING_KEYS = {3, 11}  # their 50th message always fails: dead after 2 attempts, then the key moves on
 
 
+@pytest.mark.once
 @pytest.mark.postgres_only  # 4,000 messages through 8 threads: SQLite's one writer would only queue them
 def test_each_key_in_order_one_at_a_time_through_kills_and_failing_heads(children, tmp_path: Path):
     rng = random.Random(16)

@@ -41,6 +41,8 @@ from tests.test_failover import QUEUE, ROOT, Child, ledger, manage, wait_until, 
 from zeroloss import checks
 from zeroloss.conf import ZeroLossSettings
 
+pytestmark = pytest.mark.once  # PgBouncer's behaviour, not Django's: the first CI pass runs it
+
 DB = "zl_ha_pgb"
 POOLED = {"PREPARED_STATEMENTS": False}
 FAST = ("--poll-interval", "0.1", "--concurrency", "2")

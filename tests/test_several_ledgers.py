@@ -22,7 +22,12 @@ from .conftest import ROOT, child_env
 from .pgcluster import PgCluster
 from .workers import Proc
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.postgres_only]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.postgres_only,
+    pytest.mark.once,
+]
 
 
 @pytest.fixture
