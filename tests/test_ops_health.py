@@ -7,6 +7,7 @@ from django.test import override_settings
 from django.urls import reverse
 
 from tests.test_ops_support import clear_cache, make_completed, make_dead, make_stuck
+from zeroloss.exceptions import InvalidMessage
 from zeroloss.health import health_report
 from zeroloss.service import ZeroLossMessageService
 from zeroloss.snapshot import Snapshot, cache_key, compute_snapshot, get_snapshot, invalidate
@@ -84,12 +85,10 @@ def test_unmet_replication_requirement_fails(client, settings):
     assert data["problems"]  # says why, in words
 
 
-def test_unreadable_database_fails_without_raising():
-    report = health_report(ZeroLossMessageService(using="missing"))
-    assert report.healthy is False
-    assert report.checks == {
-        "database": {"ok": False, "error": "ConnectionDoesNotExist", "unreachable_since": None}
-    }
+def test_an_unknown_database_alias_is_refused_when_the_service_is_built():
+    # A typo in the alias is a configuration error, said at once, not a health probe's "down".
+    with pytest.raises(InvalidMessage, match="Unknown database alias 'missing'; DATABASES has default"):
+        ZeroLossMessageService(using="missing")
 
 
 def test_an_unreachable_database_says_since_when_and_logs_once():

@@ -124,7 +124,7 @@ def test_replication_check_never_writes():
 def test_severity_comes_from_the_code_not_the_text(monkeypatch):
     make_stuck(["s1"])
 
-    def verify(self, message, now=None, *, replication=True):
+    def verify(self, message, now=None, *, replication=True, record=True):
         # A warning code whose text looks alarming: the verdict follows the code.
         finding = IntegrityFinding("stuck", WARNING, "CRITICAL: checksum mismatch (not really)")
         return IntegrityReport(message.message_id, False, [finding], message.status)
@@ -134,7 +134,7 @@ def test_severity_comes_from_the_code_not_the_text(monkeypatch):
     data = json.loads(r.out)
     assert (r.code, data["status"], data["issue_counts"]) == (1, "warning", {"stuck": 1})
 
-    def unknown(self, message, now=None, *, replication=True):
+    def unknown(self, message, now=None, *, replication=True, record=True):
         finding = IntegrityFinding("future_check", "critical", "a check this command does not know yet")
         return IntegrityReport(message.message_id, False, [finding], message.status)
 
@@ -145,7 +145,8 @@ def test_severity_comes_from_the_code_not_the_text(monkeypatch):
 
 def test_every_code_the_command_emits_has_a_severity():
     codes = {"orphan_event", "missing_persisted_event", "duplicate_persisted_event", "status_mismatch"}
-    codes |= {"unbalanced", "dead_letters", "replication_requirement", *zeroloss_verify._INTEGRITY_CODES}
+    codes |= {"unbalanced", "dead_letters", "replication_requirement", "disallowed_transition"}
+    codes |= set(zeroloss_verify._INTEGRITY_CODES)
     assert codes == set(zeroloss_verify.SEVERITY)
 
 
