@@ -25,7 +25,8 @@ def _wait_for(path: str | None) -> None:
     from django.db import connection
 
     connection.ensure_connection()  # connect before the signal, so all start at once
-    deadline = time.monotonic() + 60
+    Path(f"{path}.ready.{os.getpid()}").touch()  # tells the parent this one is waiting
+    deadline = time.monotonic() + 120
     while not Path(path).exists():
         if time.monotonic() > deadline:
             raise SystemExit("start signal never came")

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,21 @@ class Children:
         )
         self.procs.append(proc)
         return proc
+
+    @staticmethod
+    def start_together(start: Path, procs: list[subprocess.Popen[str]], timeout: float = 120) -> None:
+        """Give ``start`` (a ``start_file``) once every child waits on it, connected: a fixed sleep
+        would let a slow start-up on a loaded machine miss the overlap the test is about."""
+        deadline = time.monotonic() + timeout
+        waiting = {f"{start}.ready.{p.pid}" for p in procs}
+        while not all(Path(name).exists() for name in waiting):
+            for p in procs:
+                if p.poll() is not None:
+                    raise AssertionError(f"child exited with {p.returncode} before the start: {_stderr(p)}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"children not ready to start after {timeout}s")
+            time.sleep(0.02)
+        start.touch()
 
     @staticmethod
     def read_line(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:

@@ -6,8 +6,8 @@ sleep); the admin itself must never write a message or an event row except throu
 
 from __future__ import annotations
 
+import datetime as dt
 import re
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,10 +15,12 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.cache import cache
 from django.db import connection
+from django.db.models.functions import Now
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from tests.support import expire_leases
 from zeroloss import admin as zl_admin
 from zeroloss import dashboard
 from zeroloss.admin import paginator as zl_paginator
@@ -61,7 +63,7 @@ def _fresh_cache_and_retention(settings: Any) -> None:
 def ledger(db: None) -> Ledger:
     """p1 pending, s1 stuck, l1 under a live lease, d1 dead, c1 completed (older than retention)."""
     worker = ZeroLossMessageService(instance_id="worker-1")
-    short = ZeroLossMessageService(instance_id="worker-stuck", ack_timeout=0.1)
+    short = ZeroLossMessageService(instance_id="worker-stuck")
     long = ZeroLossMessageService(instance_id="worker-live", ack_timeout=600)
     worker.persist_message("p1", "emails", {"n": 1})
     short.persist_message("s1", "emails", {"n": 2})
@@ -77,7 +79,9 @@ def ledger(db: None) -> Ledger:
     lease = worker.mark_processing("c1")
     assert lease
     assert worker.acknowledge_message("c1", lease.token)
-    time.sleep(0.35)  # s1's lease expires; c1 gets older than the retention
+    assert expire_leases(["s1"]) == 1  # s1's worker died: its lease ran out
+    # c1 finished a minute ago: older than the retention (the database's clock, not a sleep).
+    Message.objects.filter(message_id="c1").update(completed_at=Now() - dt.timedelta(seconds=60))
     assert set(Message.objects.stuck().values_list("message_id", flat=True)) == {"s1"}
     return Ledger(live_lease=live, worker=long)
 
@@ -278,10 +282,10 @@ def test_csrf_is_enforced_on_actions(ledger: Ledger) -> None:
 
 
 def test_requeue_reports_plural_feedback_and_leaves_live_leases_alone(ledger: Ledger) -> None:
-    short = ZeroLossMessageService(instance_id="worker-stuck-2", ack_timeout=0.1)
+    short = ZeroLossMessageService(instance_id="worker-stuck-2")
     short.persist_message("s2", "emails", {"n": 6})
     assert short.mark_processing("s2")
-    time.sleep(0.25)
+    assert expire_leases(["s2"]) == 1
     client = client_for(make_user("op", "requeue_message"))
     response = post_action(client, "requeue_stuck", "s1", "s2", "l1")
     html = client.get(response["Location"]).content.decode()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connections
 
+from tests.support import expire_leases
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService
 
@@ -100,7 +100,7 @@ def make_ledger() -> dict[str, Any]:
     lease = worker.mark_processing("invoice-77")
     assert lease
     worker.mark_failed("invoice-77", lease.token, "SMTPServerDisconnected('Connection unexpectedly closed')")
-    crashed = ZeroLossMessageService(instance_id="worker-b:912 (crashed)", ack_timeout=0.1)
+    crashed = ZeroLossMessageService(instance_id="worker-b:912 (crashed)")
     crashed.persist_messages(
         [("order-101-email", "emails", {"order": 101}), ("sms-101", "sms", {"to": "+1"})]
     )
@@ -111,7 +111,7 @@ def make_ledger() -> dict[str, Any]:
     live_lease = live.mark_processing("report-2024-q4")
     assert live_lease
     ZeroLossMessageService().register_replication_node("standby-1", "10.0.0.12", role="standby")
-    time.sleep(0.3)  # the crashed worker's leases expire: two stuck messages
+    assert expire_leases(["order-101-email", "sms-101"]) == 2  # the crashed worker's: two stuck messages
     assert set(Message.objects.stuck().values_list("message_id", flat=True)) == {"order-101-email", "sms-101"}
     return {"live": live, "live_lease": live_lease}
 

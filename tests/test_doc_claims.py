@@ -250,6 +250,35 @@ def test_lease_lost_turns_true_when_a_renewal_is_refused():
         _finish(worker, thread)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_renewal_that_lands_after_the_lease_ran_out_here_leaves_it_lost():
+    """Regression (found as a flaky fault test): the worker's clock said the lease had run out, its
+    outcome was counted lost, then a slow renewal came back "renewed" and the next flush acknowledged
+    the message anyway. Lost stays lost: the late outcome is never sent."""
+    from zeroloss.ledger.types import Completion, CompletionReport, Verdict
+    from zeroloss.worker.completer import Completer
+    from zeroloss.worker.keeper import LeaseKeeper
+
+    service = ZeroLossMessageService(instance_id="late-renewer")
+    service.persist_message("late-1", "claims.late", {})
+    lease = service.mark_processing("late-1")
+    assert lease is not None
+    keeper = LeaseKeeper(service, interval=60)  # not started: the test drives it
+    # Held since longer than ACK_TIMEOUT on this worker's clock; the database's lease is fresh.
+    keeper.hold([lease], claimed_at=time.monotonic() - service.settings.ACK_TIMEOUT - 1)
+    keeper.renew_now()  # the database renews it, but too late for this worker
+    assert keeper.is_lost("late-1")
+    reports: list[CompletionReport] = []
+    completer = Completer(service, keeper, on_report=reports.append, wait=lambda s: False)
+    completer.add(Completion(lease, Verdict.ACKNOWLEDGE))
+    completer.flush()
+    assert (reports[0].acknowledged, reports[0].refused) == ([], ["late-1"])
+    assert Message.objects.get(message_id="late-1").status == Status.PROCESSING
+    assert reasons("late-1") == ["persisted", "claimed"]
+    # Remembered as this worker's until the renewed lease runs out, so never released as unstarted.
+    assert [held.message_id for held in keeper.held()] == ["late-1"]
+
+
 def test_lease_lost_turns_true_when_no_renewal_lands_before_the_lease_runs_out():
     seen, started, done = _watch_lease("claims.silent")
     ZeroLossMessageService().persist_message("silent-1", "claims.silent", {})

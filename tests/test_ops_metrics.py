@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
+from django.db.models.functions import Now
 from django.urls import reverse
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import expire_leases
 from tests.test_ops_support import clear_cache, make_completed, make_dead, make_leased, make_stuck
 from zeroloss import metrics
+from zeroloss.models import ReplicationNode
 from zeroloss.service import ZeroLossMessageService
 
 pytestmark = pytest.mark.django_db
@@ -79,13 +84,11 @@ def test_scrape_reports_the_ledger(client):
 
 
 def test_expired_leases_and_sweep_dead_letters(client):
-    worker = ZeroLossMessageService(ack_timeout=0.1, max_attempts=1, instance_id="w")
+    worker = ZeroLossMessageService(max_attempts=1, instance_id="w")
     worker.persist_messages([("x1", "q", {}), ("x2", "q", {}), ("x3", "q", {})])
     for m in ("x1", "x2", "x3"):
         assert worker.mark_processing(m)
-    import time
-
-    time.sleep(0.15)
+    assert expire_leases(["x1", "x2", "x3"]) == 3
     m = scrape(client)
     assert m[("zeroloss_expired_leases", (("queue", "q"),))] == 3
     clear_cache()
@@ -101,10 +104,9 @@ def test_nodes_live_and_down(client, settings):
     svc = ZeroLossMessageService()
     svc.register_replication_node("n1")
     svc.register_replication_node("n2")
-    settings.ZEROLOSS = {**settings.ZEROLOSS, "NODE_TTL": 0.2}
-    import time
-
-    time.sleep(0.3)
+    ttl = ZeroLossMessageService().settings.NODE_TTL
+    # Both last seen two TTLs ago by the database's clock; n1 then beats again.
+    ReplicationNode.objects.update(last_seen_at=Now() - dt.timedelta(seconds=2 * ttl))
     ZeroLossMessageService().heartbeat_node("n1")
     m = scrape(client)
     assert m[("zeroloss_nodes", (("state", "live"),))] == 1

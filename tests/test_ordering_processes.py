@@ -55,8 +55,7 @@ def test_each_key_in_order_one_at_a_time_through_kills_and_failing_heads(childre
         for share in plan
     ]
     try:
-        time.sleep(1.0)
-        start.touch()
+        children.start_together(start, producers)
         kills = 0
         deadline = time.monotonic() + 240
         while kills < 3 and time.monotonic() < deadline:
@@ -109,8 +108,7 @@ def test_concurrent_senders_of_one_dedup_key_create_exactly_one_message(children
         )
         for n in range(4)
     ]
-    time.sleep(1.0)
-    start.touch()
+    children.start_together(start, senders)
     got = {children.finish(p)[0]["got"] for p in senders}
     assert len(got) == 1
     assert Message.objects.count() == 1 and Message.objects.get().message_id in got

@@ -71,8 +71,7 @@ def test_four_concurrent_sweepers_move_500_orphans_exactly_once(children, live_s
     assert expire_leases([f"o{i}" for i in range(500)]) == 500  # the holder's five stay live
     start = tmp_path / "go"
     sweepers = [children.spawn("sweep", {"start_file": str(start), "batch_size": 5}) for _ in range(4)]
-    time.sleep(1.5)  # let all four finish Django start-up and wait on the signal
-    start.touch()
+    children.start_together(start, sweepers)
     results = [children.finish(p)[0] for p in sweepers]
     swept = [mid for r in results for mid in r["requeued"]]
     assert len(swept) == 500 and len(set(swept)) == 500
@@ -99,8 +98,7 @@ def test_eight_concurrent_claimers_never_share_a_message(children, live_service,
         )
         for n in range(8)
     ]
-    time.sleep(2.5)
-    start.touch()
+    children.start_together(start, claimers)
     results = [children.finish(p, timeout=180)[0]["claims"] for p in claimers]
     claimed = [c[0] for claims in results for c in claims]
     assert len(claimed) == 2000

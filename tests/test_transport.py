@@ -21,6 +21,7 @@ from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
 from zeroloss.tasks import beat_schedule_entry, deliver_message
 
+from .support import expire_leases
 from .workers import celery_beat, celery_worker, db_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -99,8 +100,8 @@ def test_duplicate_delivery_runs_handler_once(broker, procs):
 
 
 def test_sigkilled_celery_worker_loses_nothing(broker, procs, settings):
-    env = {"ZEROLOSS_ACK_TIMEOUT": "1.5", "ZEROLOSS_SWEEP_INTERVAL": "0.5", "ZEROLOSS_REDISPATCH_AFTER": "2"}
-    settings.ZEROLOSS = {**settings.ZEROLOSS, "ACK_TIMEOUT": 1.5, "REDISPATCH_AFTER": 2.0}
+    env = {"ZEROLOSS_SWEEP_INTERVAL": "0.5", "ZEROLOSS_REDISPATCH_AFTER": "2"}
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "REDISPATCH_AFTER": 2.0}
     first = celery_worker(REDIS_URL, concurrency=2, **env)
     procs.append(first)
     for i in range(120):
@@ -111,6 +112,7 @@ def test_sigkilled_celery_worker_loses_nothing(broker, procs, settings):
     assert Message.objects.exclude(status=Status.COMPLETED).exists(), (
         "the kill came too late to test anything"
     )
+    expire_leases(in_flight)  # the dead worker's leases run out (the database clock decides)
     procs.append(celery_worker(REDIS_URL, concurrency=2, name="w2", **env))
     from zeroloss.tasks import sweep
 
@@ -171,9 +173,10 @@ def test_send_rejects_unknown_queue_and_writes_nothing(broker):
 
 
 def test_beat_runs_the_sweep(broker, procs, tmp_path, settings):
-    short = ZeroLossMessageService(ack_timeout=0.3)
-    short.persist_messages([(f"orphan{i}", "demo.record", {"i": i}) for i in range(5)])
-    assert len(short.claim_next("demo.record", limit=5)) == 5  # claimed, then the claimer "dies"
+    claimer = ZeroLossMessageService()
+    claimer.persist_messages([(f"orphan{i}", "demo.record", {"i": i}) for i in range(5)])
+    assert len(claimer.claim_next("demo.record", limit=5)) == 5  # claimed, then the claimer "dies"
+    assert expire_leases([f"orphan{i}" for i in range(5)]) == 5
     env = {"ZEROLOSS_SWEEP_INTERVAL": "0.5", "ZEROLOSS_REDISPATCH_AFTER": "1"}
     procs.append(celery_worker(REDIS_URL, **env))
     beat = celery_beat(REDIS_URL, tmp_path, **env)
@@ -188,7 +191,7 @@ def test_beat_runs_the_sweep(broker, procs, tmp_path, settings):
 def test_db_worker_handles_everything_once_and_survives_sigkill(procs):
     service = ZeroLossMessageService()
     service.persist_messages([(f"d{i}", "demo.record_tx", {"i": i, "sleep": 0.01}) for i in range(150)])
-    env = {"ZEROLOSS_ACK_TIMEOUT": "1", "ZEROLOSS_SWEEP_INTERVAL": "0.3"}
+    env = {"ZEROLOSS_SWEEP_INTERVAL": "0.3"}
     first = db_worker("--queue", "demo.record_tx", "--concurrency", "2", "--batch-size", "5", **env)
     procs.append(first)
     assert wait_until(lambda: Message.objects.filter(status=Status.COMPLETED).count() >= 20, timeout=60), (
@@ -197,6 +200,7 @@ def test_db_worker_handles_everything_once_and_survives_sigkill(procs):
     first.sigkill_group()
     in_flight = set(Message.objects.filter(status=Status.PROCESSING).values_list("message_id", flat=True))
     assert in_flight, "the kill found no message in flight"
+    assert expire_leases(in_flight) == len(in_flight)  # the dead worker's leases run out
     second = db_worker("--queue", "demo.record_tx", "--concurrency", "2", "--burst", **env)
     procs.append(second)
     assert second.popen.wait(timeout=120) == 0, second.text

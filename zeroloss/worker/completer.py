@@ -79,11 +79,25 @@ class Completer:
             if batch:
                 self._first_at = time.monotonic()
 
+    def split_lost(self, batch: list[Completion]) -> tuple[list[Completion], list[Completion]]:
+        """The outcomes whose leases may still be ours, and those whose leases are lost or may
+        have run out here. A lost one is never sent: the ledger might still accept it (a late
+        renewal, a slow clock), but this worker already counted it lost, and lost stays lost."""
+        live: list[Completion] = []
+        lost: list[Completion] = []
+        for c in batch:
+            (lost if self.keeper.is_lost(c.lease.message_id) else live).append(c)
+        return live, lost
+
     def settle(self, batch: list[Completion], report: CompletionReport, *, retried: bool) -> CompletionReport:
         """Outcomes recorded (by :meth:`flush`, or with a claim in one transaction): stop renewing."""
         if retried and report.refused:
             report = self._resolve(report, batch)
-        self.keeper.drop(c.lease.message_id for c in batch)
+        refused = set(report.refused)
+        self.keeper.drop(c.lease.message_id for c in batch if c.lease.message_id not in refused)
+        # A refused message ran here: it stays this worker's (never released as unstarted)
+        # until its lease has run out and the sweep hands it to another worker.
+        self.keeper.forget_later(refused)
         self.on_report(report)
         return report
 
@@ -95,10 +109,7 @@ class Completer:
             return None
         backoff = Backoff()
         while True:
-            live: list[Completion] = []
-            expired: list[Completion] = []
-            for c in batch:
-                (expired if self.keeper.is_lost(c.lease.message_id) else live).append(c)
+            live, expired = self.split_lost(batch)
             if not live:
                 report = CompletionReport(refused=[c.lease.message_id for c in batch])
                 break

@@ -195,13 +195,22 @@ class LeaseKeeper:
         started = time.monotonic()
         renewed = self.service.renew_leases([h.lease for h in due])
         ttl = self.service.settings.ACK_TIMEOUT
+        answered = time.monotonic()
         with self._lock:
             for h in due:
                 mid = h.lease.message_id
                 if mid not in self._held:
                     continue  # its outcome was recorded meanwhile
-                if mid in renewed:
+                if mid in renewed and answered < h.expires:
                     h.expires = started + ttl
+                elif mid in renewed and mid not in self.lost:
+                    # Renewed, but only after its lease had run out here: meanwhile the worker
+                    # may have reported it lost. Lost stays lost; the lease simply runs out.
+                    logger.warning(
+                        "lease of %s was renewed only after it had expired here; treated as lost", mid
+                    )
+                    self.lost.add(mid)
+                    h.expires = started + ttl  # remembered as ours until the renewed lease runs out
                 elif mid not in self.lost:
                     logger.warning("lease of %s was lost before it could be renewed", mid)
                     self.lost.add(mid)

@@ -137,14 +137,18 @@ class ClaimLoop:
                 size = self.paces[queue].claim_size
                 # Outcomes still waiting are recorded in the claim's transaction: one commit.
                 outcomes, retried = self.completer.take()
+                live, lost = self.completer.split_lost(outcomes)
                 ok, got = self._attempt(
-                    lambda q=queue, s=size, o=outcomes: self._record_and_claim(o, q, s), "a claim"
+                    lambda q=queue, s=size, o=live: self._record_and_claim(o, q, s), "a claim"
                 )
                 if not ok or got is None:
                     self.completer.restore(outcomes)
                     self.claim_unknown = True
                     break
                 report, leases = got
+                if lost:
+                    report = report or CompletionReport()
+                    report.refused.extend(c.lease.message_id for c in lost)
                 if report is not None:
                     self.completer.settle(outcomes, report, retried=retried)
                 if leases:
