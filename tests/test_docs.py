@@ -33,6 +33,7 @@ from django.core.management.base import CommandError
 
 from zeroloss import handlers
 from zeroloss.conf import ZeroLossSettings, parse_settings
+from zeroloss.worker.delivery import DeliveryRuntime
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -267,6 +268,9 @@ def test_samples_run(path, settings):
             elif block.info in SHELL:
                 check_shell(block)
     finally:
+        # A sample that delivered a message started this process's delivery threads (each with
+        # its own connection): stop them, or the test database cannot be dropped.
+        DeliveryRuntime.close_all()
         handlers._registry.clear()
         handlers._registry.update(registry)
         celery_app.set_current()

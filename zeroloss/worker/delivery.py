@@ -112,7 +112,7 @@ class DeliveryRuntime:
     def close_all(cls) -> None:
         """Close every runtime of this process (its outcomes recorded first)."""
         with cls._lock:
-            mine = [r for (pid, _), r in cls._instances.items() if pid == os.getpid()]
+            mine = [cls._instances.pop(key) for key in list(cls._instances) if key[0] == os.getpid()]
         for runtime in mine:
             runtime.close()
 
@@ -126,6 +126,8 @@ class DeliveryRuntime:
         except Exception:
             logger.exception("could not record the last outcomes; those messages run again after the sweep")
         self.keeper.stop()
+        if self._flusher.is_alive() and self._flusher is not threading.current_thread():
+            self._flusher.join(timeout=30)  # it closes its own connections on the way out
 
 
 def deliver(message_id: str, using: str = "default") -> Outcome:
