@@ -1,6 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   - run the zero-loss demo on the embedded default (SQLite, built-in worker)
 #   make test   - set everything up and run the whole test suite (PostgreSQL and SQLite passes)
+#   make lint   - only the static checks: ruff, mypy over zeroloss/tests/benchmarks, migrations, check
 # Both create their own virtual environment. PYTHON picks the interpreter (3.11+), DJANGO
 # pins a Django release, VENV names the environment (one per interpreter/Django pair):
 #   make test PYTHON=python3.12 DJANGO='Django>=6.0,<6.2' VENV=.venv-dj6

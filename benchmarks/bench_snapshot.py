@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.reuse:
         try:
             with database.connect() as probe:
-                reuse = probe.execute("SELECT to_regclass(%s) IS NOT NULL", [MSG]).fetchone()[0]
+                row = probe.execute("SELECT to_regclass(%s) IS NOT NULL", [MSG]).fetchone()
+                reuse = row is not None and bool(row[0])
         except Exception:
             reuse = False
     if not reuse:

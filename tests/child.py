@@ -79,10 +79,10 @@ def main() -> None:
         _wait_for(args.get("start_file"))
         claims = []
         while True:
-            leases = service.claim_next(args["queue"], limit=args.get("limit", 10))
-            if not leases:
+            batch = service.claim_next(args["queue"], limit=args.get("limit", 10))
+            if not batch:
                 break
-            claims += [[lease.message_id, str(lease.token), lease.expires_at.isoformat()] for lease in leases]
+            claims += [[lease.message_id, str(lease.token), lease.expires_at.isoformat()] for lease in batch]
         _emit(claims=claims)
     elif role == "send_ordered":
         import zeroloss
@@ -130,12 +130,12 @@ def main() -> None:
     elif role == "list_nodes":
         _emit(nodes=[n.node_id for n in service.get_replication_targets()])
     elif role == "read":
-        message = service.get_message(args["message_id"])
+        stored = service.get_message(args["message_id"])
         lease = service.mark_processing(args["message_id"]) if args.get("claim") else None
         _emit(
-            found=message is not None,
-            payload=message.payload if message else None,
-            status=message.status if message else None,
+            found=stored is not None,
+            payload=stored.payload if stored else None,
+            status=stored.status if stored else None,
             claimed=bool(lease),
             valid=service.verify_message_integrity(args["message_id"]).valid,
         )

@@ -1,6 +1,7 @@
 """The test command (``make test`` runs ``python -m tests.suite``).
 
-1. static checks: ruff, mypy, ``makemigrations --check``, ``manage.py check``;
+1. static checks: ruff, mypy (over ``zeroloss``, ``tests`` and ``benchmarks``),
+   ``makemigrations --check``, ``manage.py check``;
 2. the pytest suite against PostgreSQL (every test);
 3. the pytest suite against SQLite, the embedded default (every test not marked
    ``postgres_only``: those use PostgreSQL-only features such as streaming replication; tests
@@ -165,7 +166,7 @@ def main() -> int:
     if not args.skip_lint:
         results["ruff"] = _run("ruff", [py, "-m", "ruff", "check", "."], base_env)
         results["ruff format"] = _run("ruff format", [py, "-m", "ruff", "format", "--check", "."], base_env)
-        results["mypy"] = _run("mypy", [py, "-m", "mypy", "zeroloss"], base_env)
+        results["mypy"] = _run("mypy", [py, "-m", "mypy", "zeroloss", "tests", "benchmarks"], base_env)
         results["migrations"] = _run(
             "migrations", [py, "manage.py", "makemigrations", "--check", "--dry-run"], base_env
         )

@@ -155,8 +155,8 @@ def test_action_names_a_message_that_vanished_meanwhile(db: None, action: str) -
     @contextmanager
     def vanish() -> Iterator[list[str]]:
         if action == "redrive":
-            with purge_when_the_service_checks_ids("doomed") as fired:
-                yield fired
+            with purge_when_the_service_checks_ids("doomed") as purged:
+                yield purged
             return
         # A live message is not purgeable: it is dead-lettered and purged in the race.
         fired: list[str] = []

@@ -97,9 +97,9 @@ def make_ledger() -> dict[str, Any]:
     for lease in worker.claim_next("sms", limit=3):
         worker.acknowledge_message(lease.message_id, lease.token)
     worker.persist_message("invoice-77", "billing", {"invoice": 77, "amount": "129.00"}, max_attempts=1)
-    lease = worker.mark_processing("invoice-77")
-    assert lease
-    worker.mark_failed("invoice-77", lease.token, "SMTPServerDisconnected('Connection unexpectedly closed')")
+    held = worker.mark_processing("invoice-77")
+    assert held
+    worker.mark_failed("invoice-77", held.token, "SMTPServerDisconnected('Connection unexpectedly closed')")
     crashed = ZeroLossMessageService(instance_id="worker-b:912 (crashed)")
     crashed.persist_messages(
         [("order-101-email", "emails", {"order": 101}), ("sms-101", "sms", {"to": "+1"})]

@@ -84,7 +84,7 @@ def test_sqlite_without_immediate_mode_warns():
 
     [warning] = checks.backend_messages("default", "sqlite", {"timeout": 5}, ZeroLossSettings())
     assert warning.id == "zeroloss.W003"
-    assert "transaction_mode" in warning.hint
+    assert warning.hint is not None and "transaction_mode" in warning.hint
     assert (
         checks.backend_messages("default", "sqlite", {"transaction_mode": "IMMEDIATE"}, ZeroLossSettings())
         == []

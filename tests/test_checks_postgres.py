@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from django.core.checks import Error, Warning
-from django.db import connection
+from django.db import connection, connections
 
 from zeroloss import checks
 
@@ -78,8 +78,12 @@ def test_the_checks_are_database_checks():
 @pytest.mark.postgres_only
 @pytest.mark.django_db
 def test_the_test_server_is_clean_and_a_session_without_synchronous_commit_warns():
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    wrapper = connections["default"]
+    assert isinstance(wrapper, DatabaseWrapper)  # postgres_only: narrows the type for pg_version
     version, fsync, synchronous_commit = checks.postgres_readings("default")
-    assert version == connection.pg_version and version >= checks.MIN_POSTGRES_VERSION_NUM
+    assert version == wrapper.pg_version and version >= checks.MIN_POSTGRES_VERSION_NUM
     assert (fsync, synchronous_commit) == ("on", "on")
     assert checks.check_database(databases=["default"]) == []
     with connection.cursor() as cursor:

@@ -191,13 +191,13 @@ def writes_blocked() -> Iterator[None]:
             yield
             conn.rollback()
     else:
-        conn = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+        lite = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            lite.execute("BEGIN IMMEDIATE")
             yield
-            conn.execute("ROLLBACK")
+            lite.execute("ROLLBACK")
         finally:
-            conn.close()
+            lite.close()
 
 
 def _watch_lease(queue: str) -> tuple[dict[str, bool], threading.Event, threading.Event]:

@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -106,7 +106,7 @@ class Race:
                 pid = int(cursor.fetchone()[0])
             return pid, int(connection.connection.pgconn.socket)
 
-        return _retry_outage(ask)  # type: ignore[no-any-return]
+        return _retry_outage(ask)
 
     def run(
         self, rounds: int, prepare: Callable[[], Any], act: Callable[[Any], None], delay_max: float
@@ -156,7 +156,10 @@ def cut(way: str, pid: int, fd: int) -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
-def _retry_outage(work: Callable[[], Any], timeout: float = 30) -> Any:
+T = TypeVar("T")
+
+
+def _retry_outage(work: Callable[[], T], timeout: float = 30) -> T:
     """Run ``work``; on a connection-level error, drop the connection and run it again (the
     shared server may also refuse a connection for a moment: too many clients)."""
     deadline = time.monotonic() + timeout
@@ -204,7 +207,7 @@ def _events(reason: str, prefix: str, actor: str | None = None) -> Counter[str]:
 
 
 def _claim(service: ZeroLossMessageService, queue: str, limit: int = BATCH) -> list[Lease]:
-    return _retry_outage(lambda: service.claim_next(queue, limit=limit))  # type: ignore[no-any-return]
+    return _retry_outage(lambda: service.claim_next(queue, limit=limit))
 
 
 @pytest.mark.django_db(transaction=True)

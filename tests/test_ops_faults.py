@@ -86,8 +86,8 @@ def manage(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedP
 
 @pytest.mark.parametrize("name", OPS_COMMANDS)
 def test_unreachable_database_is_exit_4_with_one_line(name, unreachable_url):
-    env = {"ZEROLOSS_EXTRA_DATABASES": json.dumps({"extra": unreachable_url})}
-    plain = manage(name, *REACHING[name], "--database", "extra", **env)
+    extra = json.dumps({"extra": unreachable_url})
+    plain = manage(name, *REACHING[name], "--database", "extra", ZEROLOSS_EXTRA_DATABASES=extra)
     assert plain.returncode == EXIT_UNREACHABLE == 4, plain.stderr
     assert "Traceback" not in plain.stderr
     lines = plain.stderr.splitlines()
@@ -96,7 +96,7 @@ def test_unreachable_database_is_exit_4_with_one_line(name, unreachable_url):
     assert "OperationalError" in lines[0]
     assert plain.stdout == ""
 
-    as_json = manage(name, *REACHING[name], "--database", "extra", "--json", **env)
+    as_json = manage(name, *REACHING[name], "--database", "extra", "--json", ZEROLOSS_EXTRA_DATABASES=extra)
     assert as_json.returncode == 4, as_json.stderr
     assert len(as_json.stderr.splitlines()) == 1 and "Traceback" not in as_json.stderr
     document = json.loads(as_json.stdout)

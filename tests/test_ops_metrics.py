@@ -86,8 +86,8 @@ def test_scrape_reports_the_ledger(client):
 def test_expired_leases_and_sweep_dead_letters(client):
     worker = ZeroLossMessageService(max_attempts=1, instance_id="w")
     worker.persist_messages([("x1", "q", {}), ("x2", "q", {}), ("x3", "q", {})])
-    for m in ("x1", "x2", "x3"):
-        assert worker.mark_processing(m)
+    for mid in ("x1", "x2", "x3"):
+        assert worker.mark_processing(mid)
     assert expire_leases(["x1", "x2", "x3"]) == 3
     m = scrape(client)
     assert m[("zeroloss_expired_leases", (("queue", "q"),))] == 3

@@ -161,6 +161,7 @@ def test_an_audit_row_off_the_state_machine_is_critical():
     assert json.loads(run("zeroloss_verify", "--json").out)["status"] == "ok"
     # A row no transition writes: completed straight back to pending, "claimed".
     event = MessageEvent.objects.for_message("m1").last()
+    assert event is not None
     MessageEvent.objects.create(
         message=event.message,
         from_status="completed",

@@ -65,9 +65,9 @@ class TestOrderingKeys:
         assert service.mark_failed("k0", k0.token, "boom")
         assert claim_all(service) == []  # k0 backs off and still blocks k1
         make_available(["k0"])
-        k0 = service.mark_processing("k0")
-        assert k0 and k0.attempt == 2
-        assert service.mark_failed("k0", k0.token, "boom again")  # attempts spent: dead
+        retry = service.mark_processing("k0")
+        assert retry and retry.attempt == 2
+        assert service.mark_failed("k0", retry.token, "boom again")  # attempts spent: dead
         assert Message.objects.get(message_id="k0").status == Status.DEAD
         assert claim_all(service) == ["k1"]  # the key moves on past its dead letter
 

@@ -238,14 +238,15 @@ def test_send_drain_sigkill_sweep_and_admin_requeue_through_transaction_pooling(
         ).fetchone()
         assert row is not None and row[0] is not None  # the marker transaction committed
     clients = [pooled.bouncer.connect(autocommit=False) for _ in range(pooled.bouncer.pool_size)]
+    seen: set[tuple[Any, ...]] = set()
     try:  # each client in a transaction holds its own server connection: every one is clean
-        seen = {
-            c.execute(
+        for c in clients:
+            row = c.execute(
                 "SELECT pg_backend_pid(), current_setting('synchronous_commit'), "
                 "current_setting('statement_timeout')"
             ).fetchone()
-            for c in clients
-        }
+            assert row is not None
+            seen.add(row)
     finally:
         for c in clients:
             c.close()

@@ -128,13 +128,15 @@ def test_sweep_returns_nothing_while_lease_is_renewed_by_live_process(children, 
     )
     children.read_line(holder)
     first = Message.objects.get().lease_expires_at
+    assert first is not None
     deadline = time.monotonic() + 1.2
     while time.monotonic() < deadline:
         assert live_service.recover_orphaned_messages().total == 0
         time.sleep(0.05)
     [done] = children.finish(holder)
     assert done == {"done": True}  # every renewal succeeded
-    assert Message.objects.get().lease_expires_at > first  # and moved the lease
+    moved = Message.objects.get().lease_expires_at
+    assert moved is not None and moved > first  # and moved the lease
     assert live_service.recover_orphaned_messages().total == 0  # still live after the holder left
     expire_leases(["kept"])
     assert live_service.recover_orphaned_messages().requeued == ["kept"]

@@ -322,15 +322,14 @@ def test_connections_per_celery_prefork_child(settings):
 
     from project.celery import app as celery_app
 
+    from .test_transport import use_broker
     from .workers import celery_worker
 
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()
     settings.ZEROLOSS = {**settings.ZEROLOSS, "TRANSPORT": "celery"}
     old = celery_app.conf.broker_url
-    celery_app.conf.broker_url = REDIS_URL
-    celery_app._pool = None
-    celery_app.amqp._producer_pool = None
+    use_broker(REDIS_URL)
     app = "zl-conn-celery"
     worker = celery_worker(REDIS_URL, concurrency=2, PGAPPNAME=app)
     try:
@@ -349,8 +348,6 @@ def test_connections_per_celery_prefork_child(settings):
         assert wait_until(lambda: _sessions(app) == 2 * 2, timeout=15), _sessions(app)
     finally:
         worker.terminate(timeout=30)
-        celery_app.conf.broker_url = old
-        celery_app._pool = None
-        celery_app.amqp._producer_pool = None
+        use_broker(old)
         client.flushdb()
         client.close()

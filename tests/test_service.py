@@ -126,7 +126,7 @@ class TestBadInput:
         with pytest.raises(InvalidLeaseToken):
             service.acknowledge_message("m1", "not-a-uuid")
         with pytest.raises(InvalidLeaseToken):
-            service.renew_lease("m1", None)  # type: ignore[arg-type]
+            service.renew_lease("m1", None)
         assert service.acknowledge_message("m1", uuid.uuid4()) is False
         assert service.renew_lease("m1", uuid.uuid4()) is False
         assert service.mark_failed("m1", uuid.uuid4(), "x") is False
@@ -213,6 +213,7 @@ class TestLeases:
         fast = ZeroLossMessageService(instance_id="fast")
         slow.persist_message("m1", "q", {})
         stale = slow.mark_processing("m1")
+        assert stale is not None
         expire_leases(["m1"])
         assert fast.recover_orphaned_messages().requeued == ["m1"]
         fresh = fast.mark_processing("m1")
@@ -229,6 +230,7 @@ class TestFailures:
         service = ZeroLossMessageService(max_attempts=2, retry_backoff={"BASE": 0.2, "MAX": 1})
         service.persist_message("m1", "q", {})
         lease = service.mark_processing("m1")
+        assert lease is not None
         assert service.mark_failed("m1", lease.token, "boom 1")
         m = Message.objects.get()
         assert (m.status, m.last_error, m.lease_token) == ("pending", "boom 1", None)
@@ -240,8 +242,8 @@ class TestFailures:
         m = Message.objects.get()
         assert (m.status, m.attempts, m.last_error) == ("dead", 2, "boom 2") and m.dead_at
         assert reasons("m1") == ["persisted", "claimed", "failed", "claimed", "dead_lettered"]
-        events = MessageEvent.objects.for_message("m1")
-        assert events.last().detail == "boom 2"
+        last = MessageEvent.objects.for_message("m1").last()
+        assert last is not None and last.detail == "boom 2"
 
     def test_backoff_formula(self):
         from zeroloss.conf import RetryBackoff
@@ -267,7 +269,7 @@ class TestSweep:
         assert orphan.status == "pending" and orphan.lease_token is None and "short" in orphan.last_error
         assert Message.objects.get(message_id="alive").status == "processing"
         event = MessageEvent.objects.for_message("orphan").last()
-        assert event.actor == "sweep@long" and event.from_status == "processing"
+        assert event is not None and event.actor == "sweep@long" and event.from_status == "processing"
 
     def test_spent_attempts_are_dead_lettered(self, db):
         service = ZeroLossMessageService(max_attempts=1)
@@ -295,11 +297,14 @@ class TestOperator:
     def test_redrive_dead_letter(self, db):
         service = ZeroLossMessageService(max_attempts=1)
         service.persist_message("m1", "q", {})
-        service.mark_failed("m1", service.mark_processing("m1").token, "bad")
+        lease = service.mark_processing("m1")
+        assert lease is not None
+        service.mark_failed("m1", lease.token, "bad")
         assert service.retry_message("m1", actor="alice") is True
         m = Message.objects.get()
         assert (m.status, m.attempts, m.dead_at) == ("pending", 0, None)
         last = MessageEvent.objects.for_message("m1").last()
+        assert last is not None
         assert (last.reason, last.actor, last.from_status) == ("redriven_by_operator", "alice", "dead")
         assert service.retry_message("m1") is False  # pending: nothing to do
 
@@ -310,6 +315,7 @@ class TestOperator:
         assert service.requeue_messages(["m1"], actor="bob", force=True) == ["m1"]
         assert service.acknowledge_message("m1", lease.token) is False
         last = MessageEvent.objects.for_message("m1").last()
+        assert last is not None
         assert (last.reason, last.actor, last.detail) == ("requeued_by_operator", "bob", "live lease revoked")
 
     def test_dead_letter_by_hand_requires_reason(self, service):
@@ -319,7 +325,8 @@ class TestOperator:
         assert service.dead_letter_messages(["m1"], reason="poison: 50% off", actor="carol") == ["m1"]
         m = Message.objects.get()
         assert (m.status, m.last_error) == ("dead", "poison: 50% off")
-        assert MessageEvent.objects.for_message("m1").last().reason == "dead_lettered_by_operator"
+        last = MessageEvent.objects.for_message("m1").last()
+        assert last is not None and last.reason == "dead_lettered_by_operator"
 
     def test_purge_counts_what_it_deletes(self, db):
         service = ZeroLossMessageService()

@@ -22,7 +22,7 @@ from zeroloss.service import ZeroLossMessageService, wait_until
 from zeroloss.tasks import beat_schedule_entry, deliver_message
 
 from .support import expire_leases
-from .workers import celery_beat, celery_worker, db_worker
+from .workers import Proc, celery_beat, celery_worker, db_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -31,9 +31,11 @@ REDIS_URL = os.environ.get("ZEROLOSS_TEST_REDIS_URL", "redis://127.0.0.1:6379/15
 
 def use_broker(url: str) -> None:
     """Point this process's Celery app at ``url``, dropping pooled connections to the old one."""
-    celery_app.conf.broker_url = url
-    celery_app._pool = None
-    celery_app.amqp._producer_pool = None
+    # What ``conf.broker_url = url`` does at run time (the stubs declare a read-only property).
+    celery_app.conf["broker_url"] = url
+    # Private pools, reset so the next publish connects to ``url``; celery-stubs leave them out.
+    celery_app._pool = None  # type: ignore[attr-defined]
+    celery_app.amqp._producer_pool = None  # type: ignore[attr-defined]
 
 
 @pytest.fixture
@@ -52,7 +54,7 @@ def broker(settings):
 
 @pytest.fixture
 def procs():
-    started = []
+    started: list[Proc] = []
     yield started
     for proc in started:
         proc.terminate(timeout=15)
@@ -177,9 +179,8 @@ def test_beat_runs_the_sweep(broker, procs, tmp_path, settings):
     claimer.persist_messages([(f"orphan{i}", "demo.record", {"i": i}) for i in range(5)])
     assert len(claimer.claim_next("demo.record", limit=5)) == 5  # claimed, then the claimer "dies"
     assert expire_leases([f"orphan{i}" for i in range(5)]) == 5
-    env = {"ZEROLOSS_SWEEP_INTERVAL": "0.5", "ZEROLOSS_REDISPATCH_AFTER": "1"}
-    procs.append(celery_worker(REDIS_URL, **env))
-    beat = celery_beat(REDIS_URL, tmp_path, **env)
+    procs.append(celery_worker(REDIS_URL, ZEROLOSS_SWEEP_INTERVAL="0.5", ZEROLOSS_REDISPATCH_AFTER="1"))
+    beat = celery_beat(REDIS_URL, tmp_path, ZEROLOSS_SWEEP_INTERVAL="0.5", ZEROLOSS_REDISPATCH_AFTER="1")
     procs.append(beat)
     assert wait_until(lambda: all_completed(5), timeout=60), beat.text[-3000:]
     sweeps = MessageEvent.objects.filter(reason="lease_expired")

@@ -23,12 +23,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from tests.pgcluster import ClusterError, PgCluster, free_port
 
 from .zeroloss_handlers import EFFECT_TABLE
+
+if TYPE_CHECKING:
+    import redis
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_DB = "zl_faults_template"
@@ -188,7 +192,7 @@ class RedisServer:
     def url(self, db: int = 0) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
-    def client(self):  # type: ignore[no-untyped-def]
+    def client(self) -> redis.Redis:
         import redis
 
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, socket_connect_timeout=5)

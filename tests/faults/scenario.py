@@ -471,10 +471,10 @@ def report(results: list[Result], *, profile: Profile, seed: int) -> str:
                 f"max s from the fault's end to the next acknowledgement {max(first, default=0):.2f}"
             )
         for rec in r.recoveries:
-            first = "none within 60" if rec["to_first_ack_s"] is None else rec["to_first_ack_s"]
+            first_ack = "none within 60" if rec["to_first_ack_s"] is None else rec["to_first_ack_s"]
             lines.append(
                 f"  restart -m {rec['mode']} (default settings): down {rec['down_s']}s, first acknowledgement "
-                f"{first}s after PostgreSQL accepted connections again"
+                f"{first_ack}s after PostgreSQL accepted connections again"
             )
         for exit_line in f.celery_exits:
             lines.append(f"  Celery worker exited on the broker's loss and was restarted: {exit_line}")

@@ -22,7 +22,7 @@ def expire_leases(
     table = Message._meta.db_table
     if conn.vendor == "postgresql":
         past = "statement_timestamp() - %s * interval '1 second'"
-        params: list[object] = [seconds_ago]
+        params: list[str | float] = [seconds_ago]
     else:
         past = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
         params = [f"-{seconds_ago:.6f} seconds"]
