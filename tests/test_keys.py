@@ -2,15 +2,43 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.support import expire_leases, make_available
+from tests.test_ops_support import clear_cache, run
 from zeroloss.exceptions import InvalidMessage
 from zeroloss.ledger.types import KeyWhy
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+BLOCKED_KEY_FIELDS = {
+    "queue",
+    "key",
+    "head_message_id",
+    "head_status",
+    "why",
+    "detail",
+    "since",
+    "blocked_for",
+    "waiting",
+    "attempts",
+    "max_attempts",
+    "claimed_by",
+    "last_error",
+    "until",
+    "now",
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    clear_cache()
+    yield
+    clear_cache()
 
 
 def blocked_ledger() -> ZeroLossMessageService:
@@ -202,3 +230,59 @@ class TestSkipAndRequeue:
         before = MessageEvent.objects.count()
         assert ZeroLossMessageService().requeue_key_head("q", "failing", actor="carol", force=True) is None
         assert MessageEvent.objects.count() == before
+
+
+class TestStatus:
+    def test_json_lists_blocked_keys(self):
+        blocked_ledger()
+        result = run("zeroloss_status", "--json", "--no-cache")
+        assert result.code == 0, result
+        data = json.loads(result.out)
+        assert data["blocked_keys_truncated"] is False
+        keys = {(k["queue"], k["key"]): k for k in data["blocked_keys"]}
+        assert set(keys) == {("q", "busy"), ("q", "failing"), ("other", "busy")}
+        assert set(keys["q", "busy"]) == BLOCKED_KEY_FIELDS
+        busy, failing = keys["q", "busy"], keys["q", "failing"]
+        assert (busy["head_message_id"], busy["head_status"], busy["why"], busy["waiting"]) == (
+            "b0",
+            "processing",
+            "processing",
+            3,
+        )
+        assert busy["claimed_by"] == "worker-1" and busy["blocked_for"] >= 0
+        assert (failing["head_message_id"], failing["why"], failing["waiting"]) == ("f0", "retry_backoff", 2)
+        assert failing["last_error"] == "upstream said 503"
+        narrowed = json.loads(run("zeroloss_status", "--json", "--queue", "other").out)
+        assert [(k["queue"], k["key"]) for k in narrowed["blocked_keys"]] == [("other", "busy")]
+        # The cached snapshot carries them too.
+        cached = json.loads(run("zeroloss_status", "--json").out)
+        assert cached["cached"] is True and cached["blocked_keys"] == data["blocked_keys"]
+
+    def test_at_most_100_in_json_and_10_in_the_table(self):
+        worker = ZeroLossMessageService(instance_id="worker-1", ack_timeout=600)
+        sends = [(f"m{k}-{i}", "q", {}) for k in range(103) for i in range(2)]
+        for start in range(0, len(sends), 2):
+            worker.persist_messages(sends[start : start + 2], ordering_key=f"key-{start // 2:03d}")
+        assert len(worker.claim_next("q", limit=200)) == 103
+        data = json.loads(run("zeroloss_status", "--json", "--no-cache").out)
+        assert (len(data["blocked_keys"]), data["blocked_keys_truncated"]) == (100, True)
+        text = run("zeroloss_status", "--no-cache").out
+        assert "blocked ordering keys: 100+" in text
+        listed = [line for line in text.splitlines() if line.startswith("q ") and "key-" in line]
+        assert len(listed) == 10
+        assert "... 90+ more" in text
+
+    def test_text_table(self):
+        blocked_ledger()
+        text = run("zeroloss_status", "--no-cache").out
+        assert "blocked ordering keys: 3\n" in text
+        header = next(line for line in text.splitlines() if line.startswith("queue  key"))
+        assert header.split() == ["queue", "key", "head", "why", "for", "waiting", "detail"]
+        row = next(line for line in text.splitlines() if line.startswith("q ") and " b0 " in line)
+        assert row.split()[:6][:4] == ["q", "busy", "b0", "processing"]
+        assert " 3 " in row and "processing by worker-1" in row
+        clear_cache()
+        ZeroLossMessageService().skip_key_head("q", "busy", reason="x", actor="op")
+        ZeroLossMessageService().skip_key_head("q", "failing", reason="x", actor="op")
+        ZeroLossMessageService().skip_key_head("other", "busy", reason="x", actor="op")
+        assert "blocked ordering keys: 0\n" in run("zeroloss_status", "--no-cache").out
