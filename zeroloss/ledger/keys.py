@@ -96,8 +96,10 @@ class Keys(OperatorActions):
     # -- helpers ----------------------------------------------------------------------
 
     def _locked_head(self, queue: str, key: str, message_id: str | None) -> tuple[str, str] | None:
-        """``(message_id, status)`` of the key's head, row-locked (PostgreSQL) until the caller's
-        transaction ends; ``None`` without a head or when it is not ``message_id``."""
+        """``(message_id, status)`` of the key's head, locked until the caller's transaction ends
+        (a row lock on PostgreSQL; on SQLite the ``IMMEDIATE`` transaction holds the write lock),
+        so the head checked is the head moved. ``None`` without a head or when it is not
+        ``message_id``."""
         queue = validate_queue_name(queue)
         key = validate_message_id(key, "ordering_key")
         if message_id is not None:
