@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from django.db import connections
 
 from tests.support import expire_leases, make_available
 from tests.test_ops_support import clear_cache, run
@@ -286,3 +289,40 @@ class TestStatus:
         ZeroLossMessageService().skip_key_head("q", "failing", reason="x", actor="op")
         ZeroLossMessageService().skip_key_head("other", "busy", reason="x", actor="op")
         assert "blocked ordering keys: 0\n" in run("zeroloss_status", "--no-cache").out
+
+
+class TestConcurrentOperators:
+    def race(self, calls: int, **kwargs: str) -> list[str | None]:
+        """``calls`` operators skipping the head of ``q/busy`` at once, each on its own connection."""
+        barrier = threading.Barrier(calls)
+
+        def skip(n: int) -> str | None:
+            try:
+                barrier.wait(timeout=10)
+                return ZeroLossMessageService().skip_key_head(
+                    "q", "busy", reason=f"operator {n}", actor=f"op-{n}", **kwargs
+                )
+            finally:
+                connections.close_all()
+
+        with ThreadPoolExecutor(calls) as pool:
+            return list(pool.map(skip, range(calls), timeout=60))
+
+    def test_one_shown_head_is_skipped_once(self):
+        blocked_ledger()
+        results = self.race(4, message_id="b0")
+        assert sorted(r for r in results if r) == ["b0"] and results.count(None) == 3
+        assert MessageEvent.objects.filter(reason="dead_lettered_by_operator").count() == 1
+        assert Message.objects.get(message_id="b1").status == Status.PENDING
+
+    def test_skips_without_an_id_never_skip_one_message_twice_or_out_of_order(self):
+        blocked_ledger()
+        results = self.race(3)
+        skipped = sorted(r for r in results if r)
+        # Each call skips at most the head it locked: one that waited for a head another call
+        # dead-lettered finds no head in its statement and returns None (PostgreSQL); SQLite's
+        # write lock runs them one after the other, each skipping the next head.
+        assert 1 <= len(skipped) <= 3 and skipped == ["b0", "b1", "b2"][: len(skipped)]
+        assert MessageEvent.objects.filter(reason="dead_lettered_by_operator").count() == len(skipped)
+        head = ZeroLossMessageService().key_head("q", "busy")
+        assert head is not None and head.message_id == f"b{len(skipped)}"

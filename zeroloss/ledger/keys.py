@@ -58,7 +58,9 @@ class Keys(OperatorActions):
 
         With ``message_id``, only if that message is still the head (an operator acting on what
         a page showed a moment ago). Returns the id dead-lettered, or ``None`` if the key has no
-        head (or another one by now). A redrive later puts it back *behind* the key's head.
+        head (or another one by now). Concurrent skips never dead-letter one message twice; a
+        call that waited for a head another call skipped returns ``None``. A redrive later puts
+        the message back *behind* the key's head.
         """
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidMessage("A reason is required to skip a key's head.")
