@@ -234,3 +234,12 @@ def test_key_actions_on_the_changelist_and_the_detail_page() -> None:
     assert Message.objects.get(message_id="f0").status == Status.DEAD
     assert head_of("q", "failing") == "f1"
     assert Message.objects.get(message_id="b1").status == Status.PENDING  # not its key's head
+
+
+def test_dashboard_card_links_the_page() -> None:
+    html = client_for(make_user("viewer", "view_message")).get(reverse("admin:zeroloss_message_dashboard"))
+    card = re.search(
+        r'<a class="zl-card[^"]*" id="zl-blocked-keys" href="([^"]+)"><span class="zl-card-value">(\S+)</span>',
+        html.content.decode(),
+    )
+    assert card is not None and card.groups() == (reverse(PAGE), "3")
