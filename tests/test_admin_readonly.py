@@ -48,7 +48,7 @@ def client_and_message(transactional_db: None, settings: Any) -> tuple[Client, M
 
 
 @pytest.mark.parametrize(
-    "page", ["detail", "changelist", "search", "dashboard", "events", "nodes", "purge page"]
+    "page", ["detail", "changelist", "search", "dashboard", "events", "nodes", "purge page", "blocked keys"]
 )
 def test_get_of_an_admin_page_never_writes(client_and_message: tuple[Client, Message], page: str) -> None:
     client, message = client_and_message
@@ -60,6 +60,7 @@ def test_get_of_an_admin_page_never_writes(client_and_message: tuple[Client, Mes
         "events": reverse("admin:zeroloss_messageevent_changelist"),
         "nodes": reverse("admin:zeroloss_replicationnode_changelist"),
         "purge page": reverse("admin:zeroloss_message_purge"),
+        "blocked keys": reverse("admin:zeroloss_message_blocked_keys"),
     }[page]
     connection = connections[get_service().using]
     # The first GET of the page: a measurement that records writes on the first view only.

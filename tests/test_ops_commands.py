@@ -43,6 +43,8 @@ STATUS_KEYS = {
     "nodes",
     "replication",
     "sweep",
+    "blocked_keys",
+    "blocked_keys_truncated",
 }
 QUEUE_KEYS = {"name", "counts", "total", "oldest_pending_age", "stuck", "dead"}
 REQUEUE_KEYS = {"dry_run", "selection", "force", "matched", "requeued", "skipped"}
@@ -145,6 +147,7 @@ class TestStatus:
         assert data["nodes"] == {"live": 0, "down": 0}
         assert data["replication"] == {"required": 0, "available": 0, "ok": True, "problems": []}
         assert data["sweep"] == {"runs": 0, "requeued": 0, "dead_lettered": 0}
+        assert (data["blocked_keys"], data["blocked_keys_truncated"]) == ([], False)
         assert data["cached"] is False
 
     def test_queue_filter(self):

@@ -157,6 +157,12 @@ class Dashboard:
         return self.snapshot.dead
 
     @property
+    def blocked_keys(self) -> str:
+        """Ordering keys blocked by their head (``100+`` past the snapshot's cap)."""
+        more = "+" if self.snapshot.blocked_keys_truncated else ""
+        return f"{len(self.snapshot.blocked_keys)}{more}"
+
+    @property
     def completed_estimated(self) -> bool:
         return self.snapshot.completed_estimated
 

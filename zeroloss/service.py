@@ -15,6 +15,7 @@ from typing import Any
 
 from .ledger.dispatch import Dispatching
 from .ledger.integrity import Integrity
+from .ledger.keys import Keys
 from .ledger.leases import Leasing
 from .ledger.nodes import Nodes
 from .ledger.operator import OperatorActions
@@ -27,6 +28,8 @@ from .ledger.types import (
     CompletionReport,
     IntegrityFinding,
     IntegrityReport,
+    KeyHead,
+    KeyWhy,
     Lease,
     RecoveryReport,
     Verdict,
@@ -55,6 +58,8 @@ __all__ = [
     "CompletionReport",
     "IntegrityFinding",
     "IntegrityReport",
+    "KeyHead",
+    "KeyWhy",
     "Lease",
     "PersistedMessage",
     "RecoveryReport",
@@ -70,7 +75,9 @@ __all__ = [
 ]
 
 
-class ZeroLossMessageService(Persisting, Leasing, Sweeping, OperatorActions, Dispatching, Integrity, Nodes):
+class ZeroLossMessageService(
+    Persisting, Leasing, Sweeping, Keys, OperatorActions, Dispatching, Integrity, Nodes
+):
     """Every operation on the ledger. Cheap to construct; holds no message state.
 
     Keyword arguments override ``ZEROLOSS`` settings for this instance, by lower-case

@@ -2,8 +2,8 @@
 
 :func:`get_snapshot` (cached) and :func:`compute_snapshot` (uncached) return a
 :class:`Snapshot`: messages per queue x status, the age of the oldest claimable message, stuck
-(expired-lease) and dead counts, replication nodes and requirement, and what the recovery sweep
-did according to the audit trail. Every reader shows this one object, so they always agree.
+(expired-lease) and dead counts, replication nodes and requirement, what the recovery sweep
+did according to the audit trail, and the blocked ordering keys. Every reader shows this one object, so they always agree.
 
 Its cost does not grow with completed history:
 
@@ -19,6 +19,8 @@ completed per queue           counted exactly while the table holds at most
                               their share in ``pg_stats``; queue names come from a skip scan of
                               ``zeroloss_msg_queue_status_idx``. SQLite always counts.
 sweep recoveries              the ``(reason, created_at)`` event index
+blocked ordering keys         the waiting messages' partial index, then one probe per key of the
+                              one-head unique index (:meth:`~zeroloss.service.ZeroLossMessageService.blocked_keys`)
 ============================  ====================================================================
 
 **Oldest pending age** is how long the oldest *claimable* pending message has been waiting to be
@@ -44,6 +46,7 @@ from django.core.cache import caches
 from django.db.models import Count, Min, Q
 
 from . import replication
+from .ledger.types import KeyHead
 from .models import Message, MessageEvent, Status
 from .service import ZeroLossMessageService
 
@@ -52,12 +55,14 @@ logger = logging.getLogger("zeroloss")
 #: The Django cache alias snapshots are stored in.
 CACHE_ALIAS = "default"
 #: Bump when the cached layout changes, so old entries are never misread.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 #: Completed messages are counted exactly up to this many rows in the message table (PostgreSQL's
 #: estimate); above it they are estimated. Counting that many takes tens of milliseconds.
 EXACT_COMPLETED_ROWS = 200_000
 #: At most this many queue names are read by the skip scan (each is one index descent).
 MAX_QUEUES = 10_000
+#: Blocked ordering keys kept in a snapshot (longest blocked first).
+MAX_BLOCKED_KEYS = 100
 
 MSG = Message._meta.db_table
 _TABLE_ROWS_SQL = (
@@ -160,6 +165,10 @@ class Snapshot:
     #: True when the completed counts are an estimate (see the module docstring); the other
     #: statuses are always exact.
     completed_estimated: bool = False
+    #: Ordering keys whose head holds up messages behind it, longest blocked first (at most
+    #: :data:`MAX_BLOCKED_KEYS`; ``blocked_keys_truncated`` says there were more).
+    blocked_keys: tuple[KeyHead, ...] = ()
+    blocked_keys_truncated: bool = False
 
     @property
     def totals(self) -> dict[str, int]:
@@ -193,7 +202,8 @@ class Snapshot:
     def for_queue(self, name: str) -> Snapshot:
         """The same snapshot narrowed to one queue (nodes and replication stay global)."""
         queues = {name: self.queues[name]} if name in self.queues else {}
-        return dataclasses.replace(self, queues=queues)
+        keys = tuple(k for k in self.blocked_keys if k.queue_name == name)
+        return dataclasses.replace(self, queues=queues, blocked_keys=keys)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: the schema ``zeroloss_status --json`` prints (docs/operations.md)."""
@@ -215,6 +225,8 @@ class Snapshot:
                 "requeued": self.recovered_requeued,
                 "dead_lettered": self.recovered_dead_lettered,
             },
+            "blocked_keys": [k.as_dict() for k in self.blocked_keys],
+            "blocked_keys_truncated": self.blocked_keys_truncated,
         }
 
     @classmethod
@@ -239,6 +251,8 @@ class Snapshot:
             sweep_runs=int(data["sweep"]["runs"]),
             cached=cached,
             completed_estimated=bool(data["completed_estimated"]),
+            blocked_keys=tuple(KeyHead.from_dict(k) for k in data["blocked_keys"]),
+            blocked_keys_truncated=bool(data["blocked_keys_truncated"]),
         )
 
 
@@ -384,6 +398,7 @@ def compute_snapshot(service: ZeroLossMessageService) -> Snapshot:
         if requeued or dead_lettered
         else 0
     )
+    blocked = service.blocked_keys(limit=MAX_BLOCKED_KEYS + 1)
     return Snapshot(
         database=alias,
         taken_at=now,
@@ -396,4 +411,6 @@ def compute_snapshot(service: ZeroLossMessageService) -> Snapshot:
         sweep_runs=runs,
         cached=False,
         completed_estimated=estimated is not None,
+        blocked_keys=tuple(blocked[:MAX_BLOCKED_KEYS]),
+        blocked_keys_truncated=len(blocked) > MAX_BLOCKED_KEYS,
     )

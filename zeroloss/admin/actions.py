@@ -90,6 +90,57 @@ def dead_letter_transition(reason: str) -> Transition:
     )
 
 
+def _on_key_heads(
+    service: ZeroLossMessageService, ids: list[str], move: Callable[[str, str, str], str | None]
+) -> list[str]:
+    """Apply ``move(queue, key, message_id)`` to each message of an ordering key; the ids moved.
+
+    The service acts only while the message is still its key's head, so a head that finished
+    (or changed) since the page was read is left alone.
+    """
+    rows = (
+        Message.objects.using(service.using)
+        .filter(message_id__in=ids)
+        .exclude(ordering_key="")
+        .order_by("pk")
+        .values_list("message_id", "queue_name", "ordering_key")
+    )
+    return [mid for mid, queue, key in rows if move(queue, key, mid)]
+
+
+def skip_key_head_transition(reason: str) -> Transition:
+    return Transition(
+        move=lambda service, ids, who: _on_key_heads(
+            service,
+            ids,
+            lambda queue, key, mid: service.skip_key_head(
+                queue, key, reason=reason, actor=who, message_id=mid
+            ),
+        ),
+        done=ngettext_lazy(
+            "%(count)d key head was skipped (dead-lettered): its key moves on.",
+            "%(count)d key heads were skipped (dead-lettered): their keys move on.",
+            "count",
+        ),
+        left_alone=_("not the head of an ordering key (any more)"),
+    )
+
+
+REQUEUE_KEY_HEAD = Transition(
+    move=lambda service, ids, who: _on_key_heads(
+        service, ids, lambda queue, key, mid: service.requeue_key_head(queue, key, actor=who, message_id=mid)
+    ),
+    done=ngettext_lazy(
+        "%(count)d stuck key head was requeued; it stays first in its key.",
+        "%(count)d stuck key heads were requeued; each stays first in its key.",
+        "count",
+    ),
+    left_alone=_(
+        "not a stuck key head (a retry backing off runs on its own; a live lease needs force-requeue)"
+    ),
+)
+
+
 def message_id_chunks(queryset: QuerySet[Message], size: int = CHUNK_SIZE) -> Iterator[list[str]]:
     """The selection's message ids, at most ``size`` at a time, in primary-key order.
 
@@ -239,6 +290,16 @@ def confirmed(request: HttpRequest) -> bool:
     return request.POST.get("post") == "yes"
 
 
+class SkipKeyHeadForm(forms.Form):
+    reason = forms.CharField(
+        label=_("Reason"),
+        max_length=1000,
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text=_('Recorded as "key skipped: <reason>" in the head\'s last error and audit trail.'),
+    )
+
+
 class DeadLetterForm(forms.Form):
     reason = forms.CharField(
         label=_("Reason"),
@@ -327,3 +388,37 @@ def purge_completed(
         template="zeroloss/admin/purge_confirmation.html",
         **modeladmin.purge_context(queues),
     )
+
+
+@admin.action(
+    permissions=["deadletter"],
+    description=_(
+        "Skip the head of its ordering key: dead-letter it so the key moves on (asks for a reason)"
+    ),
+)
+def skip_key_head(
+    modeladmin: ReadOnlyAdmin, request: HttpRequest, queryset: QuerySet[Message]
+) -> TemplateResponse | None:
+    form = SkipKeyHeadForm(request.POST if confirmed(request) else None)
+    if form.is_valid():
+        apply_transition(modeladmin, request, queryset, skip_key_head_transition(form.cleaned_data["reason"]))
+        return None
+    return confirmation(
+        modeladmin,
+        request,
+        queryset,
+        action="skip_key_head",
+        title=_("Skip the head of an ordering key"),
+        template="zeroloss/admin/skip_key_head_form.html",
+        form=form,
+        live_count=queryset.filter(status=Status.PROCESSING, lease_expires_at__gte=Now()).count(),
+    )
+
+
+@admin.action(permissions=["requeue"], description=_("Requeue a stuck head of its ordering key"))
+def requeue_key_head(modeladmin: ReadOnlyAdmin, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+    apply_transition(modeladmin, request, queryset, REQUEUE_KEY_HEAD)
+
+
+#: The actions the *Blocked keys* page offers on a key's head, by name.
+KEY_ACTIONS = {"skip_key_head": skip_key_head, "requeue_key_head": requeue_key_head}

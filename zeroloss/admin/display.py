@@ -64,6 +64,19 @@ class MessageColumns(MessagePermissions):
     def queue_column(self, obj: Message) -> SafeString:
         return one_line(obj.queue_name)
 
+    @admin.display(description=_("priority"), ordering="priority")
+    def priority_column(self, obj: Message) -> int:
+        return obj.priority
+
+    @admin.display(description=_("ordering key"), ordering="ordering_key")
+    def key_column(self, obj: Message) -> SafeString | str:
+        if not obj.ordering_key:
+            return "-"
+        if obj.status == Status.PENDING and obj.available_at is None:
+            # Not claimable until the messages before it in its key finish.
+            return one_line(obj.ordering_key, title=f"{obj.ordering_key} (waiting for its key)")
+        return one_line(obj.ordering_key)
+
     @admin.display(description=_("status"), ordering="status")
     def status_badge(self, obj: Message) -> SafeString:
         return format_html('<span class="zl-badge zl-{}">{}</span>', obj.status, obj.get_status_display())

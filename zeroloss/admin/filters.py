@@ -1,4 +1,5 @@
-"""Sidebar filters that never scan the ledger: lease state, queue, audit reason, status."""
+"""Sidebar filters that never scan the ledger: lease state, ordering state, priority, queue,
+audit reason, status."""
 
 from __future__ import annotations
 
@@ -37,6 +38,51 @@ class LeaseStateFilter(admin.SimpleListFilter):
             return queryset.filter(status=Status.PROCESSING, lease_expires_at__gte=Now())
         if value == "none":
             return queryset.filter(lease_expires_at__isnull=True)
+        return queryset
+
+
+class OrderingStateFilter(admin.SimpleListFilter):
+    """Messages of ordering keys: each key's head (claimable or processing), or waiting behind it."""
+
+    title = _("ordering key")
+    parameter_name = "ordering"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("head", str(_("Head of its key"))), ("waiting", str(_("Waiting for its key")))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value == "head":
+            # The one-head index's own condition.
+            return queryset.filter(
+                status__in=[Status.PENDING, Status.PROCESSING], available_at__isnull=False
+            ).exclude(ordering_key="")
+        if value == "waiting":
+            return queryset.filter(status=Status.PENDING, available_at__isnull=True)
+        return queryset
+
+
+class PriorityFilter(admin.SimpleListFilter):
+    """Priority bands: claims take higher priority first (-100..100, 0 by default)."""
+
+    title = _("priority")
+    parameter_name = "priority"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("high", str(_("High (above 0)"))),
+            ("normal", str(_("Normal (0)"))),
+            ("low", str(_("Low (below 0)"))),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value == "high":
+            return queryset.filter(priority__gt=0)
+        if value == "normal":
+            return queryset.filter(priority=0)
+        if value == "low":
+            return queryset.filter(priority__lt=0)
         return queryset
 
 

@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from ..models import Message, Status
 from . import actions, search
 from .display import MessageColumns, database_now, lease_info
-from .filters import LeaseStateFilter, QueueFilter
+from .filters import LeaseStateFilter, OrderingStateFilter, PriorityFilter, QueueFilter
 from .paginator import LedgerPaginator
 from .views import DeskViews
 
@@ -24,6 +24,8 @@ class MessageAdmin(MessageColumns, DeskViews):
     list_display = (
         "id_column",
         "queue_column",
+        "key_column",
+        "priority_column",
         "status_badge",
         "attempts_display",
         "lease_display",
@@ -32,11 +34,19 @@ class MessageAdmin(MessageColumns, DeskViews):
         "short_error",
     )
     list_display_links = ("id_column",)
-    list_filter = ("status", QueueFilter, LeaseStateFilter, ("created_at", admin.DateFieldListFilter))
+    list_filter = (
+        "status",
+        QueueFilter,
+        LeaseStateFilter,
+        OrderingStateFilter,
+        PriorityFilter,
+        ("created_at", admin.DateFieldListFilter),
+    )
     # Only shows the search box: get_search_results below decides what a term matches.
     search_fields = ("message_id", "queue_name")
     search_help_text = _(
-        "Exact message id or queue name (id:… for an id only); error:… searches the last errors (slower)."
+        "Exact message id or queue name (id:… for an id only); key:… an exact ordering key; "
+        "error:… searches the last errors (slower)."
     )
     ordering = ("-id",)
     list_per_page = 50
@@ -48,6 +58,8 @@ class MessageAdmin(MessageColumns, DeskViews):
         actions.force_requeue,
         actions.redrive,
         actions.dead_letter,
+        actions.skip_key_head,
+        actions.requeue_key_head,
         actions.purge_completed,
     ]
     actions_selection_counter = True
@@ -56,7 +68,17 @@ class MessageAdmin(MessageColumns, DeskViews):
     fieldsets = (
         (
             None,
-            {"fields": ("message_id", "queue_name", "status_badge", "attempts_display", "last_error_full")},
+            {
+                "fields": (
+                    "message_id",
+                    "queue_name",
+                    "ordering_key",
+                    "priority",
+                    "status_badge",
+                    "attempts_display",
+                    "last_error_full",
+                )
+            },
         ),
         (_("Payload"), {"fields": ("payload_pretty", "checksum", "integrity")}),
         (
@@ -69,6 +91,8 @@ class MessageAdmin(MessageColumns, DeskViews):
     readonly_fields = (
         "message_id",
         "queue_name",
+        "ordering_key",
+        "priority",
         "status_badge",
         "attempts_display",
         "last_error_full",
@@ -137,6 +161,10 @@ class MessageAdmin(MessageColumns, DeskViews):
                 "force_requeue": obj.status == Status.PROCESSING,
                 "redrive": obj.status == Status.DEAD,
                 "dead_letter": obj.status in (Status.PENDING, Status.PROCESSING),
+                "skip_key_head": bool(obj.ordering_key)
+                and obj.status in (Status.PENDING, Status.PROCESSING)
+                and obj.available_at is not None,
+                "requeue_key_head": bool(obj.ordering_key) and lease == "expired",
             }
             relevant = {name for name, ok in applies.items() if ok}
         allowed = [

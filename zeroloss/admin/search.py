@@ -6,7 +6,9 @@ the whole table. Here a bare term is compared with ``=`` only, and a scan happen
 the operator asks for one with a prefix.
 
 Messages: ``term`` is an exact message id or an exact queue name; ``id:term`` only a message
-id; ``error:text`` searches the last error (case-insensitive, a scan). Audit events: ``term``
+id; ``error:text`` searches the last error (case-insensitive, a scan); ``key:name`` the messages
+of an exact ordering key (with the queue filter, the ordering indexes serve its live messages;
+across retained history it is a scan). Audit events: ``term``
 (or ``id:term``) is an exact message id; ``actor:name`` an exact actor (a scan).
 """
 
@@ -18,6 +20,7 @@ from ..models import Message, MessageEvent
 
 ID_PREFIX = "id:"
 ERROR_PREFIX = "error:"
+KEY_PREFIX = "key:"
 ACTOR_PREFIX = "actor:"
 
 
@@ -33,6 +36,9 @@ def search_messages(queryset: QuerySet[Message], term: str) -> QuerySet[Message]
     text = _after(term, ERROR_PREFIX)
     if text is not None:
         return queryset.filter(last_error__icontains=text) if text else queryset.none()
+    key = _after(term, KEY_PREFIX)
+    if key is not None:
+        return queryset.filter(ordering_key=key) if key else queryset.none()
     message_id = _after(term, ID_PREFIX)
     if message_id is not None:
         return queryset.filter(message_id=message_id)

@@ -1,12 +1,14 @@
-"""The message admin's own pages: the dashboard and *Purge completed…*."""
+"""The message admin's own pages: the dashboard, *Blocked keys* and *Purge completed…*."""
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -14,10 +16,15 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from .. import dashboard
+from ..exceptions import InvalidMessage
+from ..ledger.types import KeyWhy
 from ..models import Message, Status
 from ..service import ZeroLossMessageService
 from . import paginator
 from .base import MessagePermissions, actor, get_service
+
+#: Blocked keys listed on the *Blocked keys* page (longest blocked first).
+SHOWN_BLOCKED_KEYS = 200
 
 
 def cached_dashboard(service: ZeroLossMessageService, *, refresh: bool) -> dashboard.Dashboard:
@@ -33,6 +40,7 @@ class DeskViews(MessagePermissions):
         custom = [
             path("dashboard/", wrap(self.dashboard_view), name="zeroloss_message_dashboard"),
             path("purge/", wrap(self.purge_view), name="zeroloss_message_purge"),
+            path("blocked-keys/", wrap(self.blocked_keys_view), name="zeroloss_message_blocked_keys"),
         ]
         return custom + super().get_urls()
 
@@ -61,6 +69,72 @@ class DeskViews(MessagePermissions):
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "zeroloss/admin/dashboard.html", context)
+
+    # -- blocked ordering keys ------------------------------------------------------------
+
+    def blocked_keys_view(self, request: HttpRequest) -> HttpResponse:
+        """Keys whose head holds up the messages behind it; skip or requeue a head from here.
+
+        ``?queue=`` narrows to one queue (an invalid name is 400). A POST runs one of
+        :data:`~.actions.KEY_ACTIONS` on the head it names, exactly as the changelist would:
+        same permissions (403 without), same confirmation page, same feedback.
+        """
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            return self._key_action(request)
+        queue = request.GET.get("queue") or None
+        service = get_service()
+        try:
+            keys = service.blocked_keys(queue, limit=SHOWN_BLOCKED_KEYS + 1)
+        except InvalidMessage as exc:
+            raise BadRequest(str(exc)) from exc
+        shown = keys[:SHOWN_BLOCKED_KEYS]
+        pks = dict(
+            Message.objects.using(service.using)
+            .filter(message_id__in=[k.message_id for k in shown if k.message_id])
+            .values_list("message_id", "pk")
+        )
+        changelist = reverse(f"{self.admin_site.name}:zeroloss_message_changelist")
+        rows = [
+            {
+                "key": k,
+                "pk": pks.get(k.message_id or ""),
+                "since": dashboard.format_duration(k.blocked_for),
+                "key_url": f"{changelist}?{urlencode({'queue': k.queue_name, 'q': 'key:' + k.ordering_key})}",
+                "can_requeue": k.why == KeyWhy.LEASE_EXPIRED,
+            }
+            for k in shown
+        ]
+        context = {
+            **self._page_context(request, _("Blocked ordering keys")),
+            "rows": rows,
+            "more": len(keys) > SHOWN_BLOCKED_KEYS,
+            "shown_cap": SHOWN_BLOCKED_KEYS,
+            "queue": queue,
+            "database_now": service.database_now(),
+            "can_skip": self.has_deadletter_permission(request),
+            "can_requeue": self.has_requeue_permission(request),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "zeroloss/admin/blocked_keys.html", context)
+
+    def _key_action(self, request: HttpRequest) -> HttpResponse:
+        from .actions import KEY_ACTIONS
+
+        name = request.POST.get("action", "")
+        action = KEY_ACTIONS.get(name)
+        if action is None:
+            raise BadRequest(f"There is no key action {name!r}.")
+        needs = getattr(action, "allowed_permissions", ())
+        if not all(getattr(self, f"has_{perm}_permission")(request) for perm in needs):
+            raise PermissionDenied(f"You may not run the action {name!r}.")
+        pks = request.POST.getlist(ACTION_CHECKBOX_NAME)
+        if not pks or any(not pk.isdigit() for pk in pks):
+            raise BadRequest("Selected messages must be given by their numeric ids.")
+        queryset = self.get_queryset(request).filter(pk__in=pks)
+        response = action(self, request, queryset)
+        return response if response is not None else HttpResponseRedirect(request.get_full_path())
 
     # -- purge (this page and the changelist action) --------------------------------------
 

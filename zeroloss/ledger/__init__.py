@@ -4,6 +4,7 @@
 - :mod:`.leases` — claims, renewals and the lease holder's fenced outcomes, one or in batches;
 - :mod:`.sweep` — the recovery sweep;
 - :mod:`.operator` — requeue, redrive, dead-letter and purge by hand;
+- :mod:`.keys` — blocked ordering keys, and skipping or requeueing a key's head;
 - :mod:`.dispatch` — bookkeeping for the Celery transport;
 - :mod:`.integrity` — reads and integrity checks;
 - :mod:`.statements` — every SQL statement, by name; :mod:`.postgres` and :mod:`.sqlite` — the engines;

@@ -80,6 +80,50 @@ REPAIR_KEYS = (
     "AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL) LIMIT %s"
 )
 
+# What blocks a key: for each (queue, key) with messages waiting behind a head, that head (if it
+# has one) and the database clock. Read from the waiting index, then one probe of the one-head
+# index per key. Blocked: the head is processing, backing off before a retry, or missing.
+_KEY_COLUMNS = (
+    "SELECT w.queue_name, w.ordering_key, w.waiting, w.waiting_since, h.message_id, h.status, h.attempts, "
+    "h.max_attempts, h.claimed_by, h.started_at, h.updated_at, h.available_at, h.lease_expires_at, "
+    "h.last_error, {now} FROM "
+)
+_KEY_HEAD_JOIN = (
+    " LEFT JOIN {msg} h ON h.queue_name = w.queue_name AND h.ordering_key = w.ordering_key "
+    "AND h.ordering_key <> '' AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL"
+)
+_WAITING_KEYS = (
+    "(SELECT queue_name, ordering_key, count(*) AS waiting, min(updated_at) AS waiting_since FROM {msg} "
+    "WHERE status = 'pending' AND available_at IS NULL"
+)
+_BLOCKED = (
+    " WHERE h.id IS NULL OR h.status = 'processing' OR h.available_at > {now} "
+    "ORDER BY COALESCE(CASE WHEN h.status = 'processing' THEN h.started_at ELSE h.updated_at END, "
+    "w.waiting_since), w.queue_name, w.ordering_key LIMIT %s"
+)
+BLOCKED_KEYS = (
+    _KEY_COLUMNS + _WAITING_KEYS + " GROUP BY queue_name, ordering_key) w" + _KEY_HEAD_JOIN + _BLOCKED
+)
+BLOCKED_KEYS_OF_QUEUE = (
+    _KEY_COLUMNS
+    + _WAITING_KEYS
+    + " AND queue_name = %s GROUP BY queue_name, ordering_key) w"
+    + _KEY_HEAD_JOIN
+    + _BLOCKED
+)
+# One key, blocked or not (one row even when the key has no message at all).
+KEY_HEAD = (
+    _KEY_COLUMNS
+    + "(SELECT CAST(%s AS TEXT) AS queue_name, CAST(%s AS TEXT) AS ordering_key, count(*) AS waiting, "
+    "min(updated_at) AS waiting_since FROM {msg} WHERE status = 'pending' AND available_at IS NULL "
+    "AND queue_name = %s AND ordering_key = %s) w" + _KEY_HEAD_JOIN
+)
+# The head of one key, locked until the operator's move on it commits (PostgreSQL).
+KEY_HEAD_LOCK = (
+    "SELECT message_id, status FROM {msg} WHERE queue_name = %s AND ordering_key = %s AND ordering_key <> '' "
+    "AND status IN ('pending', 'processing') AND available_at IS NOT NULL{for_update}"
+)
+
 # -- leases ---------------------------------------------------------------------------
 
 _CLAIM_SET = (

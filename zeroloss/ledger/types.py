@@ -99,3 +99,108 @@ class IntegrityReport:
     def issues(self) -> list[str]:
         """The findings as human-readable lines."""
         return [f.detail for f in self.findings]
+
+
+class KeyWhy(StrEnum):
+    """Why an ordering key's head holds up the messages behind it (see :meth:`blocked_keys`)."""
+
+    PROCESSING = "processing"  # under a live lease
+    LEASE_EXPIRED = "lease_expired"  # its worker is gone; the sweep will requeue it
+    RETRY_BACKOFF = "retry_backoff"  # it failed and waits for its retry
+    NO_HEAD = "no_head"  # nothing claimable: promotion missed, the sweep releases the next one
+    CLAIMABLE = "claimable"  # not blocked: waiting for a worker
+
+
+@dataclass(frozen=True)
+class KeyHead:
+    """The head of one ordering key and what waits behind it, on the database clock ``now``."""
+
+    queue_name: str
+    ordering_key: str
+    #: ``None`` when the key has messages waiting but no head (``why`` is ``no_head``).
+    message_id: str | None
+    status: str | None
+    why: KeyWhy
+    #: When the head entered its state: its claim (processing) or its failure (backoff); for a
+    #: key without a head, when its oldest waiting message was last moved.
+    since: dt.datetime | None
+    #: Messages waiting behind the head.
+    waiting: int
+    now: dt.datetime
+    attempts: int = 0
+    max_attempts: int = 0
+    claimed_by: str = ""
+    last_error: str = ""
+    #: When the lease runs out (processing) or the retry is due (backoff).
+    until: dt.datetime | None = None
+
+    @property
+    def blocked(self) -> bool:
+        return self.waiting > 0 and self.why != KeyWhy.CLAIMABLE
+
+    @property
+    def blocked_for(self) -> float | None:
+        """Seconds since :attr:`since`."""
+        return None if self.since is None else max((self.now - self.since).total_seconds(), 0.0)
+
+    @property
+    def detail(self) -> str:
+        """Why, in words (one line; the last error shortened)."""
+        from ..snapshot import format_duration
+
+        left = None if self.until is None else (self.until - self.now).total_seconds()
+        attempt = f"attempt {self.attempts}/{self.max_attempts}"
+        if self.why == KeyWhy.PROCESSING:
+            return f"processing by {self.claimed_by} ({attempt}), lease ends in {format_duration(left)}"
+        if self.why == KeyWhy.LEASE_EXPIRED:
+            overdue = format_duration(None if left is None else -left)
+            return f"lease of {self.claimed_by} expired {overdue} ago ({attempt}); the sweep will requeue it"
+        if self.why == KeyWhy.RETRY_BACKOFF:
+            error = self.last_error if len(self.last_error) <= 200 else self.last_error[:200] + "…"
+            return f"{attempt} failed, retry in {format_duration(left)}: {error}"
+        if self.why == KeyWhy.NO_HEAD:
+            return "no head: the sweep releases the next message within SWEEP_INTERVAL"
+        return "claimable: waiting for a worker"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (``zeroloss_status --json``'s ``blocked_keys`` entries)."""
+        return {
+            "queue": self.queue_name,
+            "key": self.ordering_key,
+            "head_message_id": self.message_id,
+            "head_status": self.status,
+            "why": self.why.value,
+            "detail": self.detail,
+            "since": None if self.since is None else self.since.isoformat(),
+            "blocked_for": self.blocked_for,
+            "waiting": self.waiting,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "claimed_by": self.claimed_by,
+            "last_error": self.last_error,
+            "until": None if self.until is None else self.until.isoformat(),
+            "now": self.now.isoformat(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KeyHead:
+        def at(value: str | None) -> dt.datetime | None:
+            return None if value is None else dt.datetime.fromisoformat(value)
+
+        now = at(data["now"])
+        assert now is not None
+        return cls(
+            queue_name=data["queue"],
+            ordering_key=data["key"],
+            message_id=data["head_message_id"],
+            status=data["head_status"],
+            why=KeyWhy(data["why"]),
+            since=at(data["since"]),
+            waiting=int(data["waiting"]),
+            now=now,
+            attempts=int(data["attempts"]),
+            max_attempts=int(data["max_attempts"]),
+            claimed_by=data["claimed_by"],
+            last_error=data["last_error"],
+            until=at(data["until"]),
+        )

@@ -1,4 +1,5 @@
-"""``manage.py zeroloss_status``: messages per queue x status, stuck, dead, nodes, replication.
+"""``manage.py zeroloss_status``: messages per queue x status, stuck, dead, nodes, replication,
+blocked ordering keys.
 
 Reads only, from the snapshot cache (``CACHE_TIMEOUT``) unless ``--no-cache``. ``--watch
 SECONDS`` reads the database at every refresh until Ctrl-C/SIGTERM (or ``--count``
@@ -26,11 +27,15 @@ from ...service import ZeroLossMessageService
 from ...snapshot import Snapshot, format_duration, get_snapshot
 from ..base import ZeroLossCommand, positive_float, positive_int
 
+#: Blocked keys listed in the text output (``--json`` has up to ``snapshot.MAX_BLOCKED_KEYS``).
+SHOWN_BLOCKED_KEYS = 10
+
 
 class Command(ZeroLossCommand):
     help = (
         "Show messages per queue and status, the oldest waiting message, stuck (expired leases) and "
-        "dead messages, live/down replication nodes and whether the replication requirement is met."
+        "dead messages, live/down replication nodes, whether the replication requirement is met, and "
+        "ordering keys blocked by their head."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -145,6 +150,7 @@ class Command(ZeroLossCommand):
         )
         for problem in rep["problems"]:
             self.stdout.write(f"  - {problem}")
+        self.blocked_keys(data)
         sweep = data["sweep"]
         self.stdout.write(
             f"sweep (audit trail): {sweep['requeued']} requeued, {sweep['dead_lettered']} dead-lettered "
@@ -153,3 +159,25 @@ class Command(ZeroLossCommand):
         self.stdout.write(
             f"as of {data['taken_at']} (database clock){' from cache' if data['cached'] else ''}"
         )
+
+    def blocked_keys(self, data: dict[str, Any]) -> None:
+        keys = data["blocked_keys"]
+        more = "+" if data["blocked_keys_truncated"] else ""
+        self.stdout.write(f"blocked ordering keys: {len(keys)}{more}")
+        if not keys:
+            return
+        rows = [
+            [
+                k["queue"],
+                k["key"],
+                k["head_message_id"] or "-",
+                k["why"],
+                format_duration(k["blocked_for"]),
+                k["waiting"],
+                k["detail"] if len(k["detail"]) <= 80 else k["detail"][:79] + "…",
+            ]
+            for k in keys[:SHOWN_BLOCKED_KEYS]
+        ]
+        self.table(["queue", "key", "head", "why", "for", "waiting", "detail"], rows)
+        if len(keys) > SHOWN_BLOCKED_KEYS:
+            self.stdout.write(f"  ... {len(keys) - SHOWN_BLOCKED_KEYS}{more} more (--json lists up to 100)")
