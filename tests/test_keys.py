@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from django.db import connections
@@ -223,6 +224,7 @@ class TestSkipAndRequeue:
     def test_force_requeue_a_live_head_fences_its_worker(self):
         worker = blocked_ledger()
         lease = Message.objects.get(message_id="b0").lease_token
+        assert lease is not None
         op = ZeroLossMessageService()
         assert op.requeue_key_head("q", "busy", actor="carol", force=True) == "b0"
         assert event("b0").detail == "ordering key head requeued: live lease revoked"
@@ -263,7 +265,7 @@ class TestStatus:
 
     def test_at_most_100_in_json_and_10_in_the_table(self):
         worker = ZeroLossMessageService(instance_id="worker-1", ack_timeout=600)
-        sends = [(f"m{k}-{i}", "q", {}) for k in range(103) for i in range(2)]
+        sends: list[tuple[str, str, Any]] = [(f"m{k}-{i}", "q", {}) for k in range(103) for i in range(2)]
         for start in range(0, len(sends), 2):
             worker.persist_messages(sends[start : start + 2], ordering_key=f"key-{start // 2:03d}")
         assert len(worker.claim_next("q", limit=200)) == 103
