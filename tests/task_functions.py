@@ -63,3 +63,15 @@ def slow_first_attempt(context, seconds: float) -> dict:
 
 def not_a_task() -> None:
     """A plain function, for the bad-input tests."""
+
+
+def three_attempts() -> str:
+    return "ok"
+
+
+try:  # the backport (and Django 6.1) pass extra @task keyword arguments to the backend's task class
+    three_attempts = task(max_attempts=3)(three_attempts)  # type: ignore[assignment]
+except TypeError:  # Django 6.0's @task takes none: the field is set on the task object instead
+    import dataclasses
+
+    three_attempts = dataclasses.replace(task()(three_attempts), max_attempts=3)  # type: ignore[assignment]

@@ -34,9 +34,6 @@ if TYPE_CHECKING:
 
 __all__ = ["STATUS_MAP", "InvalidTask", "ZeroLossBackend", "ZeroLossTask"]
 
-#: The options ``TASKS[alias]["OPTIONS"]`` accepts.
-OPTION_KEYS = frozenset({"MAX_ATTEMPTS"})
-
 #: Ledger status -> the framework's. A failed attempt that will be retried is ``pending`` again:
 #: READY, with its error in ``errors``.
 STATUS_MAP = {

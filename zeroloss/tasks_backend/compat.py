@@ -76,13 +76,6 @@ except ImportError:  # Django 5.2: the backport
     FRAMEWORK = "django_tasks"
 
 
-def available() -> bool:
-    """Whether a Tasks framework can be imported (without importing this module's names)."""
-    import importlib.util
-
-    return any(importlib.util.find_spec(name) is not None for name in ("django.tasks", "django_tasks"))
-
-
 __all__ = [
     "DEFAULT_TASK_QUEUE_NAME",
     "FRAMEWORK",
@@ -94,7 +87,6 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
-    "available",
     "normalize_json",
     "task",
     "task_backends",

@@ -15,6 +15,8 @@ from django.utils.module_loading import import_string
 #: The dotted path ``TASKS[...]["BACKEND"]`` names.
 BACKEND_PATH = "zeroloss.tasks_backend.ZeroLossBackend"
 DEFAULT_QUEUE = "default"
+#: The options ``TASKS[alias]["OPTIONS"]`` accepts.
+OPTION_KEYS = frozenset({"MAX_ATTEMPTS"})
 
 
 def _is_ours(path: Any) -> bool:
@@ -52,3 +54,10 @@ def queues_of(params: dict[str, Any]) -> list[str]:
 def task_queues() -> list[str]:
     """Every queue some zeroloss task backend lists, sorted."""
     return sorted({q for params in zeroloss_backends().values() for q in queues_of(params)})
+
+
+def framework_available() -> bool:
+    """Whether a Tasks framework is installed (``django.tasks`` or the backport), without importing it."""
+    import importlib.util
+
+    return any(importlib.util.find_spec(name) is not None for name in ("django.tasks", "django_tasks"))
