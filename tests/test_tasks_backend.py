@@ -66,7 +66,13 @@ def test_enqueue_stores_a_ledger_message():
     result = tf.echo.enqueue(1, "two", [3], flag=True)
     assert result.status == READY
     m = message(result)
-    assert (m.queue_name, m.status, m.priority, m.max_attempts, m.attempts) == ("demo.tasks", "pending", -5, 5, 0)
+    assert (m.queue_name, m.status, m.priority, m.max_attempts, m.attempts) == (
+        "demo.tasks",
+        "pending",
+        -5,
+        5,
+        0,
+    )
     assert m.payload == {
         "task": "tests.task_functions.echo",
         "backend": "default",
@@ -76,7 +82,12 @@ def test_enqueue_stores_a_ledger_message():
     }
     assert result.enqueued_at == m.created_at
     assert (result.started_at, result.finished_at, result.last_attempted_at) == (None, None, None)
-    assert (result.args, result.kwargs, result.errors, result.worker_ids) == ([1, "two", [3]], {"flag": True}, [], [])
+    assert (result.args, result.kwargs, result.errors, result.worker_ids) == (
+        [1, "two", [3]],
+        {"flag": True},
+        [],
+        [],
+    )
     assert list(MessageEvent.objects.filter(message=m).values_list("reason", flat=True)) == ["persisted"]
     again = tf.echo.get_result(result.id)
     assert (again.id, again.status, again.args, again.kwargs, again.enqueued_at) == (
@@ -93,10 +104,17 @@ def test_a_rolled_back_transaction_enqueues_nothing():
     class Abort(Exception):
         pass
 
-    with pytest.raises(Abort), transaction.atomic():
-        result = tf.add.enqueue(1, 2)
-        assert message(result).status == "pending"  # stored, in the caller's transaction
-        raise Abort
+    enqueued = []
+
+    def request() -> None:
+        with transaction.atomic():
+            enqueued.append(tf.add.enqueue(1, 2))
+            assert message(enqueued[0]).status == "pending"  # stored, in the caller's transaction
+            raise Abort
+
+    with pytest.raises(Abort):
+        request()
+    [result] = enqueued
     assert Message.objects.count() == 0
     with pytest.raises(compat.TaskResultDoesNotExist):
         tf.add.get_result(result.id)
