@@ -130,3 +130,44 @@ def test_the_framework_is_installed_here():
     from zeroloss.tasks_backend.queues import framework_available
 
     assert framework_available() is True
+
+
+def test_without_a_tasks_framework_zeroloss_still_works_and_warns(tmp_path):
+    """Django 5.2 without the backport: handler queues, unknown queues and the checks behave, and
+    TASKS naming zeroloss's backend is W020 (the framework's imports are blocked in a child)."""
+    import json
+    import subprocess
+    import sys
+
+    from .conftest import ROOT, child_env
+
+    code = """
+import json, sys
+sys.modules["django.tasks"] = None  # an import of either now raises ImportError
+sys.modules["django_tasks"] = None
+import django
+django.setup()
+from zeroloss import checks, handlers
+from zeroloss.exceptions import UnknownQueue
+try:
+    handlers.get_handler("no.such.queue")
+    unknown = "found"
+except UnknownQueue:
+    unknown = "UnknownQueue"
+print(json.dumps({
+    "unknown": unknown,
+    "record": handlers.get_handler("demo.record").name,
+    "queues": handlers.registered_queues(),
+    "checks": [m.id for m in checks.check_tasks()],
+}))
+"""
+    env = child_env(DJANGO_SETTINGS_MODULE="project.settings", ZEROLOSS_VAR_DIR=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["unknown"] == "UnknownQueue"
+    assert result["record"] == "project.demo.zeroloss_handlers.record"
+    assert "demo.record" in result["queues"] and "demo.tasks" not in result["queues"]  # TASKS is inert
+    assert result["checks"] == ["zeroloss.W020"]

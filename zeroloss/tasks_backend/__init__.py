@@ -15,12 +15,23 @@ transaction, and ``zeroloss_worker --queue default`` runs it with every guarante
 has (lease, heartbeat, fencing, sweep, retries with backoff, dead letters). Results are read
 back from the ledger and its audit trail. See ``docs/django-tasks.md``.
 
-Importing this package imports the Tasks framework (:mod:`.compat`); the rest of zeroloss
-finds task queues through :mod:`.queues`, which does not.
+The names below are imported lazily: only they need the Tasks framework (:mod:`.compat`), so
+the rest of zeroloss (:mod:`.queues`, :mod:`.runner`) works without it installed.
 """
 
 from __future__ import annotations
 
-from .backend import InvalidTask, ZeroLossBackend, ZeroLossTask
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["InvalidTask", "ZeroLossBackend", "ZeroLossTask"]
+
+if TYPE_CHECKING:
+    from .backend import InvalidTask, ZeroLossBackend, ZeroLossTask
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import backend
+
+        return getattr(backend, name)
+    raise AttributeError(f"module 'zeroloss.tasks_backend' has no attribute {name!r}")

@@ -7,6 +7,7 @@ by the same worker code, whose handler for it is :func:`zeroloss.tasks_backend.r
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.conf import settings
@@ -52,12 +53,22 @@ def queues_of(params: dict[str, Any]) -> list[str]:
 
 
 def task_queues() -> list[str]:
-    """Every queue some zeroloss task backend lists, sorted."""
+    """Every queue some zeroloss task backend lists, sorted; none without a Tasks framework
+    (``TASKS`` is then inert: system check ``zeroloss.W020``)."""
+    if not framework_available():
+        return []
     return sorted({q for params in zeroloss_backends().values() for q in queues_of(params)})
 
 
+@functools.cache
 def framework_available() -> bool:
     """Whether a Tasks framework is installed (``django.tasks`` or the backport), without importing it."""
     import importlib.util
 
-    return any(importlib.util.find_spec(name) is not None for name in ("django.tasks", "django_tasks"))
+    for name in ("django.tasks", "django_tasks"):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except (ImportError, ValueError):  # ValueError: present in sys.modules as None (blocked)
+            continue
+    return False
