@@ -22,7 +22,18 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-WORKLOADS = ["insert", "pgbench", "bulk", "claimack", "sweep", "retained", "drain", "latency", "sigkill"]
+WORKLOADS = [
+    "insert",
+    "pgbench",
+    "bulk",
+    "claimack",
+    "sweep",
+    "retained",
+    "drain",
+    "latency",
+    "sigkill",
+    "tasks_sigkill",
+]
 #: Issue 12 and 16 workloads (benchmarks/throughput.py); run with ``--only``, and in the full profile.
 MORE_WORKLOADS = ["batched", "bulksend", "celery", "e2e", "ordered"]
 #: Run only when named in --only: minutes each, on a private server (benchmarks/retention.py).

@@ -9,10 +9,16 @@ import os
 import dj_database_url
 
 from project.settings import *  # noqa: F403
-from project.settings import DATABASES, INSTALLED_APPS, ZEROLOSS
+from project.settings import DATABASES, INSTALLED_APPS, TASKS, ZEROLOSS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks"]
 DEBUG = False  # DEBUG=True would keep every SQL statement in memory (connection.queries)
+
+# The tasks_sigkill workload's @task (benchmarks/tasks.py) runs on its own task queue.
+TASKS = {
+    **TASKS,
+    "default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], "bench.tasks"]},
+}
 
 # The suite's second database (retained rows), next to the empty one, for paired runs.
 if os.environ.get("ZEROLOSS_BENCH_RETAINED_URL"):

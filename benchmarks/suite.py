@@ -720,6 +720,57 @@ class Suite(ThroughputWorkloads):
         fig.checks["recovered exactly once"] = ok
         db.reset(self.conn)
 
+    # -- the same for a Django task: @task(...).enqueue() in a transaction ----------------------
+
+    def run_tasks_sigkill(self) -> None:
+        """A task enqueued with ``.enqueue()`` in a transaction; its worker is SIGKILLed mid-task
+        and a new worker started: seconds from the kill until the task runs again."""
+        from django.db import transaction
+
+        from .tasks import hang_first_attempt
+
+        fig = self.figure(
+            "tasks_sigkill.rerun",
+            "SIGKILLed worker: seconds until its @task runs again (defaults, new worker started)",
+            "s",
+            higher_is_better=False,
+            target=Target("<= 10 s, no operator action", "max", 10.0),
+        )
+        markers = Path(tempfile.mkdtemp(prefix="task-markers-", dir=self.workdir))
+        env = child_env(self.url, **{MARKER_DIR_ENV: str(markers)})
+        db.reset(self.conn)
+        worker = WorkerProcess(self.url, "bench.tasks", self.workdir, env=env)
+        worker.wait_ready()
+        ids = []
+        ok = True
+        try:
+            for run in range(self.sizes.sigkill_runs):
+                with transaction.atomic():
+                    result = hang_first_attempt.enqueue(run=run)
+                ids.append(result.id)
+                first = _wait_file(markers / f"{result.id}.1", 60)
+                ok = ok and first["pid"] == worker.pid
+                os.kill(worker.pid, signal.SIGKILL)
+                killed_at = time.time()
+                worker.popen.wait(timeout=10)
+                worker.stop()
+                worker = WorkerProcess(self.url, "bench.tasks", self.workdir, env=env)
+                second = _wait_file(markers / f"{result.id}.2", 120)
+                fig.values.append(second["t"] - killed_at)
+                _log(f"tasks_sigkill run {run + 1}: ran again after {fig.values[-1]:.2f}s")
+                worker.wait_ready()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                results = [hang_first_attempt.get_result(i) for i in ids]
+                if all(r.is_finished for r in results):
+                    break
+                time.sleep(0.1)
+            ok = ok and all(r.status == "SUCCESSFUL" and r.attempts == 2 for r in results)
+        finally:
+            worker.stop()
+        fig.checks["SUCCESSFUL on attempt 2"] = ok
+        db.reset(self.conn)
+
 
 class LockMonitor(threading.Thread):
     """Samples pg_stat_activity for the claimers' backends waiting on a heavyweight lock."""

@@ -128,6 +128,15 @@ ZEROLOSS = {
     "TRANSPORT": "celery" if CELERY_BROKER_URL else "database",
 }
 ZEROLOSS.update(json.loads(os.environ.get("ZEROLOSS_SETTINGS_JSON") or "{}"))
+# Django's Tasks framework (django.tasks on Django 6, the django-tasks backport on 5.2): @task
+# functions are stored in the ledger and run by zeroloss_worker (docs/django-tasks.md).
+TASKS = {
+    "default": {
+        "BACKEND": "zeroloss.tasks_backend.ZeroLossBackend",
+        "QUEUES": ["default", "demo.tasks"],
+        "OPTIONS": {"MAX_ATTEMPTS": 5},
+    }
+}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -65,6 +65,10 @@ def test_demo_loses_nothing_and_handles_nothing_twice(tmp_path):
     assert summary["lost"] == 0 and summary["handled_twice"] == 0
     assert summary["completed"] + summary["dead_lettered"] == 400
     assert summary["dead_lettered"] == 10  # every 20th of the 200 emails always fails
+    # The Django task example: every receipt enqueued with @task(...).enqueue() ran, read back
+    # with get_result; the rolled-back one was never stored.
+    assert summary["tasks_enqueued"] == summary["tasks_successful"] == 3
+    assert "one more rolled back" in proc.stdout
     # Every lease the killed worker died holding was freed by the sweep, exactly once.
     assert summary["orphaned_by_kill"] >= 1
     assert summary["recovered_by_sweep"] == summary["orphaned_by_kill"]

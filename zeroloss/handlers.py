@@ -68,14 +68,24 @@ def handler(queue_name: str, *, transactional: bool = False, store_result: bool 
 
 
 def get_handler(queue_name: str) -> HandlerSpec:
-    try:
-        return _registry[queue_name]
-    except KeyError:
-        raise UnknownQueue(queue_name) from None
+    """The queue's handler: a ``@zeroloss.handler``, or the task runner of a queue listed by a
+    zeroloss task backend in ``TASKS`` (:mod:`zeroloss.tasks_backend`)."""
+    spec = _registry.get(queue_name)
+    if spec is not None:
+        return spec
+    from .tasks_backend.runner import task_spec
+
+    spec = task_spec(queue_name)
+    if spec is None:
+        raise UnknownQueue(queue_name)
+    return spec
 
 
 def registered_queues() -> list[str]:
-    return sorted(_registry)
+    """Handler queues and task queues (``TASKS``), sorted."""
+    from .tasks_backend.queues import task_queues
+
+    return sorted({*_registry, *task_queues()})
 
 
 def autodiscover() -> None:

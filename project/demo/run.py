@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VAR = Path(os.environ.get("ZEROLOSS_VAR_DIR", ROOT / "var"))
 ORDERS = "demo.orders"
 EMAILS = "demo.emails"
+TASKS = "demo.tasks"  # the Django task of project/demo/tasks.py (TASKS in project/settings.py)
 
 
 def _parse() -> argparse.Namespace:
@@ -158,6 +159,8 @@ class Workers:
                 ORDERS,
                 "--queue",
                 EMAILS,
+                "--queue",
+                TASKS,
                 "--batch-size",
                 "10",
             ],
@@ -254,6 +257,36 @@ def _counts(prefix: str) -> dict[str, int]:
     }
 
 
+def _enqueue_receipts(count: int = 3) -> list[str]:
+    """The Django task example: ``@task(...).enqueue()`` stores each receipt in the transaction
+    of its order; a rolled-back order takes its receipt with it (that one never runs)."""
+    from django.db import transaction
+
+    from .tasks import send_receipt
+
+    with transaction.atomic():
+        ids = [send_receipt.enqueue(order_id=n).id for n in range(count)]
+    try:
+        with transaction.atomic():
+            send_receipt.enqueue(order_id=-1)
+            raise RuntimeError("the order failed: its receipt is rolled back with it")
+    except RuntimeError:
+        pass
+    print(f"enqueued {count} Django tasks (send_receipt.enqueue(), {TASKS}); one more rolled back")
+    return ids
+
+
+def _wait_for_receipts(ids: list[str], deadline: float) -> int:
+    """How many of the receipts finished SUCCESSFUL (read back with ``get_result``) by ``deadline``."""
+    from .tasks import send_receipt
+
+    while True:
+        results = [send_receipt.get_result(i) for i in ids]
+        if all(r.is_finished for r in results) or time.monotonic() >= deadline:
+            return sum(r.status == "SUCCESSFUL" for r in results)
+        time.sleep(0.1)
+
+
 @contextmanager
 def _progress(enabled: bool) -> Iterator[Any]:
     tty = sys.stdout.isatty()
@@ -329,6 +362,7 @@ def main() -> int:
             f"sent {sent} messages in {time.monotonic() - started:.1f}s "
             f"({failing} emails are built to fail and will be dead-lettered)"
         )
+        receipts = _enqueue_receipts()
 
         worker_pids = {proc.pid: workers.pids(proc) for proc in workers.workers}
         deadline = time.monotonic() + args.timeout
@@ -378,6 +412,7 @@ def main() -> int:
             print(
                 "note: every message finished before a worker was caught holding a lease; nothing was killed"
             )
+        tasks_done = _wait_for_receipts(receipts, deadline)
         final = _counts(prefix)
         lost = sent - final["stored"] + (final["completed"] - final["handled"])
         summary = {
@@ -393,6 +428,8 @@ def main() -> int:
             "handled_twice": final["handled_twice"],
             "killed_worker_pids": workers.killed,
             "orphaned_by_kill": len(orphaned),
+            "tasks_enqueued": len(receipts),
+            "tasks_successful": tasks_done,
             "seconds": round(time.monotonic() - started, 1),
         }
         print("\nsummary (from the ledger and the handlers' own records)")
@@ -405,6 +442,8 @@ def main() -> int:
             "still_pending_or_processing",
             "lost",
             "handled_twice",
+            "tasks_enqueued",
+            "tasks_successful",
             "seconds",
         ):
             print(f"  {key.replace('_', ' '):<28} {summary[key]}")

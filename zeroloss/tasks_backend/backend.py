@@ -1,0 +1,271 @@
+"""The backend: ``enqueue`` stores a ledger message, ``get_result`` reads the ledger back."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from django.core import checks
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from ..exceptions import InvalidMessage
+from ..ledger.validation import canonical_json, validate_attempts
+from ..states import Reason, Status
+from .compat import (
+    BaseTaskBackend,
+    InvalidTaskError,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+)
+from .queues import DEFAULT_QUEUE
+
+if TYPE_CHECKING:
+    from ..models import Message
+
+__all__ = ["STATUS_MAP", "InvalidTask", "ZeroLossBackend", "ZeroLossTask"]
+
+#: Ledger status -> the framework's. A failed attempt that will be retried is ``pending`` again:
+#: READY, with its error in ``errors``.
+STATUS_MAP = {
+    Status.PENDING: TaskResultStatus.READY,
+    Status.PROCESSING: TaskResultStatus.RUNNING,
+    Status.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    Status.DEAD: TaskResultStatus.FAILED,
+}
+
+
+class InvalidTask(InvalidMessage, InvalidTaskError):
+    """A task, its arguments or its options were refused; nothing was stored.
+
+    Both a :class:`zeroloss.exceptions.InvalidMessage` and the framework's own invalid-task error
+    (``django.tasks.exceptions.InvalidTask`` / ``django_tasks.exceptions.InvalidTaskError``).
+    """
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ZeroLossTask(Task):
+    """The framework's ``Task`` plus ``max_attempts`` (``None``: the backend's ``OPTIONS``, then
+    ``ZEROLOSS['MAX_ATTEMPTS']``). Where ``@task`` passes extra keyword arguments to the backend's
+    task class (the backport; Django 6.1) ``@task(max_attempts=5)`` sets it."""
+
+    max_attempts: int | None = None
+
+
+def _error_of(detail: str) -> Any:
+    """A ``TaskError`` from an audit row's error text (see ``zeroloss.processing.describe_error``):
+    ``module.Class: message`` on the first line, then the traceback."""
+    head, _, traceback = detail.partition("\n")
+    path = head.split(": ", 1)[0].strip()
+    if "." not in path:
+        path = f"builtins.{path}"  # describe_error writes builtins without their module
+    return TaskError(exception_class_path=path, traceback=traceback)
+
+
+class ZeroLossBackend(BaseTaskBackend):
+    """Tasks as zeroloss ledger messages. Configured in ``TASKS``; see ``docs/django-tasks.md``."""
+
+    task_class = ZeroLossTask
+
+    supports_defer = True  # run_after -> the message's available_at
+    supports_priority = True  # the ledger's priority column: claims take higher first
+    supports_get_result = True  # read back from the ledger, from any process
+    supports_async_task = True  # coroutine tasks run on an event loop in the worker
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        params = {"QUEUES": [DEFAULT_QUEUE], **params}
+        super().__init__(alias, params)
+        # Lenient here (the system checks E020-E023 report bad settings); enqueue refuses them.
+        self.options = params.get("OPTIONS") or {}
+
+    # -- options ------------------------------------------------------------------------------
+
+    def max_attempts_for(self, task: Any) -> int | None:
+        value = getattr(task, "max_attempts", None)
+        what = f"max_attempts of task {task.module_path}"
+        if value is None:
+            value = self.options.get("MAX_ATTEMPTS") if isinstance(self.options, dict) else None
+            what = f"TASKS[{self.alias!r}]['OPTIONS']['MAX_ATTEMPTS']"
+        if value is None:
+            return None
+        try:
+            return validate_attempts(value, what)
+        except InvalidMessage as exc:
+            raise InvalidTask(str(exc)) from None
+
+    def validate_task(self, task: Any) -> None:
+        try:
+            super().validate_task(task)
+        except InvalidTask:
+            raise
+        except InvalidTaskError as exc:
+            raise InvalidTask(f"Task {task.module_path}: {exc}") from None
+        if getattr(task, "max_attempts", None) is not None:
+            self.max_attempts_for(task)
+
+    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+        # zeroloss's own checks (zeroloss.E020-E023, W020) cover every zeroloss task backend,
+        # whichever framework (and whether its app is installed): none here, so none twice.
+        return []
+
+    # -- enqueue ------------------------------------------------------------------------------
+
+    def _payload(self, task: Any, args: Any, kwargs: Any) -> dict[str, Any]:
+        try:
+            found = import_string(task.module_path)
+        except ImportError:
+            found = None
+        if getattr(found, "func", None) is not task.func:
+            raise InvalidTask(
+                f"Task {task.module_path} cannot be found by its import path (a worker imports it by that "
+                "name): define it at module level under its function's name; nothing was stored."
+            )
+        try:
+            payload = {
+                "task": task.module_path,
+                "backend": self.alias,
+                "args": normalize_json(list(args)),
+                "kwargs": normalize_json(dict(kwargs)),
+                "run_after": task.run_after.isoformat() if task.run_after is not None else None,
+            }
+            # Only what survives the JSON round trip unchanged (no int dict keys, NaN, ...).
+            same = json.loads(canonical_json(payload)) == payload
+        except (TypeError, ValueError) as exc:
+            raise InvalidTask(
+                f"Task {task.module_path}: its arguments must be JSON ({exc}); nothing was stored."
+            ) from None
+        if not same:
+            raise InvalidTask(
+                f"Task {task.module_path}: its arguments change in a JSON round trip (dict keys must be "
+                "strings); nothing was stored."
+            )
+        return payload
+
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        """Store the task as a ledger message in the caller's transaction (see :func:`zeroloss.send`)."""
+        from ..transports import send
+
+        self.validate_task(task)
+        payload = self._payload(task, args, kwargs)
+        delay = 0.0
+        if task.run_after is not None:
+            delay = max(0.0, (task.run_after - timezone.now()).total_seconds())
+        try:
+            message = send(
+                task.queue_name,
+                payload,
+                message_id=uuid.uuid4().hex,
+                max_attempts=self.max_attempts_for(task),
+                delay=delay,
+                priority=task.priority,
+            )
+        except InvalidTask:
+            raise
+        except InvalidMessage as exc:
+            raise InvalidTask(f"Task {task.module_path}: {exc}") from exc
+        result = self._result(task, message, payload, events=[])
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    # -- results ------------------------------------------------------------------------------
+
+    def _aliases(self) -> list[str]:
+        from ..transports import database_for
+
+        return list(dict.fromkeys(database_for(q) for q in sorted(self.queues)))
+
+    def _find(self, result_id: Any) -> Message:
+        from ..models import Message
+
+        if isinstance(result_id, str) and 0 < len(result_id) <= 255 and "\x00" not in result_id:
+            for alias in self._aliases():
+                message = (
+                    Message.objects.using(alias)
+                    .filter(message_id=result_id, queue_name__in=self.queues)
+                    .first()
+                )
+                if (
+                    message is not None
+                    and isinstance(message.payload, dict)
+                    and message.payload.get("backend") == self.alias
+                    and "task" in message.payload
+                ):
+                    return message
+        raise TaskResultDoesNotExist(result_id)
+
+    def load_task(self, message: Message) -> Any:
+        """The message's task, as it was enqueued (queue, priority, run_after)."""
+        path = message.payload["task"]
+        try:
+            task = import_string(path)
+        except ImportError as exc:
+            raise InvalidTask(
+                f"Task {path} of result {message.message_id!r} cannot be imported: {exc}"
+            ) from exc
+        if not isinstance(task, Task):
+            raise InvalidTask(f"{path} (result {message.message_id!r}) is not a task.")
+        run_after = message.payload.get("run_after")
+        changes: dict[str, Any] = {"priority": message.priority, "queue_name": message.queue_name}
+        if run_after:
+            changes["run_after"] = dt.datetime.fromisoformat(run_after)
+        if task.backend != self.alias:
+            changes["backend"] = self.alias
+        try:
+            return task.using(**changes)
+        except InvalidTaskError:
+            return task  # e.g. a queue no longer listed: the task as it is defined now
+
+    def _result(self, task: Any, message: Message, payload: dict[str, Any], events: list[Any]) -> Any:
+        claims: dict[int, tuple[str, dt.datetime]] = {}
+        first_claim: dt.datetime | None = None
+        errors = []
+        for event in events:
+            if event.reason == Reason.REDRIVEN_BY_OPERATOR:
+                claims = {}  # attempts start again from 1
+            elif event.reason == Reason.CLAIMED:
+                claims[event.attempt] = (event.actor, event.created_at)
+                first_claim = first_claim or event.created_at
+            elif event.reason in (Reason.FAILED, Reason.DEAD_LETTERED) and "Traceback" in event.detail:
+                errors.append(_error_of(event.detail))
+        counted = [claims[n] for n in sorted(claims) if n <= message.attempts]
+        status = STATUS_MAP[Status(message.status)]
+        result = TaskResult(
+            task=task,
+            id=message.message_id,
+            status=status,
+            enqueued_at=message.created_at,
+            started_at=first_claim,
+            finished_at=message.completed_at or message.dead_at,
+            last_attempted_at=counted[-1][1] if counted else None,
+            args=payload.get("args", []),
+            kwargs=payload.get("kwargs", {}),
+            backend=self.alias,
+            errors=errors,
+            worker_ids=[actor for actor, _ in counted],
+        )
+        if status == TaskResultStatus.SUCCESSFUL:
+            object.__setattr__(result, "_return_value", message.result)
+        return result
+
+    def get_result(self, result_id: str) -> Any:
+        """The task's state read from the ledger; ``TaskResultDoesNotExist`` for an unknown id
+        (or one purged by ``COMPLETED_RETENTION``)."""
+        from ..models import MessageEvent
+
+        message = self._find(result_id)
+        events = list(
+            MessageEvent.objects.using(message._state.db)
+            .filter(message_id=message.pk)
+            .order_by("id")
+            .only("reason", "attempt", "actor", "detail", "created_at")
+        )
+        return self._result(self.load_task(message), message, message.payload, events)

@@ -1,0 +1,77 @@
+"""Running one task message in a worker: the handler of every task queue.
+
+The worker claims, leases, renews and records a task exactly as a handler's message
+(:func:`zeroloss.processing.run_handler` calls :func:`run_task`); this only turns the payload
+back into a call, sends the framework's signals, and returns the JSON result the ledger stores.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
+
+from ..handlers import HandlerSpec
+from ..ledger.validation import canonical_json
+
+if TYPE_CHECKING:
+    from ..delivery import Delivery
+
+
+def run_task(delivery: Delivery) -> Any:
+    from .compat import (
+        TaskContext,
+        TaskError,
+        TaskResultStatus,
+        normalize_json,
+        task_backends,
+        task_finished,
+        task_started,
+    )
+
+    payload = delivery.payload
+    if not isinstance(payload, dict) or "task" not in payload:
+        raise ValueError(
+            f"Message {delivery.message_id!r} on task queue {delivery.queue_name!r} is not a task."
+        )
+    backend = task_backends[payload.get("backend", "default")]
+    result = backend.get_result(delivery.message_id)  # RUNNING, this attempt's worker included
+    task = result.task
+    task_started.send(type(backend), task_result=result)
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
+        else:
+            value = task.call(*result.args, **result.kwargs)
+        value = normalize_json(value)
+        canonical_json(value)  # a return value the ledger cannot store fails the attempt
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        if delivery.attempt >= delivery.lease.max_attempts:  # the last attempt: the task is finished
+            kind = type(exc)
+            result.errors.append(
+                TaskError(
+                    exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+                    traceback="".join(traceback.format_exception(kind, exc, exc.__traceback__)),
+                )
+            )
+            object.__setattr__(result, "status", TaskResultStatus.FAILED)
+            object.__setattr__(result, "finished_at", timezone.now())
+            task_finished.send(type(backend), task_result=result)
+        raise
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(result, "_return_value", value)
+    task_finished.send(type(backend), task_result=result)
+    return value
+
+
+def task_spec(queue_name: str) -> HandlerSpec | None:
+    """The handler of a task queue, or ``None`` if no zeroloss task backend lists ``queue_name``."""
+    from .queues import task_queues
+
+    if queue_name not in task_queues():
+        return None
+    return HandlerSpec(queue_name, run_task, store_result=True)
