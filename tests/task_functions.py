@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import Any
 
 from project.demo.models import OrderedRun
 from zeroloss.tasks_backend.compat import task
@@ -69,9 +70,12 @@ def three_attempts() -> str:
     return "ok"
 
 
+# Typed loosely: the stubs of one framework version do not know the other's keyword arguments.
+_task: Any = task
+
 try:  # the backport (and Django 6.1) pass extra @task keyword arguments to the backend's task class
-    three_attempts = task(max_attempts=3)(three_attempts)  # type: ignore[assignment]
+    three_attempts = _task(max_attempts=3)(three_attempts)
 except TypeError:  # Django 6.0's @task takes none: the field is set on the task object instead
     import dataclasses
 
-    three_attempts = dataclasses.replace(task()(three_attempts), max_attempts=3)  # type: ignore[assignment]
+    three_attempts = dataclasses.replace(_task()(three_attempts), max_attempts=3)

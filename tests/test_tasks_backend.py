@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import threading
+from typing import Any
 
 import django
 import pytest
@@ -140,6 +141,7 @@ def test_run_after_is_the_messages_availability_time():
     when = timezone.now() + dt.timedelta(hours=1)
     result = tf.add.using(run_after=when).enqueue(1, 1)
     m = message(result)
+    assert m.available_at is not None
     assert abs((m.available_at - when).total_seconds()) < 2
     assert ZeroLossMessageService().claim_next("default") == []  # not before its time
     assert tf.add.get_result(result.id).task.run_after == when
@@ -268,15 +270,18 @@ def test_the_frameworks_signals_are_sent():
 
 
 def test_max_attempts_per_task_and_from_options():
-    result = tf.three_attempts.enqueue()
+    three_attempts: Any = tf.three_attempts  # a Task, whatever the decorator's stubs say
+    result = three_attempts.enqueue()
     assert message(result).max_attempts == 3
     if compat.FRAMEWORK == "django_tasks" or django.VERSION >= (6, 1):
-        assert compat.task(max_attempts=4)(tf.three_attempts.func).max_attempts == 4
+        assert compat.task(max_attempts=4)(three_attempts.func).max_attempts == 4
     else:  # Django 6.0's @task takes no extra keyword arguments: OPTIONS, or replace() as in tf
         with pytest.raises(TypeError):
             compat.task(max_attempts=4)
     assert message(tf.add.enqueue(1, 1)).max_attempts == 5  # OPTIONS["MAX_ATTEMPTS"] in settings
-    tasks = {"default": {"BACKEND": "zeroloss.tasks_backend.ZeroLossBackend", "QUEUES": ["default"]}}
+    tasks: dict[str, dict[str, Any]] = {
+        "default": {"BACKEND": "zeroloss.tasks_backend.ZeroLossBackend", "QUEUES": ["default"]}
+    }
     with override_settings(TASKS=tasks, ZEROLOSS={"MAX_ATTEMPTS": 7}):
         assert message(tf.add.enqueue(1, 1)).max_attempts == 7  # ZEROLOSS["MAX_ATTEMPTS"]
     tasks["default"]["OPTIONS"] = {"MAX_ATTEMPTS": 0}
