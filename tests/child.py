@@ -90,8 +90,9 @@ def main() -> None:
         _wait_for(args.get("start_file"))
         sent = []
         for message_id, key, payload in args["messages"]:
+            called = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the host
             zeroloss.send(args["queue"], payload, message_id=message_id, ordering_key=key)
-            sent.append(message_id)
+            sent.append([message_id, called, time.monotonic()])
         _emit(sent=sent)
     elif role == "send_routed":
         # Sends each queue's messages in a transaction on that queue's own ledger database,
