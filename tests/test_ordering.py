@@ -202,3 +202,29 @@ def test_claims_use_the_claim_index_even_behind_a_blocked_key():
         )
         plan = "\n".join(r[0] for r in cursor.fetchall())
     assert "zeroloss_msg_claim_idx" in plan, plan
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_the_promotion_finds_a_keys_head_through_the_unique_head_index():
+    """Regression: the head lookup omitted ``ordering_key <> ''``, the unique head index's own
+    condition, so PostgreSQL could not use that index and scanned the queue's pending rows for
+    every finished message: ordered drains ran at 450 msg/s (100 keys) instead of 6,800."""
+    service = ZeroLossMessageService()
+    service.persist_messages([(f"a{i}", "q", {}) for i in range(3)], ordering_key="acct")
+    engine = service.engine
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_seqscan = off")  # any usable index wins
+        rows, _ = engine.execute(
+            connection, "EXPLAIN " + engine.sql["PROMOTE"], engine.row_params("PROMOTE", [["q"], ["acct"]])
+        )
+    plan = "\n".join(r[0] for r in rows)
+    assert "zeroloss_ordering_head_uniq" in plan, plan
+    # Every statement that looks for a key's head states the index's condition.
+    from zeroloss.ledger import postgres
+
+    head_lookup = "h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL"
+    for text in [*engine.sql.values(), postgres._PROMOTE_CTE]:
+        if head_lookup in text:
+            assert "h.ordering_key <> ''" in text, text

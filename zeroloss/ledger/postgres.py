@@ -20,7 +20,7 @@ _PROMOTE_CTE = (
     "AND w.id NOT IN (SELECT id FROM t)) FROM t WHERE t.ordering_key <> '' "
     f"AND t.status IN ('completed', 'dead') AND NOT EXISTS (SELECT 1 FROM {MSG} h "
     "WHERE h.queue_name = t.queue_name AND h.ordering_key = t.ordering_key "
-    "AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL "
+    "AND h.ordering_key <> '' AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL "
     "AND h.id NOT IN (SELECT id FROM t))) RETURNING pg_notify('zeroloss_wakeup', queue_name))"
 )
 

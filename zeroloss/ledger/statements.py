@@ -67,7 +67,7 @@ PROMOTE = (
     "FROM {msg} w WHERE w.queue_name = b.q AND w.ordering_key = b.k "
     "AND w.status = 'pending' AND w.available_at IS NULL) FROM {rows} WHERE NOT EXISTS (SELECT 1 FROM {msg} h "
     "WHERE h.queue_name = b.q AND h.ordering_key = b.k "
-    "AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL)) "
+    "AND h.ordering_key <> '' AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL)) "
     "RETURNING message_id, queue_name{notify}"
 )
 # The sweep's safety net: keys whose head finished while no promotion could see their next
@@ -77,7 +77,7 @@ REPAIR_KEYS = (
     "SELECT DISTINCT w.queue_name, w.ordering_key FROM {msg} w WHERE w.status = 'pending' "
     "AND w.available_at IS NULL AND w.updated_at < {after} AND NOT EXISTS (SELECT 1 FROM {msg} h "
     "WHERE h.queue_name = w.queue_name AND h.ordering_key = w.ordering_key "
-    "AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL) LIMIT %s"
+    "AND h.ordering_key <> '' AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL) LIMIT %s"
 )
 
 # What blocks a key: for each (queue, key) with messages waiting behind a head, that head (if it
