@@ -10,16 +10,19 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group
-from django.db import connection
+from django.db import DatabaseError, IntegrityError, connection, transaction
 
 import zeroloss
 from tests.support import expire_leases
+from zeroloss.handlers import get_handler
 from zeroloss.ledger.types import Completion, Verdict
 from zeroloss.loops import StopFlag
 from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.processing import Delivery, describe_error
+from zeroloss.processing import LEFT_TRANSACTION_FAILED, Delivery, describe_error
 from zeroloss.service import ZeroLossMessageService, wait_until
 from zeroloss.worker import Worker
+from zeroloss.worker.keeper import Batch, LeaseKeeper
+from zeroloss.worker.transactional import CAREFUL_BATCHES, TransactionalBatches
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,6 +127,106 @@ class TestTransactionalBatches:
         assert Message.objects.get(message_id="gbad").status == Status.DEAD
         assert Message.objects.filter(status=Status.COMPLETED).count() == 10
 
+    def test_a_failed_handlers_on_commit_callbacks_are_dropped_with_its_writes(self):
+        fired: list[str] = []
+
+        def notify_then_maybe_fail(delivery: Delivery) -> None:
+            Group.objects.create(name=delivery.message_id)
+            transaction.on_commit(lambda: fired.append(delivery.message_id))
+            if delivery.payload.get("fail"):
+                raise RuntimeError("after registering its callback")
+
+        register("p.txcb", notify_then_maybe_fail, transactional=True)
+        service = ZeroLossMessageService(max_attempts=1)
+        service.persist_messages([(f"cb{i}", "p.txcb", {"fail": i == 2}) for i in range(5)], max_attempts=1)
+        _worker, thread = run_worker("p.txcb", burst=True)
+        thread.join(60)
+        assert sorted(fired) == ["cb0", "cb1", "cb3", "cb4"]
+        assert sorted(Group.objects.values_list("name", flat=True)) == ["cb0", "cb1", "cb3", "cb4"]
+        assert Message.objects.get(message_id="cb2").status == Status.DEAD
+
+    def test_a_handler_that_swallows_a_database_error_fails_alone(self):
+        def swallow(delivery: Delivery) -> None:
+            Group.objects.create(name=delivery.message_id)
+            if delivery.payload.get("swallow"):
+                try:
+                    with transaction.atomic(savepoint=False):
+                        Group.objects.create(name=delivery.message_id)  # a duplicate name
+                except IntegrityError:
+                    pass  # the transaction now needs a rollback the handler never did
+
+        register("p.txswallow", swallow, transactional=True)
+        service = ZeroLossMessageService(max_attempts=1)
+        service.persist_messages(
+            [(f"sw{i}", "p.txswallow", {"swallow": i == 1}) for i in range(4)], max_attempts=1
+        )
+        worker, thread = run_worker("p.txswallow", burst=True)
+        thread.join(60)
+        assert not worker.stats.crashed
+        assert sorted(Group.objects.values_list("name", flat=True)) == ["sw0", "sw2", "sw3"]
+        bad = Message.objects.get(message_id="sw1")
+        assert bad.status == Status.DEAD and bad.last_error == LEFT_TRANSACTION_FAILED
+        assert Message.objects.filter(status=Status.COMPLETED).count() == 3
+
+    @pytest.mark.postgres_only
+    def test_a_handler_that_catches_a_failed_statement_fails_alone(self):
+        def catch(delivery: Delivery) -> None:
+            Group.objects.create(name=delivery.message_id)
+            if delivery.payload.get("catch"):
+                try:
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT 1/0")
+                except DatabaseError:
+                    pass  # PostgreSQL now refuses every statement of this transaction
+
+        register("p.txcatch", catch, transactional=True)
+        service = ZeroLossMessageService(max_attempts=1)
+        service.persist_messages(
+            [(f"ct{i}", "p.txcatch", {"catch": i == 0}) for i in range(3)], max_attempts=1
+        )
+        worker, thread = run_worker("p.txcatch", burst=True)
+        thread.join(60)
+        assert not worker.stats.crashed
+        assert sorted(Group.objects.values_list("name", flat=True)) == ["ct1", "ct2"]
+        bad = Message.objects.get(message_id="ct0")
+        assert bad.status == Status.DEAD and bad.last_error == LEFT_TRANSACTION_FAILED
+
+    def test_a_failure_reruns_the_batch_with_savepoints_and_the_next_batches_keep_them(self):
+        calls: list[str] = []
+
+        def create(delivery: Delivery) -> None:
+            calls.append(delivery.message_id)
+            Group.objects.create(name=delivery.message_id)
+            if delivery.payload.get("fail"):
+                raise RuntimeError("fails after its write")
+
+        register("p.txrerun", create, transactional=True)
+        service = ZeroLossMessageService(instance_id="txrerun", max_attempts=1)
+        service.persist_messages([(f"r{i}", "p.txrerun", {"fail": i == 2}) for i in range(4)], max_attempts=1)
+        service.persist_messages([(f"s{i}", "p.txrerun", {"fail": i == 0}) for i in range(3)], max_attempts=1)
+        keeper = LeaseKeeper(service, interval=60)  # not started: the leases are long enough
+        batches = TransactionalBatches(service, keeper, stopping=lambda: False)
+        paces: list[float] = []
+        first = service.claim_next("p.txrerun", limit=4)
+        keeper.hold(first, Batch(first))
+        report = batches.run(get_handler("p.txrerun"), first, paces.append)
+        # r0 and r1 ran, then r2 failed and rolled the batch back: the rerun used savepoints,
+        # did not call r2 again, and ran r0, r1 and r3 once more.
+        assert calls == ["r0", "r1", "r2", "r0", "r1", "r3"]
+        assert batches.reruns == 1 and batches.careful["p.txrerun"] == CAREFUL_BATCHES
+        assert sorted(report.acknowledged) == ["r0", "r1", "r3"] and report.dead_lettered == ["r2"]
+        assert len(paces) == 6  # every handler run paces the claims, the rolled-back ones too
+        calls.clear()
+        second = service.claim_next("p.txrerun", limit=3)
+        keeper.hold(second, Batch(second))
+        report = batches.run(get_handler("p.txrerun"), second, paces.append)
+        # The next batch kept its savepoints: s0's failure rolled back only itself, nothing ran twice.
+        assert calls == ["s0", "s1", "s2"] and batches.reruns == 1
+        assert sorted(report.acknowledged) == ["s1", "s2"] and report.dead_lettered == ["s0"]
+        assert batches.careful["p.txrerun"] == CAREFUL_BATCHES - 1
+        assert sorted(Group.objects.values_list("name", flat=True)) == ["r0", "r1", "r3", "s1", "s2"]
+        assert reasons("r0") == ["persisted", "claimed", "acknowledged"]
+
     def test_a_message_whose_lease_was_lost_before_its_turn_never_runs(self):
         ran: list[str] = []
 
@@ -137,8 +240,6 @@ class TestTransactionalBatches:
         leases = service.claim_next("p.txlost", limit=2)
         operator = ZeroLossMessageService(instance_id="op")
         assert operator.requeue_messages(["l1"], force=True) == ["l1"]  # revoked before the batch ran
-        from django.db import transaction
-
         with transaction.atomic():
             held = service.lock_held(leases)
             assert held == {"l0"}

@@ -8,19 +8,33 @@ failed attempt, never allowed to end the worker thread.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import traceback
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
 
 from .delivery import Delivery, LeaseLost
 from .handlers import HandlerSpec
 from .ledger.types import Completion, Lease, Verdict
 from .ledger.validation import MAX_ERROR_LENGTH, canonical_json, clean_text
 
-__all__ = ["Delivery", "HandlerRun", "LeaseLost", "Outcome", "describe_error", "run_handler"]
+if TYPE_CHECKING:
+    from .ledger.engine import Engine
+
+__all__ = [
+    "Delivery",
+    "HandlerRun",
+    "LeaseLost",
+    "Outcome",
+    "describe_error",
+    "run_handler",
+    "run_in_savepoint",
+]
 
 logger = logging.getLogger("zeroloss")
 
@@ -79,3 +93,45 @@ def run_handler(spec: HandlerSpec, delivery: Delivery) -> HandlerRun:
         logger.info("%s: handler failed (attempt %d): %s", delivery.message_id, delivery.attempt, exc)
         return HandlerRun(False, time.monotonic() - started, error=describe_error(exc))
     return HandlerRun(True, time.monotonic() - started, result=result)
+
+
+_savepoint_names = itertools.count(1)
+
+#: Why a handler that returned normally is still a failed attempt.
+LEFT_TRANSACTION_FAILED = (
+    "the handler returned, but left its transaction failed (it caught a database error without "
+    "rolling back to a savepoint of its own, e.g. with transaction.atomic()): its writes are rolled back"
+)
+
+
+def run_in_savepoint(spec: HandlerSpec, delivery: Delivery, using: str, engine: Engine) -> HandlerRun:
+    """Run a transactional handler in a savepoint of its own, inside the caller's transaction.
+
+    A failure rolls back to the savepoint: the handler's writes and the ``on_commit`` callbacks
+    it registered are discarded, the rest of the transaction goes on. A success leaves the
+    savepoint open rather than releasing it, one round trip less per message; the commit (or
+    rollback) of the enclosing transaction ends every savepoint at once.
+
+    A handler that returned after a database error it caught (the transaction now refuses every
+    statement) fails too, so one handler's swallowed error cannot sink its batch's others.
+    """
+    connection = connections[using]
+    sid = f"zl_handler_{next(_savepoint_names)}"
+    with connection.cursor() as cursor:
+        cursor.execute(connection.ops.savepoint_create_sql(sid))
+    # Registered as Django's innermost savepoint while the handler runs, so the on_commit
+    # callbacks it adds are tagged with it and can be dropped with its rollback.
+    connection.savepoint_ids.append(sid)
+    try:
+        run = run_handler(spec, delivery)
+    finally:
+        connection.savepoint_ids.remove(sid)
+    if run.ok and (connection.needs_rollback or engine.transaction_failed(connection)):
+        logger.info("%s: %s", delivery.message_id, LEFT_TRANSACTION_FAILED)
+        run = HandlerRun(False, run.seconds, error=LEFT_TRANSACTION_FAILED)
+    if not run.ok:
+        connection.needs_rollback = False  # Django refuses any statement, this rollback too, until reset
+        with connection.cursor() as cursor:
+            cursor.execute(connection.ops.savepoint_rollback_sql(sid))
+        connection.run_on_commit = [entry for entry in connection.run_on_commit if sid not in entry[0]]
+    return run

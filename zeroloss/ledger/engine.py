@@ -139,6 +139,11 @@ class Engine:
         """End a session of ours the client lost, and wait until nothing of it can still commit."""
         return True
 
+    def transaction_failed(self, conn: BaseDatabaseWrapper) -> bool:
+        """Whether ``conn``'s transaction met an error and accepts nothing but a rollback
+        (SQLite has no such state: a failed statement leaves its transaction usable)."""
+        return False
+
     def execute(
         self, conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *, prepare: bool = False
     ) -> tuple[Rows, int]:

@@ -58,6 +58,12 @@ class PostgresEngine(Engine):
         raw = conn.connection
         return None if raw is None or raw.closed else int(raw.info.backend_pid)
 
+    def transaction_failed(self, conn: BaseDatabaseWrapper) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        raw = conn.connection
+        return raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
+
     def end_session(self, conn: BaseDatabaseWrapper, session: int, timeout: float = 30.0) -> bool:
         import time
 

@@ -19,7 +19,7 @@ from ..exceptions import UnknownQueue
 from ..handlers import get_handler
 from ..ledger.types import Completion, CompletionReport, Lease, Verdict
 from ..outage import OutageMonitor
-from ..processing import Delivery, Outcome, run_handler
+from ..processing import Delivery, Outcome, run_handler, run_in_savepoint
 from ..service import ZeroLossMessageService
 from .completer import Completer
 from .keeper import LeaseKeeper
@@ -95,12 +95,7 @@ class DeliveryRuntime:
                 if not service.lock_held([lease]):
                     return Outcome.LEASE_LOST
                 self.keeper.pause([lease.message_id])
-                savepoint = transaction.savepoint(using=service.using)
-                run = run_handler(spec, Delivery(lease, self.keeper))
-                if run.ok:
-                    transaction.savepoint_commit(savepoint, using=service.using)
-                else:
-                    transaction.savepoint_rollback(savepoint, using=service.using)
+                run = run_in_savepoint(spec, Delivery(lease, self.keeper), service.using, service.engine)
                 report = service.complete([run.completion(lease)], locked=True)
         finally:
             self.keeper.drop([lease.message_id])

@@ -1,9 +1,10 @@
 """One worker thread: claim a batch sized to the handler's pace, run it, record the outcomes.
 
 Plain handlers run one after another and their outcomes go to the batch completer.
-Transactional handlers run as a batch inside one transaction: the rows are locked (fenced)
-first, each handler runs in its own savepoint, and the outcomes are recorded in the same
-transaction, so one commit makes every effect and its acknowledgement durable together.
+Transactional handlers run as a batch inside one transaction
+(:mod:`zeroloss.worker.transactional`): the rows are locked (fenced) first, and the outcomes
+are recorded in the same transaction, so one commit makes every effect and its
+acknowledgement durable together.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..service import ZeroLossMessageService
 from ..wakeup import Wakeup
 from .completer import Completer, verdict_counts
 from .keeper import Batch, LeaseKeeper
+from .transactional import TransactionalBatches
 
 logger = logging.getLogger("zeroloss")
 
@@ -86,6 +88,9 @@ class ClaimLoop:
             on_report=self._count,
             wait=worker.stop.wait,
             tolerance=settings.DB_OUTAGE_TOLERANCE,
+        )
+        self.transactional = TransactionalBatches(
+            self.service, worker.keeper, stopping=lambda: bool(worker.stop)
         )
         self.batch: Batch | None = None
         self.claim_unknown = False
@@ -217,34 +222,9 @@ class ClaimLoop:
 
     def _transactional_batch(self, spec: HandlerSpec, pace: Pace, leases: list[Lease]) -> None:
         keeper = self.worker.keeper
-        service = self.service
-
-        def batch() -> CompletionReport:
-            completions: list[Completion] = []
-            with transaction.atomic(using=service.using):
-                held = service.lock_held(leases)
-                keeper.pause(held)
-                for lease in leases:
-                    if lease.message_id not in held:
-                        continue  # lost before it started: not run, reported below
-                    if self.worker.stop:
-                        completions.append(
-                            Completion(lease, Verdict.RELEASE, "released unstarted at worker shutdown")
-                        )
-                        continue
-                    savepoint = transaction.savepoint(using=service.using)
-                    run = run_handler(spec, Delivery(lease, keeper))
-                    if run.ok:
-                        transaction.savepoint_commit(savepoint, using=service.using)
-                    else:
-                        transaction.savepoint_rollback(savepoint, using=service.using)
-                    pace.update(run.seconds)
-                    completions.append(run.completion(lease))
-                report = service.complete(completions, locked=True)
-            report.refused.extend(x.message_id for x in leases if x.message_id not in held)
-            return report
-
-        ok, report = self._attempt(batch, "a transactional batch")
+        ok, report = self._attempt(
+            lambda: self.transactional.run(spec, leases, pace.update), "a transactional batch"
+        )
         if ok and report is not None:
             self._count(report)
             keeper.drop(x.message_id for x in leases)
