@@ -14,8 +14,8 @@ from django.db import connection
 
 from tests.conftest import ROOT, child_env
 from tests.test_ops_support import clear_cache, ledger_state, make_stuck, run
+from zeroloss.management import verify as verify_checks
 from zeroloss.management.batches import BATCH_PAYLOAD_BYTES, PayloadBatches
-from zeroloss.management.commands import zeroloss_verify
 from zeroloss.models import Message
 from zeroloss.service import WARNING, IntegrityFinding, IntegrityReport, ZeroLossMessageService
 
@@ -146,8 +146,8 @@ def test_severity_comes_from_the_code_not_the_text(monkeypatch):
 def test_every_code_the_command_emits_has_a_severity():
     codes = {"orphan_event", "missing_persisted_event", "duplicate_persisted_event", "status_mismatch"}
     codes |= {"unbalanced", "dead_letters", "replication_requirement", "disallowed_transition"}
-    codes |= set(zeroloss_verify._INTEGRITY_CODES)
-    assert codes == set(zeroloss_verify.SEVERITY)
+    codes |= set(verify_checks._INTEGRITY_CODES)
+    assert codes == set(verify_checks.SEVERITY)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -18,7 +18,8 @@ from django.db.models.functions import TruncMinute
 from .models import Message, MessageEvent, ReplicationNode, Status
 from .replication import format_lsn, is_live
 from .service import ReplicationStatus, ZeroLossMessageService, canonical_json, payload_checksum
-from .snapshot import ReplicationSnapshot, Snapshot, compute_snapshot, format_duration, get_snapshot
+from .snapshot import compute_snapshot, format_duration, get_snapshot
+from .snapshot_types import ReplicationSnapshot, Snapshot
 
 # format_duration (zeroloss.snapshot) and format_lsn (zeroloss.replication) are the only
 # formatters; they are re-exported here for the admin, which imported them from this module.

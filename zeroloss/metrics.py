@@ -30,7 +30,8 @@ from prometheus_client.registry import Collector
 
 from .models import Status
 from .service import ZeroLossMessageService
-from .snapshot import Snapshot, get_snapshot
+from .snapshot import get_snapshot
+from .snapshot_types import Snapshot
 
 logger = logging.getLogger("zeroloss")
 

@@ -24,7 +24,8 @@ from django.core.management.base import CommandParser
 from ...loops import StopFlag
 from ...models import Status
 from ...service import ZeroLossMessageService
-from ...snapshot import Snapshot, format_duration, get_snapshot
+from ...snapshot import format_duration, get_snapshot
+from ...snapshot_types import Snapshot
 from ..base import ZeroLossCommand, positive_float, positive_int
 
 #: Blocked keys listed in the text output (``--json`` has up to ``snapshot.MAX_BLOCKED_KEYS``).

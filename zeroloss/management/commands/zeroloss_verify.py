@@ -16,7 +16,8 @@ statement so concurrent transitions never make it disagree with itself:
 
 Plus: dead letters above ``HEALTH_MAX_DEAD`` and the replication requirement.
 
-Severity comes from each issue's code (:data:`SEVERITY`), never from its text. Nothing is
+Severity comes from each issue's code (:data:`zeroloss.management.verify.SEVERITY`), never from
+its text. Nothing is
 written: ``--replication`` measures with ``replication_status(message, record=False)``, against
 the message's recorded commit position or, when none was recorded, the current WAL position.
 
@@ -36,72 +37,13 @@ arguments; 4 the ledger could not be reached. JSON schema: docs/operations.md.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from django.core.management.base import CommandParser
-from django.db import connections
-from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 
-from ...models import Message, MessageEvent, PurgeRecord, Status
-from ...replication import requirement as replication_requirement
-from ...service import IntegrityFinding, ZeroLossMessageService
-from ...states import ANNOTATIONS, is_allowed
-from ..base import (
-    EXIT_CRITICAL,
-    EXIT_OK,
-    EXIT_WARNING,
-    CriticalFound,
-    WarningFound,
-    ZeroLossCommand,
-    positive_int,
-)
-from ..batches import BATCH_PAYLOAD_BYTES, PayloadBatches
-
-MSG = Message._meta.db_table
-EVT = MessageEvent._meta.db_table
-PURGE = PurgeRecord._meta.db_table
-
-CRITICAL = "critical"
-WARNING = "warning"
-
-#: Every issue code and its severity. The verdict (and exit code) is decided from these codes;
-#: a code the service adds later keeps the severity its finding carries.
-SEVERITY: dict[str, str] = {
-    # integrity, per message (ZeroLossMessageService.verify_message's finding codes)
-    "checksum_mismatch": CRITICAL,
-    "attempts_exceeded": CRITICAL,
-    "replication_insufficient": CRITICAL,
-    "stuck": WARNING,
-    # conservation
-    "orphan_event": CRITICAL,
-    "missing_persisted_event": CRITICAL,
-    "duplicate_persisted_event": CRITICAL,
-    "status_mismatch": CRITICAL,
-    "unbalanced": CRITICAL,
-    "disallowed_transition": CRITICAL,
-    # the ledger as a whole
-    "dead_letters": WARNING,
-    "replication_requirement": CRITICAL,
-}
-# The integrity finding codes, each counted in the JSON even when zero.
-_INTEGRITY_CODES = ("checksum_mismatch", "stuck", "attempts_exceeded", "replication_insufficient")
-
-
-@dataclass
-class Issue:
-    severity: str
-    check: str
-    detail: str
-    message_id: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "severity": self.severity,
-            "check": self.check,
-            "message_id": self.message_id,
-            "detail": self.detail,
-        }
+from ..base import EXIT_CRITICAL, EXIT_WARNING, CriticalFound, WarningFound, ZeroLossCommand, positive_int
+from ..batches import BATCH_PAYLOAD_BYTES
+from ..verify import Verification
 
 
 class Command(ZeroLossCommand):
@@ -139,35 +81,20 @@ class Command(ZeroLossCommand):
     ) -> None:
         service = self.service(options)
         queue = self.check_queue(service, queue)
-        self.issues: list[Issue] = []
-        self.issue_counts: dict[str, int] = {}
-        self.severities: dict[str, str] = {}
-        self.max_issues = max_issues
+        checks = Verification(service, queue, max_issues=max_issues)
         now = service.database_now()
 
         began = time.perf_counter()
-        integrity, checked_pks = self.integrity(service, queue, sample, replication, as_json=json)
+        integrity, checked_pks = checks.integrity(
+            sample, replication, lambda total: self.progress(total, "verify", {"json": json})
+        )
         integrity_seconds = time.perf_counter() - began
-        conservation = self.conservation(service, queue, checked_pks if sample else None)
-        dead = Message.objects.using(service.using).dead()
-        if queue is not None:
-            dead = dead.filter(queue_name=queue)
-        dead_count = dead.count()
-        max_dead = service.settings.HEALTH_MAX_DEAD
-        if dead_count > max_dead:
-            self.add("dead_letters", f"{dead_count} dead letter(s), above HEALTH_MAX_DEAD={max_dead}")
-        req = replication_requirement(service)
-        for problem in req.problems:
-            self.add("replication_requirement", problem)
+        conservation = checks.conservation(checked_pks if sample else None)
+        dead_letters = checks.dead_letters()
+        replication_result = checks.replication()
 
-        severities = set(self.severities.values())
-        if CRITICAL in severities:
-            status, code = CRITICAL, EXIT_CRITICAL
-        elif WARNING in severities:
-            status, code = WARNING, EXIT_WARNING
-        else:
-            status, code = "ok", EXIT_OK
-        total = sum(self.issue_counts.values())
+        status, code = checks.verdict()
+        total = sum(checks.issue_counts.values())
         result: dict[str, Any] = {
             "status": status,
             "exit_code": code,
@@ -176,22 +103,17 @@ class Command(ZeroLossCommand):
             "checked_at": now.isoformat(),
             "integrity": integrity,
             "conservation": conservation,
-            "dead_letters": {"count": dead_count, "max": max_dead},
-            "replication": {
-                "required": req.required,
-                "available": req.available,
-                "ok": req.ok,
-                "problems": list(req.problems),
-            },
-            "issue_counts": dict(sorted(self.issue_counts.items())),
-            "issues": [i.as_dict() for i in self.issues],
+            "dead_letters": dead_letters,
+            "replication": replication_result,
+            "issue_counts": dict(sorted(checks.issue_counts.items())),
+            "issues": [i.as_dict() for i in checks.issues],
             "issues_total": total,
-            "issues_truncated": total > len(self.issues),
+            "issues_truncated": total > len(checks.issues),
         }
         self.report(result, as_json=json)
         self.log(
-            f"zeroloss_verify: integrity {integrity_seconds:.2f}s in {self.fetched.count} batch(es), largest "
-            f"{self.fetched.largest / 2**20:.1f} MiB of payload (bound {BATCH_PAYLOAD_BYTES / 2**20:.0f} MiB); "
+            f"zeroloss_verify: integrity {integrity_seconds:.2f}s in {checks.fetched.count} batch(es), largest "
+            f"{checks.fetched.largest / 2**20:.1f} MiB of payload (bound {BATCH_PAYLOAD_BYTES / 2**20:.0f} MiB); "
             f"conservation and the rest {time.perf_counter() - began - integrity_seconds:.2f}s",
             level=2,
         )
@@ -199,201 +121,6 @@ class Command(ZeroLossCommand):
             raise CriticalFound(f"zeroloss_verify: critical: {total} issue(s)")
         if code == EXIT_WARNING:
             raise WarningFound(f"zeroloss_verify: warning: {total} issue(s)")
-
-    # -- bookkeeping --------------------------------------------------------------------
-
-    def add(
-        self, check: str, detail: str, message_id: str | None = None, *, severity: str | None = None
-    ) -> None:
-        """Count one issue of code ``check`` (listed while under ``--max-issues``)."""
-        severity = SEVERITY.get(check, severity or CRITICAL)
-        self.severities[check] = severity
-        self.issue_counts[check] = self.issue_counts.get(check, 0) + 1
-        if len(self.issues) < self.max_issues:
-            self.issues.append(Issue(severity, check, detail, message_id))
-
-    def count_only(self, check: str, n: int) -> None:
-        """Count ``n`` more issues of ``check`` beyond those already listed (no detail)."""
-        if n > 0:
-            self.severities[check] = SEVERITY.get(check, CRITICAL)
-            self.issue_counts[check] = self.issue_counts.get(check, 0) + n
-
-    # -- integrity ----------------------------------------------------------------------
-
-    def integrity(
-        self,
-        service: ZeroLossMessageService,
-        queue: str | None,
-        sample: int | None,
-        replication: bool,
-        *,
-        as_json: bool,
-    ) -> tuple[dict[str, Any], list[int]]:
-        qs = Message.objects.using(service.using)
-        if queue is not None:
-            qs = qs.filter(queue_name=queue)
-        self.fetched = PayloadBatches(service)
-        if sample:
-            pks = list(qs.order_by("?").values_list("id", flat=True)[:sample])
-            total = len(pks)
-            sizes = self.fetched.sizes_of(sorted(pks))
-        else:
-            pks = []
-            total = qs.count()
-            sizes = self.fetched.all_sizes(queue)
-        now = service.database_now()
-        checked = 0
-        found = dict.fromkeys(_INTEGRITY_CODES, 0)
-        bar = self.progress(total, "verify", {"json": as_json})
-        try:
-            for batch in self.fetched.batches(sizes):
-                for message in batch:
-                    checked += 1
-                    for finding in self.findings(service, message, now, replication):
-                        found[finding.code] = found.get(finding.code, 0) + 1
-                        self.add(finding.code, finding.detail, message.message_id, severity=finding.severity)
-                bar.advance(len(batch))
-        finally:
-            bar.close()
-        result = {
-            "messages_checked": checked,
-            "sampled": bool(sample),
-            "replication_checked": replication,
-            **found,
-        }
-        return result, pks
-
-    @staticmethod
-    def findings(
-        service: ZeroLossMessageService, message: Message, now: Any, replication: bool
-    ) -> list[IntegrityFinding]:
-        """The service's findings; replication is measured here with ``record=False`` (no write)."""
-        return list(service.verify_message(message, now, replication=replication, record=False).findings)
-
-    # -- conservation -------------------------------------------------------------------
-
-    def conservation(
-        self, service: ZeroLossMessageService, queue: str | None, sample_pks: list[int] | None
-    ) -> dict[str, Any]:
-        alias = service.using
-        # One statement, one snapshot: a transition commits its message row and its audit
-        # row together, so these counts are mutually consistent even under load.
-        qfilter = " AND queue_name = %s" if queue else ""
-        qparams = [queue] if queue else []
-        persisted_sql = (
-            f"SELECT COUNT(*) FROM {EVT} WHERE reason = 'persisted'"
-            if not queue
-            else f"SELECT COUNT(*) FROM {EVT} e JOIN {MSG} m ON m.id = e.message_id "
-            "WHERE e.reason = 'persisted' AND m.queue_name = %s"
-        )
-        parts = [f"({persisted_sql})", f"(SELECT COALESCE(SUM(count), 0) FROM {PURGE} WHERE 1 = 1{qfilter})"]
-        params: list[Any] = [*qparams, *qparams]
-        statuses = [s.value for s in Status]
-        for status in statuses:
-            parts.append(f"(SELECT COUNT(*) FROM {MSG} WHERE status = %s{qfilter})")
-            params += [status, *qparams]
-        with connections[alias].cursor() as cursor:
-            cursor.execute("SELECT " + ", ".join(parts), params)
-            row = cursor.fetchone()
-        persisted_events, purged = int(row[0]), int(row[1])
-        by_status = {s: int(n) for s, n in zip(statuses, row[2:], strict=True)}
-        persisted = persisted_events + purged
-        accounted = sum(by_status.values()) + purged
-        if persisted != accounted:
-            self.add(
-                "unbalanced",
-                f"{persisted} message(s) persisted ({persisted_events} persisted events + {purged} purged) but "
-                f"{accounted} accounted for ("
-                + ", ".join(f"{n} {s}" for s, n in by_status.items())
-                + f", {purged} purged)",
-            )
-
-        messages = Message.objects.using(alias)
-        events = MessageEvent.objects.using(alias)
-        if queue is not None:
-            messages = messages.filter(queue_name=queue)
-
-        orphans = events.filter(~Exists(Message.objects.using(alias).filter(pk=OuterRef("message_id"))))
-        if queue is not None:
-            orphans = orphans.none()  # an orphan has no queue; checked by the ledger-wide run
-        orphan_count = orphans.count()
-        for ev in orphans.order_by("id")[: self.max_issues]:
-            self.add(
-                "orphan_event",
-                f"audit row {ev.pk} ({ev.reason}, to {ev.to_status}) refers to missing message pk {ev.message_id}",
-            )
-        self.count_only("orphan_event", orphan_count - min(orphan_count, self.max_issues))
-
-        missing = messages.filter(~Exists(events.filter(message_id=OuterRef("pk"), reason="persisted")))
-        missing_count = missing.count()
-        for mid in missing.order_by("id").values_list("message_id", flat=True)[: self.max_issues]:
-            self.add("missing_persisted_event", "no 'persisted' audit row", mid)
-        self.count_only("missing_persisted_event", missing_count - min(missing_count, self.max_issues))
-
-        dups = (
-            events.filter(reason="persisted", message_id__in=messages.values("pk"))
-            .order_by()
-            .values("message_id")
-            .annotate(n=Count("id"))
-            .filter(n__gt=1)
-        )
-        dup_rows = list(dups)
-        names = dict(
-            messages.filter(pk__in=[r["message_id"] for r in dup_rows]).values_list("pk", "message_id")
-        )
-        for r in dup_rows:
-            self.add(
-                "duplicate_persisted_event",
-                f"{r['n']} 'persisted' audit rows",
-                names.get(r["message_id"]),
-            )
-
-        # Edges of the state machine: every audit row must be one (zeroloss.states.TRANSITIONS).
-        edges = events if queue is None else events.filter(message__queue_name=queue)
-        for row in edges.order_by().values("from_status", "to_status", "reason").annotate(n=Count("id")):
-            if not is_allowed(row["from_status"], row["to_status"], row["reason"]):
-                self.add(
-                    "disallowed_transition",
-                    f"{row['n']} audit row(s) record {row['from_status'] or '(new)'} -> {row['to_status']} "
-                    f"({row['reason']}), an edge the state machine does not have",
-                )
-
-        # Annotations (a deduplicated send) repeat the status: the latest *move* decides.
-        latest = (
-            events.filter(message_id=OuterRef("pk"))
-            .exclude(reason__in=[r.value for r in ANNOTATIONS])
-            .order_by("-id")
-            .values("to_status")[:1]
-        )
-        scope = messages if sample_pks is None else messages.filter(pk__in=sample_pks)
-        mismatched = scope.annotate(last_to=Subquery(latest)).filter(
-            Q(last_to__isnull=True) | ~Q(last_to=F("status"))
-        )
-        mismatch_count = mismatched.count()
-        for mid, status, last in mismatched.order_by("id").values_list("message_id", "status", "last_to")[
-            : self.max_issues
-        ]:
-            self.add(
-                "status_mismatch",
-                f"status is {status!r} but the latest audit row moved it to {last!r}",
-                mid,
-            )
-        self.count_only("status_mismatch", mismatch_count - min(mismatch_count, self.max_issues))
-
-        return {
-            "persisted": persisted,
-            "persisted_events": persisted_events,
-            "purged": purged,
-            **by_status,
-            "accounted": accounted,
-            "balanced": persisted == accounted,
-            "orphan_events": orphan_count,
-            "missing_persisted_event": missing_count,
-            "duplicate_persisted_event": len(dup_rows),
-            "status_mismatch": mismatch_count,
-            "status_checked": len(sample_pks) if sample_pks is not None else sum(by_status.values()),
-            "orphans_checked": queue is None,
-        }
 
     # -- output -------------------------------------------------------------------------
 
