@@ -49,7 +49,10 @@ def blocked_ledger() -> ZeroLossMessageService:
     """Key ``busy``: head b0 processing, 3 behind. Key ``failing``: head f0 backing off after a
     failure, 2 behind. Key ``free``: head claimable, 1 behind (not blocked). Key ``alone``:
     processing, nothing behind (not blocked). ``other`` queue: key ``busy`` processing, 1 behind."""
-    worker = ZeroLossMessageService(instance_id="worker-1", ack_timeout=600, max_attempts=5)
+    # A retry delay far longer than any test: "failing" stays blocked however loaded the host.
+    worker = ZeroLossMessageService(
+        instance_id="worker-1", ack_timeout=600, max_attempts=5, retry_backoff={"BASE": 3600, "MAX": 3600}
+    )
     for i in range(4):
         worker.persist_message(f"b{i}", "q", {"i": i}, ordering_key="busy")
     for i in range(3):
