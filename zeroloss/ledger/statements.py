@@ -33,12 +33,23 @@ INSERT_ONE = (
     "CASE WHEN %s <> '' THEN NULL ELSE {after} END, '', '', '[]'{jsonb}, {now}, {now}, "
     "CASE WHEN %s THEN {now} END) ON CONFLICT (message_id) DO NOTHING"
 )
-INSERT_MANY = (
+_INSERT_SELECT = (
     "INSERT INTO {msg} (" + INSERT_COLUMNS + ") SELECT b.mid, b.q, b.payload{jsonb}, "
     "b.checksum, 'pending', 0, b.max_attempts, b.priority, b.k, "
     "CASE WHEN b.k <> '' THEN NULL ELSE {after} END, '', '', '[]'{jsonb}, {now}, {now}, "
-    "CASE WHEN %s THEN {now} END FROM {rows} WHERE true ON CONFLICT (message_id) DO NOTHING"
+    "CASE WHEN %s THEN {now} END FROM "
 )
+INSERT_MANY = _INSERT_SELECT + "{rows} WHERE true ON CONFLICT (message_id) DO NOTHING"
+# A large batch (PostgreSQL, ``Engine.stage_from``): COPY'd into a temporary table, then stored
+# by one statement. Dropped at once (a second batch of the same transaction creates it again),
+# and at commit whatever happens. ``n`` keeps the batch's order in the ids.
+STAGE_CREATE = (
+    "CREATE TEMPORARY TABLE zeroloss_staged (n int, mid text, q text, payload text, checksum text, "
+    "max_attempts int, priority int, k text) ON COMMIT DROP"
+)
+STAGE_COPY = "COPY zeroloss_staged FROM STDIN"
+INSERT_STAGED = _INSERT_SELECT + "zeroloss_staged b ORDER BY b.n ON CONFLICT (message_id) DO NOTHING"
+STAGE_DROP = "DROP TABLE zeroloss_staged"
 # A deduplication window: claimed when new or expired; otherwise it names the first message.
 DEDUP_CLAIM = (
     "INSERT INTO {dedup} (queue_name, dedup_key, message_id, expires_at, created_at) "
