@@ -1,11 +1,15 @@
-"""Large batches: COPY'd into a temporary table, then stored by one statement with their audit rows.
+"""Large batches, stored through PostgreSQL's bulk path: COPY.
 
 :meth:`~.persist.Persisting.persist_messages` hands a batch of ``Engine.stage_from`` messages or
-more here (PostgreSQL; SQLite has no threshold). The statement is ``INSERT_MANY``'s reading the
-staged rows instead of ``unnest`` arrays: the same ``ON CONFLICT`` idempotency, ``persisted``
-audit rows and wake-up, in the caller's transaction. What it saves is client CPU: COPY's text
-rows are a few string operations each, where psycopg dumps array parameters in Python; and the
-checks that are the same for every item of the batch run once.
+more here (PostgreSQL; SQLite has no threshold). A batch of new messages draws its ids from the
+sequence (in the batch's order) and one reading of the database clock, then COPYs the message
+rows and their ``persisted`` audit rows, in a savepoint of the caller's transaction. If an id is
+stored already (a resend), the COPY fails on it; the savepoint is rolled back and the batch goes
+the idempotent way: COPY'd into a temporary table, then ``INSERT_MANY``'s statement reading it
+(``ON CONFLICT (message_id) DO NOTHING``, audit rows in the same statement). Either way what
+differs from small batches is cost only: COPY's text rows are a few string operations each,
+where psycopg dumps array parameters in Python, and the checks that are the same for every item
+of the batch run once.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models.base import ModelState
 
 from ..exceptions import InvalidMessage, PayloadTooLarge
@@ -36,6 +40,7 @@ from .validation import (
 if TYPE_CHECKING:
     from .persist import Persisting
 
+NULL = "\\N"  # COPY's text format
 #: Rows per ``COPY`` write (about a megabyte of text for small payloads).
 _COPY_CHUNK = 5000
 
@@ -155,25 +160,18 @@ def _store(
 ) -> list[Message]:
     """``Persisting._store`` for a large batch: insert what is new, read back what existed."""
     engine, conn = ledger.engine, ledger.connection
-    engine.execute(conn, engine.sql["STAGE_CREATE"], [])
-    engine.copy_in(conn, engine.sql["STAGE_COPY"], _lines(prepared))
-    rows = ledger._move(
-        "INSERT_STAGED",
-        [delay_s, dispatched],
-        source="",
-        reason="persisted",
-        actor=actor,
-        result=("id", "message_id"),
-        prepare=False,  # it names a table each batch creates again
-    )
-    engine.execute(conn, engine.sql["STAGE_DROP"], [])
-    stored = dict((mid, pk) for pk, mid in rows)
+    validate_message_id(actor, "actor")
+    created: dt.datetime | None
+    try:
+        # A savepoint: an id stored already (a resend) undoes the COPY, and the staged
+        # statement below sorts new from stored.
+        with transaction.atomic(using=ledger.using):
+            stored, created = _copy(ledger, prepared, delay_s, actor, dispatched)
+    except IntegrityError:
+        stored, created = _staged(ledger, prepared, delay_s, actor, dispatched)
     new = [p for p in prepared if p.message_id in stored]
-    created = later = None
+    later = None if created is None else created + dt.timedelta(seconds=delay_s)
     if new:
-        # One statement, one clock reading: every row it stored has the same times.
-        created = engine.at(ledger._run("CREATED_AT", [rows[0][0]])[0][0][0])
-        later = created + dt.timedelta(seconds=delay_s)
         # One wake-up per queue, as the per-row NOTIFY of INSERT_MANY amounts to at commit.
         engine.wake(conn, sorted({p.queue_name for p in new}))
     # One json.loads for the whole batch: the same values as one per payload, without the
@@ -227,6 +225,62 @@ def _store(
     if keys:
         ledger._after_commit(lambda: ledger.promote_keys(keys))
     return result
+
+
+def _copy(
+    ledger: Persisting, prepared: Sequence[Prepared], delay_s: float, actor: str, dispatched: bool
+) -> tuple[dict[str, int], dt.datetime]:
+    """All new: the message rows and their audit rows COPY'd, at PostgreSQL's bulk speed."""
+    engine, conn = ledger.engine, ledger.connection
+    rows, _ = engine.execute(conn, engine.sql["RESERVE_IDS"], [len(prepared)])
+    # One clock reading for the batch, as one INSERT statement has.
+    created = engine.at(rows[0][0])
+    pks = rows[0][1].split(",")
+    at = created.isoformat()
+    available = (created + dt.timedelta(seconds=delay_s)).isoformat()
+    tail = f"\t\t\t[]\t{at}\t{at}\t{at if dispatched else NULL}\n"
+    stored = {p.message_id: int(pk) for p, pk in zip(prepared, pks, strict=True)}
+
+    def messages() -> Iterator[str]:
+        for start in range(0, len(prepared), _COPY_CHUNK):
+            yield "".join(
+                [
+                    f"{pk}\t{_text(p.message_id)}\t{p.queue_name}\t{_text(p.encoded)}\t{p.checksum}\tpending\t0\t"
+                    f"{p.max_attempts}\t{p.priority}\t{_text(p.ordering_key)}\t{NULL if p.ordering_key else available}"
+                    + tail
+                    for p, pk in zip(
+                        prepared[start : start + _COPY_CHUNK], pks[start : start + _COPY_CHUNK], strict=True
+                    )
+                ]
+            )
+
+    event = f"\t\tpending\tpersisted\t{_text(actor)}\t0\t\t{at}\n"
+    engine.copy_in(conn, engine.sql["COPY_MESSAGES"], messages())
+    engine.copy_in(conn, engine.sql["COPY_EVENTS"], (f"{pk}{event}" for pk in pks))
+    return stored, created
+
+
+def _staged(
+    ledger: Persisting, prepared: Sequence[Prepared], delay_s: float, actor: str, dispatched: bool
+) -> tuple[dict[str, int], dt.datetime | None]:
+    """Some stored already: the rows staged, then ``INSERT_MANY``'s statement on them."""
+    engine, conn = ledger.engine, ledger.connection
+    engine.execute(conn, engine.sql["STAGE_CREATE"], [])
+    engine.copy_in(conn, engine.sql["STAGE_COPY"], _lines(prepared))
+    rows = ledger._move(
+        "INSERT_STAGED",
+        [delay_s, dispatched],
+        source="",
+        reason="persisted",
+        actor=actor,
+        result=("id", "message_id"),
+        prepare=False,  # it names a table each batch creates again
+    )
+    engine.execute(conn, engine.sql["STAGE_DROP"], [])
+    if not rows:
+        return {}, None
+    # One statement, one clock reading: every row it stored has the same times.
+    return {mid: pk for pk, mid in rows}, engine.at(ledger._run("CREATED_AT", [rows[0][0]])[0][0][0])
 
 
 def _read_existing(ledger: Persisting, message_ids: list[str]) -> dict[str, Message]:
