@@ -11,7 +11,8 @@ What transaction pooling takes away, and what zeroloss does about it:
   polls instead.
 - session state: zeroloss sets none. Its only settings are ``SET LOCAL`` inside a transaction
   (``zeroloss.replication.record_commit``), which transaction pooling keeps with the
-  transaction; it takes no advisory locks and uses no temporary tables. Django's
+  transaction; it takes no advisory locks, and its one temporary table (a bulk send's staged
+  rows) is created and dropped inside its transaction. Django's
   ``QuerySet.iterator()`` outside a transaction (``zeroloss_verify``) uses a ``WITH HOLD``
   cursor across statements: ``DISABLE_SERVER_SIDE_CURSORS = True``.
 

@@ -12,7 +12,7 @@ import datetime as dt
 import functools
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -86,6 +86,9 @@ class Engine:
     in_close: ClassVar[str] = ")"
     #: A RETURNING column that wakes idle workers when a message becomes claimable.
     notify: ClassVar[str] = ""
+    #: Batches of at least this many messages are stored through ``copy_in`` (``INSERT_STAGED``);
+    #: 0: never (they go as ``{rows}`` batches of ``INSERT_MANY``).
+    stage_from: ClassVar[int] = 0
 
     def __init__(self) -> None:
         self.sql: dict[str, str] = {}
@@ -151,6 +154,13 @@ class Engine:
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
             return (list(cursor.fetchall()) if cursor.description else []), cursor.rowcount
+
+    def wake(self, conn: BaseDatabaseWrapper, queues: Sequence[str]) -> None:
+        """Tell idle workers of these queues, at commit, that messages became claimable."""
+
+    def copy_in(self, conn: BaseDatabaseWrapper, sql: str, chunks: Iterable[str]) -> None:
+        """Run ``COPY ... FROM STDIN`` with rows in its text format, in the current transaction."""
+        raise NotImplementedError
 
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
         """Run one moving statement and write one audit row per message it moved, atomically."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -14,6 +13,8 @@ from django.db.models.base import ModelState
 from ..exceptions import InvalidMessage, MessageConflict, PayloadTooLarge
 from ..models import Message, Status
 from .base import LedgerBase
+from .bulk import Prepared as _Prepared
+from .bulk import persist_staged
 from .validation import (
     canonical_json,
     clean_text,
@@ -31,17 +32,6 @@ PersistedMessage = Message
 
 _INSERT_RETURNING = ", available_at"
 _MANY_CHUNK = 5000
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    message_id: str
-    queue_name: str
-    encoded: str
-    checksum: str
-    max_attempts: int
-    priority: int
-    ordering_key: str
 
 
 class Persisting(LedgerBase):
@@ -143,6 +133,12 @@ class Persisting(LedgerBase):
         again if none arrives.
         """
         items = list(items)
+        if len(items) >= self.engine.stage_from > 0:
+            staged = persist_staged(
+                self, items, max_attempts, delay, actor, dispatched, priority, ordering_key
+            )
+            if staged is not None:
+                return staged
         prepared = []
         for n, item in enumerate(items):
             if not isinstance(item, tuple | list) or len(item) != 3:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -43,6 +43,9 @@ class PostgresEngine(Engine):
     in_close = "))"
     # Delivered at commit, collapsed per transaction and queue; idle workers LISTEN on it.
     notify = ", pg_notify('zeroloss_wakeup', queue_name)"
+    # Below this, the unnest batch costs less than creating, filling and dropping a temporary
+    # table; above it, COPY saves psycopg's array dumping (about 20 us of client CPU a message).
+    stage_from = 1000
 
     def after(self, seconds_sql: str) -> str:
         return f"(statement_timestamp() + {seconds_sql} * interval '1 second')"
@@ -120,6 +123,21 @@ class PostgresEngine(Engine):
         with conn.wrap_database_errors:
             executor(sql, params, False, {"connection": conn, "cursor": cur})
             return (cur.fetchall() if cur.description else []), cur.rowcount
+
+    def wake(self, conn: BaseDatabaseWrapper, queues: Sequence[str]) -> None:
+        self.execute(
+            conn, "SELECT pg_notify('zeroloss_wakeup', q) FROM unnest(%s::text[]) AS q", [list(queues)]
+        )
+
+    def copy_in(self, conn: BaseDatabaseWrapper, sql: str, chunks: Iterable[str]) -> None:
+        # Django's cursor cannot COPY: psycopg's own, on the same connection and transaction.
+        # Django's execute_wrappers do not see it (they wrap execute() calls only).
+        conn.ensure_connection()
+        if conn.in_atomic_block:
+            conn.validate_no_broken_transaction()
+        with conn.wrap_database_errors, conn.connection.cursor() as cur, cur.copy(sql) as copy:
+            for chunk in chunks:
+                copy.write(chunk)
 
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
         result = ", ".join(_EPOCH.get(c, c) for c in move.result) if move.result else "*"

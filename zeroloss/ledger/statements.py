@@ -33,12 +33,39 @@ INSERT_ONE = (
     "CASE WHEN %s <> '' THEN NULL ELSE {after} END, '', '', '[]'{jsonb}, {now}, {now}, "
     "CASE WHEN %s THEN {now} END) ON CONFLICT (message_id) DO NOTHING"
 )
-INSERT_MANY = (
+_INSERT_SELECT = (
     "INSERT INTO {msg} (" + INSERT_COLUMNS + ") SELECT b.mid, b.q, b.payload{jsonb}, "
     "b.checksum, 'pending', 0, b.max_attempts, b.priority, b.k, "
     "CASE WHEN b.k <> '' THEN NULL ELSE {after} END, '', '', '[]'{jsonb}, {now}, {now}, "
-    "CASE WHEN %s THEN {now} END FROM {rows} WHERE true ON CONFLICT (message_id) DO NOTHING"
+    "CASE WHEN %s THEN {now} END FROM "
 )
+INSERT_MANY = _INSERT_SELECT + "{rows} WHERE true ON CONFLICT (message_id) DO NOTHING"
+# A large batch (PostgreSQL, ``Engine.stage_from``) of new messages: ids drawn in the batch's
+# order and one clock reading, then the message rows and their audit rows COPY'd.
+# (as one text: 100,000 ids load in a few ms, where 100,000 rows took a tenth of the batch; the
+# sequence looked up once, not once a row: 4x faster)
+RESERVE_IDS = (
+    "SELECT {now}, string_agg(nextval((SELECT pg_get_serial_sequence('{msg}', 'id')::regclass))::text, ',') "
+    "FROM generate_series(1, %s)"
+)
+COPY_MESSAGES = (
+    "COPY {msg} (id, message_id, queue_name, payload, checksum, status, attempts, max_attempts, priority, "
+    "ordering_key, available_at, claimed_by, last_error, replication_targets, created_at, updated_at, "
+    "dispatched_at) FROM STDIN"
+)
+COPY_EVENTS = (
+    "COPY {evt} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at) FROM STDIN"
+)
+# When an id of the batch is stored already (the COPY fails on it): COPY'd into a temporary
+# table, then stored by one statement like INSERT_MANY. Dropped at once (a second batch of the same transaction creates it again),
+# and at commit whatever happens. ``n`` keeps the batch's order in the ids.
+STAGE_CREATE = (
+    "CREATE TEMPORARY TABLE zeroloss_staged (n int, mid text, q text, payload text, checksum text, "
+    "max_attempts int, priority int, k text) ON COMMIT DROP"
+)
+STAGE_COPY = "COPY zeroloss_staged FROM STDIN"
+INSERT_STAGED = _INSERT_SELECT + "zeroloss_staged b ORDER BY b.n ON CONFLICT (message_id) DO NOTHING"
+STAGE_DROP = "DROP TABLE zeroloss_staged"
 # A deduplication window: claimed when new or expired; otherwise it names the first message.
 DEDUP_CLAIM = (
     "INSERT INTO {dedup} (queue_name, dedup_key, message_id, expires_at, created_at) "
