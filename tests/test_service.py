@@ -82,7 +82,13 @@ class TestPersist:
 
     @pytest.mark.parametrize(
         "options",
-        [{}, {"delay": 30}, {"dispatched": True}, {"ordering_key": "acct", "priority": 5}, {"max_attempts": 2}],
+        [
+            {},
+            {"delay": 30},
+            {"dispatched": True},
+            {"ordering_key": "acct", "priority": 5},
+            {"max_attempts": 2},
+        ],
     )
     def test_the_returned_message_is_the_stored_row(self, service, options):
         """persist_message builds its result from what the INSERT returned (no read-back):

@@ -41,7 +41,9 @@ def _moved(source: str, reason: str, last_error: bool, detail_sql: str | None) -
     if detail_sql is None:
         detail_sql = "last_error" if last_error else "CAST(%s AS TEXT)"
     return statements.MOVED.format(
-        from_status=f"CAST('{source}' AS TEXT)", reason=reason if " " in reason else f"'{reason}'", detail=detail_sql
+        from_status=f"CAST('{source}' AS TEXT)",
+        reason=reason if " " in reason else f"'{reason}'",
+        detail=detail_sql,
     )
 
 

@@ -220,7 +220,9 @@ class Persisting(LedgerBase):
                 extra=_INSERT_RETURNING + engine.notify,
                 result=_INSERT_ONE_RESULT,
             )
-            stored = {p.message_id: (r[0], engine.at(r[1]), engine.to_datetime(r[2])) for r in rows}
+            if rows:  # none when the id existed
+                r = rows[0]
+                stored = {p.message_id: (r[0], engine.at(r[1]), engine.to_datetime(r[2]))}
         else:
             for start in range(0, len(prepared), _MANY_CHUNK):
                 chunk = prepared[start : start + _MANY_CHUNK]
