@@ -80,6 +80,45 @@ class TestPersist:
         assert len(stored) == 1200
         assert MessageEvent.objects.filter(reason="persisted").count() == 1201
 
+    @pytest.mark.parametrize(
+        "options",
+        [
+            {},
+            {"delay": 30},
+            {"dispatched": True},
+            {"ordering_key": "acct", "priority": 5},
+            {"max_attempts": 2},
+        ],
+    )
+    def test_the_returned_message_is_the_stored_row(self, service, options):
+        """persist_message builds its result from what the INSERT returned (no read-back):
+        every field, times to the microsecond, must equal the row as the database holds it."""
+        returned = service.persist_message("m1", "q", {"b": [1, 2.0], "a": "x"}, **options)
+        stored = Message.objects.get(message_id="m1")
+        fields = [f.attname for f in Message._meta.concrete_fields]
+        assert {f: getattr(returned, f) for f in fields} == {f: getattr(stored, f) for f in fields}
+        assert returned.payload == {"a": "x", "b": [1, 2]}
+        assert returned.created_at == stored.created_at == MessageEvent.objects.get(message=stored).created_at
+
+    def test_hot_paths_pass_through_djangos_execute_wrappers(self, service):
+        """APM and query-inspection hooks (connection.execute_wrapper) see the prepared hot-path
+        statements too: persist, claim and acknowledge."""
+        seen: list[str] = []
+
+        def wrapper(execute, sql, params, many, context):
+            seen.append(sql)
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(wrapper):
+            service.persist_message("m1", "q", {})
+            [lease] = service.claim_next("q")
+            assert service.acknowledge_message(lease.message_id, lease.token)
+        table = Message._meta.db_table
+        assert any(f"INSERT INTO {table}" in sql for sql in seen), seen
+        assert any("status = 'processing', attempts = attempts + 1" in sql for sql in seen), seen
+        assert any("status = 'completed'" in sql for sql in seen), seen
+        assert reasons("m1") == ["persisted", "claimed", "acknowledged"]
+
     def test_delay_makes_message_unavailable_until_then(self, service):
         service.persist_message("later", "q", {}, delay=60)
         assert service.mark_processing("later") is None

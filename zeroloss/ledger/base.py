@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -32,6 +33,18 @@ def engine_for(connection: BaseDatabaseWrapper) -> Engine:
             f"zeroloss supports PostgreSQL and SQLite; database {connection.alias!r} is {connection.vendor}."
         )
     return engine
+
+
+@functools.lru_cache(maxsize=256)
+def _moved(source: str, reason: str, last_error: bool, detail_sql: str | None) -> str:
+    """The RETURNING columns of a move (see :meth:`LedgerBase._move`), rendered once per shape."""
+    if detail_sql is None:
+        detail_sql = "last_error" if last_error else "CAST(%s AS TEXT)"
+    return statements.MOVED.format(
+        from_status=f"CAST('{source}' AS TEXT)",
+        reason=reason if " " in reason else f"'{reason}'",
+        detail=detail_sql,
+    )
 
 
 class LedgerBase:
@@ -98,20 +111,24 @@ class LedgerBase:
         constant ``detail`` (a parameter), or the SQL expression ``detail_sql``, or with
         ``detail=None`` the row's new ``last_error``.
         """
-        if actor is not None:
+        if actor is not None and actor != self.instance_id:  # the instance id was checked once
             validate_message_id(actor, "actor")
-        engine = self.engine
-        reason_sql = reason if " " in reason else f"'{reason}'"
-        if detail_sql is None:
-            detail_sql = "last_error" if detail is None else "CAST(%s AS TEXT)"
-            if detail is not None:
-                params = [*params, detail]
-        moved = statements.MOVED.format(
-            from_status=f"CAST('{source}' AS TEXT)", reason=reason_sql, detail=detail_sql
-        )
+        conn = self.connection
+        engine = engine_for(conn)
+        if detail_sql is None and detail is not None:
+            params = [*params, detail]
         return engine.transition(
-            self.connection,
-            Move(engine.sql[name], params, moved, actor or self.instance_id, extra, promote, prepare, result),
+            conn,
+            Move(
+                engine.sql[name],
+                params,
+                _moved(source, reason, detail is None, detail_sql),
+                actor or self.instance_id,
+                extra,
+                promote,
+                prepare,
+                result,
+            ),
         )
 
     def promote_keys(self, keys: Iterable[tuple[str, str]]) -> list[str]:

@@ -34,6 +34,8 @@ _LEASE_COLUMNS = (
     "max_attempts",
     "priority",
 )
+#: What a single acknowledgement hands back (only whether it moved a row matters).
+_ACKED_COLUMNS = ("message_id",)
 #: What an outcome statement hands back.
 _OUTCOME_COLUMNS = ("message_id", "status")
 
@@ -120,7 +122,16 @@ class Leasing(LedgerBase):
         validate_message_id(message_id)
         token = self._token(lease_token)
         encoded = None if result is None else canonical_json(result)
-        return bool(self._ack("ACK", [message_id], [token], [encoded]))
+        # ACK for one row, with scalar parameters (arrays cost client CPU to dump).
+        rows = self._move(
+            "ACK_ONE",
+            [encoded, message_id, token],
+            source="processing",
+            reason="acknowledged",
+            promote=True,
+            result=_ACKED_COLUMNS,
+        )
+        return bool(rows)
 
     def mark_failed(self, message_id: str, lease_token: uuid.UUID | str, error: str) -> bool:
         """Record a failed attempt: back to pending after a backoff, or dead when attempts are spent.

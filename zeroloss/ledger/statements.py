@@ -187,6 +187,12 @@ _ACK = (
     "lease_token = NULL, lease_expires_at = NULL, updated_at = {now} " + _FENCE
 )
 ACK = _ACK + _UNEXPIRED
+# One acknowledgement (acknowledge_message): scalar parameters, no batch to unpack.
+ACK_ONE = (
+    "UPDATE {msg} SET status = 'completed', completed_at = {now}, last_error = '', result = %s{jsonb}, "
+    "lease_token = NULL, lease_expires_at = NULL, updated_at = {now} WHERE message_id = %s "
+    "AND lease_token = %s AND status = 'processing'" + _UNEXPIRED
+)
 # Inside a transactional batch whose rows this transaction locked after a fenced check
 # (LOCK_HELD): nobody else can have moved them since, whatever the clock says now.
 ACK_LOCKED = _ACK
