@@ -94,7 +94,8 @@ class Engine:
         self.sql: dict[str, str] = {}
         for name in dir(statements):
             template = getattr(statements, name)
-            if name.isupper() and isinstance(template, str) and name not in ("MOVED", "INSERT_COLUMNS"):
+            named = name.isupper() and not name.startswith("_")  # _FRAGMENTS only build statements
+            if named and isinstance(template, str) and name not in ("MOVED", "INSERT_COLUMNS"):
                 self.sql[name] = self.render(name, template)
         self._composed: dict[tuple[Any, ...], str] = {}
 

@@ -182,16 +182,18 @@ RENEW = (
     + _UNEXPIRED
     + " RETURNING message_id"
 )
-_ACK = (
-    "UPDATE {msg} SET status = 'completed', completed_at = {now}, last_error = '', result = b.res{jsonb}, "
-    "lease_token = NULL, lease_expires_at = NULL, updated_at = {now} " + _FENCE
+# The acknowledged state; ``{{result}}`` is the stored result (a batch column or a parameter).
+_ACK_SET = (
+    "UPDATE {{msg}} SET status = 'completed', completed_at = {{now}}, last_error = '', result = {result}{{jsonb}}, "
+    "lease_token = NULL, lease_expires_at = NULL, updated_at = {{now}} "
 )
+_ACK = _ACK_SET.format(result="b.res") + _FENCE
 ACK = _ACK + _UNEXPIRED
 # One acknowledgement (acknowledge_message): scalar parameters, no batch to unpack.
 ACK_ONE = (
-    "UPDATE {msg} SET status = 'completed', completed_at = {now}, last_error = '', result = %s{jsonb}, "
-    "lease_token = NULL, lease_expires_at = NULL, updated_at = {now} WHERE message_id = %s "
-    "AND lease_token = %s AND status = 'processing'" + _UNEXPIRED
+    _ACK_SET.format(result="%s")
+    + "WHERE message_id = %s AND lease_token = %s AND status = 'processing'"
+    + _UNEXPIRED
 )
 # Inside a transactional batch whose rows this transaction locked after a fenced check
 # (LOCK_HELD): nobody else can have moved them since, whatever the clock says now.

@@ -177,16 +177,18 @@ def _needs_canonical(value: Any) -> bool:
     return False
 
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(data: Any) -> str:
     """The canonical JSON text that is stored and hashed. Raises :class:`InvalidPayload`."""
     try:
         if _needs_canonical(data):
             data = _canonical(data)
-        encoded = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        encoded = _ENCODER.encode(data)
         if _FLOAT_RE.search(encoded):
-            encoded = json.dumps(
-                _canonical(data), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-            )
+            encoded = _ENCODER.encode(_canonical(data))
     except RecursionError:
         raise InvalidPayload(f"Payload is nested more than {MAX_DEPTH} levels deep.") from None
     except (TypeError, ValueError) as exc:
