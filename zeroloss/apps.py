@@ -10,8 +10,10 @@ class ZeroLossConfig(AppConfig):
         from django.conf import settings
 
         from . import checks  # noqa: F401  (registers the system checks)
-        from .handlers import autodiscover
+        from .handlers import add_queue_source, autodiscover
+        from .tasks_backend.runner import TASK_QUEUES
 
+        add_queue_source(TASK_QUEUES)  # task queues (TASKS) have handlers too
         autodiscover()
         if "django_prometheus" in settings.INSTALLED_APPS:
             from .metrics import register_default

@@ -16,9 +16,9 @@ start-up, like ``admin.py``), or anywhere that is imported before workers start:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .exceptions import InvalidMessage, UnknownQueue
 
@@ -67,25 +67,39 @@ def handler(queue_name: str, *, transactional: bool = False, store_result: bool 
     return decorator
 
 
+class QueueSource(Protocol):
+    """Queues handled by something other than a ``@zeroloss.handler`` (the task backend's)."""
+
+    def spec(self, queue_name: str) -> HandlerSpec | None: ...
+
+    def queues(self) -> Iterable[str]: ...
+
+
+#: Added at start-up (``ZeroLossConfig.ready``), so this module imports none of them.
+_sources: list[QueueSource] = []
+
+
+def add_queue_source(source: QueueSource) -> None:
+    if source not in _sources:
+        _sources.append(source)
+
+
 def get_handler(queue_name: str) -> HandlerSpec:
     """The queue's handler: a ``@zeroloss.handler``, or the task runner of a queue listed by a
     zeroloss task backend in ``TASKS`` (:mod:`zeroloss.tasks_backend`)."""
     spec = _registry.get(queue_name)
     if spec is not None:
         return spec
-    from .tasks_backend.runner import task_spec
-
-    spec = task_spec(queue_name)
-    if spec is None:
-        raise UnknownQueue(queue_name)
-    return spec
+    for source in _sources:
+        spec = source.spec(queue_name)
+        if spec is not None:
+            return spec
+    raise UnknownQueue(queue_name)
 
 
 def registered_queues() -> list[str]:
     """Handler queues and task queues (``TASKS``), sorted."""
-    from .tasks_backend.queues import task_queues
-
-    return sorted({*_registry, *task_queues()})
+    return sorted({*_registry, *(queue for source in _sources for queue in source.queues())})
 
 
 def autodiscover() -> None:

@@ -43,6 +43,7 @@ from django.core.cache import caches
 from django.db.models import Count, Min, Q
 
 from . import replication
+from .durations import format_duration
 from .models import Message, MessageEvent, Status
 from .service import ZeroLossMessageService
 from .snapshot_types import QueueSnapshot, ReplicationSnapshot, Snapshot, zero_counts
@@ -90,24 +91,6 @@ _QUEUE_NAMES_SQL = (
     f"SELECT (SELECT min(m.queue_name) FROM {MSG} m WHERE m.queue_name > q.name) FROM q WHERE q.name IS NOT NULL) "
     "SELECT name FROM q WHERE name IS NOT NULL LIMIT %s"
 )
-
-
-def format_duration(seconds: float | None) -> str:
-    """Seconds as text for terminals and the admin: ``-``, ``4.2s``, ``42s``, ``12m 05s``,
-    ``3h 07m``, ``2d 04h``; negative durations get a leading ``-``. The one text format."""
-    if seconds is None:
-        return "-"
-    magnitude = abs(float(seconds))
-    s = int(magnitude)
-    if s < 60:
-        text = f"{magnitude:.1f}s" if magnitude < 10 else f"{s}s"
-    elif s < 3600:
-        text = f"{s // 60}m {s % 60:02d}s"
-    elif s < 86400:
-        text = f"{s // 3600}h {s % 3600 // 60:02d}m"
-    else:
-        text = f"{s // 86400}d {s % 86400 // 3600:02d}h"
-    return f"-{text}" if seconds < 0 and text != "0.0s" else text
 
 
 def cache_key(service: ZeroLossMessageService) -> str:

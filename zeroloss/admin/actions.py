@@ -12,6 +12,8 @@ row (``actor`` = the operator) atomically; feedback is pluralised with ``ngettex
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.db.models.functions import Now
@@ -31,7 +33,9 @@ from .transitions import (
     dead_letter_transition,
     skip_key_head_transition,
 )
-from .views import DeskViews
+
+if TYPE_CHECKING:
+    from .views import DeskViews
 
 # -- the actions ----------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ class MessageAdmin(MessageColumns, DeskViews):
     list_max_show_all = 500
     show_full_result_count = False
     paginator = LedgerPaginator
+    key_actions = actions.KEY_ACTIONS
     actions = [
         actions.requeue_stuck,
         actions.force_requeue,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -34,6 +34,9 @@ def cached_dashboard(service: ZeroLossMessageService, *, refresh: bool) -> dashb
 
 class DeskViews(MessagePermissions):
     """Pages beside the changelist (mixed into :class:`~zeroloss.admin.MessageAdmin`)."""
+
+    #: The actions of the blocked-keys page by name (``MessageAdmin`` sets them).
+    key_actions: ClassVar[dict[str, Any]] = {}
 
     def get_urls(self) -> list[URLPattern]:
         wrap = self.admin_site.admin_view
@@ -120,10 +123,8 @@ class DeskViews(MessagePermissions):
         return TemplateResponse(request, "zeroloss/admin/blocked_keys.html", context)
 
     def _key_action(self, request: HttpRequest) -> HttpResponse:
-        from .actions import KEY_ACTIONS
-
         name = request.POST.get("action", "")
-        action = KEY_ACTIONS.get(name)
+        action = self.key_actions.get(name)
         if action is None:
             raise BadRequest(f"There is no key action {name!r}.")
         needs = getattr(action, "allowed_permissions", ())

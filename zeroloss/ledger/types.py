@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ..durations import format_duration
+
 #: Severities of integrity findings: a monitor pages on ``critical``.
 CRITICAL = "critical"
 WARNING = "warning"
@@ -146,8 +148,6 @@ class KeyHead:
     @property
     def detail(self) -> str:
         """Why, in words (one line; the last error shortened)."""
-        from ..snapshot import format_duration
-
         left = None if self.until is None else (self.until - self.now).total_seconds()
         attempt = f"attempt {self.attempts}/{self.max_attempts}"
         if self.why == KeyWhy.PROCESSING:

@@ -75,6 +75,8 @@ class ZeroLossBackend(BaseTaskBackend):
     """Tasks as zeroloss ledger messages. Configured in ``TASKS``; see ``docs/django-tasks.md``."""
 
     task_class = ZeroLossTask
+    #: How ``queues`` recognises this backend and its subclasses without importing this module.
+    is_zeroloss_backend = True
 
     supports_defer = True  # run_after -> the message's available_at
     supports_priority = True  # the ledger's priority column: claims take higher first

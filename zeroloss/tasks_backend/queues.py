@@ -27,10 +27,9 @@ def _is_ours(path: Any) -> bool:
         return False
     try:
         cls = import_string(path)
-        from .backend import ZeroLossBackend
     except ImportError:
         return False
-    return isinstance(cls, type) and issubclass(cls, ZeroLossBackend)
+    return isinstance(cls, type) and getattr(cls, "is_zeroloss_backend", False) is True
 
 
 def zeroloss_backends() -> dict[str, dict[str, Any]]:

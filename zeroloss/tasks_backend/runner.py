@@ -75,3 +75,18 @@ def task_spec(queue_name: str) -> HandlerSpec | None:
     if queue_name not in task_queues():
         return None
     return HandlerSpec(queue_name, run_task, store_result=True)
+
+
+class TaskQueues:
+    """The task backend's queues, as a :class:`zeroloss.handlers.QueueSource`."""
+
+    def spec(self, queue_name: str) -> HandlerSpec | None:
+        return task_spec(queue_name)
+
+    def queues(self) -> list[str]:
+        from .queues import task_queues
+
+        return sorted(task_queues())
+
+
+TASK_QUEUES = TaskQueues()

@@ -1,0 +1,22 @@
+"""Durations as text: the one format for terminals, the admin and messages (no imports: any
+module may use it)."""
+
+from __future__ import annotations
+
+
+def format_duration(seconds: float | None) -> str:
+    """Seconds as text for terminals and the admin: ``-``, ``4.2s``, ``42s``, ``12m 05s``,
+    ``3h 07m``, ``2d 04h``; negative durations get a leading ``-``. The one text format."""
+    if seconds is None:
+        return "-"
+    magnitude = abs(float(seconds))
+    s = int(magnitude)
+    if s < 60:
+        text = f"{magnitude:.1f}s" if magnitude < 10 else f"{s}s"
+    elif s < 3600:
+        text = f"{s // 60}m {s % 60:02d}s"
+    elif s < 86400:
+        text = f"{s // 3600}h {s % 3600 // 60:02d}m"
+    else:
+        text = f"{s // 86400}d {s % 86400 // 3600:02d}h"
+    return f"-{text}" if seconds < 0 and text != "0.0s" else text
