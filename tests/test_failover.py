@@ -325,11 +325,13 @@ def test_failover_with_synchronous_standby_loses_no_accepted_message(ha: Setup) 
     assert first_ack is not None and first_ack[0] is not None
     kill_to_ack = float(first_ack[0]) - killed_at
     # the workers rode out the failover on their own and logged it: one line when the outage
-    # began and one when it ended, for each worker that met it (a worker whose connections were
-    # all between statements may simply reconnect to the new primary, and has nothing to say)
+    # began and one when it ended. A worker whose connections were all between statements may
+    # simply reconnect to the new primary and has nothing to say; one that met the outage may be
+    # stopped while it still backs off (the other drained the queue meanwhile), before its next
+    # attempt would log the end. So: some worker met it, and some worker logged its end.
     met = [w for w in workers if "unreachable since" in w.text]
     assert met, "no worker noticed the failover: " + " | ".join(w.text[-1500:] for w in workers)
-    assert all("reachable again" in w.text for w in met), " | ".join(w.text[-1500:] for w in met)
+    assert any("reachable again" in w.text for w in met), " | ".join(w.text[-1500:] for w in met)
 
     after = replication_report(ha.env)
     assert after["nodes"]["replication"]["standbys_streaming"] == 0

@@ -227,6 +227,41 @@ class TestTransactionalBatches:
         assert sorted(Group.objects.values_list("name", flat=True)) == ["r0", "r1", "r3", "s1", "s2"]
         assert reasons("r0") == ["persisted", "claimed", "acknowledged"]
 
+    @pytest.mark.postgres_only
+    def test_a_connection_lost_inside_a_handler_is_an_outage_not_its_failure(self):
+        import psycopg
+
+        from zeroloss.outage import is_outage
+
+        def lose_the_connection(delivery: Delivery) -> None:
+            pid = connection.connection.info.backend_pid
+            params = connection.get_connection_params()
+            with psycopg.connect(
+                dbname=params["dbname"],
+                host=params.get("host"),
+                port=params.get("port"),
+                user=params.get("user"),
+                autocommit=True,
+            ) as other:
+                other.execute("SELECT pg_terminate_backend(%s)", [pid])
+            Group.objects.create(name=delivery.message_id)  # fails: the server ended this session
+
+        register("p.txgone", lose_the_connection, transactional=True)
+        service = ZeroLossMessageService(instance_id="txgone")
+        service.persist_messages([("gone0", "p.txgone", {})])
+        keeper = LeaseKeeper(service, interval=60)
+        batches = TransactionalBatches(service, keeper, stopping=lambda: False)
+        leases = service.claim_next("p.txgone", limit=1)
+        keeper.hold(leases, Batch(leases))
+        with pytest.raises(Exception) as raised:
+            batches.run(get_handler("p.txgone"), leases, lambda seconds: None)
+        # The caller's outage handling takes it: no failure is charged to the handler, no rerun.
+        assert is_outage(raised.value), raised.value
+        assert batches.reruns == 0
+        connection.close()
+        assert reasons("gone0") == ["persisted", "claimed"]
+        assert Message.objects.get(message_id="gone0").status == Status.PROCESSING
+
     def test_a_message_whose_lease_was_lost_before_its_turn_never_runs(self):
         ran: list[str] = []
 

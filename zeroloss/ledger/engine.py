@@ -143,6 +143,10 @@ class Engine:
         """End a session of ours the client lost, and wait until nothing of it can still commit."""
         return True
 
+    def connection_lost(self, conn: BaseDatabaseWrapper) -> bool:
+        """Whether ``conn``'s link to the server is broken (SQLite runs in the client: never)."""
+        return False
+
     def transaction_failed(self, conn: BaseDatabaseWrapper) -> bool:
         """Whether ``conn``'s transaction met an error and accepts nothing but a rollback
         (SQLite has no such state: a failed statement leaves its transaction usable)."""

@@ -66,6 +66,12 @@ class PostgresEngine(Engine):
         raw = conn.connection
         return None if raw is None or raw.closed else int(raw.info.backend_pid)
 
+    def connection_lost(self, conn: BaseDatabaseWrapper) -> bool:
+        from psycopg.pq import ConnStatus
+
+        raw = conn.connection
+        return raw is None or raw.closed or raw.info.status == ConnStatus.BAD
+
     def transaction_failed(self, conn: BaseDatabaseWrapper) -> bool:
         from psycopg.pq import TransactionStatus
 

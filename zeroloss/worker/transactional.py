@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from django.db import transaction
+from django.db import OperationalError, transaction
 
 from ..handlers import HandlerSpec
 from ..ledger.types import Completion, CompletionReport, Lease, Verdict
@@ -99,6 +99,12 @@ class TransactionalBatches:
                     ):
                         run = HandlerRun(False, run.seconds, error=LEFT_TRANSACTION_FAILED)
                     if not run.ok:
+                        if service.engine.connection_lost(connection):
+                            # The database went away under the handler: an outage for the caller
+                            # to ride out (the batch's leases lapse), not the handler's failure.
+                            raise OperationalError(
+                                f"connection lost during a transactional batch: {run.error}"
+                            )
                         raise _HandlerFailed(lease.message_id, run)
                 elif lease.message_id in failed:
                     run = failed[lease.message_id]
