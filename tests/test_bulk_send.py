@@ -175,6 +175,32 @@ def test_invalid_items_and_options_raise_what_small_batches_raise():
     assert not Message.objects.exists() and not MessageEvent.objects.exists()
 
 
+def test_a_bad_item_met_after_chunks_were_streamed_aborts_the_copy_and_stores_nothing(monkeypatch):
+    """COPY streams each chunk while the next is prepared: a bad item in a later chunk must
+    abort what the server already received, and leave the caller's transaction usable."""
+    from zeroloss.ledger import bulk
+
+    monkeypatch.setattr(bulk, "_COPY_CHUNK", 300)
+    service = ZeroLossMessageService()
+    items: list[Any] = [(mid, QUEUE, {"n": i}) for i, mid in enumerate(ids())]
+    service.persist_message("m5", QUEUE, {"n": 5})  # a resend in the first chunk, too
+    with transaction.atomic():
+        bad = list(items)
+        bad[1950] = ("m1950", QUEUE, {"x": float("nan")})
+        with pytest.raises(InvalidPayload, match=r"item 1950 \('m1950'\): .*Nothing of the batch was stored"):
+            service.persist_messages(bad)
+        with pytest.raises(InvalidPayload, match=r"item 1949 \('m1950'\)"):  # m5 left out
+            service.persist_messages([x for x in bad if x[0] != "m5"])
+        with pytest.raises(InvalidMessage, match="'m3' appears twice"):
+            service.persist_messages([*items, ("m3", QUEUE, {"n": 3})])
+        with pytest.raises(InvalidMessage, match="'m3' appears twice"):
+            service.persist_messages([x for x in items if x[0] != "m5"] + [("m3", QUEUE, {"n": 3})])
+        assert Message.objects.count() == 1 and persisted_count() == 1
+        stored = service.persist_messages(items)  # the same transaction goes on
+    assert [m.message_id for m in stored] == ids()
+    assert Message.objects.count() == N and persisted_count() == N
+
+
 def test_it_commits_and_rolls_back_with_the_callers_transaction():
     class Failed(Exception):
         pass
