@@ -50,7 +50,11 @@ class Move:
     #: When a message of an ordering key finished (completed or dead), release the next one of
     #: its key in the same transaction.
     promote: bool = False
+    #: A hot path: run on the connection's reused psycopg cursor, prepared once (PostgreSQL).
     prepare: bool = True
+    #: ``False``: planned for each call with its parameters, not prepared (a batch whose size a
+    #: generic plan cannot know; the fenced batches of :mod:`.leases`).
+    reuse_plan: bool = True
     #: The columns handed back, by name (``MOVED`` ones, then ``extra`` ones); ``None``: all.
     #: The audit rows are written whatever it says; fewer columns, less to convert.
     result: tuple[str, ...] | None = None
@@ -153,7 +157,13 @@ class Engine:
         return False
 
     def execute(
-        self, conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *, prepare: bool = False
+        self,
+        conn: BaseDatabaseWrapper,
+        sql: str,
+        params: Sequence[Any],
+        *,
+        prepare: bool = False,
+        reuse_plan: bool = True,
     ) -> tuple[Rows, int]:
         """Run one statement; its rows (if any) and its row count."""
         with conn.cursor() as cursor:

@@ -95,12 +95,19 @@ class PostgresEngine(Engine):
         return [list(column) for column in columns]
 
     def execute(
-        self, conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *, prepare: bool = False
+        self,
+        conn: BaseDatabaseWrapper,
+        sql: str,
+        params: Sequence[Any],
+        *,
+        prepare: bool = False,
+        reuse_plan: bool = True,
     ) -> tuple[Rows, int]:
         """Hot paths run prepared on one reused psycopg cursor of Django's own connection.
 
         Django disables psycopg's prepared statements; zeroloss prepares its own fixed-shape
-        statements once per connection. They still pass through Django's
+        statements once per connection. With ``reuse_plan=False`` the statement takes the same
+        cursor unprepared: PostgreSQL plans it for this call's parameters. They still pass through Django's
         ``connection.execute_wrappers`` (APM and query-inspection hooks), and while Django logs
         queries (``DEBUG``, ``CaptureQueriesContext``) they take Django's logging cursor.
         """
@@ -129,14 +136,14 @@ class PostgresEngine(Engine):
             if wrappers:
 
                 def run(sql: str, params: Sequence[Any], many: bool, context: dict[str, Any]) -> None:
-                    cur.execute(sql, params, prepare=True)
+                    cur.execute(sql, params, prepare=reuse_plan)
 
                 executor: Any = run
                 for wrapper in reversed(wrappers):
                     executor = functools.partial(wrapper, executor)
                 executor(sql, params, False, {"connection": conn, "cursor": cur})
             else:
-                cur.execute(sql, params, prepare=True)
+                cur.execute(sql, params, prepare=reuse_plan)
             # The result's status, not cur.description: that builds a Column object per
             # column on every call (about 1 us each, measured).
             res = cur.pgresult
@@ -166,5 +173,7 @@ class PostgresEngine(Engine):
                 f"{_PROMOTE_CTE if move.promote else ''} SELECT {result} FROM t"
             ),
         )
-        rows, _ = self.execute(conn, full, [*move.params, move.actor], prepare=move.prepare)
+        rows, _ = self.execute(
+            conn, full, [*move.params, move.actor], prepare=move.prepare, reuse_plan=move.reuse_plan
+        )
         return rows
