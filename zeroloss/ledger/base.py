@@ -81,13 +81,15 @@ class LedgerBase:
     def engine(self) -> Engine:
         return engine_for(self.connection)
 
-    def _run(
-        self, name: str, params: Sequence[Any], *, prepare: bool = False, reuse_plan: bool = True
-    ) -> tuple[Rows, int]:
+    def _run(self, name: str, params: Sequence[Any], *, prepare: bool = False) -> tuple[Rows, int]:
         """Run the named statement (see :mod:`.statements`)."""
         engine = self.engine
         return engine.execute(
-            self.connection, engine.sql[name], params, prepare=prepare, reuse_plan=reuse_plan
+            self.connection,
+            engine.sql[name],
+            params,
+            prepare=prepare,
+            reuse_plan=name not in statements.PLANNED_PER_CALL,
         )
 
     def _rows(self, name: str, *columns: Sequence[Any]) -> list[Any]:
@@ -107,7 +109,6 @@ class LedgerBase:
         extra: str = "",
         promote: bool = False,
         prepare: bool = True,
-        reuse_plan: bool = True,
         result: tuple[str, ...] | None = None,
     ) -> Rows:
         """Run the named moving statement with its audit rows; returns the moved rows.
@@ -132,7 +133,7 @@ class LedgerBase:
                 extra,
                 promote,
                 prepare,
-                reuse_plan,
+                name not in statements.PLANNED_PER_CALL,
                 result,
             ),
         )

@@ -53,7 +53,7 @@ class Move:
     #: A hot path: run on the connection's reused psycopg cursor, prepared once (PostgreSQL).
     prepare: bool = True
     #: ``False``: planned for each call with its parameters, not prepared (a batch whose size a
-    #: generic plan cannot know; the fenced batches of :mod:`.leases`).
+    #: generic plan cannot know: ``statements.PLANNED_PER_CALL``).
     reuse_plan: bool = True
     #: The columns handed back, by name (``MOVED`` ones, then ``extra`` ones); ``None``: all.
     #: The audit rows are written whatever it says; fewer columns, less to convert.

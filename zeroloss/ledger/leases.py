@@ -38,13 +38,6 @@ _LEASE_COLUMNS = (
 _ACKED_COLUMNS = ("message_id",)
 #: What an outcome statement hands back.
 _OUTCOME_COLUMNS = ("message_id", "status")
-# The fenced statements that join a batch (``unnest`` of its ids and tokens) to the ledger are
-# planned for each batch, not prepared: a prepared statement's generic plan takes the batch
-# for 10 rows and the partial lease index for 1, and nests a loop that unpacks the whole
-# batch again for every leased row of the table (O(batch x leases held); measured: 2.8 of
-# 4.1 ms an acknowledgement of 100, more with every worker). Planned with the batch in
-# hand, PostgreSQL hashes it once (0.2 ms of planning). They still take the hot path's
-# reused cursor: ``prepare=True, reuse_plan=False``.
 
 
 class Leasing(LedgerBase):
@@ -103,7 +96,6 @@ class Leasing(LedgerBase):
             "RENEW",
             [self.settings.ACK_TIMEOUT, *self._rows("RENEW", [message_id], [token])],
             prepare=True,
-            reuse_plan=False,
         )
         return bool(rows)
 
@@ -120,7 +112,6 @@ class Leasing(LedgerBase):
                 *self._rows("RENEW", [x.message_id for x in held], [engine.token(x.token) for x in held]),
             ],
             prepare=True,
-            reuse_plan=False,
         )
         return {r[0] for r in rows}
 
@@ -307,7 +298,6 @@ class Leasing(LedgerBase):
             reason="acknowledged",
             promote=promote,
             prepare=True,
-            reuse_plan=False,
         )
         return [r[1] for r in rows]
 
@@ -330,7 +320,6 @@ class Leasing(LedgerBase):
             detail=None,
             promote=promote,
             prepare=True,
-            reuse_plan=False,
             result=_OUTCOME_COLUMNS,
         )
         return [(r[0], r[1]) for r in rows] if statuses else [r[0] for r in rows]
@@ -343,6 +332,5 @@ class Leasing(LedgerBase):
             reason="released",
             detail=detail,
             prepare=True,
-            reuse_plan=False,
         )
         return [r[1] for r in rows]

@@ -288,6 +288,14 @@ MARK_UNDISPATCHED = "UPDATE {msg} SET dispatched_at = NULL " + _BY_IDS
 NOW = "SELECT {now}"
 CREATED_AT = "SELECT created_at FROM {msg} WHERE id = %s"
 
+#: Fenced statements that join a batch (``unnest`` of its ids and tokens) to the ledger: they
+#: run on the hot path's cursor but are planned for each call, never prepared. A prepared
+#: statement's generic plan takes the batch for 10 rows and the partial lease index for 1, and
+#: nests a loop that unpacks the whole batch again for every leased row of the table
+#: (O(batch x leases held); measured: 2.8 of 4.1 ms an acknowledgement of 100, more with every
+#: worker). Planned with the batch in hand, PostgreSQL hashes it once (0.2 ms of planning).
+PLANNED_PER_CALL = frozenset({"ACK", "ACK_LOCKED", "FAIL", "FAIL_LOCKED", "RELEASE", "RENEW"})
+
 #: The batch each statement's ``{rows}`` carries, as ``b(column, ...)`` with PostgreSQL types.
 #: PostgreSQL passes one array per column (``unnest``); SQLite one JSON array of rows.
 ROWS: dict[str, tuple[tuple[str, str], ...]] = {
