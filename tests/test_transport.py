@@ -229,12 +229,19 @@ def test_db_worker_handles_everything_once_and_survives_sigkill(procs):
 
 
 def test_two_db_workers_never_run_a_message_twice(procs):
-    service = ZeroLossMessageService()
-    service.persist_messages([(f"p{i}", "demo.record", {"i": i}) for i in range(300)])
-    workers = [db_worker("--queue", "demo.record", "--batch-size", "7", "--burst") for _ in range(2)]
+    # Both workers are up and idle before the messages are stored: with messages stored first,
+    # the worker that started sooner could drain them all before the other had started.
+    workers = [
+        db_worker("--queue", "demo.record", "--batch-size", "7", "--poll-interval", "0.2") for _ in range(2)
+    ]
     procs.extend(workers)
     for w in workers:
-        assert w.popen.wait(timeout=120) == 0, w.text
+        w.wait_for("zeroloss_worker: queues")
+    service = ZeroLossMessageService()
+    service.persist_messages([(f"p{i}", "demo.record", {"i": i, "sleep": 0.005}) for i in range(300)])
+    assert wait_until(lambda: HandledRecord.objects.count() >= 300, timeout=120), [w.text for w in workers]
+    for w in workers:
+        assert w.terminate() == 0, w.text
     counts = handled_counts("demo.record")
     assert len(counts) == 300 and set(counts.values()) == {1}
     if connection.vendor == "postgresql":
