@@ -312,6 +312,12 @@ def nested(depth: int, kind: str = "list") -> Any:
     return value
 
 
+def cyclic() -> dict[str, Any]:
+    value: dict[str, Any] = {"n": 1}
+    value["self"] = value
+    return value
+
+
 def persist(
     mid: str = "x1", queue: str = QUEUE, data: Any = None, *args: Any, **kwargs: Any
 ) -> Callable[[Ledger], Any]:
@@ -412,6 +418,13 @@ CASES: list[Hostile] = [
         f"payload nested {DEEP} objects deep",
         "InvalidPayload",
         api(persist(data=nested(DEEP, "dict"))),
+    ),
+    Hostile(
+        "payload-holds-itself",
+        "api",
+        "payload `d` where `d['self'] is d` (a cycle)",
+        "InvalidPayload",
+        api(persist(data=cyclic())),
     ),
     Hostile(
         "payload-nan", "api", "payload `{'x': nan}`", "InvalidPayload", api(persist(data={"x": math.nan}))
@@ -544,6 +557,13 @@ CASES: list[Hostile] = [
         f"`send_many` with one payload nested {DEEP} deep",
         "InvalidPayload",
         api(lambda _: zeroloss.send_many(QUEUE, [{"n": 1}, nested(DEEP)])),
+    ),
+    Hostile(
+        "send-many-payload-holds-itself",
+        "api",
+        "`send_many` with one payload that holds itself",
+        "InvalidPayload",
+        api(lambda _: zeroloss.send_many(QUEUE, [{"n": 1}, cyclic()])),
     ),
     # -- leases -----------------------------------------------------------------------------
     Hostile(

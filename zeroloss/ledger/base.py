@@ -110,16 +110,18 @@ class LedgerBase:
         promote: bool = False,
         prepare: bool = True,
         result: tuple[str, ...] | None = None,
+        conn: BaseDatabaseWrapper | None = None,
     ) -> Rows:
         """Run the named moving statement with its audit rows; returns the moved rows.
 
         ``reason`` is an SQL expression when it is not a plain word. The audit detail is the
         constant ``detail`` (a parameter), or the SQL expression ``detail_sql``, or with
-        ``detail=None`` the row's new ``last_error``.
+        ``detail=None`` the row's new ``last_error``. ``conn``: the caller's lookup of
+        :attr:`connection`, when it has one.
         """
         if actor is not None and actor != self.instance_id:  # the instance id was checked once
             validate_message_id(actor, "actor")
-        conn = self.connection
+        conn = self.connection if conn is None else conn
         engine = engine_for(conn)
         if detail_sql is None and detail is not None:
             params = [*params, detail]

@@ -19,8 +19,7 @@ import datetime as dt
 import gc
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import IntegrityError, transaction
 from django.db.models.base import ModelState
@@ -45,9 +44,9 @@ NULL = "\\N"  # COPY's text format
 _COPY_CHUNK = 5000
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """One validated message, as it will be stored."""
+class Prepared(NamedTuple):
+    """One validated message, as it will be stored. (A named tuple: one is built for every
+    message sent, and a frozen dataclass costs three times as much to build.)"""
 
     message_id: str
     queue_name: str

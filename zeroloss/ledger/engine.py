@@ -13,8 +13,7 @@ import functools
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
@@ -37,9 +36,11 @@ def _from_epoch(value: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(value, dt.UTC)
 
 
-@dataclass(frozen=True)
-class Move:
-    """One moving statement, ready to run with its audit rows (see :meth:`Engine.transition`)."""
+class Move(NamedTuple):
+    """One moving statement, ready to run with its audit rows (see :meth:`Engine.transition`).
+
+    A named tuple: one is built for every transition, and a frozen dataclass took about 1.5 us
+    of client CPU to build (measured)."""
 
     sql: str
     params: Sequence[Any]

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
 
 from ..exceptions import InvalidMessage, MessageConflict, PayloadTooLarge
 from ..models import Message, Status
-from .base import LedgerBase
+from .base import LedgerBase, engine_for
 from .bulk import Prepared as _Prepared
 from .bulk import persist_staged
 from .validation import (
     canonical_json,
     clean_text,
     payload_checksum,
+    scan_json,
     seconds,
     validate_attempts,
     validate_key,
@@ -34,6 +35,22 @@ _INSERT_RETURNING = ", available_at"
 #: What one insert hands back (PostgreSQL sends the times as epoch seconds: cheaper to load).
 _INSERT_ONE_RESULT = ("id", "updated_at", "available_at")
 _MANY_CHUNK = 5000
+#: Queue names already found valid (the same few names come with every message).
+_CHECKED_QUEUES: set[str] = set()
+#: The columns every newly stored message starts with (see ``_materialize``).
+_NEW_ROW: dict[str, Any] = {
+    "status": Status.PENDING,
+    "attempts": 0,
+    "lease_token": None,
+    "lease_expires_at": None,
+    "claimed_by": "",
+    "started_at": None,
+    "last_error": "",
+    "result": None,
+    "commit_lsn": None,
+    "completed_at": None,
+    "dead_at": None,
+}
 
 
 class Persisting(LedgerBase):
@@ -41,11 +58,16 @@ class Persisting(LedgerBase):
         self, message_id: Any, queue_name: Any, data: Any, max_attempts: Any, priority: Any, ordering_key: Any
     ) -> _Prepared:
         message_id = validate_message_id(message_id)
-        queue_name = validate_queue_name(queue_name)
-        max_attempts = validate_attempts(self.settings.MAX_ATTEMPTS if max_attempts is None else max_attempts)
+        if not (queue_name.__class__ is str and queue_name in _CHECKED_QUEUES):
+            queue_name = validate_queue_name(queue_name)
+            if len(_CHECKED_QUEUES) < 10_000:
+                _CHECKED_QUEUES.add(queue_name)
+        # The setting was checked when the settings were read (same bounds).
+        max_attempts = self.settings.MAX_ATTEMPTS if max_attempts is None else validate_attempts(max_attempts)
         encoded = canonical_json(data)
-        size = len(encoded.encode("utf-8"))
-        if size > self.settings.MAX_PAYLOAD_BYTES:
+        limit = self.settings.MAX_PAYLOAD_BYTES
+        # At most 4 UTF-8 bytes a character: most payloads need no encoding to be measured.
+        if len(encoded) * 4 > limit and (size := len(encoded.encode("utf-8"))) > limit:
             raise PayloadTooLarge(
                 f"Payload of message {message_id!r} is {size} bytes of JSON; the limit is "
                 f"{self.settings.MAX_PAYLOAD_BYTES} (ZEROLOSS['MAX_PAYLOAD_BYTES'])."
@@ -57,7 +79,7 @@ class Persisting(LedgerBase):
             payload_checksum(encoded),
             max_attempts,
             validate_priority(priority),
-            validate_key(ordering_key, "ordering_key"),
+            "" if ordering_key == "" else validate_key(ordering_key, "ordering_key"),
         )
 
     def persist_message(
@@ -84,23 +106,31 @@ class Persisting(LedgerBase):
         whatever its id. With ``ordering_key``, messages of the queue sharing the key are
         handled one at a time, in the order they were stored (docs/ordering.md).
         """
-        dedup = validate_key(dedup_key, "dedup_key")
-        window = seconds(self.settings.DEDUP_WINDOW if dedup_window is None else dedup_window, "dedup_window")
+        # (Inline checks of the common case, no key and no delay: every call counts here.)
+        dedup = "" if dedup_key == "" else validate_key(dedup_key, "dedup_key")
+        window = 0.0
+        if dedup or dedup_window is not None:
+            window = seconds(
+                self.settings.DEDUP_WINDOW if dedup_window is None else dedup_window, "dedup_window"
+            )
         if dedup and window <= 0:
             raise InvalidMessage("dedup_window must be more than 0 seconds when a dedup_key is given.")
         prepared = self._prepare(message_id, queue_name, data, max_attempts, priority, ordering_key)
-        delay_s = self._delay(delay, prepared.ordering_key)
+        delay_s = 0.0 if delay is None else self._delay(delay, prepared.ordering_key)
         actor = actor or self.instance_id
         if not dedup:
-            # What persist_messages does for one item, without its batch bookkeeping.
-            if self.connection.vendor == "postgresql":
+            # What persist_messages does for one item, without its batch bookkeeping. The
+            # connection is looked up once (each lookup is a thread-local read: about 1 us).
+            conn = self.connection
+            if conn.vendor == "postgresql":
                 # One statement, autocommit: the fastest durable write PostgreSQL offers.
-                result = self._store([prepared], delay_s, actor, dispatched)
+                message = self._store_one(prepared, delay_s, actor, dispatched, conn)
             else:
                 with transaction.atomic(using=self.using):
-                    result = self._store([prepared], delay_s, actor, dispatched)
-            self._confirm(result)
-            return result[0]
+                    message = self._store_one(prepared, delay_s, actor, dispatched, conn)
+            if self.settings.PERSISTENCE_LEVEL == "replicated":
+                self._confirm([message])
+            return message
         with transaction.atomic(using=self.using):
             claimed, _ = self._run("DEDUP_CLAIM", [prepared.queue_name, dedup, prepared.message_id, window])
             if not claimed:
@@ -187,70 +217,50 @@ class Persisting(LedgerBase):
             replication.confirm(self, messages)
 
     def _store(
-        self, prepared: Sequence[_Prepared], delay_s: float, actor: str, dispatched: bool
+        self,
+        prepared: Sequence[_Prepared],
+        delay_s: float,
+        actor: str,
+        dispatched: bool,
+        conn: BaseDatabaseWrapper | None = None,
     ) -> list[Message]:
         """Insert what is new (with its ``persisted`` audit row); read back what existed."""
-        engine = self.engine
-        stored: dict[str, tuple[int, dt.datetime, dt.datetime | None]] = {}
+        conn = self.connection if conn is None else conn
         if len(prepared) == 1:
-            # One message (persist_message, send): scalar parameters. The array form costs
-            # about 70 us more client CPU for one row (psycopg dumps lists in Python).
-            p = prepared[0]
+            return [self._store_one(prepared[0], delay_s, actor, dispatched, conn)]
+        engine = engine_for(conn)
+        stored: dict[str, tuple[int, dt.datetime, dt.datetime | None]] = {}
+        for start in range(0, len(prepared), _MANY_CHUNK):
+            chunk = prepared[start : start + _MANY_CHUNK]
             rows = self._move(
-                "INSERT_ONE",
+                "INSERT_MANY",
                 [
-                    p.message_id,
-                    p.queue_name,
-                    p.encoded,
-                    p.checksum,
-                    p.max_attempts,
-                    p.priority,
-                    p.ordering_key,
-                    p.ordering_key,
                     delay_s,
                     dispatched,
+                    *self._rows(
+                        "INSERT_MANY",
+                        [p.message_id for p in chunk],
+                        [p.queue_name for p in chunk],
+                        [p.encoded for p in chunk],
+                        [p.checksum for p in chunk],
+                        [p.max_attempts for p in chunk],
+                        [p.priority for p in chunk],
+                        [p.ordering_key for p in chunk],
+                    ),
                 ],
                 source="",
                 reason="persisted",
                 actor=actor,
                 extra=_INSERT_RETURNING + engine.notify,
-                result=_INSERT_ONE_RESULT,
+                result=("id", "message_id"),
             )
-            if rows:  # none when the id existed
-                r = rows[0]
-                stored = {p.message_id: (r[0], engine.at(r[1]), engine.to_datetime(r[2]))}
-        else:
-            for start in range(0, len(prepared), _MANY_CHUNK):
-                chunk = prepared[start : start + _MANY_CHUNK]
-                rows = self._move(
-                    "INSERT_MANY",
-                    [
-                        delay_s,
-                        dispatched,
-                        *self._rows(
-                            "INSERT_MANY",
-                            [p.message_id for p in chunk],
-                            [p.queue_name for p in chunk],
-                            [p.encoded for p in chunk],
-                            [p.checksum for p in chunk],
-                            [p.max_attempts for p in chunk],
-                            [p.priority for p in chunk],
-                            [p.ordering_key for p in chunk],
-                        ),
-                    ],
-                    source="",
-                    reason="persisted",
-                    actor=actor,
-                    extra=_INSERT_RETURNING + engine.notify,
-                    result=("id", "message_id"),
-                )
-                if not rows:
-                    continue
-                # One statement, one clock reading: every row it stored has the same times.
-                created = engine.at(self._run("CREATED_AT", [rows[0][0]])[0][0][0])
-                later = created + dt.timedelta(seconds=delay_s)
-                key_of = {p.message_id: p.ordering_key for p in chunk}
-                stored.update({mid: (pk, created, None if key_of[mid] else later) for pk, mid in rows})
+            if not rows:
+                continue
+            # One statement, one clock reading: every row it stored has the same times.
+            created = engine.at(self._run("CREATED_AT", [rows[0][0]])[0][0][0])
+            later = created + dt.timedelta(seconds=delay_s)
+            key_of = {p.message_id: p.ordering_key for p in chunk}
+            stored.update({mid: (pk, created, None if key_of[mid] else later) for pk, mid in rows})
         result = []
         for p in prepared:
             if p.message_id in stored:
@@ -262,6 +272,47 @@ class Persisting(LedgerBase):
         if keys:
             self._after_commit(lambda: self.promote_keys(keys))
         return result
+
+    def _store_one(
+        self, p: _Prepared, delay_s: float, actor: str, dispatched: bool, conn: BaseDatabaseWrapper
+    ) -> Message:
+        """One message (persist_message, send): scalar parameters, and none of the batch's
+        bookkeeping. (The array form costs about 70 us more client CPU for one row: psycopg
+        dumps lists in Python.)"""
+        engine = engine_for(conn)
+        rows = self._move(
+            "INSERT_ONE",
+            [
+                p.message_id,
+                p.queue_name,
+                p.encoded,
+                p.checksum,
+                p.max_attempts,
+                p.priority,
+                p.ordering_key,
+                p.ordering_key,
+                delay_s,
+                dispatched,
+            ],
+            source="",
+            reason="persisted",
+            detail_sql="''",
+            actor=actor,
+            extra=_INSERT_RETURNING + engine.notify,
+            result=_INSERT_ONE_RESULT,
+            conn=conn,
+        )
+        if not rows:  # the id existed
+            return self._existing(p)
+        pk, created, available = rows[0]
+        created_at = engine.at(created)
+        # Undelayed and unordered, it became available when it was stored: one conversion.
+        available_at = created_at if available == created else engine.to_datetime(available)
+        message = self._materialize(p, pk, created_at, available_at, created_at if dispatched else None)
+        if p.ordering_key:
+            keys = {(p.queue_name, p.ordering_key)}
+            self._after_commit(lambda: self.promote_keys(keys))
+        return message
 
     def _materialize(
         self,
@@ -276,36 +327,27 @@ class Persisting(LedgerBase):
         Built like ``Model.from_db`` but without ``__init__`` (and so without its pre/post
         init signals): at bulk sizes ``__init__`` was a quarter of persist's Python time.
         """
+        state = ModelState()
+        state.adding = False
+        state.db = self.using
         message = Message.__new__(Message)
-        message._state = ModelState()
-        message._state.adding = False
-        message._state.db = self.using
-        message.__dict__.update(
-            id=pk,
-            message_id=p.message_id,
-            queue_name=p.queue_name,
-            payload=json.loads(p.encoded),
-            checksum=p.checksum,
-            status=Status.PENDING,
-            attempts=0,
-            max_attempts=p.max_attempts,
-            priority=p.priority,
-            ordering_key=p.ordering_key,
-            available_at=available_at,
-            lease_token=None,
-            lease_expires_at=None,
-            claimed_by="",
-            started_at=None,
-            last_error="",
-            result=None,
-            replication_targets=[],
-            commit_lsn=None,
-            dispatched_at=dispatched_at,
-            created_at=created_at,
-            updated_at=created_at,
-            completed_at=None,
-            dead_at=None,
-        )
+        message.__dict__ = {
+            **_NEW_ROW,
+            "_state": state,
+            "id": pk,
+            "message_id": p.message_id,
+            "queue_name": p.queue_name,
+            "payload": scan_json(p.encoded, 0)[0],
+            "checksum": p.checksum,
+            "max_attempts": p.max_attempts,
+            "priority": p.priority,
+            "ordering_key": p.ordering_key,
+            "available_at": available_at,
+            "replication_targets": [],
+            "dispatched_at": dispatched_at,
+            "created_at": created_at,
+            "updated_at": created_at,
+        }
         return message
 
     def _existing(self, p: _Prepared) -> Message:

@@ -113,24 +113,28 @@ class PostgresEngine(Engine):
         """
         if not prepare or conn.queries_logged or not get_settings().PREPARED_STATEMENTS:
             return super().execute(conn, sql, params)
-        import psycopg
-
         raw = conn.connection
         if raw is None:
             conn.ensure_connection()
             raw = conn.connection
         if conn.in_atomic_block:
             conn.validate_no_broken_transaction()
-        if raw.prepare_threshold is None:
-            # Django sets the threshold to None, which also turns off explicit prepare=True. A
-            # threshold no query reaches re-enables them for these calls only.
-            raw.prepare_threshold = 2**31 - 1
         # One cursor per connection, reused: a new cursor starts with empty adapter caches
         # (about 40 us of client CPU per statement, measured). Kept on Django's per-thread
-        # connection wrapper and replaced when that reconnects.
-        cur = conn.__dict__.get("_zeroloss_cursor")
-        if cur is None or cur.connection is not raw or cur.closed:
-            cur = conn.__dict__["_zeroloss_cursor"] = psycopg.Cursor(raw)
+        # connection wrapper, with the connection it belongs to, and replaced when that
+        # reconnects. Nothing else sees it, so nothing else closes it.
+        held = conn.__dict__.get("_zeroloss_cursor")
+        if held is not None and held[0] is raw:
+            cur = held[1]
+        else:
+            if raw.prepare_threshold is None:
+                # Django sets the threshold to None, which also turns off explicit
+                # prepare=True. A threshold no query reaches re-enables them for these calls only.
+                raw.prepare_threshold = 2**31 - 1
+            import psycopg
+
+            cur = psycopg.Cursor(raw)
+            conn.__dict__["_zeroloss_cursor"] = (raw, cur)
         wrappers = conn.execute_wrappers
         with conn.wrap_database_errors:
             if wrappers:
@@ -165,12 +169,12 @@ class PostgresEngine(Engine):
                 copy.write(chunk)
 
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
-        result = ", ".join(_EPOCH.get(c, c) for c in move.result) if move.result else "*"
         full = self.composed(
-            (move.sql, move.moved, move.extra, move.promote, result),
+            (move.sql, move.moved, move.extra, move.promote, move.result),
             lambda: (
                 f"WITH t AS ({move.sql} RETURNING {move.moved}{move.extra}), ev AS ({self.event_insert('t')})"
-                f"{_PROMOTE_CTE if move.promote else ''} SELECT {result} FROM t"
+                f"{_PROMOTE_CTE if move.promote else ''} SELECT "
+                f"{', '.join(_EPOCH.get(c, c) for c in move.result) if move.result else '*'} FROM t"
             ),
         )
         rows, _ = self.execute(

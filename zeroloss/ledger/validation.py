@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import socket
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -168,17 +169,44 @@ def _canonical(value: Any, depth: int = 0) -> Any:
     return value
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
 def _needs_canonical(value: Any) -> bool:
-    """Cheap pre-check: does the payload hold a non-string key? (the common case has none)"""
+    """Cheap pre-check: does the payload hold a non-string key? (the common case has none)
+
+    Plain loops that descend into containers only: this runs for every message sent.
+    """
     if isinstance(value, dict):
-        return any(not isinstance(k, str) or _needs_canonical(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_needs_canonical(v) for v in value)
+        for k, v in value.items():
+            if not isinstance(k, str) or (isinstance(v, _CONTAINERS) and _needs_canonical(v)):
+                return True
+    elif isinstance(value, list | tuple):
+        for v in value:
+            if isinstance(v, _CONTAINERS) and _needs_canonical(v):
+                return True
     return False
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# CPython's C encoder, made once (JSONEncoder.encode makes one for every call), without the
+# circular-reference markers: a cycle recurses until RecursionError, refused below as too deep
+# (a markers dict shared between calls could keep stale entries after an error).
+_make_c_encoder: Any = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+_c_encoder: Any = (
+    None
+    if _make_c_encoder is None
+    else _make_c_encoder(
+        None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", True, False, False
+    )
+)
+
+
+def _encode(data: Any) -> str:
+    if _c_encoder is None or isinstance(data, str):
+        return _ENCODER.encode(data)
+    return "".join(_c_encoder(data, 0))
 
 
 def canonical_json(data: Any) -> str:
@@ -186,11 +214,13 @@ def canonical_json(data: Any) -> str:
     try:
         if _needs_canonical(data):
             data = _canonical(data)
-        encoded = _ENCODER.encode(data)
+        encoded = _encode(data)
         if _FLOAT_RE.search(encoded):
-            encoded = _ENCODER.encode(_canonical(data))
+            encoded = _encode(_canonical(data))
     except RecursionError:
-        raise InvalidPayload(f"Payload is nested more than {MAX_DEPTH} levels deep.") from None
+        raise InvalidPayload(
+            f"Payload is nested more than {MAX_DEPTH} levels deep (or holds itself)."
+        ) from None
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"Payload is not JSON-serialisable: {exc}.") from exc
     if encoded.count("[") + encoded.count("{") > MAX_DEPTH and _depth(encoded) > MAX_DEPTH:
@@ -200,6 +230,11 @@ def canonical_json(data: Any) -> str:
     if not _encodable(encoded):
         raise InvalidPayload("Payload holds text that is not valid Unicode (a lone surrogate?).")
     return encoded
+
+
+#: ``json.loads`` of a :func:`canonical_json` text (no whitespace around it) without its two
+#: Python-level layers, for what is stored with every message: ``scan_json(text, 0)[0]``.
+scan_json: Callable[[str, int], tuple[Any, int]] = json.decoder.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _depth(encoded: str) -> int:
