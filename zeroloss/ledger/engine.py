@@ -31,8 +31,9 @@ _EVENT_COLUMNS = "message_id, from_status, to_status, reason, actor, attempt, de
 
 
 @functools.lru_cache(maxsize=64)
-def _from_epoch(value: float) -> dt.datetime:
-    # A claim's rows share one expiry: converted once.
+def from_epoch(value: float) -> dt.datetime:
+    """Epoch seconds (how PostgreSQL statements hand back their times) as an aware UTC datetime."""
+    # Cached: a claim's rows share one expiry, converted once.
     return dt.datetime.fromtimestamp(value, dt.UTC)
 
 
@@ -187,7 +188,7 @@ class Engine:
     @staticmethod
     def to_datetime(value: Any) -> dt.datetime | None:
         if isinstance(value, float):  # epoch seconds (see PostgresEngine)
-            return _from_epoch(value)
+            return from_epoch(value)
         if isinstance(value, dt.datetime):
             # SQLite hands back naive UTC datetimes; the ledger always speaks aware UTC.
             return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import get_settings
-from .engine import MSG, Engine, Move, Rows
+from .engine import MSG, Engine, Move, Rows, from_epoch
 
 # After a message of an ordering key finished (completed or dead) in ``t``, release the next
 # one of its key, unless the key still has a head outside ``t``. Rows of ``t`` are excluded:
@@ -136,7 +137,7 @@ class PostgresEngine(Engine):
             cur = psycopg.Cursor(raw)
             conn.__dict__["_zeroloss_cursor"] = (raw, cur)
         wrappers = conn.execute_wrappers
-        with conn.wrap_database_errors:
+        try:
             if wrappers:
 
                 def run(sql: str, params: Sequence[Any], many: bool, context: dict[str, Any]) -> None:
@@ -152,6 +153,17 @@ class PostgresEngine(Engine):
             # column on every call (about 1 us each, measured).
             res = cur.pgresult
             return (cur.fetchall() if res is not None and res.status == _TUPLES_OK else []), cur.rowcount
+        except Exception:
+            # Django's error wrapping (its exception classes, the connection marked as having
+            # failed), entered only on the way out of a failure: the same as a ``with`` around
+            # the block, without its two calls on every statement.
+            with conn.wrap_database_errors:
+                raise
+
+    @classmethod
+    def at(cls, value: Any) -> dt.datetime:
+        # Every statement here hands its times back as epoch seconds: the common case first.
+        return from_epoch(value) if value.__class__ is float else super().at(value)
 
     def wake(self, conn: BaseDatabaseWrapper, queues: Sequence[str]) -> None:
         self.execute(
@@ -169,8 +181,9 @@ class PostgresEngine(Engine):
                 copy.write(chunk)
 
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
-        full = self.composed(
-            (move.sql, move.moved, move.extra, move.promote, move.result),
+        key = (move.sql, move.moved, move.extra, move.promote, move.result)
+        full = self._composed.get(key) or self.composed(
+            key,
             lambda: (
                 f"WITH t AS ({move.sql} RETURNING {move.moved}{move.extra}), ev AS ({self.event_insert('t')})"
                 f"{_PROMOTE_CTE if move.promote else ''} SELECT "

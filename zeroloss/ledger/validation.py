@@ -61,8 +61,12 @@ def validate_message_id(message_id: Any, what: str = "message_id") -> str:
         raise InvalidMessage(f"{what} is {len(message_id)} characters; the limit is {MAX_MESSAGE_ID_LENGTH}.")
     if _CONTROL_RE.search(message_id):
         raise InvalidMessage(f"{what} must not contain control characters, got {message_id!r}.")
-    if not _encodable(message_id):
-        raise InvalidMessage(f"{what} is not valid Unicode text (a lone surrogate?), got {message_id!r}.")
+    try:  # _encodable, inline: this runs for every message stored
+        message_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidMessage(
+            f"{what} is not valid Unicode text (a lone surrogate?), got {message_id!r}."
+        ) from None
     return message_id
 
 
@@ -227,8 +231,10 @@ def canonical_json(data: Any) -> str:
         raise InvalidPayload(f"Payload is nested more than {MAX_DEPTH} levels deep.")
     if "\\u0000" in encoded and _has_nul(data):
         raise InvalidPayload("Payload contains a NUL character (\\u0000), which PostgreSQL cannot store.")
-    if not _encodable(encoded):
-        raise InvalidPayload("Payload holds text that is not valid Unicode (a lone surrogate?).")
+    try:  # _encodable, inline
+        encoded.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPayload("Payload holds text that is not valid Unicode (a lone surrogate?).") from None
     return encoded
 
 
