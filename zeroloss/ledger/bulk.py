@@ -44,6 +44,23 @@ NULL = "\\N"  # COPY's text format
 _COPY_CHUNK = 5000
 
 
+#: The columns every newly stored message starts with, whatever it holds (the rest come from
+#: its ``Prepared`` and the statement that stored it).
+NEW_ROW: dict[str, Any] = {
+    "status": Status.PENDING,
+    "attempts": 0,
+    "lease_token": None,
+    "lease_expires_at": None,
+    "claimed_by": "",
+    "started_at": None,
+    "last_error": "",
+    "result": None,
+    "commit_lsn": None,
+    "completed_at": None,
+    "dead_at": None,
+}
+
+
 class Prepared(NamedTuple):
     """One validated message, as it will be stored. (A named tuple: one is built for every
     message sent, and a frozen dataclass costs three times as much to build.)"""
@@ -209,20 +226,10 @@ def _store(ledger: Persisting, batch: _Batch, delay_s: float, actor: str, dispat
     # per-call overhead.
     payloads = iter(json.loads("[" + ",".join([p.encoded for p in new]) + "]"))
     common = {
-        "status": Status.PENDING,
-        "attempts": 0,
-        "lease_token": None,
-        "lease_expires_at": None,
-        "claimed_by": "",
-        "started_at": None,
-        "last_error": "",
-        "result": None,
-        "commit_lsn": None,
+        **NEW_ROW,
         "dispatched_at": created if dispatched else None,
         "created_at": created,
         "updated_at": created,
-        "completed_at": None,
-        "dead_at": None,
     }
     existing = _read_existing(ledger, [p.message_id for p in prepared if p.message_id not in stored])
     result = []

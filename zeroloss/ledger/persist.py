@@ -11,10 +11,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
 
 from ..exceptions import InvalidMessage, MessageConflict, PayloadTooLarge
-from ..models import Message, Status
+from ..models import Message
 from .base import LedgerBase, engine_for
+from .bulk import NEW_ROW, persist_staged
 from .bulk import Prepared as _Prepared
-from .bulk import persist_staged
 from .validation import (
     canonical_json,
     clean_text,
@@ -37,20 +37,6 @@ _INSERT_ONE_RESULT = ("id", "updated_at", "available_at")
 _MANY_CHUNK = 5000
 #: Queue names already found valid (the same few names come with every message).
 _CHECKED_QUEUES: set[str] = set()
-#: The columns every newly stored message starts with (see ``_materialize``).
-_NEW_ROW: dict[str, Any] = {
-    "status": Status.PENDING,
-    "attempts": 0,
-    "lease_token": None,
-    "lease_expires_at": None,
-    "claimed_by": "",
-    "started_at": None,
-    "last_error": "",
-    "result": None,
-    "commit_lsn": None,
-    "completed_at": None,
-    "dead_at": None,
-}
 
 
 class Persisting(LedgerBase):
@@ -332,7 +318,7 @@ class Persisting(LedgerBase):
         state.db = self.using
         message = Message.__new__(Message)
         message.__dict__ = {
-            **_NEW_ROW,
+            **NEW_ROW,
             "_state": state,
             "id": pk,
             "message_id": p.message_id,
