@@ -203,15 +203,10 @@ class Persisting(LedgerBase):
             replication.confirm(self, messages)
 
     def _store(
-        self,
-        prepared: Sequence[_Prepared],
-        delay_s: float,
-        actor: str,
-        dispatched: bool,
-        conn: BaseDatabaseWrapper | None = None,
+        self, prepared: Sequence[_Prepared], delay_s: float, actor: str, dispatched: bool
     ) -> list[Message]:
         """Insert what is new (with its ``persisted`` audit row); read back what existed."""
-        conn = self.connection if conn is None else conn
+        conn = self.connection
         if len(prepared) == 1:
             return [self._store_one(prepared[0], delay_s, actor, dispatched, conn)]
         engine = engine_for(conn)
