@@ -208,8 +208,8 @@ class TestTransactionalBatches:
         batches = TransactionalBatches(service, keeper, stopping=lambda: False)
         paces: list[float] = []
         first = service.claim_next("p.txrerun", limit=4)
-        keeper.hold(first, Batch(first))
-        report = batches.run(get_handler("p.txrerun"), first, paces.append)
+        keeper.hold(first, batch := Batch(first))
+        report = batches.run(get_handler("p.txrerun"), batch, paces.append)
         # r0 and r1 ran, then r2 failed and rolled the batch back: the rerun used savepoints,
         # did not call r2 again, and ran r0, r1 and r3 once more.
         assert calls == ["r0", "r1", "r2", "r0", "r1", "r3"]
@@ -218,8 +218,8 @@ class TestTransactionalBatches:
         assert len(paces) == 6  # every handler run paces the claims, the rolled-back ones too
         calls.clear()
         second = service.claim_next("p.txrerun", limit=3)
-        keeper.hold(second, Batch(second))
-        report = batches.run(get_handler("p.txrerun"), second, paces.append)
+        keeper.hold(second, batch := Batch(second))
+        report = batches.run(get_handler("p.txrerun"), batch, paces.append)
         # The next batch kept its savepoints: s0's failure rolled back only itself, nothing ran twice.
         assert calls == ["s0", "s1", "s2"] and batches.reruns == 1
         assert sorted(report.acknowledged) == ["s1", "s2"] and report.dead_lettered == ["s0"]
@@ -252,9 +252,9 @@ class TestTransactionalBatches:
         keeper = LeaseKeeper(service, interval=60)
         batches = TransactionalBatches(service, keeper, stopping=lambda: False)
         leases = service.claim_next("p.txgone", limit=1)
-        keeper.hold(leases, Batch(leases))
+        keeper.hold(leases, batch := Batch(leases))
         with pytest.raises(Exception) as raised:
-            batches.run(get_handler("p.txgone"), leases, lambda seconds: None)
+            batches.run(get_handler("p.txgone"), batch, lambda seconds: None)
         # The caller's outage handling takes it: no failure is charged to the handler, no rerun.
         assert is_outage(raised.value), raised.value
         assert batches.reruns == 0

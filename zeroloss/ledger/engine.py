@@ -82,11 +82,16 @@ class Engine:
 
     vendor: ClassVar[str]
     #: The database clock: every lease time is computed from it, never from a worker's.
+    #: ``now`` is fixed for a statement (an index can search by it); ``clock`` is read when
+    #: a row is written, after any wait for its lock.
     now: ClassVar[str]
+    clock: ClassVar[str]
     new_token: ClassVar[str]
     jsonb: ClassVar[str] = ""
     skip_locked: ClassVar[str] = ""
     for_update: ClassVar[str] = ""
+    #: Lock the ledger's rows of a join, skipping those locked elsewhere.
+    skip_locked_of: ClassVar[str] = ""
     #: How ``id`` is matched against a locking subquery.
     in_open: ClassVar[str] = "id IN ("
     in_close: ClassVar[str] = ")"
@@ -111,12 +116,15 @@ class Engine:
             evt=EVT,
             dedup=DEDUP,
             now=self.now,
+            clock=self.clock,
             after=self.after("%s"),
+            clock_after=self.after("%s", clock=True),
             after_delay=self.after("b.delay"),
             new_token=self.new_token,
             jsonb=self.jsonb,
             skip_locked=self.skip_locked,
             for_update=self.for_update,
+            skip_locked_of=self.skip_locked_of,
             in_open=self.in_open,
             in_close=self.in_close,
             notify=self.notify,
@@ -125,8 +133,8 @@ class Engine:
 
     # -- spelled per database -----------------------------------------------------------
 
-    def after(self, seconds_sql: str) -> str:
-        """SQL for "the database clock plus ``seconds_sql`` seconds"."""
+    def after(self, seconds_sql: str, *, clock: bool = False) -> str:
+        """SQL for "the database clock (``now``, or ``clock``) plus ``seconds_sql`` seconds"."""
         raise NotImplementedError
 
     def rows(self, columns: Sequence[tuple[str, str]]) -> str:
@@ -148,6 +156,29 @@ class Engine:
     def end_session(self, conn: BaseDatabaseWrapper, session: int, timeout: float = 30.0) -> bool:
         """End a session of ours the client lost, and wait until nothing of it can still commit."""
         return True
+
+    def open_batch(self, conn: BaseDatabaseWrapper, bound_ms: int) -> int | None:
+        """Begin a transactional batch inside the caller's transaction; its server session's id
+        (for a watchdog that ends it), or None where the client is the database (SQLite).
+
+        ``bound_ms`` (0: none) bounds, on the server, how long the batch's transaction may stay
+        idle or run one statement, so that a stalled worker cannot hold it for ever."""
+        return None
+
+    def close_batch(self, conn: BaseDatabaseWrapper) -> bool:
+        """Authorise the batch's commit; False when a handler already ended the batch's
+        transaction (a raw COMMIT or ROLLBACK), so that what follows runs in another one."""
+        raw = conn.connection
+        return raw is not None and bool(getattr(raw, "in_transaction", True))
+
+    def abandon_batch(self, conn: BaseDatabaseWrapper) -> None:
+        """The batch is rolling back: undo what :meth:`open_batch` set on the client."""
+
+    def in_batch_transaction(self, conn: BaseDatabaseWrapper) -> bool:
+        """After a handler returned: whether the batch's transaction is visibly still open
+        (a cheap client-side look; :meth:`close_batch` is the server's word)."""
+        raw = conn.connection
+        return raw is not None and bool(getattr(raw, "in_transaction", True))
 
     def connection_lost(self, conn: BaseDatabaseWrapper) -> bool:
         """Whether ``conn``'s link to the server is broken (SQLite runs in the client: never)."""

@@ -115,6 +115,20 @@ class Leasing(LedgerBase):
         )
         return {r[0] for r in rows}
 
+    def busy_leases(self, leases: Iterable[Lease]) -> set[str]:
+        """Of leases a renewal skipped, those still held and unexpired: their rows were locked
+        elsewhere for the moment (the renewal does not wait for a row lock), not lost."""
+        held = list(leases)
+        if not held:
+            return set()
+        engine = self.engine
+        rows, _ = self._run(
+            "RENEW_BUSY",
+            self._rows("RENEW_BUSY", [x.message_id for x in held], [engine.token(x.token) for x in held]),
+            prepare=True,
+        )
+        return {r[0] for r in rows}
+
     # -- one outcome at a time --------------------------------------------------------------
 
     def acknowledge_message(

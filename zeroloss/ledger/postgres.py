@@ -39,10 +39,12 @@ _TUPLES_OK = 2
 class PostgresEngine(Engine):
     vendor = "postgresql"
     now = "statement_timestamp()"
+    clock = "clock_timestamp()"
     new_token = "gen_random_uuid()"
     jsonb = "::jsonb"
     skip_locked = " FOR UPDATE SKIP LOCKED"
     for_update = f" FOR UPDATE OF {MSG}"
+    skip_locked_of = f" FOR UPDATE OF {MSG} SKIP LOCKED"
     # ARRAY(...) evaluates the locking subquery exactly once; a plain IN (...) may be re-planned
     # as a join that re-runs it and locks more rows than its LIMIT.
     in_open = "id = ANY(ARRAY("
@@ -53,8 +55,8 @@ class PostgresEngine(Engine):
     # table; above it, COPY saves psycopg's array dumping (about 20 us of client CPU a message).
     stage_from = 1000
 
-    def after(self, seconds_sql: str) -> str:
-        return f"(statement_timestamp() + {seconds_sql} * interval '1 second')"
+    def after(self, seconds_sql: str, *, clock: bool = False) -> str:
+        return f"({self.clock if clock else self.now} + {seconds_sql} * interval '1 second')"
 
     def rows(self, columns: Sequence[tuple[str, str]]) -> str:
         if not columns:
@@ -72,6 +74,20 @@ class PostgresEngine(Engine):
 
         raw = conn.connection
         return raw is None or raw.closed or raw.info.status == ConnStatus.BAD
+
+    def open_batch(self, conn: BaseDatabaseWrapper, bound_ms: int) -> int | None:
+        bound = str(bound_ms)
+        rows, _ = self.execute(conn, self.sql["BATCH_OPEN"], [bound_ms, bound, bound_ms, bound])
+        return int(rows[0][1])
+
+    def close_batch(self, conn: BaseDatabaseWrapper) -> bool:
+        rows, _ = self.execute(conn, self.sql["BATCH_CLOSE"], [])
+        return rows[0][0] is not None
+
+    def in_batch_transaction(self, conn: BaseDatabaseWrapper) -> bool:
+        raw = conn.connection
+        # libpq's PQTRANS_IDLE (0), as psycopg and psycopg2 both report it: no transaction open.
+        return raw is not None and int(raw.info.transaction_status) != 0
 
     def transaction_failed(self, conn: BaseDatabaseWrapper) -> bool:
         from psycopg.pq import TransactionStatus

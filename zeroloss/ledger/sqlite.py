@@ -8,6 +8,7 @@ so they sort and compare with the clock below.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,12 +20,18 @@ from .engine import MOVED_NAMES, Engine, Move, Rows
 _CLOCK = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'"
 
 
+def _refuse_transaction_control(action: int, *args: Any) -> int:
+    """An authoriser that refuses COMMIT, ROLLBACK and BEGIN (savepoints stay allowed)."""
+    return sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_TRANSACTION else sqlite3.SQLITE_OK
+
+
 class SqliteEngine(Engine):
     vendor = "sqlite"
     now = _CLOCK + ")"
+    clock = now  # one writer at a time: a statement never waits for a row of another
     new_token = "lower(hex(randomblob(16)))"
 
-    def after(self, seconds_sql: str) -> str:
+    def after(self, seconds_sql: str, *, clock: bool = False) -> str:
         return f"{_CLOCK}, printf('%%+.6f seconds', {seconds_sql}))"
 
     def rows(self, columns: Sequence[tuple[str, str]]) -> str:
@@ -35,6 +42,24 @@ class SqliteEngine(Engine):
 
     def row_params(self, name: str, columns: Sequence[Sequence[Any]]) -> list[Any]:
         return [json.dumps([list(row) for row in zip(*columns, strict=True)], default=str)]
+
+    def open_batch(self, conn: BaseDatabaseWrapper, bound_ms: int) -> int | None:
+        # SQLite runs in this process: there is no session to end and no server-side bound.
+        # A handler's own COMMIT or ROLLBACK is refused while the batch runs.
+        conn.ensure_connection()
+        conn.connection.set_authorizer(_refuse_transaction_control)
+        return None
+
+    def close_batch(self, conn: BaseDatabaseWrapper) -> bool:
+        raw = conn.connection
+        if raw is None:
+            return False
+        raw.set_authorizer(None)
+        return bool(raw.in_transaction)
+
+    def abandon_batch(self, conn: BaseDatabaseWrapper) -> None:
+        if conn.connection is not None:
+            conn.connection.set_authorizer(None)
 
     def token(self, value: Any) -> Any:
         return value.hex  # Django stores UUIDs on SQLite as 32 hex digits

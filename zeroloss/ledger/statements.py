@@ -2,9 +2,12 @@
 
 Each is a template; an engine (:mod:`.postgres`, :mod:`.sqlite`) renders it once with its own
 spelling of the few things the two databases say differently: the database clock
-(``{now}``), "now plus %s seconds" (``{after}``), a new lease token, a JSON cast, how a
-batch of rows is passed (``{rows}``: ``unnest`` of arrays, or ``json_each`` of one JSON
-array), and row locking. Lease times always come from ``{now}``, the database's clock.
+(``{now}``, fixed for a statement, so an index can search by it; ``{clock}``, read when a row
+is written), "now plus %s seconds" (``{after}``, ``{clock_after}``), a new lease token, a JSON
+cast, how a batch of rows is passed (``{rows}``: ``unnest`` of arrays, or ``json_each`` of one
+JSON array), and row locking. Lease times always come from the database's clock: a lease is
+set and checked with ``{clock}``, so a statement that waited for a lock neither hands out a
+lease that has already run out nor accepts one that ran out while it waited.
 
 Statements that move a message end in ``RETURNING {moved}``: the columns its audit row is
 built from. The engine's ``transition()`` writes that row in the same statement
@@ -155,7 +158,7 @@ KEY_HEAD_LOCK = (
 
 _CLAIM_SET = (
     "UPDATE {msg} SET status = 'processing', attempts = attempts + 1, lease_token = {new_token}, "
-    "lease_expires_at = {after}, claimed_by = %s, started_at = {now}, updated_at = {now} WHERE "
+    "lease_expires_at = {clock_after}, claimed_by = %s, started_at = {clock}, updated_at = {clock} WHERE "
 )
 CLAIM_RETURNING = ", lease_token, lease_expires_at, payload, max_attempts, priority"
 CLAIM = (
@@ -175,13 +178,19 @@ LEASED_ATTEMPT = (
 _FENCE = (
     "FROM {rows} WHERE {msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
 )
-_UNEXPIRED = " AND {msg}.lease_expires_at > {now}"
-RENEW = (
-    "UPDATE {msg} SET lease_expires_at = {after}, updated_at = {now} "
-    + _FENCE
-    + _UNEXPIRED
-    + " RETURNING message_id"
+_UNEXPIRED = " AND {msg}.lease_expires_at > {clock}"
+_FENCED_LEASE = (
+    "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'" + _UNEXPIRED
 )
+# The keeper's renewal never waits for a row lock: a row locked elsewhere (a transactional
+# batch recording its outcome, an operator's move) is skipped, and RENEW_BUSY tells it apart
+# from a lease that is lost.
+RENEW = (
+    "UPDATE {msg} SET lease_expires_at = {clock_after}, updated_at = {clock} WHERE {in_open}SELECT {msg}.id "
+    "FROM {msg}, {rows} WHERE " + _FENCED_LEASE + "{skip_locked_of}{in_close} AND status = 'processing' "
+    "AND lease_expires_at > {clock} RETURNING message_id"
+)
+RENEW_BUSY = "SELECT {msg}.message_id FROM {msg}, {rows} WHERE " + _FENCED_LEASE
 # The acknowledged state; ``{{result}}`` is the stored result (a batch column or a parameter).
 _ACK_SET = (
     "UPDATE {{msg}} SET status = 'completed', completed_at = {{now}}, last_error = '', result = {result}{{jsonb}}, "
@@ -216,8 +225,22 @@ RELEASE = (
 # A transactional batch locks its rows, fenced, before running any handler.
 LOCK_HELD = (
     "SELECT {msg}.message_id FROM {msg}, {rows} WHERE {msg}.message_id = b.mid "
-    "AND {msg}.lease_token = b.tok AND {msg}.status = 'processing' AND {msg}.lease_expires_at > {now} "
+    "AND {msg}.lease_token = b.tok AND {msg}.status = 'processing' AND {msg}.lease_expires_at > {clock} "
     "ORDER BY {msg}.id{for_update}"
+)
+# A transactional batch's transaction: opened with a guard row that only zeroloss's own commit
+# may commit (a handler's raw COMMIT fails on it), and with the server-side bounds derived from
+# HANDLER_TIMEOUT (``%s`` milliseconds, 0: none); closed by BATCH_CLOSE, which authorises the
+# commit and says whether the transaction is still the one BATCH_OPEN began (a handler's raw
+# ROLLBACK or COMMIT ended it otherwise). PostgreSQL only; SQLite tells from its client.
+BATCH_OPEN = (
+    "INSERT INTO zeroloss_batch_guard (txid) VALUES (txid_current()) RETURNING txid, pg_backend_pid(), "
+    "CASE WHEN %s > 0 THEN set_config('idle_in_transaction_session_timeout', %s, true) END, "
+    "CASE WHEN %s > 0 THEN set_config('statement_timeout', %s, true) END"
+)
+BATCH_CLOSE = (
+    "WITH d AS (DELETE FROM zeroloss_batch_guard WHERE txid = txid_current() RETURNING txid) "
+    "SELECT (SELECT txid FROM d), set_config('zeroloss.batch_commit', txid_current()::text, true)"
 )
 # A claim whose commit outcome was lost with its connection: give back whatever this claimer
 # holds that it does not know about (the attempt is not counted).
@@ -294,7 +317,7 @@ CREATED_AT = "SELECT created_at FROM {msg} WHERE id = %s"
 #: nests a loop that unpacks the whole batch again for every leased row of the table
 #: (O(batch x leases held); measured: 2.8 of 4.1 ms an acknowledgement of 100, more with every
 #: worker). Planned with the batch in hand, PostgreSQL hashes it once (0.2 ms of planning).
-PLANNED_PER_CALL = frozenset({"ACK", "ACK_LOCKED", "FAIL", "FAIL_LOCKED", "RELEASE", "RENEW"})
+PLANNED_PER_CALL = frozenset({"ACK", "ACK_LOCKED", "FAIL", "FAIL_LOCKED", "RELEASE", "RENEW", "RENEW_BUSY"})
 
 #: The batch each statement's ``{rows}`` carries, as ``b(column, ...)`` with PostgreSQL types.
 #: PostgreSQL passes one array per column (``unnest``); SQLite one JSON array of rows.
@@ -310,6 +333,7 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "PROMOTE": (("q", "text"), ("k", "text")),
     "RENEW": (("mid", "text"), ("tok", "uuid")),
+    "RENEW_BUSY": (("mid", "text"), ("tok", "uuid")),
     "ACK": (("mid", "text"), ("tok", "uuid"), ("res", "text")),
     "ACK_LOCKED": (("mid", "text"), ("tok", "uuid"), ("res", "text")),
     "FAIL": (("mid", "text"), ("tok", "uuid"), ("err", "text"), ("delay", "float8")),

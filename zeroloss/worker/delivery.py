@@ -13,16 +13,17 @@ import logging
 import os
 import threading
 
-from django.db import close_old_connections, connections, transaction
+from django.db import close_old_connections, connections
 
 from ..exceptions import UnknownQueue
-from ..handlers import get_handler
+from ..handlers import HandlerSpec, get_handler
 from ..ledger.types import Completion, CompletionReport, Lease, Verdict
 from ..outage import OutageMonitor
-from ..processing import Delivery, Outcome, run_handler, run_in_savepoint
+from ..processing import Delivery, Outcome, run_handler
 from ..service import ZeroLossMessageService
 from .completer import Completer
-from .keeper import LeaseKeeper
+from .keeper import Batch, LeaseKeeper
+from .transactional import TransactionalBatches
 
 logger = logging.getLogger("zeroloss")
 
@@ -41,6 +42,7 @@ class DeliveryRuntime:
         ).start()
         self._stop = threading.Event()
         self.completer = Completer(self.service, self.keeper, on_report=self._log, wait=self._stop.wait)
+        self.transactional = TransactionalBatches(self.service, self.keeper, stopping=self._stop.is_set)
         self._flusher = threading.Thread(target=self._flush_loop, name="zeroloss-flush", daemon=True)
         self._flusher.start()
         atexit.register(self.close)
@@ -88,17 +90,18 @@ class DeliveryRuntime:
             self.completer.flush()
         return Outcome.COMPLETED if run.ok else Outcome.FAILED
 
-    def _transactional(self, spec, lease: Lease) -> Outcome:  # type: ignore[no-untyped-def]
-        service = self.service
+    def _transactional(self, spec: HandlerSpec, lease: Lease) -> Outcome:
+        """The same path as the built-in worker's transactional batches, for a batch of one."""
+        batch = Batch([lease])
+        self.keeper.hold([lease], batch)
+        taken: list[Lease] = []
         try:
-            with transaction.atomic(using=service.using):
-                if not service.lock_held([lease]):
-                    return Outcome.LEASE_LOST
-                self.keeper.pause([lease.message_id])
-                run = run_in_savepoint(spec, Delivery(lease, self.keeper), service.using, service.engine)
-                report = service.complete([run.completion(lease)], locked=True)
-        finally:
-            self.keeper.drop([lease.message_id])
+            report = self.transactional.run(spec, batch, lambda seconds: None, 1, taken)
+        except BaseException:
+            # Rolled back, or its commit's outcome is unknown: the handler ran, so the lease
+            # stays this process's until it runs out and the sweep hands the message on.
+            self.keeper.forget_later([lease.message_id])
+            raise
         if report.acknowledged:
             return Outcome.COMPLETED
         return Outcome.FAILED if (report.retrying or report.dead_lettered) else Outcome.LEASE_LOST

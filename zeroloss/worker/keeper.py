@@ -5,6 +5,13 @@ wait a few milliseconds for its flush; the lease is renewed until then). It is n
 once the keeper knows it lost the lease, nor past ``HANDLER_TIMEOUT``. Claimed messages not
 yet started are never held behind a handler that runs long: after one renewal interval the
 keeper gives them back (released, the attempt not counted) so another worker takes them.
+
+The keeper never waits for a row lock (a row locked elsewhere is skipped and renewed at the
+next tick), and never lets go of a message it failed to give back: a release that fails is
+tried again at every tick until it lands or the lease is gone. It is also the watchdog of
+the transactional batches (:mod:`.transactional`): a batch whose handler runs past
+``HANDLER_TIMEOUT`` has its server session ended, so that its transaction and every lock it
+holds go with it; its other messages, whose effects rolled back, are given back unstarted.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import connections
 
@@ -39,6 +46,12 @@ class Batch:
             self.running = self._waiting.popleft() if self._waiting else None
             self.running_since = time.monotonic()
             return self.running
+
+    def start(self, lease: Lease) -> None:
+        """``lease``'s handler starts now (one taken earlier, run again)."""
+        with self._lock:
+            self.running = lease
+            self.running_since = time.monotonic()
 
     def done(self) -> None:
         with self._lock:
@@ -69,8 +82,22 @@ class _Held:
     expires: float
     since: float
     batch: Batch | None = None
-    paused: bool = False
     timed_out: bool = False
+
+
+@dataclass
+class TransactionWatch:
+    """A transactional batch's transaction, watched by the keeper (see :meth:`LeaseKeeper.watch`)."""
+
+    batch: Batch
+    #: The server session running the transaction.
+    session: int
+    #: Messages whose handlers ran in the transaction, their outcomes not committed yet.
+    done: list[Lease] = field(default_factory=list)
+    #: Set once the keeper ended the session: the transaction rolled back, nothing of it landed.
+    ended: bool = False
+    #: The message whose handler ran past ``HANDLER_TIMEOUT`` when the session was ended.
+    overdue: Lease | None = None
 
 
 class LeaseKeeper:
@@ -94,6 +121,9 @@ class LeaseKeeper:
         self.lost: set[str] = set()
         self.gave_up: BaseException | None = None
         self._held: dict[str, _Held] = {}
+        #: Given back but not recorded yet (a failed release is tried again at every tick).
+        self._releasing: dict[str, Completion] = {}
+        self._watched: dict[int, TransactionWatch] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="zeroloss-heartbeat", daemon=True)
@@ -118,7 +148,23 @@ class LeaseKeeper:
         with self._lock:
             for mid in message_ids:
                 self._held.pop(mid, None)
+                self._releasing.pop(mid, None)
                 self.lost.discard(mid)
+
+    def watch(self, batch: Batch, session: int | None) -> TransactionWatch | None:
+        """Watch a transactional batch's transaction, run by server session ``session``
+        (None: the database runs in this process, nothing to end). Unwatch when it ends."""
+        if session is None:
+            return None
+        watch = TransactionWatch(batch, session)
+        with self._lock:
+            self._watched[id(watch)] = watch
+        return watch
+
+    def unwatch(self, watch: TransactionWatch | None) -> None:
+        if watch is not None:
+            with self._lock:
+                self._watched.pop(id(watch), None)
 
     def forget_later(self, message_ids: Iterable[str]) -> None:
         """Stop renewing these, but remember them as this worker's until their leases have run
@@ -126,7 +172,6 @@ class LeaseKeeper:
         with self._lock:
             for mid in message_ids:
                 if mid in self._held:
-                    self._held[mid].paused = False
                     self.lost.add(mid)
 
     def _forget_lapsed(self) -> None:
@@ -134,14 +179,8 @@ class LeaseKeeper:
         with self._lock:
             for mid in [m for m in self.lost if m in self._held and now >= self._held[m].expires]:
                 del self._held[mid]
+                self._releasing.pop(mid, None)
                 self.lost.discard(mid)
-
-    def pause(self, message_ids: Iterable[str]) -> None:
-        """Stop renewing rows a transaction of ours has locked (a renewal would wait for it)."""
-        with self._lock:
-            for mid in message_ids:
-                if mid in self._held:
-                    self._held[mid].paused = True
 
     def is_lost(self, message_id: str) -> bool:
         """True once the lease is known lost, or may have expired unrenewed (database down)."""
@@ -149,7 +188,7 @@ class LeaseKeeper:
             held = self._held.get(message_id)
             if message_id in self.lost:
                 return True
-            return held is not None and not held.paused and time.monotonic() >= held.expires
+            return held is not None and time.monotonic() >= held.expires
 
     def held(self) -> list[Lease]:
         with self._lock:
@@ -157,15 +196,23 @@ class LeaseKeeper:
 
     # -- the thread -----------------------------------------------------------------------
 
+    def _running_for(self, h: _Held, now: float) -> float:
+        """How long the message's handler has run (0 while it waits in its batch)."""
+        batch = h.batch
+        if batch is None:
+            return now - h.since
+        running = batch.running
+        return now - batch.running_since if running is not None and running is h.lease else 0.0
+
     def _due(self) -> list[_Held]:
-        """Held leases to renew now: not paused, not lost, not past ``HANDLER_TIMEOUT``."""
+        """Held leases to renew now: not lost, their handler not past ``HANDLER_TIMEOUT``."""
         now = time.monotonic()
         due = []
         with self._lock:
             for h in self._held.values():
-                if h.paused or h.lease.message_id in self.lost:
+                if h.lease.message_id in self.lost:
                     continue
-                if self.handler_timeout is not None and now - h.since >= self.handler_timeout:
+                if self.handler_timeout is not None and self._running_for(h, now) >= self.handler_timeout:
                     if not h.timed_out:
                         h.timed_out = True
                         logger.warning(
@@ -180,7 +227,7 @@ class LeaseKeeper:
 
     def _has_work(self) -> bool:
         self._forget_lapsed()
-        if self._due():
+        if self._due() or self._releasing or self._overdue_transactions():
             return True
         with self._lock:
             batches = [h.batch for h in self._held.values() if h.batch is not None]
@@ -193,14 +240,18 @@ class LeaseKeeper:
         if not due:
             return
         started = time.monotonic()
-        renewed = self.service.renew_leases([h.lease for h in due])
+        leases = [h.lease for h in due]
+        renewed = self.service.renew_leases(leases)
+        # Not renewed: lost, or locked elsewhere for a moment (skipped, not waited for).
+        missed = [x for x in leases if x.message_id not in renewed]
+        busy = self.service.busy_leases(missed) if missed else set()
         ttl = self.service.settings.ACK_TIMEOUT
         answered = time.monotonic()
         with self._lock:
             for h in due:
                 mid = h.lease.message_id
-                if mid not in self._held:
-                    continue  # its outcome was recorded meanwhile
+                if mid not in self._held or mid in busy:
+                    continue  # recorded meanwhile, or to be renewed at the next tick
                 if mid in renewed and answered < h.expires:
                     h.expires = started + ttl
                 elif mid in renewed and mid not in self.lost:
@@ -215,33 +266,93 @@ class LeaseKeeper:
                     logger.warning("lease of %s was lost before it could be renewed", mid)
                     self.lost.add(mid)
 
+    def give_back(self, completions: Iterable[Completion]) -> None:
+        """Release these unstarted messages at the next tick (renewed until it lands)."""
+        with self._lock:
+            for c in completions:
+                if c.lease.message_id in self._held:
+                    self._releasing[c.lease.message_id] = c
+
     def release_stuck_unstarted(self) -> int:
-        """Give back claimed messages waiting behind a handler that has run one interval or more."""
+        """Give back claimed messages waiting behind a handler that has run one interval or more,
+        and whatever an earlier tick could not give back."""
         with self._lock:
             batches = {id(h.batch): h.batch for h in self._held.values() if h.batch is not None}
-        released = 0
         for batch in batches.values():
             taken = batch.take_unstarted(if_running_longer_than=self.interval)
-            if not taken:
-                continue
-            running = batch.running.message_id if batch.running else "?"
-            report = self.service.complete(
-                Completion(
-                    lease, Verdict.RELEASE, f"released unstarted: waited behind {running}, still running"
-                )
-                for lease in taken
-            )
-            self.drop(lease.message_id for lease in taken)
-            released += len(report.released)
+            if taken:
+                running = batch.running.message_id if batch.running else "?"
+                detail = f"released unstarted: waited behind {running}, still running"
+                self.give_back(Completion(lease, Verdict.RELEASE, detail) for lease in taken)
+        with self._lock:
+            pending = list(self._releasing.values())
+        if not pending:
+            return 0
+        # Still in hand until this lands: a failure leaves them to the next tick.
+        report = self.service.complete(pending)
+        self.drop(c.lease.message_id for c in pending)
+        released = len(report.released)
         if released and self.on_released:
             self.on_released(released)
         return released
+
+    def _overdue_transactions(self) -> list[TransactionWatch]:
+        if self.handler_timeout is None:
+            return []
+        now = time.monotonic()
+        with self._lock:
+            return [
+                w
+                for w in self._watched.values()
+                if not w.ended
+                and w.batch.running is not None
+                and now - w.batch.running_since >= self.handler_timeout
+            ]
+
+    def end_overdue_transactions(self) -> int:
+        """End the transactions of batches whose handler runs past ``HANDLER_TIMEOUT``.
+
+        The session is ended and waited for, so nothing of its transaction can commit after:
+        the messages it had run are given back unstarted (their effects rolled back with it),
+        and the one still running is left to its lease (the sweep counts its attempt)."""
+        ended = 0
+        for watch in self._overdue_transactions():
+            running = watch.batch.running
+            if not self.service.engine.end_session(self.service.connection, watch.session):
+                continue  # still going: tried again at the next tick
+            watch.overdue = running
+            watch.ended = True
+            ended += 1
+            logger.warning(
+                "%s: its transactional handler ran past HANDLER_TIMEOUT (%gs): its batch's transaction "
+                "was ended (session %d); %d message(s) it had run go back unstarted",
+                running.message_id if running else "?",
+                self.handler_timeout,
+                watch.session,
+                len(watch.done),
+            )
+            self.give_back(
+                Completion(
+                    lease,
+                    Verdict.RELEASE,
+                    "released unstarted: its batch's transaction was ended at HANDLER_TIMEOUT",
+                )
+                for lease in watch.done
+            )
+            if running is not None:
+                with self._lock:
+                    self.lost.add(running.message_id)
+            for lease in watch.batch.take_unstarted():
+                self.give_back([Completion(lease, Verdict.RELEASE, "released unstarted at HANDLER_TIMEOUT")])
+                # (still in hand: renewed until the release lands)
+        return ended
 
     def _run(self) -> None:
         backoff = Backoff()
 
         def tick() -> None:
             self.renew_now()
+            self.end_overdue_transactions()
             self.release_stuck_unstarted()
 
         try:

@@ -215,26 +215,24 @@ class ClaimLoop:
     def _run_transactional(self, spec: HandlerSpec, pace: Pace) -> None:
         """Each ``ACK_BATCH_SIZE`` of the claim in one transaction (1: a transaction per message)."""
         assert self.batch is not None
-        claimed = self.batch.take_unstarted()
+        batch = self.batch
         size = self.service.settings.ACK_BATCH_SIZE
-        for start in range(0, len(claimed), size):
-            self._transactional_batch(spec, pace, claimed[start : start + size])
-
-    def _transactional_batch(self, spec: HandlerSpec, pace: Pace, leases: list[Lease]) -> None:
         keeper = self.worker.keeper
-        ok, report = self._attempt(
-            lambda: self.transactional.run(spec, leases, pace.update), "a transactional batch"
-        )
-        if ok and report is not None:
-            self._count(report)
-            keeper.drop(x.message_id for x in leases)
-        else:
+        while batch.has_more:
+            taken: list[Lease] = []
+            ok, report = self._attempt(
+                lambda taken=taken: self.transactional.run(spec, batch, pace.update, size, taken),
+                "a transactional batch",
+            )
+            if ok and report is not None:
+                self._count(report)
+                continue
             # Rolled back with its connection (or its commit's outcome is unknown): no effect of
             # this batch is durable unless its acknowledgements are. The handlers ran, so the
             # leases stay this worker's until they run out (never released as unstarted); the
             # sweep then puts each back, its attempt counted, and it runs from a clean slate.
-            keeper.forget_later(x.message_id for x in leases)
-            self.worker.count(Outcome.LEASE_LOST, len(leases))
+            keeper.forget_later(x.message_id for x in taken)
+            self.worker.count(Outcome.LEASE_LOST, len(taken))
 
     def _give_back(self) -> None:
         """On the way out (stop, crash): record finished outcomes and release unstarted claims."""
