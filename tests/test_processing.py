@@ -228,12 +228,16 @@ class TestTransactionalBatches:
         assert reasons("r0") == ["persisted", "claimed", "acknowledged"]
 
     @pytest.mark.postgres_only
-    def test_a_connection_lost_inside_a_handler_is_an_outage_not_its_failure(self):
+    def test_a_connection_lost_inside_a_handler_fails_it_alone_and_gives_back_the_others(self):
         import psycopg
 
-        from zeroloss.outage import is_outage
+        ran: list[str] = []
 
         def lose_the_connection(delivery: Delivery) -> None:
+            ran.append(delivery.message_id)
+            Group.objects.create(name=delivery.message_id)
+            if delivery.message_id != "gone1":
+                return
             pid = connection.connection.info.backend_pid
             params = connection.get_connection_params()
             with psycopg.connect(
@@ -244,23 +248,28 @@ class TestTransactionalBatches:
                 autocommit=True,
             ) as other:
                 other.execute("SELECT pg_terminate_backend(%s)", [pid])
-            Group.objects.create(name=delivery.message_id)  # fails: the server ended this session
+            Group.objects.create(name="after")  # fails: the server ended this session
 
         register("p.txgone", lose_the_connection, transactional=True)
         service = ZeroLossMessageService(instance_id="txgone")
-        service.persist_messages([("gone0", "p.txgone", {})])
+        service.persist_messages([(f"gone{i}", "p.txgone", {}) for i in range(3)])
         keeper = LeaseKeeper(service, interval=60)
         batches = TransactionalBatches(service, keeper, stopping=lambda: False)
-        leases = service.claim_next("p.txgone", limit=1)
+        leases = service.claim_next("p.txgone", limit=3)
         keeper.hold(leases, batch := Batch(leases))
-        with pytest.raises(Exception) as raised:
-            batches.run(get_handler("p.txgone"), batch, lambda seconds: None)
-        # The caller's outage handling takes it: no failure is charged to the handler, no rerun.
-        assert is_outage(raised.value), raised.value
-        assert batches.reruns == 0
-        connection.close()
-        assert reasons("gone0") == ["persisted", "claimed"]
-        assert Message.objects.get(message_id="gone0").status == Status.PROCESSING
+        paces: list[float] = []
+        report = batches.run(get_handler("p.txgone"), batch, paces.append)
+        # Nothing of the transaction landed; the handler that lost it fails alone, paced, and
+        # the one that ran before it goes back unstarted (no attempt spent); the rest of the
+        # claim is still the batch's, for its next transaction.
+        assert ran == ["gone0", "gone1"] and len(paces) == 2
+        assert report.retrying == ["gone1"] and report.released == ["gone0"] and batch.has_more
+        assert not Group.objects.exists()
+        assert reasons("gone0") == ["persisted", "claimed", "released"]
+        assert Message.objects.get(message_id="gone0").attempts == 0
+        failed = Message.objects.get(message_id="gone1")
+        assert failed.status == Status.PENDING and failed.attempts == 1
+        assert "connection was lost" in failed.last_error
 
     def test_a_message_whose_lease_was_lost_before_its_turn_never_runs(self):
         ran: list[str] = []

@@ -86,6 +86,11 @@ class ZeroLossSettings:
     #: A handler running longer than this (seconds) stops having its lease renewed: the message
     #: goes to another worker after its lease expires, and this run's outcome is refused.
     HANDLER_TIMEOUT: float | None = None
+    #: How long a database session of a worker process may go unanswered before each end
+    #: gives it up (TCP keepalives and ``tcp_user_timeout``, set on the server and, unless the
+    #: project set its own, on the client): a cut-off or dead worker's transaction, and every
+    #: lock in it, ends within this bound. None: leave both ends to the system defaults.
+    DEAD_PEER_TIMEOUT: float | None = 10.0
     #: Completed messages older than this are purged by ``cleanup_completed_messages``.
     COMPLETED_RETENTION: float = 7 * 24 * 3600.0
     #: Default deduplication window for ``send(..., dedup_key=...)``, in seconds.
@@ -197,7 +202,7 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             values[key] = _number(key, value, allow_zero=_NUMBER_FIELDS[key][0])
         elif key in _INT_FIELDS:
             values[key] = _integer(key, value, _INT_FIELDS[key])
-        elif key in ("HEARTBEAT_INTERVAL", "DB_OUTAGE_TOLERANCE", "HANDLER_TIMEOUT"):
+        elif key in ("HEARTBEAT_INTERVAL", "DB_OUTAGE_TOLERANCE", "HANDLER_TIMEOUT", "DEAD_PEER_TIMEOUT"):
             values[key] = None if value is None else _number(key, value, allow_zero=False)
         elif key == "QUEUE_DATABASES":
             if not isinstance(value, dict) or not all(

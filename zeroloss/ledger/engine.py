@@ -181,8 +181,9 @@ class Engine:
         return raw is not None and bool(getattr(raw, "in_transaction", True))
 
     def connection_lost(self, conn: BaseDatabaseWrapper) -> bool:
-        """Whether ``conn``'s link to the server is broken (SQLite runs in the client: never)."""
-        return False
+        """Whether ``conn``'s link to the server is broken, or the connection was closed (SQLite
+        runs in the client: only by closing it)."""
+        return conn.connection is None
 
     def transaction_failed(self, conn: BaseDatabaseWrapper) -> bool:
         """Whether ``conn``'s transaction met an error and accepts nothing but a rollback

@@ -29,6 +29,7 @@ from ..service import ZeroLossMessageService
 from ..wakeup import Wakeup
 from .keeper import LeaseKeeper
 from .loop import ClaimLoop
+from .sessions import harden_sessions
 
 logger = logging.getLogger("zeroloss")
 
@@ -90,6 +91,7 @@ class Worker:
         self._lock = threading.Lock()
         self.base = ZeroLossMessageService(using=using, instance_id=instance_id)
         settings = self.base.settings
+        harden_sessions([using], settings.DEAD_PEER_TIMEOUT)
         self.monitor = OutageMonitor.for_alias(using)
         self.wakeup = Wakeup(using, self.queues, listen=settings.LISTEN)
         self.keeper = LeaseKeeper(

@@ -23,6 +23,7 @@ from ..processing import Delivery, Outcome, run_handler
 from ..service import ZeroLossMessageService
 from .completer import Completer
 from .keeper import Batch, LeaseKeeper
+from .sessions import harden_sessions
 from .transactional import TransactionalBatches
 
 logger = logging.getLogger("zeroloss")
@@ -35,6 +36,7 @@ class DeliveryRuntime:
     def __init__(self, using: str) -> None:
         self.service = ZeroLossMessageService(using=using)
         settings = self.service.settings
+        harden_sessions([using], settings.DEAD_PEER_TIMEOUT)
         self.keeper = LeaseKeeper(
             ZeroLossMessageService(using=using, instance_id=f"{self.service.instance_id}/keeper"),
             settings.heartbeat_interval,

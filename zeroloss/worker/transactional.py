@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from django.db import OperationalError, transaction
+from django.db import transaction
 
 from ..handlers import HandlerSpec
 from ..ledger.types import Completion, CompletionReport, Lease, Verdict
@@ -75,6 +75,15 @@ class _EndedByKeeper(Exception):
     def __init__(self, watch: TransactionWatch) -> None:
         super().__init__(watch.session)
         self.watch = watch
+
+
+class _ConnectionLost(Exception):
+    """The batch's connection went away while ``lease``'s handler ran (``run``)."""
+
+    def __init__(self, lease: Lease, run: HandlerRun) -> None:
+        super().__init__(lease.message_id)
+        self.lease = lease
+        self.run = run
 
 
 class _Refused(Exception):
@@ -153,6 +162,8 @@ class TransactionalBatches:
             return self._settled(self._one_by_one(spec, batch, taken, paced), taken)
         except _Refused as exc:
             return self._settled(self._refused(exc.report, taken), taken)
+        except _ConnectionLost as exc:
+            return self._settled(self._connection_lost(exc, taken), taken)
         except _EndedByKeeper as exc:
             return self._ended_by_keeper(exc.watch, taken)
         finally:
@@ -224,9 +235,8 @@ class TransactionalBatches:
                     run = HandlerRun(False, run.seconds, error=LEFT_TRANSACTION_FAILED)
                 if not run.ok:
                     if engine.connection_lost(connection):
-                        # The database went away under the handler: an outage for the caller to
-                        # ride out (the leases lapse), not the handler's failure.
-                        raise OperationalError(f"connection lost during a transactional batch: {run.error}")
+                        paced(run.seconds)
+                        raise _ConnectionLost(lease, run)
                     raise _HandlerFailed(lease.message_id, run)
             elif lease.message_id in failed:
                 run = failed[lease.message_id]
@@ -267,6 +277,29 @@ class TransactionalBatches:
         )
         self.service.connection.close()  # its session is gone
         return CompletionReport(refused=[overdue.message_id] if overdue is not None else [])
+
+    def _connection_lost(self, lost: _ConnectionLost, taken: list[Lease]) -> CompletionReport:
+        """The connection went away while a handler ran (it closed it, or the server ended the
+        session): the transaction never reached its commit, so nothing of it landed. On a new
+        connection, that handler's failure is recorded and the others go back unstarted. When
+        the database is down, this raises: an outage for the caller, whose leases then lapse."""
+        self.service.connection.close()
+        culprit = lost.lease.message_id
+        error = f"the batch's database connection was lost while this handler ran: {lost.run.error}"
+        return self.service.complete(
+            [
+                Completion(lost.lease, Verdict.FAIL, error=error),
+                *(
+                    Completion(
+                        x,
+                        Verdict.RELEASE,
+                        f"released unstarted: its batch's connection was lost in {culprit}",
+                    )
+                    for x in taken
+                    if x.message_id != culprit
+                ),
+            ]
+        )
 
     def _refused(self, refused: CompletionReport, taken: list[Lease]) -> CompletionReport:
         """Some leases ran out before the outcomes were recorded: the transaction rolled back,

@@ -15,6 +15,7 @@ from ...ledger.types import RecoveryReport
 from ...loops import StopFlag, SweepLoop
 from ...outage import OutageTooLong
 from ...transports import after_sweep_hooks
+from ...worker.sessions import harden_sessions
 from ..base import ZeroLossCommand, positive_float, positive_int
 
 EXIT_UNREACHABLE = 4
@@ -45,6 +46,8 @@ class Command(ZeroLossCommand):
         **options: Any,
     ) -> None:
         service = self.service(options)
+        if loop:
+            harden_sessions([service.using], service.settings.DEAD_PEER_TIMEOUT)
         stop = StopFlag()
         requeued: list[str] = []
         dead_lettered: list[str] = []
