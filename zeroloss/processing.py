@@ -129,6 +129,8 @@ def run_in_savepoint(spec: HandlerSpec, delivery: Delivery, using: str, engine: 
     if run.ok and (connection.needs_rollback or engine.transaction_failed(connection)):
         logger.info("%s: %s", delivery.message_id, LEFT_TRANSACTION_FAILED)
         run = HandlerRun(False, run.seconds, error=LEFT_TRANSACTION_FAILED)
+    if not run.ok and not engine.in_batch_transaction(connection):
+        return run  # the handler ended the whole transaction: its savepoint went with it
     if not run.ok:
         connection.needs_rollback = False  # Django refuses any statement, this rollback too, until reset
         with connection.cursor() as cursor:

@@ -183,7 +183,7 @@ class Engine:
     def connection_lost(self, conn: BaseDatabaseWrapper) -> bool:
         """Whether ``conn``'s link to the server is broken, or the connection was closed (SQLite
         runs in the client: only by closing it)."""
-        return conn.connection is None
+        return conn.connection is None or conn.closed_in_transaction
 
     def transaction_failed(self, conn: BaseDatabaseWrapper) -> bool:
         """Whether ``conn``'s transaction met an error and accepts nothing but a rollback

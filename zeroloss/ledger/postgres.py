@@ -73,7 +73,7 @@ class PostgresEngine(Engine):
         from psycopg.pq import ConnStatus
 
         raw = conn.connection
-        return raw is None or raw.closed or raw.info.status == ConnStatus.BAD
+        return raw is None or conn.closed_in_transaction or raw.closed or raw.info.status == ConnStatus.BAD
 
     def open_batch(self, conn: BaseDatabaseWrapper, bound_ms: int) -> int | None:
         bound = str(bound_ms)

@@ -58,7 +58,7 @@ class SqliteEngine(Engine):
         return bool(raw.in_transaction)
 
     def abandon_batch(self, conn: BaseDatabaseWrapper) -> None:
-        if conn.connection is not None:
+        if not self.connection_lost(conn):
             conn.connection.set_authorizer(None)
 
     def token(self, value: Any) -> Any:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from ..ledger.types import Completion, CompletionReport, Verdict
-from ..outage import Backoff, OutageMonitor
+from ..outage import Backoff, OutageMonitor, close_connection, is_outage
 from ..service import ZeroLossMessageService
 from .keeper import LeaseKeeper
 
@@ -92,7 +92,19 @@ class Completer:
     def settle(self, batch: list[Completion], report: CompletionReport, *, retried: bool) -> CompletionReport:
         """Outcomes recorded (by :meth:`flush`, or with a claim in one transaction): stop renewing."""
         if retried and report.refused:
-            report = self._resolve(report, batch)
+            try:
+                report = self._resolve(report, batch)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                close_connection(self.service.using)
+                # The database went away again: which of them landed stays unknown here (the
+                # ledger knows). Counted as refused; their leases have run out, nothing is lost.
+                logger.warning(
+                    "could not tell whether %d outcome(s) recorded before an outage landed: %s",
+                    len(report.refused),
+                    exc,
+                )
         refused = set(report.refused)
         self.keeper.drop(c.lease.message_id for c in batch if c.lease.message_id not in refused)
         # A refused message ran here: it stays this worker's (never released as unstarted)

@@ -230,23 +230,21 @@ class TransactionalBatches:
             batch.start(lease)
             if failed is None:
                 run = run_handler(spec, Delivery(lease, keeper))
-                self._check_still_open(lease)
+                self._check_still_open(lease, run, paced)
                 if run.ok and (connection.needs_rollback or engine.transaction_failed(connection)):
                     run = HandlerRun(False, run.seconds, error=LEFT_TRANSACTION_FAILED)
                 if not run.ok:
-                    if engine.connection_lost(connection):
-                        paced(run.seconds)
-                        raise _ConnectionLost(lease, run)
                     raise _HandlerFailed(lease.message_id, run)
             elif lease.message_id in failed:
                 run = failed[lease.message_id]
             else:
                 try:
                     run = run_in_savepoint(spec, Delivery(lease, keeper), service.using, engine)
-                except Exception:
-                    self._check_still_open(lease)  # its savepoint went with the transaction
+                except Exception as exc:
+                    # Its savepoint went with the transaction or the connection.
+                    self._check_still_open(lease, HandlerRun(False, 0.0, error=str(exc)), paced)
                     raise
-                self._check_still_open(lease)
+                self._check_still_open(lease, run, paced)
             batch.done()
             if watch is not None:
                 watch.done.append(lease)
@@ -260,9 +258,16 @@ class TransactionalBatches:
         report.refused.extend(lost)
         return report
 
-    def _check_still_open(self, lease: Lease) -> None:
+    def _check_still_open(self, lease: Lease, run: HandlerRun, paced: Callable[[float], None]) -> None:
+        """After ``lease``'s handler: the batch's connection and transaction are still there."""
         engine = self.service.engine
-        if not engine.in_batch_transaction(self.service.connection):
+        connection = self.service.connection
+        if engine.connection_lost(connection):
+            paced(run.seconds)
+            if run.ok:
+                run = HandlerRun(False, run.seconds, error="the handler closed its database connection")
+            raise _ConnectionLost(lease, run)
+        if not engine.in_batch_transaction(connection):
             raise _TransactionEnded(lease.message_id)
 
     def _ended_by_keeper(self, watch: TransactionWatch, taken: list[Lease]) -> CompletionReport:
