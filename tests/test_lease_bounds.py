@@ -165,6 +165,7 @@ def test_the_keeper_never_waits_for_a_row_lock(other):
     leases = service.claim_next("lb.renew", limit=3)
     keeper = LeaseKeeper(service, interval=60)
     keeper.hold(leases)
+
     def expiries() -> dict[str, Any]:
         return dict(Message.objects.values_list("message_id", "lease_expires_at"))
 
