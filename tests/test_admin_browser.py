@@ -41,6 +41,15 @@ OPERATOR_PERMS = (
 
 @pytest.fixture
 def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    if not os.access(CHROMIUM, os.X_OK) and "ZEROLOSS_CHROMIUM" not in os.environ:
+        # Debian's package, installed here as the other tests install theirs (never a download
+        # of a browser build): `make test` on a fresh machine needs nothing installed by hand.
+        from tests.hacluster import ClusterError, ensure_debian_package
+
+        try:
+            ensure_debian_package("chromium", [CHROMIUM], timeout=600)
+        except ClusterError as exc:
+            pytest.fail(f"Chromium not found at {CHROMIUM} and could not be installed: {exc}")
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(
             f"Chromium not found at {CHROMIUM}: install Debian's package (apt-get install chromium) "
