@@ -65,12 +65,28 @@ def send_in_transaction_then_lose_session(message_id: str) -> Message:
         return zeroloss.send(QUEUE, {"n": 1}, message_id=message_id, ordering_key="account-7")
 
 
+def send_many_in_transaction_then_lose_session(message_id: str) -> Message:
+    with transaction.atomic():
+        transaction.on_commit(terminate_own_session)
+        first, _ = zeroloss.send_many(
+            QUEUE, [{"n": 1}, {"n": 2}], message_ids=[message_id, "ordered-2"], ordering_key="account-7"
+        )
+        return first
+
+
 def send_then_lose_session(message_id: str) -> Message:
     with session_ended_before_promotion():
         return zeroloss.send(QUEUE, {"n": 1}, message_id=message_id, ordering_key="account-7")
 
 
-@pytest.mark.parametrize("send", [send_in_transaction_then_lose_session, send_then_lose_session])
+@pytest.mark.parametrize(
+    "send",
+    [
+        send_in_transaction_then_lose_session,
+        send_then_lose_session,
+        send_many_in_transaction_then_lose_session,
+    ],
+)
 def test_a_promotion_lost_after_the_commit_is_logged_and_repaired_by_the_sweep(caplog, send):
     caplog.set_level(logging.WARNING, logger="zeroloss")
     try:
@@ -87,14 +103,11 @@ def test_a_promotion_lost_after_the_commit_is_logged_and_repaired_by_the_sweep(c
     assert list(MessageEvent.objects.for_message("ordered-1").values_list("reason", flat=True)) == [
         "persisted"
     ]
+    assert not Message.objects.filter(available_at__isnull=False).exists()
     # The sweep's repair leaves a waiting message to its own sender's promotion for a few
     # seconds (REPAIR_AFTER): made that old by the database clock, not by waiting.
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {Message._meta.db_table} SET updated_at = updated_at - interval '1 minute' "
-            "WHERE message_id = %s",
-            ["ordered-1"],
-        )
+        cursor.execute(f"UPDATE {Message._meta.db_table} SET updated_at = updated_at - interval '1 minute'")
     service = ZeroLossMessageService(instance_id="sweeper")
     assert service.recover_orphaned_messages().keys_repaired == 1
     lease = service.mark_processing("ordered-1")

@@ -251,7 +251,9 @@ class Persisting(LedgerBase):
                 result.append(self._existing(p))
         keys = {(p.queue_name, p.ordering_key) for p in prepared if p.ordering_key and p.message_id in stored}
         if keys:
-            self._promote_after_commit(keys, [p.message_id for p in prepared if p.ordering_key])
+            self._promote_after_commit(
+                keys, [p.message_id for p in prepared if p.ordering_key and p.message_id in stored]
+            )
         return result
 
     def _store_one(
