@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.conf import settings as django_settings
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import conf
@@ -19,6 +20,8 @@ from .engine import Engine, Move, Rows
 from .postgres import PostgresEngine
 from .sqlite import SqliteEngine
 from .validation import default_instance_id, validate_message_id
+
+logger = logging.getLogger("zeroloss")
 
 _ENGINES: dict[str, Engine] = {"postgresql": PostgresEngine(), "sqlite": SqliteEngine()}
 
@@ -173,6 +176,35 @@ class LedgerBase:
             transaction.on_commit(action, using=self.using)
         else:
             action()
+
+    def _promote_after_commit(self, keys: set[tuple[str, str]], message_ids: Sequence[str]) -> None:
+        """Release the next message of each key once the current transaction commits.
+
+        What committed (``message_ids``, the caller's rows) stays committed whatever happens
+        here, so a failure is logged, never raised: a sender told "failed" would retry, and
+        with a random id store a second message. The sweep's key repair (``REPAIR_KEYS``)
+        releases a key whose promotion was lost (docs/ordering.md).
+        """
+
+        def promote() -> None:
+            try:
+                self.promote_keys(keys)
+            except DatabaseError as exc:
+                shown = ", ".join(repr(m) for m in message_ids[:5])
+                more = f" and {len(message_ids) - 5} more" if len(message_ids) > 5 else ""
+                logger.warning(
+                    "message %s%s committed, but releasing the next message of its ordering key failed "
+                    "(%s: %s); the sweep's key repair releases it",
+                    shown,
+                    more,
+                    type(exc).__name__,
+                    " ".join(str(exc).split()),
+                )
+                conn = self.connection
+                if not conn.in_atomic_block and self.engine.connection_lost(conn):
+                    conn.close()  # the caller's next query reconnects
+
+        self._after_commit(promote)
 
     def database_now(self) -> dt.datetime:
         """The database clock, which decides every lease."""

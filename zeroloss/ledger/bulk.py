@@ -261,7 +261,7 @@ def _store(ledger: Persisting, batch: _Batch, delay_s: float, actor: str, dispat
         result.append(message)
     keys = {(p.queue_name, p.ordering_key) for p in new if p.ordering_key}
     if keys:
-        ledger._after_commit(lambda: ledger.promote_keys(keys))
+        ledger._promote_after_commit(keys, [p.message_id for p in new if p.ordering_key])
     return result
 
 

@@ -251,7 +251,9 @@ class Persisting(LedgerBase):
                 result.append(self._existing(p))
         keys = {(p.queue_name, p.ordering_key) for p in prepared if p.ordering_key and p.message_id in stored}
         if keys:
-            self._after_commit(lambda: self.promote_keys(keys))
+            self._promote_after_commit(
+                keys, [p.message_id for p in prepared if p.ordering_key and p.message_id in stored]
+            )
         return result
 
     def _store_one(
@@ -291,8 +293,7 @@ class Persisting(LedgerBase):
         available_at = created_at if available == created else engine.to_datetime(available)
         message = self._materialize(p, pk, created_at, available_at, created_at if dispatched else None)
         if p.ordering_key:
-            keys = {(p.queue_name, p.ordering_key)}
-            self._after_commit(lambda: self.promote_keys(keys))
+            self._promote_after_commit({(p.queue_name, p.ordering_key)}, [p.message_id])
         return message
 
     def _materialize(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
+from django.db import InternalError, OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import get_settings
@@ -34,6 +35,29 @@ _EPOCH = {
 }
 # libpq's PGRES_TUPLES_OK (psycopg.pq.ExecStatus.TUPLES_OK; psycopg is imported only when used).
 _TUPLES_OK = 2
+#: SQLSTATE read_only_sql_transaction: a hot standby, or ``default_transaction_read_only``.
+_READ_ONLY = "25006"
+
+
+def _refused_write(exc: InternalError) -> NoReturn:
+    """Raise ``exc``; a server that takes no writes as the ``OperationalError`` documented for a
+    database that cannot take a message (docs/guarantees.md), not psycopg's InternalError: the
+    loops' outage handling reconnects on it, which after a failover reaches the new primary."""
+    if getattr(exc.__cause__, "sqlstate", None) == _READ_ONLY:
+        raise OperationalError(
+            f"the database is read-only (a hot standby, or default_transaction_read_only): {exc}"
+        ) from exc
+    raise exc
+
+
+def _raise_wrapped(conn: BaseDatabaseWrapper) -> NoReturn:
+    """Re-raise the exception being handled as Django's own cursor would (its classes, the
+    connection marked as having failed); a refused write as :func:`_refused_write` says."""
+    try:
+        with conn.wrap_database_errors:
+            raise
+    except InternalError as exc:
+        _refused_write(exc)
 
 
 class PostgresEngine(Engine):
@@ -129,7 +153,10 @@ class PostgresEngine(Engine):
         queries (``DEBUG``, ``CaptureQueriesContext``) they take Django's logging cursor.
         """
         if not prepare or conn.queries_logged or not get_settings().PREPARED_STATEMENTS:
-            return super().execute(conn, sql, params)
+            try:
+                return super().execute(conn, sql, params)
+            except InternalError as exc:
+                _refused_write(exc)
         raw = conn.connection
         if raw is None:
             conn.ensure_connection()
@@ -173,8 +200,7 @@ class PostgresEngine(Engine):
             # Django's error wrapping (its exception classes, the connection marked as having
             # failed), entered only on the way out of a failure: the same as a ``with`` around
             # the block, without its two calls on every statement.
-            with conn.wrap_database_errors:
-                raise
+            _raise_wrapped(conn)
 
     @classmethod
     def at(cls, value: Any) -> dt.datetime:
@@ -192,9 +218,12 @@ class PostgresEngine(Engine):
         conn.ensure_connection()
         if conn.in_atomic_block:
             conn.validate_no_broken_transaction()
-        with conn.wrap_database_errors, conn.connection.cursor() as cur, cur.copy(sql) as copy:
-            for chunk in chunks:
-                copy.write(chunk)
+        try:
+            with conn.wrap_database_errors, conn.connection.cursor() as cur, cur.copy(sql) as copy:
+                for chunk in chunks:
+                    copy.write(chunk)
+        except InternalError as exc:
+            _refused_write(exc)
 
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
         key = (move.sql, move.moved, move.extra, move.promote, move.result)

@@ -13,11 +13,13 @@ import logging
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
 
+from ...conf import get_settings
 from ...handlers import registered_queues
 from ...loops import StopFlag
 from ...worker import Worker
-from ..base import ZeroLossCommand, positive_float, positive_int
+from ..base import LedgerUnreachable, ZeroLossCommand, positive_float, positive_int
 
 EXIT_CRASHED = 1
 EXIT_UNREACHABLE = 4
@@ -26,12 +28,27 @@ EXIT_UNREACHABLE = 4
 class Command(ZeroLossCommand):
     help = "Run handlers for messages claimed straight from the ledger. SIGTERM/SIGINT stop it cleanly."
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        # No default: the queues' own database (QUEUE_DATABASES) unless one is named.
+        for action in parser._actions:
+            if action.dest == "database":
+                action.default = None
+                action.help = (
+                    "Database alias: the one QUEUE_DATABASES routes the queues to (default), or "
+                    "the database whose registered queues to process when no --queue is given."
+                )
+        return parser
+
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--queue",
             action="append",
             dest="queues",
-            help="Queue to process (repeatable; default: every registered queue).",
+            help=(
+                "Queue to process (repeatable; default: every registered queue whose ledger is the "
+                "--database, default if none). One process works on one database."
+            ),
         )
         parser.add_argument("--concurrency", type=positive_int, default=1, help="Worker threads (default 1).")
         parser.add_argument(
@@ -79,16 +96,19 @@ class Command(ZeroLossCommand):
         if verbosity != 1:
             level = {0: logging.ERROR, 2: logging.INFO}.get(verbosity, logging.DEBUG)
             logging.getLogger("zeroloss").setLevel(level)
-        service = self.service(options)
         known = registered_queues()
-        queues = queues or known
-        unknown = sorted(set(queues) - set(known))
-        if unknown or not queues:
+        unknown = sorted(set(queues or ()) - set(known))
+        if unknown or not known:
             raise CommandError(
                 f"No handler is registered for queue(s) {', '.join(unknown) or '(none given)'}; "
                 f"registered: {', '.join(known) or 'none'}.",
                 returncode=2,
             )
+        if options["database"] is not None:
+            self.service(options)  # an unknown alias is a usage error before anything else
+        options["database"], queues = self._database_and_queues(options["database"], queues, known)
+        self._database = options["database"]
+        service = self.service(options)
         stop = StopFlag()
         worker = Worker(
             queues,
@@ -105,7 +125,10 @@ class Command(ZeroLossCommand):
         if no_listen:
             worker.wakeup.enabled = False
         if verbosity:
-            self.log(f"zeroloss_worker: queues {', '.join(queues)}, {concurrency} thread(s)")
+            self.log(
+                f"zeroloss_worker: queues {', '.join(queues)} on database {service.using!r}, "
+                f"{concurrency} thread(s)"
+            )
         with stop.on_signals():
             stats = worker.run()
         summary = {
@@ -128,3 +151,52 @@ class Command(ZeroLossCommand):
             )
         if stats.crashed:
             raise CommandError("a worker thread crashed; see the log above", returncode=EXIT_CRASHED)
+
+    def unreachable(self, exc: Exception, options: dict[str, Any]) -> LedgerUnreachable:
+        # The database the worker polled, which the routing chose (options has what was typed).
+        polled = getattr(self, "_database", None) or options.get("database")
+        return super().unreachable(exc, {**options, "database": polled})
+
+    @staticmethod
+    def _database_and_queues(
+        database: str | None, queues: list[str] | None, known: list[str]
+    ) -> tuple[str, list[str]]:
+        """The one database this worker polls, and its queues (exit code 2 when they disagree).
+
+        A worker claims from one ledger database; each queue's is the one ``QUEUE_DATABASES``
+        routes it to, ``default`` otherwise.
+        """
+        routes = get_settings().QUEUE_DATABASES
+        if not queues:
+            alias = database or DEFAULT_DB_ALIAS
+            mine = [q for q in known if routes.get(q, DEFAULT_DB_ALIAS) == alias]
+            if not mine:
+                raise CommandError(
+                    f"No registered queue's ledger is database {alias!r} (QUEUE_DATABASES: "
+                    f"{dict(routes)!r}; every other queue's is 'default'); name the queues with --queue.",
+                    returncode=2,
+                )
+            return alias, mine
+        where = {q: routes.get(q, DEFAULT_DB_ALIAS) for q in queues}
+        databases = sorted(set(where.values()))
+        if len(databases) > 1:
+            raise CommandError(
+                "These queues live in different databases (QUEUE_DATABASES): "
+                + ", ".join(f"{q!r} ({db})" for q, db in where.items())
+                + "; one worker process claims from one database: run one zeroloss_worker per database ("
+                + "; ".join(
+                    f"--database {db} " + " ".join(f"--queue {q}" for q in where if where[q] == db)
+                    for db in databases
+                )
+                + ").",
+                returncode=2,
+            )
+        [routed] = databases
+        if database is not None and database != routed:
+            raise CommandError(
+                f"Queue(s) {', '.join(repr(q) for q in queues)} live in database {routed!r} "
+                f"(QUEUE_DATABASES), not {database!r}: a worker there would find none of their messages. "
+                f"Run it with --database {routed} (or without --database).",
+                returncode=2,
+            )
+        return routed, list(dict.fromkeys(queues))
