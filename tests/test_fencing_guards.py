@@ -197,6 +197,11 @@ def _renew(svc: ZeroLossMessageService, lease: Lease) -> bool:
     return svc.renew_lease(lease.message_id, lease.token)
 
 
+def _busy(svc: ZeroLossMessageService, lease: Lease) -> bool:
+    # What the keeper asks of a lease its renewal skipped: still held, only locked elsewhere.
+    return lease.message_id in svc.busy_leases([lease])
+
+
 def _ack_one(svc: ZeroLossMessageService, lease: Lease) -> bool:
     return svc.acknowledge_message(lease.message_id, lease.token, result={"ok": True})
 
@@ -440,6 +445,7 @@ def _holder_outcome(statement: str, outcome: Outcome, token: str = _TOKEN) -> li
 
 GUARDS: list[Guard] = [
     *_holder_outcome("RENEW", _renew),
+    *_holder_outcome("RENEW_BUSY", _busy),
     *_holder_outcome("ACK", _ack_batch),
     *_holder_outcome("ACK_ONE", _ack_one, token="lease_token = %s"),
     *_holder_outcome("FAIL", _fail_batch),

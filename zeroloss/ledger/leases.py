@@ -242,7 +242,9 @@ class Leasing(LedgerBase):
         if finished:
             # The statements released each key's next message; this catches one stored
             # concurrently, which they could not see (docs/ordering.md).
-            self._after_commit(lambda: self.promote_keys(finished))
+            self._promote_after_commit(
+                finished, sorted(c.lease.message_id for c in batch if c.lease.ordering_key)
+            )
         return report
 
     def lock_held(self, leases: Sequence[Lease]) -> set[str]:

@@ -100,7 +100,7 @@ class OperatorActions(LedgerBase):
         )
         keys = {(queue, key) for _, queue, key in moved if key}
         if keys:
-            self._after_commit(lambda: self.promote_keys(keys))
+            self._promote_after_commit(keys, [m[0] for m in moved if m[2]])
         return [m[0] for m in moved]
 
     def retry_message(self, message_id: str, *, actor: str | None = None, force: bool = False) -> bool:
@@ -136,7 +136,7 @@ class OperatorActions(LedgerBase):
                 )
         keys = {(queue, key) for _, queue, key in moved if key}
         if keys:
-            self._after_commit(lambda: self.promote_keys(keys))
+            self._promote_after_commit(keys, [m[0] for m in moved if m[2]])
         return [m[0] for m in moved]
 
     # -- retention ----------------------------------------------------------------------
