@@ -13,6 +13,10 @@
   ``-m fast`` restarts; the Celery transport with FLUSHALL and a broker restart; and the
   recovery time after a restart with default settings. ``tests/faults/checker.py`` checks
   the history; the soak profile of the same code is ``python -m benchmarks --only faults``.
+- *Partitions and dead hosts* (``slow``, issue 24): in Linux network namespaces, a worker cut
+  off by its link taken down, or whose host dies while cut off, for a plain and a
+  transactional handler, with default settings: its messages must run on the healthy worker
+  within ``ACK_TIMEOUT`` + 15 s (``tests/faults/partitions.py``).
 - *Faults the suite found in zeroloss* (at the end): fixed; their tests keep them fixed.
 
 The seed is printed (``ZEROLOSS_FAULTS_SEED=N`` replays a schedule).
@@ -37,6 +41,8 @@ from django.db import connection, connections, transaction
 
 from tests.faults.checker import read_runs
 from tests.faults.cluster import FaultCluster
+from tests.faults.partitions import NetResult, run_partitions
+from tests.faults.partitions import report as partition_report
 from tests.faults.scenario import CI, measure_recovery, report, run_celery, run_database
 from tests.faults.workload import WorkerPool, child_env, producer
 from zeroloss.ledger.types import Completion, CompletionReport, Lease, Verdict
@@ -481,6 +487,34 @@ def test_recovery_after_restarts_with_default_settings(fault_cluster: FaultClust
     assert [r["mode"] for r in result.recoveries] == ["immediate", "fast"]
     assert all(r["to_first_ack_s"] is not None for r in result.recoveries), result.recoveries
     assert result.findings.violations == [], f"logs in {result.run_dir}"
+
+
+# -- partitions and dead hosts (issue 24) -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def partition_results(tmp_path_factory: pytest.TempPathFactory) -> list[NetResult]:
+    """The four scenarios of tests/faults/partitions.py at once (about 2 minutes)."""
+    results = run_partitions(CI, 0, tmp_path_factory.mktemp("partitions"))
+    print(partition_report(results))
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("handler", ["plain", "transactional"])
+@pytest.mark.parametrize("fault", ["partition", "host-death"])
+def test_a_cut_off_workers_messages_run_elsewhere_within_the_lease_plus_15s(
+    partition_results: list[NetResult], fault: str, handler: str
+):
+    """A worker holding messages is cut off by the network (its link taken down: packets
+    silently lost) for longer than ACK_TIMEOUT + 15 s, or its host dies while cut off (its FIN
+    never arrives), with default settings: the healthy worker beside PostgreSQL runs every
+    held message within ACK_TIMEOUT + 15 s of the cut, each counts one attempt for the cut-off
+    run, none is lost, no effect commits twice, and after a heal the cut-off worker drains new
+    messages on its own."""
+    result = next(r for r in partition_results if (r.fault, r.handler) == (fault, handler))
+    assert result.misses() == [], f"logs in {result.run_dir}\n" + partition_report(partition_results)
 
 
 # -- zeroloss bugs the suite found (left failing for the lead) --------------------------------
