@@ -494,7 +494,7 @@ def test_recovery_after_restarts_with_default_settings(fault_cluster: FaultClust
 
 @pytest.fixture(scope="module")
 def partition_results(tmp_path_factory: pytest.TempPathFactory) -> list[NetResult]:
-    """The four scenarios of tests/faults/partitions.py at once (about 2 minutes)."""
+    """The six scenarios of tests/faults/partitions.py at once (about 80 s)."""
     results = run_partitions(CI, 0, tmp_path_factory.mktemp("partitions"))
     print(partition_report(results))
     return results
@@ -502,17 +502,18 @@ def partition_results(tmp_path_factory: pytest.TempPathFactory) -> list[NetResul
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("handler", ["plain", "transactional"])
+@pytest.mark.parametrize("handler", ["plain", "plain-flush", "transactional"])
 @pytest.mark.parametrize("fault", ["partition", "host-death"])
 def test_a_cut_off_workers_messages_run_elsewhere_within_the_lease_plus_15s(
     partition_results: list[NetResult], fault: str, handler: str
 ):
     """A worker holding messages is cut off by the network (its link taken down: packets
     silently lost) for longer than ACK_TIMEOUT + 15 s, or its host dies while cut off (its FIN
-    never arrives), with default settings: the healthy worker beside PostgreSQL runs every
-    held message within ACK_TIMEOUT + 15 s of the cut, each counts one attempt for the cut-off
-    run, none is lost, no effect commits twice, and after a heal the cut-off worker drains new
-    messages on its own."""
+    never arrives), with default settings — cut while a handler runs, inside a plain handler's
+    outcome flush (its transaction open), or inside a transactional batch: the healthy worker
+    beside PostgreSQL runs every held message within ACK_TIMEOUT + 15 s of the cut, each counts
+    one attempt for the cut-off run, none is lost, no effect commits twice, and after a heal
+    the cut-off worker drains new messages on its own."""
     result = next(r for r in partition_results if (r.fault, r.handler) == (fault, handler))
     assert result.misses() == [], f"logs in {result.run_dir}\n" + partition_report(partition_results)
 
