@@ -321,7 +321,9 @@ def run_cut_off(
             generation = cut_off.kill(0, killer=lambda: lab.kill_host(link.worker_ns))
             ended = time.time()
             faults.append(
-                Fault(fault, cut_at, ended, 0, generation.pids, {"killed_after_cut_s": ended - cut_at})
+                Fault(
+                    fault, cut_at, ended, 0, generation.pids, {"killed_after_cut_s": round(ended - cut_at, 2)}
+                )
             )
             say(f"worker host dead {ended - cut_at:.2f} s after the cut (pids {generation.pids})")
         wait_for = partition_s if fault == "partition" else dead_host_wait_s
@@ -425,6 +427,11 @@ def run_partitions(
     """Every (fault, handler) scenario at once, each on its own database, worker host and link,
     against one cluster in the database host's namespace. ``profile``: a
     :class:`tests.faults.scenario.Profile` (``partition_s``, ``dead_host_wait_s``)."""
+    if profile.partition_s <= TAKEOVER_TARGET_S:
+        raise ValueError(
+            f"partition_s must be longer than ACK_TIMEOUT + 15 s = {TAKEOVER_TARGET_S:.0f} s (the takeover "
+            f"target), not {profile.partition_s}: a shorter cut would heal before the target is tested"
+        )
     lab = NetnsLab()
     cluster = NetnsCluster(lab)
     results: list[NetResult] = []
