@@ -2,9 +2,13 @@
 
 Starts its own PostgreSQL cluster (and, for the Celery scenario, its own Redis), runs the
 workload under a seeded schedule of faults (tests/faults), checks the whole history and prints
-the table of docs/guarantees.md ("Faults, tested"). Exits 1 if any check failed.
+the table of docs/guarantees.md ("Faults, tested"). The ``partitions`` scenario (root: Linux
+network namespaces) cuts a worker off and kills a cut-off worker's host, for a plain and a
+transactional handler, in a cluster of its own (tests/faults/partitions.py), and prints the
+table of docs/guarantees.md ("Partitions and dead hosts"). Exits 1 if any check failed or a
+target was missed.
 
-``python -m benchmarks.faults [--profile soak|ci] [--seed N] [--scenario database celery recovery]``
+``python -m benchmarks.faults [--profile soak|ci] [--seed N] [--scenario database celery recovery partitions]``
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-SCENARIOS = ("database", "celery", "recovery")
+SCENARIOS = ("database", "celery", "recovery", "partitions")
 
 
 def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
     from tests.faults.cluster import FaultCluster
+    from tests.faults.partitions import report as partition_report
+    from tests.faults.partitions import run_partitions
     from tests.faults.scenario import PROFILES, measure_recovery, report, run_celery, run_database
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.faults", description=__doc__)
@@ -42,18 +48,29 @@ def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
     )
     started = time.monotonic()
     results = []
-    cluster = FaultCluster()
-    try:
-        cluster.start()
-        runners = {"database": run_database, "celery": run_celery, "recovery": measure_recovery}
-        for name in args.scenario:
-            print(f"- {name} ...", flush=True)
-            results.append(runners[name](cluster, chosen, seed, base, lambda line: print(line, flush=True)))
-    finally:
-        cluster.stop()
-    ok = all(r.ok for r in results)
+    net_results = []
+    on_cluster = [name for name in args.scenario if name != "partitions"]
+    if on_cluster:
+        cluster = FaultCluster()
+        try:
+            cluster.start()
+            runners = {"database": run_database, "celery": run_celery, "recovery": measure_recovery}
+            for name in on_cluster:
+                print(f"- {name} ...", flush=True)
+                results.append(
+                    runners[name](cluster, chosen, seed, base, lambda line: print(line, flush=True))
+                )
+        finally:
+            cluster.stop()
+    if "partitions" in args.scenario:
+        print("- partitions ...", flush=True)
+        net_results = run_partitions(chosen, seed, base, lambda line: print(line, flush=True))
+    ok = all(r.ok for r in results) and not any(r.misses() for r in net_results)
     print()
-    print(report(results, profile=chosen, seed=seed))
+    if results:
+        print(report(results, profile=chosen, seed=seed))
+    if net_results:
+        print(f"\n{partition_report(net_results)}")
     load = os.getloadavg()
     print(
         f"\ntotal {time.monotonic() - started:.0f}s, load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "

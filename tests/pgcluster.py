@@ -72,6 +72,13 @@ def _as_postgres(cmd: list[str]) -> list[str]:
 class PgCluster:
     """``start()`` the primary, ``start_standby()``/``stop_standby()`` at will, ``stop()`` removes it all."""
 
+    #: Where the servers listen (``listen_addresses``), besides their Unix socket.
+    listen_addresses = "127.0.0.1"
+    #: pg_hba.conf lines allowed besides loopback and the socket (a subclass's private network).
+    extra_hba = ""
+    #: Prepended to every server command (e.g. ``ip netns exec NAME``: the server in a namespace).
+    command_prefix: tuple[str, ...] = ()
+
     def __init__(
         self, *, standby_name: str = "zl-standby-1", dbname: str = "zeroloss", max_connections: int = 60
     ) -> None:
@@ -100,7 +107,11 @@ class PgCluster:
     def _run(self, cmd: list[str], what: str, timeout: float = STEP_TIMEOUT) -> str:
         try:
             done = subprocess.run(
-                _as_postgres(cmd), capture_output=True, text=True, timeout=timeout, cwd=self.root
+                [*self.command_prefix, *_as_postgres(cmd)],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                cwd=self.root,
             )
         except subprocess.TimeoutExpired as exc:
             raise ClusterError(f"{what} did not finish in {timeout}s: {exc.stderr!r}") from exc
@@ -116,7 +127,10 @@ class PgCluster:
         return "".join(out)
 
     def _pg_ctl_start(self, datadir: Path, port: int, log: Path) -> None:
-        opts = f"-c port={port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.root}"
+        opts = (
+            f"-c port={port} -c listen_addresses='{self.listen_addresses}' "
+            f"-c unix_socket_directories={self.root}"
+        )
         self._run(
             [str(BIN / "pg_ctl"), "start", "-w", "-t", "30", "-D", str(datadir), "-l", str(log), "-o", opts],
             f"pg_ctl start {datadir.name}",
@@ -163,7 +177,7 @@ class PgCluster:
         with open(self.primary_dir / "pg_hba.conf", "w") as hba:
             hba.write(
                 "local all all trust\nlocal replication all trust\n"
-                "host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n"
+                "host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n" + self.extra_hba
             )
         self._pg_ctl_start(self.primary_dir, self.primary_port, self.root / "primary.log")
         with self.connect(dbname="postgres") as conn:

@@ -13,6 +13,10 @@
   ``-m fast`` restarts; the Celery transport with FLUSHALL and a broker restart; and the
   recovery time after a restart with default settings. ``tests/faults/checker.py`` checks
   the history; the soak profile of the same code is ``python -m benchmarks --only faults``.
+- *Partitions and dead hosts* (``slow``, issue 24): in Linux network namespaces, a worker cut
+  off by its link taken down, or whose host dies while cut off, for a plain and a
+  transactional handler, with default settings: its messages must run on the healthy worker
+  within ``ACK_TIMEOUT`` + 15 s (``tests/faults/partitions.py``).
 - *Faults the suite found in zeroloss* (at the end): fixed; their tests keep them fixed.
 
 The seed is printed (``ZEROLOSS_FAULTS_SEED=N`` replays a schedule).
@@ -23,7 +27,11 @@ from __future__ import annotations
 import logging
 import os
 import random
+import selectors
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -37,8 +45,11 @@ from django.db import connection, connections, transaction
 
 from tests.faults.checker import read_runs
 from tests.faults.cluster import FaultCluster
+from tests.faults.partitions import NetResult, run_partitions
+from tests.faults.partitions import report as partition_report
 from tests.faults.scenario import CI, measure_recovery, report, run_celery, run_database
 from tests.faults.workload import WorkerPool, child_env, producer
+from tests.netns import SUBNET_PREFIX, NetnsLab
 from zeroloss.ledger.types import Completion, CompletionReport, Lease, Verdict
 from zeroloss.models import Message, MessageEvent
 from zeroloss.outage import OutageMonitor, close_connection, is_outage
@@ -481,6 +492,128 @@ def test_recovery_after_restarts_with_default_settings(fault_cluster: FaultClust
     assert [r["mode"] for r in result.recoveries] == ["immediate", "fast"]
     assert all(r["to_first_ack_s"] is not None for r in result.recoveries), result.recoveries
     assert result.findings.violations == [], f"logs in {result.run_dir}"
+
+
+# -- partitions and dead hosts (issue 24) -------------------------------------------------
+
+_ECHO_SERVER = """
+import socket, sys, time
+s = socket.create_server((sys.argv[1], 7000))
+print("listening", flush=True)
+conn, _ = s.accept()
+while data := conn.recv(100):
+    conn.sendall(data)
+print("peer closed", flush=True)
+time.sleep(3600)
+"""
+_CLIENT = """
+import socket, sys
+conn = socket.create_connection((sys.argv[1], 7000), timeout=5)
+for line in sys.stdin:
+    command, seconds = line.split()
+    conn.settimeout(float(seconds))
+    try:
+        if command == "echo":
+            conn.sendall(b"x")
+            print("echoed" if conn.recv(1) == b"x" else "closed", flush=True)
+        elif command == "wait":  # the answer to an earlier echo, once the link is back
+            print("echoed" if conn.recv(1) == b"x" else "closed", flush=True)
+        else:
+            socket.create_connection((sys.argv[1], 7000), timeout=float(seconds)).close()
+            print("connected", flush=True)
+    except OSError as exc:
+        print(type(exc).__name__, exc.errno, flush=True)
+"""
+
+
+def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The next line a child prints, waited for at most ``timeout`` seconds."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise AssertionError(f"the child printed nothing in {timeout}s")
+    return proc.stdout.readline().strip()
+
+
+def test_a_cut_link_drops_silently_heals_and_a_dead_host_leaves_nothing_behind():
+    """What the partition scenarios rely on (tests/netns.py): a client in a worker namespace
+    talks to a server in the database namespace over the veth pair; after ``cut()`` its data
+    gets no answer and no error (silence, not a reset) and a new connection finds no route;
+    after ``heal()`` the same connection answers again; ``kill_host`` leaves no process and no
+    namespace (with the link up the server hears the FIN: the dead-host scenario cuts first),
+    and ``destroy`` kills and removes the rest. The root namespace has none of the addresses."""
+    lab = NetnsLab(tag="t")
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        link = lab.add_worker_host()
+        assert (
+            SUBNET_PREFIX not in subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+        )
+        server = subprocess.Popen(
+            [*lab.exec_prefix(lab.db_ns), sys.executable, "-c", _ECHO_SERVER, link.db_address],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(server)
+        assert _read_line(server, 30) == "listening"
+        client = subprocess.Popen(
+            [*lab.exec_prefix(link.worker_ns), sys.executable, "-c", _CLIENT, link.db_address],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(client)
+
+        def ask(command: str, seconds: float) -> str:
+            assert client.stdin is not None
+            client.stdin.write(f"{command} {seconds}\n")
+            client.stdin.flush()
+            return _read_line(client, seconds + 30)
+
+        assert ask("echo", 5) == "echoed"
+        link.cut()
+        assert ask("echo", 2) == "TimeoutError None"  # silence: no reset, no error
+        assert ask("connect", 2).split()[0] == "OSError"  # ENETUNREACH: the route went with the link
+        link.heal()
+        assert ask("wait", 20) == "echoed"  # the resent byte got through on the same connection
+        worker_ns = link.worker_ns
+        killed = lab.kill_host(worker_ns)
+        assert client.pid in killed and client.wait(timeout=10) == -signal.SIGKILL
+        assert _read_line(server, 10) == "peer closed"  # the link was up: its FIN arrived
+        assert worker_ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    finally:
+        lab.destroy()
+        for proc in procs:
+            proc.wait(timeout=10)
+    assert lab.prefix not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert server.returncode == -signal.SIGKILL  # destroy() killed what ran in the database namespace
+
+
+@pytest.fixture(scope="module")
+def partition_results(tmp_path_factory: pytest.TempPathFactory) -> list[NetResult]:
+    """The six scenarios of tests/faults/partitions.py at once (about 80 s)."""
+    results = run_partitions(CI, 0, tmp_path_factory.mktemp("partitions"))
+    print(partition_report(results))
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("handler", ["plain", "plain-flush", "transactional"])
+@pytest.mark.parametrize("fault", ["partition", "host-death"])
+def test_a_cut_off_workers_messages_run_elsewhere_within_the_lease_plus_15s(
+    partition_results: list[NetResult], fault: str, handler: str
+):
+    """A worker holding messages is cut off by the network (its link taken down: packets
+    silently lost) for longer than ACK_TIMEOUT + 15 s, or its host dies while cut off (its FIN
+    never arrives), with default settings — cut while a handler runs, inside a plain handler's
+    outcome flush (its transaction open), or inside a transactional batch: the healthy worker
+    beside PostgreSQL runs every held message within ACK_TIMEOUT + 15 s of the cut, each counts
+    one attempt for the cut-off run, none is lost, no effect commits twice, and after a heal
+    the cut-off worker drains new messages on its own."""
+    result = next(r for r in partition_results if (r.fault, r.handler) == (fault, handler))
+    assert result.misses() == [], f"logs in {result.run_dir}; the table is in the setup's captured output"
 
 
 # -- zeroloss bugs the suite found (left failing for the lead) --------------------------------

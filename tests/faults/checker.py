@@ -28,7 +28,7 @@ import psycopg
 
 from zeroloss.states import ANNOTATIONS, is_allowed
 
-from .injector import DB_FAULTS, Fault, actor_pid
+from .injector import DB_FAULTS, NETWORK_FAULTS, Fault, actor_pid
 from .workload import ROOT, Generation
 from .zeroloss_handlers import EFFECT_TABLE, TX_QUEUE
 
@@ -391,6 +391,14 @@ class Checker:
                 return f"lease_expired after sigkill ({finished})"
         for fault in self.faults:
             if (
+                fault.kind in NETWORK_FAULTS
+                and claim.pid in fault.pids
+                and claim.at <= fault.ended + CLOCK_SLACK
+                and fault.began <= end + CLOCK_SLACK
+            ):
+                return f"lease_expired after {fault.kind} ({finished})"
+        for fault in self.faults:
+            if (
                 fault.kind == "sigstop"
                 and claim.pid in fault.pids
                 and fault.began <= end + CLOCK_SLACK
@@ -433,7 +441,7 @@ class Checker:
         completed_at = {e.message_id: e.at for e in self.events if e.reason == "acknowledged"}
         every_claim = [c for cs in claims.values() for c in cs]
         for fault in self.faults:
-            victims = fault.pids if fault.kind in ("sigkill", "sigstop") else None
+            victims = fault.pids if fault.kind in ("sigkill", "sigstop", *NETWORK_FAULTS) else None
             # A kill takes effect when the process is gone (``ended``): a claim statement it
             # had sent may commit in between, and that claim was in its hands too.
             held_at = fault.ended if fault.kind == "sigkill" else fault.began

@@ -36,6 +36,8 @@ from .workload import WorkerPool
 
 KINDS = ("sigkill", "sigstop", "terminate", "restart-immediate", "restart-fast", "flushall", "broker-restart")
 DB_FAULTS = ("terminate", "restart-immediate", "restart-fast")
+#: A worker's host cut off by a link taken down, or dead while cut off (tests/faults/partitions.py).
+NETWORK_FAULTS = ("partition", "host-death")
 _PID_IN_ACTOR = re.compile(r":(\d+):[0-9a-f]+(?:/|$)")
 
 

@@ -59,6 +59,11 @@ class Profile:
     sweep_interval: float = 2.0
     sleep_ms_max: float = 30.0
     drain_timeout: float = 120.0
+    #: Partitions and dead hosts (tests/faults/partitions.py), with default settings: how long
+    #: the link stays down (longer than ACK_TIMEOUT + 15 s, so the takeover target is tested),
+    #: and how long a dead host's messages are waited for before the harness ends its sessions.
+    partition_s: float = 25.0
+    dead_host_wait_s: float = 25.0
 
 
 CI = Profile(
@@ -82,6 +87,8 @@ SOAK = Profile(
     celery_duration=120,
     celery_faults={"sigkill": 4, "flushall": 2, "broker-restart": 2, "terminate": 1, "restart-immediate": 1},
     recovery_restarts=3,
+    partition_s=60.0,
+    dead_host_wait_s=90.0,
 )
 PROFILES = {p.name: p for p in (CI, SOAK)}
 

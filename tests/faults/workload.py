@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,11 +179,26 @@ class WorkerPool:
     """``count`` workers of one kind; ``kill``/``restart``/``pause``/``resume`` by slot."""
 
     def __init__(
-        self, kind: str, count: int, env: dict[str, str], run_dir: Path, *, concurrency: int = 2
+        self,
+        kind: str,
+        count: int,
+        env: dict[str, str],
+        run_dir: Path,
+        *,
+        concurrency: int = 2,
+        queues: list[str] | None = None,
+        prefix: list[str] | None = None,
+        name: str = "w",
     ) -> None:
+        """``queues``: what a zeroloss_worker drains (both workload queues by default);
+        ``prefix``: prepended to each worker's command (``ip netns exec NAME``: a worker on
+        another "host"); ``name``: the slots' name prefix in logs and ``application_name``."""
         if kind not in ("zeroloss", "celery"):
             raise ValueError(kind)
         self.kind = kind
+        self.queues = list(queues or QUEUES)
+        self.prefix = list(prefix or [])
+        self.name = name
         self.count = count
         self.env = env
         self.run_dir = run_dir
@@ -199,14 +215,14 @@ class WorkerPool:
 
     def _spawn(self, slot: int) -> Proc:
         number = sum(1 for g in self.generations if g.slot == slot) + 1
-        name = f"w{slot}g{number}"
+        name = f"{self.name}{slot}g{number}"
         log = self.run_dir / "workers" / f"{name}.log"
         health: Path | None = None
         env = dict(self.env, PGAPPNAME=f"faults-{name}")
         if self.kind == "zeroloss":
             health = self.run_dir / "workers" / f"{name}.health.json"
             args = [sys.executable, "manage.py", "zeroloss_worker", "--concurrency", str(self.concurrency)]
-            for queue in QUEUES:
+            for queue in self.queues:
                 args += ["--queue", queue]
             args += ["--health-file", str(health)]
         else:
@@ -220,7 +236,7 @@ class WorkerPool:
                 "--without-heartbeat",
             ]
             args += ["--prefetch-multiplier", "1"]
-        proc = Proc(name, args, env, log)
+        proc = Proc(name, [*self.prefix, *args], env, log)
         generation = Generation(slot, number, proc.pid, proc.started, health, log)
         self.generations.append(generation)
         self._current[slot] = generation
@@ -272,10 +288,12 @@ class WorkerPool:
         generation.outcomes = self.outcomes(slot)
         return generation
 
-    def kill(self, slot: int) -> Generation:
-        """SIGKILL the slot's worker (not restarted: call :meth:`restart`)."""
+    def kill(self, slot: int, killer: Callable[[], list[int]] | None = None) -> Generation:
+        """SIGKILL the slot's worker (not restarted: call :meth:`restart`). ``killer``, if given,
+        does the killing instead (every process of a namespace: a host that dies) and returns
+        the pids it killed."""
         with self._lock:
-            pids = self.procs[slot].kill()
+            pids = sorted({*killer(), *self.procs[slot].kill()}) if killer else self.procs[slot].kill()
             generation = self._ended(slot, "sigkill")
             generation.pids = pids
             return generation
