@@ -251,7 +251,9 @@ class Leasing(LedgerBase):
         """Inside ``transaction.atomic``: lock the rows of ``leases`` still held (fenced, unexpired).
 
         Until the transaction ends nobody else can move them (the sweep skips locked rows), so
-        :meth:`complete` with ``locked=True`` may record their outcomes however long it ran.
+        :meth:`complete` with ``locked=True`` may record their outcomes however long it ran, and
+        the caller must bound the transaction itself. The built-in worker does not use this: its
+        transactional batches are held by their leases (docs/guarantees.md).
         """
         if not self.connection.in_atomic_block:
             raise InvalidMessage("lock_held() must run inside transaction.atomic().")

@@ -2,8 +2,8 @@
 
 Plain handlers run one after another and their outcomes go to the batch completer.
 Transactional handlers run as a batch inside one transaction
-(:mod:`zeroloss.worker.transactional`): the rows are locked (fenced) first, and the outcomes
-are recorded in the same transaction, so one commit makes every effect and its
+(:mod:`zeroloss.worker.transactional`), held by their leases like any other: the outcomes
+are recorded, fenced, in the same transaction, so one commit makes every effect and its
 acknowledgement durable together.
 """
 
