@@ -389,3 +389,33 @@ def test_expired_leases_of_a_transactional_batch_record_nothing():
     assert sorted(report.refused) == ["x0", "x1"] and not report.acknowledged
     assert not Group.objects.exists()
     assert set(Message.objects.values_list("status", flat=True)) == {Status.PENDING}
+
+
+@pytest.mark.postgres_only
+def test_a_worker_transaction_left_idle_is_ended_by_the_server(other):
+    """A worker frozen whole (its kernel still answers keepalives) between the two statements
+    of its record-and-claim transaction: the server ends that transaction by its own bound."""
+    service = ZeroLossMessageService()
+    pid: list[int] = []
+
+    def frozen_between_statements() -> None:
+        from django.db import transaction
+
+        try:
+            with transaction.atomic():
+                service.engine.bound_transaction(service.connection, 0.2)
+                pid.append(service.connection.connection.info.backend_pid)
+                assert wait_until(  # the server ends the session; this thread only looks
+                    lambda: not other.run("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid[0]]),
+                    timeout=20,
+                )
+                raise RuntimeError("ended")
+        except RuntimeError:
+            pass
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=frozen_between_statements)
+    thread.start()
+    thread.join(30)
+    assert pid and not other.run("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid[0]])

@@ -171,6 +171,11 @@ class Engine:
         raw = conn.connection
         return raw is not None and bool(getattr(raw, "in_transaction", True))
 
+    def bound_transaction(self, conn: BaseDatabaseWrapper, seconds: float) -> None:
+        """Inside a transaction of zeroloss's own: the server ends it if it stays idle longer
+        than ``seconds`` (a worker frozen between two of its statements). SQLite: nothing to
+        bound, the transaction lives in this process."""
+
     def abandon_batch(self, conn: BaseDatabaseWrapper) -> None:
         """The batch is rolling back: undo what :meth:`open_batch` set on the client."""
 

@@ -99,6 +99,9 @@ class PostgresEngine(Engine):
         raw = conn.connection
         return raw is None or conn.closed_in_transaction or raw.closed or raw.info.status == ConnStatus.BAD
 
+    def bound_transaction(self, conn: BaseDatabaseWrapper, seconds: float) -> None:
+        self.execute(conn, self.sql["BOUND_TRANSACTION"], [str(int(seconds * 1000))], prepare=True)
+
     def open_batch(self, conn: BaseDatabaseWrapper, bound_ms: int) -> int | None:
         bound = str(bound_ms)
         rows, _ = self.execute(conn, self.sql["BATCH_OPEN"], [bound_ms, bound, bound_ms, bound])

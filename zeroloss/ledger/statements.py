@@ -238,6 +238,8 @@ BATCH_OPEN = (
     "CASE WHEN %s > 0 THEN set_config('idle_in_transaction_session_timeout', %s, true) END, "
     "CASE WHEN %s > 0 THEN set_config('statement_timeout', %s, true) END"
 )
+# Bounds an idle gap of one of zeroloss's own multi-statement transactions (milliseconds).
+BOUND_TRANSACTION = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
 BATCH_CLOSE = (
     "WITH d AS (DELETE FROM zeroloss_batch_guard WHERE txid = txid_current() RETURNING txid) "
     "SELECT (SELECT txid FROM d), set_config('zeroloss.batch_commit', txid_current()::text, true)"

@@ -182,9 +182,16 @@ class ClaimLoop:
     def _record_and_claim(
         self, outcomes: list[Completion], queue: str, size: int
     ) -> tuple[CompletionReport | None, list[Lease]]:
-        with transaction.atomic(using=self.service.using):
-            report = self.service.complete(outcomes) if outcomes else None
-            return report, self.service.claim_next(queue, limit=size)
+        service = self.service
+        if not outcomes:
+            # One statement, committed by the server on its own: nothing for a worker that
+            # stalls to hold.
+            return None, service.claim_next(queue, limit=size)
+        with transaction.atomic(using=service.using):
+            # Two statements, one commit: the server ends the transaction should this worker
+            # stall between them (cut off or dead, its session's keepalives do).
+            service.engine.bound_transaction(service.connection, service.settings.ACK_TIMEOUT)
+            return service.complete(outcomes), service.claim_next(queue, limit=size)
 
     def _run_plain(self, spec: HandlerSpec, pace: Pace) -> None:
         assert self.batch is not None
