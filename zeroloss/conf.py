@@ -86,6 +86,8 @@ class ZeroLossSettings:
     #: A handler running longer than this (seconds) stops having its lease renewed: the message
     #: goes to another worker after its lease expires, and this run's outcome is refused.
     HANDLER_TIMEOUT: float | None = None
+    #: Async handlers of one claimed batch awaited at once by one worker thread.
+    ASYNC_CONCURRENCY: int = 10
     #: Completed messages older than this are purged by ``cleanup_completed_messages``.
     COMPLETED_RETENTION: float = 7 * 24 * 3600.0
     #: Default deduplication window for ``send(..., dedup_key=...)``, in seconds.
@@ -136,6 +138,7 @@ _INT_FIELDS = {
     "REPLICATION_FACTOR": 1,
     "SWEEP_BATCH_SIZE": 1,
     "ACK_BATCH_SIZE": 1,
+    "ASYNC_CONCURRENCY": 1,
     "MAX_PAYLOAD_BYTES": 1,
     "HEALTH_MAX_STUCK": 0,
     "HEALTH_MAX_DEAD": 0,

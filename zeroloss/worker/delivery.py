@@ -82,7 +82,13 @@ class DeliveryRuntime:
         self.keeper.hold([lease])
         if spec.transactional:
             return self._transactional(spec, lease)
-        run = run_handler(spec, Delivery(lease, self.keeper))
+        # An async handler runs on this process's (task thread's) event loop, reused per task.
+        run = run_handler(
+            spec,
+            Delivery(lease, self.keeper),
+            worker=self.service.instance_id,
+            timeout=self.service.settings.HANDLER_TIMEOUT,
+        )
         self.completer.add(run.completion(lease))
         if self.completer.due:
             self.completer.flush()
@@ -95,7 +101,9 @@ class DeliveryRuntime:
                 if not service.lock_held([lease]):
                     return Outcome.LEASE_LOST
                 self.keeper.pause([lease.message_id])
-                run = run_in_savepoint(spec, Delivery(lease, self.keeper), service.using, service.engine)
+                run = run_in_savepoint(
+                    spec, Delivery(lease, self.keeper), service.using, service.engine, worker=service.instance_id
+                )
                 report = service.complete([run.completion(lease)], locked=True)
         finally:
             self.keeper.drop([lease.message_id])

@@ -23,6 +23,7 @@ from ..processing import Delivery, Outcome, run_handler
 from ..service import ZeroLossMessageService
 from ..wakeup import Wakeup
 from .completer import Completer, verdict_counts
+from .coroutines import AsyncBatchRunner
 from .keeper import Batch, LeaseKeeper
 from .transactional import TransactionalBatches
 
@@ -189,6 +190,18 @@ class ClaimLoop:
     def _run_plain(self, spec: HandlerSpec, pace: Pace) -> None:
         assert self.batch is not None
         keeper = self.worker.keeper
+        settings = self.service.settings
+        if spec.is_async:
+            AsyncBatchRunner(
+                keeper=keeper,
+                completer=self.completer,
+                stopping=lambda: bool(self.worker.stop),
+                count=self.worker.count,
+                concurrency=settings.ASYNC_CONCURRENCY,
+                timeout=settings.HANDLER_TIMEOUT,
+                worker=self.service.instance_id,
+            ).run(spec, self.batch, pace.update)
+            return
         while (lease := self.batch.next()) is not None:
             if self.worker.stop:
                 self.completer.add(
@@ -204,7 +217,7 @@ class ClaimLoop:
                 keeper.drop([lease.message_id])
                 self.worker.count(Outcome.LEASE_LOST)
                 continue
-            run = run_handler(spec, Delivery(lease, keeper))
+            run = run_handler(spec, Delivery(lease, keeper), worker=self.service.instance_id)
             self.batch.done()
             pace.update(run.seconds)
             self.completer.add(run.completion(lease))
