@@ -123,13 +123,15 @@ class OutageMonitor:
             self._since_monotonic = time.monotonic()
             self.since = dt.datetime.now(dt.UTC)
             self.outages += 1
-        logger.error(
+        # WARNING: the process rides it out on its own; DB_OUTAGE_TOLERANCE's give-up is the ERROR.
+        logger.warning(
             "database %r unreachable since %s (%s: %s); %s retries with backoff",
             self.alias,
             self.since.isoformat(timespec="seconds"),
             type(exc).__name__,
             self.last_error,
             who,
+            extra={"database": self.alias, "worker": who},
         )
 
     def recovered(self) -> None:
@@ -141,7 +143,9 @@ class OutageMonitor:
             down = time.monotonic() - self._since_monotonic
             self._since_monotonic = None
             self.since = None
-        logger.warning("database %r reachable again after %.1fs", self.alias, down)
+        logger.warning(
+            "database %r reachable again after %.1fs", self.alias, down, extra={"database": self.alias}
+        )
 
     def status(self) -> str:
         """``""`` while healthy, else ``"database unreachable since <time>: <error>"``."""

@@ -180,7 +180,9 @@ def _result(spec: HandlerSpec, value: Any) -> Any:
 
 def _started(delivery: Delivery, worker: str) -> None:
     if signals.message_started.receivers:
-        signals.send(signals.message_started, delivery=delivery, worker=worker)
+        from .service import ZeroLossMessageService
+
+        signals.send(signals.message_started, ZeroLossMessageService, delivery=delivery, worker=worker)
 
 
 def run_handler(

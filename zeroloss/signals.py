@@ -50,23 +50,17 @@ message_dead_lettered = Signal()
 message_recovered = Signal()
 
 
-def _sender() -> type:
-    from .service import ZeroLossMessageService
-
-    return ZeroLossMessageService
-
-
 def listened(signal: Signal) -> bool:
     """The cheap check before building a signal's arguments (no receiver: nothing to do)."""
     return bool(signal.receivers)
 
 
-def send(signal: Signal, **kwargs: Any) -> None:
+def send(signal: Signal, sender: type, **kwargs: Any) -> None:
     """Send ``signal``; a receiver's exception is logged, never raised."""
     if not signal.receivers:
         return
     try:
-        answers = signal.send_robust(sender=_sender(), **kwargs)
+        answers = signal.send_robust(sender=sender, **kwargs)
     except Exception:  # send_robust itself (a receiver that cannot even be called)
         logger.exception("a zeroloss signal receiver could not be called")
         return
@@ -78,11 +72,6 @@ def send(signal: Signal, **kwargs: Any) -> None:
                 type(answer).__name__,
                 exc_info=(type(answer), answer, answer.__traceback__),
             )
-
-
-def send_each(signal: Signal, items: list[dict[str, Any]]) -> None:
-    for item in items:
-        send(signal, **item)
 
 
 def _name(receiver: Callable[..., Any]) -> str:

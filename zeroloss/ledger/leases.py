@@ -15,7 +15,7 @@ from typing import Any
 from django.db import OperationalError, transaction
 
 from ..exceptions import InvalidMessage
-from . import statements
+from . import notices, statements
 from .base import LedgerBase
 from .types import Completion, CompletionReport, Lease, Verdict
 from .validation import canonical_json, clean_text, validate_count, validate_message_id, validate_queue_name
@@ -229,6 +229,11 @@ class Leasing(LedgerBase):
             # The statements released each key's next message; this catches one stored
             # concurrently, which they could not see (docs/ordering.md).
             self._after_commit(lambda: self.promote_keys(finished))
+        if notices.wanted_after_outcomes(report):
+            # Dead letters logged, signals sent, once the outcomes are durable (never for a rollback).
+            self._after_commit(
+                lambda: notices.outcomes_recorded(type(self), self.using, self.instance_id, batch, report)
+            )
         return report
 
     def lock_held(self, leases: Sequence[Lease]) -> set[str]:

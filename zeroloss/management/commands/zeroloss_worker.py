@@ -9,13 +9,14 @@ at once with 128 + the signal number.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
 from ...handlers import registered_queues
+from ...logs import command_logging
 from ...loops import StopFlag
+from ...testing import refuse_inside_a_transaction
 from ...worker import Worker
 from ..base import ZeroLossCommand, positive_float, positive_int
 
@@ -76,10 +77,8 @@ class Command(ZeroLossCommand):
         verbosity: int,
         **options: Any,
     ) -> None:
-        if verbosity != 1:
-            level = {0: logging.ERROR, 2: logging.INFO}.get(verbosity, logging.DEBUG)
-            logging.getLogger("zeroloss").setLevel(level)
         service = self.service(options)
+        refuse_inside_a_transaction(service.using)
         known = registered_queues()
         queues = queues or known
         unknown = sorted(set(queues) - set(known))
@@ -106,7 +105,8 @@ class Command(ZeroLossCommand):
             worker.wakeup.enabled = False
         if verbosity:
             self.log(f"zeroloss_worker: queues {', '.join(queues)}, {concurrency} thread(s)")
-        with stop.on_signals():
+        # Handler failures, dead letters, recoveries and outages on stderr, as -v asks.
+        with stop.on_signals(), command_logging(verbosity, self.stderr):
             stats = worker.run()
         summary = {
             "outcomes": dict(stats.outcomes),
