@@ -88,7 +88,7 @@ def test_an_async_handler_past_handler_timeout_is_cancelled_and_fails(settings):
 
     register("a.hang", hangs)
     ZeroLossMessageService().persist_message("h1", "a.hang", {}, max_attempts=1)
-    worker, thread = run_worker("a.hang", burst=True)
+    _, thread = run_worker("a.hang", burst=True)
     thread.join(60)
     assert cancelled.is_set()
     message = Message.objects.get(message_id="h1")
@@ -115,7 +115,7 @@ def test_the_lease_of_a_running_async_handler_is_renewed():
 
     register("a.renew", slow)
     ZeroLossMessageService().persist_message("r1", "a.renew", {})
-    worker, thread = run_worker("a.renew", burst=True)
+    _, thread = run_worker("a.renew", burst=True)
     thread.join(60)
     # sync_to_async ran the queries on asgiref's one shared thread: close its connection.
     SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=30)
@@ -130,7 +130,7 @@ def test_a_failing_async_handler_records_its_traceback():
 
     register("a.boom", boom)
     ZeroLossMessageService().persist_message("b1", "a.boom", {}, max_attempts=1)
-    worker, thread = run_worker("a.boom", burst=True)
+    _, thread = run_worker("a.boom", burst=True)
     thread.join(60)
     message = Message.objects.get(message_id="b1")
     assert message.status == Status.DEAD
@@ -156,7 +156,7 @@ def test_a_plain_handler_returning_an_awaitable_fails_and_is_never_acknowledged(
     ZeroLossMessageService().persist_message("w1", "a.returns", {}, max_attempts=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        worker, thread = run_worker("a.returns", burst=True)
+        _, thread = run_worker("a.returns", burst=True)
         thread.join(60)
     message = Message.objects.get(message_id="w1")
     assert message.status == Status.DEAD

@@ -20,9 +20,9 @@ start-up, like ``admin.py``), or anywhere that is imported before workers start:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 import functools
 import inspect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -64,9 +64,10 @@ def is_coroutine_function(func: Any) -> bool:
 
     while isinstance(func, functools.partial):
         func = func.func
-    return iscoroutinefunction(func) or (
-        not inspect.isroutine(func) and iscoroutinefunction(getattr(func, "__call__", None))
-    )
+    if iscoroutinefunction(func):
+        return True
+    call = None if inspect.isroutine(func) or inspect.isclass(func) else type(func).__dict__.get("__call__")
+    return call is not None and iscoroutinefunction(call)
 
 
 #: Why ``transactional=True`` is refused on a coroutine function.

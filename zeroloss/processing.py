@@ -9,6 +9,7 @@ failed attempt, never allowed to end the worker thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import logging
@@ -77,7 +78,7 @@ def _safe_text(exc: BaseException) -> str:
         text = str(exc)
         if isinstance(text, str):
             return text
-    except BaseException:  # noqa: S110 - a hostile __str__ must not cost the message its record
+    except BaseException:  # a hostile __str__ must not cost the message its record
         pass
     try:
         return f"<str() failed; repr: {exc!r}>"
@@ -134,9 +135,11 @@ def log_extra(delivery: Delivery, worker: str) -> dict[str, Any]:
     }
 
 
-def _failed(spec: HandlerSpec, delivery: Delivery, exc: BaseException, started: float, worker: str) -> HandlerRun:
+def _failed(
+    spec: HandlerSpec, delivery: Delivery, exc: BaseException, started: float, worker: str
+) -> HandlerRun:
     error = describe_error(exc)
-    try:
+    with contextlib.suppress(Exception):  # a broken log handler must not cost the message its record
         logger.warning(
             "%s: handler %s failed (attempt %d of %d): %s",
             delivery.message_id,
@@ -147,8 +150,6 @@ def _failed(spec: HandlerSpec, delivery: Delivery, exc: BaseException, started: 
             exc_info=(type(exc), exc, exc.__traceback__),
             extra=log_extra(delivery, worker),
         )
-    except Exception:  # noqa: S110 - a broken log handler must not cost the message its record
-        pass
     return HandlerRun(False, time.monotonic() - started, error=error)
 
 
@@ -156,10 +157,8 @@ def _discard(value: Any) -> None:
     """Close a coroutine nobody will await (no "never awaited" warning); cancel a future."""
     close = getattr(value, "close", None) if inspect.iscoroutine(value) else getattr(value, "cancel", None)
     if close is not None:
-        try:
+        with contextlib.suppress(Exception):  # only tidying up
             close()
-        except Exception:  # noqa: S110 - only tidying up
-            pass
 
 
 def _returned_awaitable(spec: HandlerSpec, value: Any) -> ReturnedAwaitable:

@@ -5,9 +5,8 @@ only. A receiver that raises never breaks a send, a worker or a sweep: the error
 (``zeroloss`` logger, ERROR, with its traceback) and the other receivers still run. With no
 receiver connected, a signal costs one attribute check: its arguments are not even built.
 
-- ``message_sent``: a message was stored, once its transaction committed (``send``,
-  ``send_many``, ``persist_message``, ``persist_messages``). An idempotent resend of a stored
-  message (``created=False``) fires too.
+- ``message_sent``: ``send`` or ``send_many`` stored a message, once the caller's transaction
+  committed (never for a rollback). An idempotent resend of a stored message fires too.
 - ``message_started``: a handler is about to run (every attempt, in the worker thread).
 - ``message_finished``: an attempt's outcome was recorded and committed: ``outcome`` is
   ``"completed"``, ``"failed"`` (retried later), ``"dead"`` (attempts spent) or
@@ -35,7 +34,7 @@ __all__ = [
     "message_started",
 ]
 
-#: ``message_id``, ``queue_name``, ``created`` (False: an idempotent resend), ``using``.
+#: ``message_id``, ``queue_name``, ``using``.
 message_sent = Signal()
 #: ``delivery`` (:class:`zeroloss.delivery.Delivery`), ``worker`` (the instance id).
 message_started = Signal()

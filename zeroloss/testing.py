@@ -148,7 +148,9 @@ def drain(
     return result
 
 
-def _run_one(service: ZeroLossMessageService, spec: HandlerSpec, lease: Lease, timeout: float | None) -> DrainedMessage:
+def _run_one(
+    service: ZeroLossMessageService, spec: HandlerSpec, lease: Lease, timeout: float | None
+) -> DrainedMessage:
     delivery = Delivery(lease)
     if spec.transactional:
         with transaction.atomic(using=service.using):

@@ -8,6 +8,7 @@ With no signal receiver connected and nothing dead-lettered, none of this runs a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -22,9 +23,7 @@ logger = logging.getLogger("zeroloss")
 def wanted_after_outcomes(report: CompletionReport) -> bool:
     """The cheap check :meth:`Leasing.complete` makes on every batch."""
     return bool(
-        report.dead_lettered
-        or signals.message_finished.receivers
-        or signals.message_dead_lettered.receivers
+        report.dead_lettered or signals.message_finished.receivers or signals.message_dead_lettered.receivers
     )
 
 
@@ -134,10 +133,10 @@ def swept(sender: type, using: str, rows: Rows) -> None:
             )
 
 
-def _log(level: int, msg: str, args: tuple[Any, ...], mid: str, queue: str, attempt: int, worker: str) -> None:
-    try:
+def _log(
+    level: int, msg: str, args: tuple[Any, ...], mid: str, queue: str, attempt: int, worker: str
+) -> None:
+    with contextlib.suppress(Exception):  # a broken log handler must not undo a recorded outcome
         logger.log(
             level, msg, *args, extra={"message_id": mid, "queue": queue, "attempt": attempt, "worker": worker}
         )
-    except Exception:  # noqa: S110 - a broken log handler must not undo a recorded outcome
-        pass

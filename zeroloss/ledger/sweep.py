@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from ..models import Status
 from . import notices
 from .base import LedgerBase
@@ -53,7 +55,7 @@ class Sweeping(LedgerBase):
             )
             batches += 1
             if rows:
-                self._after_commit(lambda rows=rows: notices.swept(type(self), self.using, rows))
+                self._after_commit(functools.partial(notices.swept, type(self), self.using, rows))
             for row in rows:
                 (dead if row[2] == Status.DEAD else requeued).append(row[1])
                 if row[2] == Status.DEAD and row[9]:

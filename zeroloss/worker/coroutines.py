@@ -58,9 +58,7 @@ class AsyncBatchRunner:
                     self.count(Outcome.LEASE_LOST, 1)
                     continue
                 task = asyncio.ensure_future(
-                    run_async_handler(
-                        spec, Delivery(lease, keeper), worker=self.worker, timeout=self.timeout
-                    )
+                    run_async_handler(spec, Delivery(lease, keeper), worker=self.worker, timeout=self.timeout)
                 )
                 in_flight[task] = lease
 

@@ -102,7 +102,11 @@ class DeliveryRuntime:
                     return Outcome.LEASE_LOST
                 self.keeper.pause([lease.message_id])
                 run = run_in_savepoint(
-                    spec, Delivery(lease, self.keeper), service.using, service.engine, worker=service.instance_id
+                    spec,
+                    Delivery(lease, self.keeper),
+                    service.using,
+                    service.engine,
+                    worker=service.instance_id,
                 )
                 report = service.complete([run.completion(lease)], locked=True)
         finally:
