@@ -33,11 +33,16 @@ BACKOFF_MAX = 5.0
 
 
 def _psycopg_errors() -> tuple[type[BaseException], ...]:
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - SQLite-only installs
-        return ()
-    return (psycopg.OperationalError, psycopg.InterfaceError)
+    """The drivers' own connection errors (raised where Django's wrapping is not in the way),
+    for whichever of psycopg 3 and psycopg2 is installed."""
+    found: list[type[BaseException]] = []
+    for name in ("psycopg", "psycopg2"):
+        try:
+            driver = __import__(name)
+        except ImportError:  # SQLite-only installs, or the other driver
+            continue
+        found += [driver.OperationalError, driver.InterfaceError]
+    return tuple(found)
 
 
 #: Errors that mean "the database could not be reached or dropped us", not "your code is wrong".

@@ -34,6 +34,41 @@ _EPOCH = {
 }
 # libpq's PGRES_TUPLES_OK (psycopg.pq.ExecStatus.TUPLES_OK; psycopg is imported only when used).
 _TUPLES_OK = 2
+# libpq's CONNECTION_BAD and PQTRANS_INERROR: both drivers report libpq's own numbers
+# (psycopg 3 as IntEnums, psycopg2 as ints), so neither driver is imported to read them.
+_CONNECTION_BAD = 1
+_TRANSACTION_INERROR = 3
+
+
+@functools.cache
+def _is_psycopg3() -> bool:
+    """Which driver Django's PostgreSQL backend uses (it prefers psycopg 3 when both are there)."""
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
+
+
+class _ChunkReader:
+    """What psycopg2's ``copy_expert`` reads from: the chunks of COPY text, as a file."""
+
+    def __init__(self, chunks: Iterable[str]) -> None:
+        self._chunks = iter(chunks)
+        self._rest = ""
+
+    def read(self, size: int = -1) -> str:
+        while size < 0 or len(self._rest) < size:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._rest += chunk
+        if size < 0:
+            out, self._rest = self._rest, ""
+        else:
+            out, self._rest = self._rest[:size], self._rest[size:]
+        return out
+
+    def readline(self, size: int = -1) -> str:
+        return self.read(size)
 
 
 class PostgresEngine(Engine):
@@ -68,16 +103,12 @@ class PostgresEngine(Engine):
         return None if raw is None or raw.closed else int(raw.info.backend_pid)
 
     def connection_lost(self, conn: BaseDatabaseWrapper) -> bool:
-        from psycopg.pq import ConnStatus
-
         raw = conn.connection
-        return raw is None or raw.closed or raw.info.status == ConnStatus.BAD
+        return raw is None or bool(raw.closed) or int(raw.info.status) == _CONNECTION_BAD
 
     def transaction_failed(self, conn: BaseDatabaseWrapper) -> bool:
-        from psycopg.pq import TransactionStatus
-
         raw = conn.connection
-        return raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
+        return raw is not None and int(raw.info.transaction_status) == _TRANSACTION_INERROR
 
     def end_session(self, conn: BaseDatabaseWrapper, session: int, timeout: float = 30.0) -> bool:
         import time
@@ -112,7 +143,8 @@ class PostgresEngine(Engine):
         ``connection.execute_wrappers`` (APM and query-inspection hooks), and while Django logs
         queries (``DEBUG``, ``CaptureQueriesContext``) they take Django's logging cursor.
         """
-        if not prepare or conn.queries_logged or not get_settings().PREPARED_STATEMENTS:
+        if not prepare or conn.queries_logged or not get_settings().PREPARED_STATEMENTS or not _is_psycopg3():
+            # psycopg2 cannot prepare a statement: Django's own cursor, planned per call.
             return super().execute(conn, sql, params)
         raw = conn.connection
         if raw is None:
@@ -176,6 +208,11 @@ class PostgresEngine(Engine):
         conn.ensure_connection()
         if conn.in_atomic_block:
             conn.validate_no_broken_transaction()
+        if not _is_psycopg3():
+            # psycopg2 streams COPY from a file object: the same rows, read from the chunks.
+            with conn.wrap_database_errors, conn.connection.cursor() as cur:
+                cur.copy_expert(sql, _ChunkReader(chunks))
+            return
         with conn.wrap_database_errors, conn.connection.cursor() as cur, cur.copy(sql) as copy:
             for chunk in chunks:
                 copy.write(chunk)
