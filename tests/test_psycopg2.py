@@ -102,3 +102,23 @@ def test_the_engine_reads_session_and_transaction_state_from_either_driver():
         transaction.set_rollback(True)
     connection.close()
     assert engine.connection_lost(connection)
+
+
+def test_psycopg2_prepares_nothing_and_the_system_check_says_so(settings):
+    from zeroloss.checks import check_backend
+
+    service = ZeroLossMessageService()
+    service.persist_message("s1", "p2.prep", {})
+    [lease] = service.claim_next("p2.prep")
+    assert service.acknowledge_message("s1", lease.token)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        prepared = cursor.fetchone()[0]
+    infos = [m for m in check_backend() if m.id == "zeroloss.I050"]
+    if is_psycopg3:
+        assert prepared > 0 and infos == []
+    else:
+        assert prepared == 0
+        assert len(infos) == 1 and "psycopg2, which cannot prepare statements" in infos[0].msg
+        settings.ZEROLOSS = {**settings.ZEROLOSS, "PREPARED_STATEMENTS": False}
+        assert [m for m in check_backend() if m.id == "zeroloss.I050"] == []

@@ -54,10 +54,17 @@ class _ChunkReader:
     def __init__(self, chunks: Iterable[str]) -> None:
         self._chunks = iter(chunks)
         self._rest = ""
+        #: What the chunks raised (a bad item met mid-stream): psycopg2 reports it as
+        #: QueryCanceled; the caller re-raises the original, as psycopg 3 does.
+        self.error: BaseException | None = None
 
     def read(self, size: int = -1) -> str:
         while size < 0 or len(self._rest) < size:
-            chunk = next(self._chunks, None)
+            try:
+                chunk = next(self._chunks, None)
+            except BaseException as exc:
+                self.error = exc
+                raise
             if chunk is None:
                 break
             self._rest += chunk
@@ -210,8 +217,14 @@ class PostgresEngine(Engine):
             conn.validate_no_broken_transaction()
         if not _is_psycopg3():
             # psycopg2 streams COPY from a file object: the same rows, read from the chunks.
-            with conn.wrap_database_errors, conn.connection.cursor() as cur:
-                cur.copy_expert(sql, _ChunkReader(chunks))
+            reader = _ChunkReader(chunks)
+            try:
+                with conn.wrap_database_errors, conn.connection.cursor() as cur:
+                    cur.copy_expert(sql, reader)
+            except Exception:
+                if reader.error is not None:
+                    raise reader.error from None
+                raise
             return
         with conn.wrap_database_errors, conn.connection.cursor() as cur, cur.copy(sql) as copy:
             for chunk in chunks:
