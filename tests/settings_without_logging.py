@@ -3,4 +3,4 @@
 
 from project.settings import *  # noqa: F403
 
-LOGGING: dict[str, object] = {}
+LOGGING = {}
