@@ -234,3 +234,24 @@ def test_run_handler_awaits_an_async_callable_object_on_the_thread_loop():
     lease = service.claim_next("a.obj")[0]
     run = run_handler(spec, Delivery(lease))
     assert run.ok and run.result == 7
+
+
+def test_slow_async_handlers_keep_overlapping_batch_after_batch_on_one_reused_loop(settings):
+    """Once the pace says "a second a message", a claim still covers ASYNC_CONCURRENCY messages:
+    otherwise slow handlers would be claimed one at a time and never overlap again."""
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "ASYNC_CONCURRENCY": 5}
+    waves = asyncio.Barrier(5)  # bound to the first loop that waits on it: one loop throughout
+    loops: set[int] = set()
+
+    async def slow(delivery: Delivery) -> None:
+        loops.add(id(asyncio.get_running_loop()))
+        await asyncio.wait_for(waves.wait(), 20)  # five at a time, or this attempt fails
+        await asyncio.sleep(0.2)  # slow: the pace alone would claim one message at a time
+
+    register("a.slow", slow)
+    ZeroLossMessageService().persist_messages([(f"s{i}", "a.slow", {}) for i in range(20)])
+    worker, thread = run_worker("a.slow", burst=True, concurrency=1)
+    thread.join(60)
+    assert worker.stats.outcomes == {"completed": 20}
+    assert len(loops) == 1
+    assert set(Message.objects.values_list("attempts", flat=True)) == {1}

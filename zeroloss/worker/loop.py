@@ -42,6 +42,9 @@ class Pace:
         self.window = window
         self.lease = lease
         self.seconds: float | None = None
+        #: The fewest worth claiming: an async handler's ASYNC_CONCURRENCY (claimed together, they
+        #: start together, so none waits unstarted), else 1.
+        self.floor = 1
 
     def update(self, seconds: float) -> None:
         self.seconds = seconds if self.seconds is None else 0.8 * self.seconds + 0.2 * seconds
@@ -49,9 +52,9 @@ class Pace:
     @property
     def claim_size(self) -> int:
         if self.seconds is None:
-            return min(self.max_size, 10)
+            return min(self.max_size, max(10, self.floor))
         per = max(self.seconds, 1e-6)
-        return max(1, min(self.max_size, int(self.window / per), int(self.lease / 3 / per)))
+        return min(self.max_size, max(self.floor, min(int(self.window / per), int(self.lease / 3 / per))))
 
 
 class WorkerContext(Protocol):
@@ -192,6 +195,7 @@ class ClaimLoop:
         keeper = self.worker.keeper
         settings = self.service.settings
         if spec.is_async:
+            pace.floor = settings.ASYNC_CONCURRENCY
             AsyncBatchRunner(
                 keeper=keeper,
                 completer=self.completer,
