@@ -117,21 +117,30 @@ def refuse_inside_a_transaction(using: str = DEFAULT_DB_ALIAS) -> None:
 
 
 def drain(
-    *queues: str, using: str = DEFAULT_DB_ALIAS, max_attempts: int = 1000, batch_size: int = 100
+    *queues: str, using: str | None = None, max_attempts: int = 1000, batch_size: int = 100
 ) -> DrainResult:
     """Run the pending, available messages of ``queues`` (all registered queues if none) now.
 
     Runs until none of them has an available message left or ``max_attempts`` handler runs
     were made; a failed message retries within the same drain only when its backoff has
-    already ended (``RETRY_BACKOFF`` with ``BASE`` 0). Raises :class:`~zeroloss.exceptions.UnknownQueue`
-    for a queue without a handler. Handler errors are returned, not raised (``.raise_errors()``).
+    already ended (``RETRY_BACKOFF`` with ``BASE`` 0). Each queue's ledger is the database
+    ``QUEUE_DATABASES`` routes it to (``default``), unless ``using`` names one. Raises
+    :class:`~zeroloss.exceptions.UnknownQueue` for a queue without a handler. Handler errors
+    are returned, not raised (``.raise_errors()``).
     """
+    from .transports import database_for
+
     names = list(queues) or registered_queues()
     specs = {queue: get_handler(queue) for queue in names}
-    base = ZeroLossMessageService(using=using)
-    service = ZeroLossMessageService(
-        using=using, instance_id=ACTOR, ack_timeout=max(base.settings.ACK_TIMEOUT, LEASE_SECONDS)
-    )
+    base = ZeroLossMessageService(using=using or DEFAULT_DB_ALIAS)
+    lease_seconds = max(base.settings.ACK_TIMEOUT, LEASE_SECONDS)
+    services: dict[str, ZeroLossMessageService] = {}
+    for queue in names:
+        alias = database_for(queue, using)
+        if alias not in services:
+            services[alias] = ZeroLossMessageService(
+                using=alias, instance_id=ACTOR, ack_timeout=lease_seconds
+            )
     timeout = base.settings.HANDLER_TIMEOUT
     result = DrainResult()
     while len(result) < max_attempts:
@@ -140,6 +149,7 @@ def drain(
             room = min(batch_size, max_attempts - len(result))
             if room <= 0:
                 break
+            service = services[database_for(queue, using)]
             for lease in service.claim_next(queue, limit=room):
                 ran = True
                 result.attempts.append(_run_one(service, spec, lease, timeout))
