@@ -5,10 +5,14 @@
 # Both create their own virtual environment. PYTHON picks the interpreter (3.11+), DJANGO
 # pins a Django release, VENV names the environment (one per interpreter/Django pair):
 #   make test PYTHON=python3.12 DJANGO='Django>=6.0,<6.2' VENV=.venv-dj6
+# PSYCOPG=2 builds the environment with psycopg2 instead of psycopg 3 (Django picks psycopg 3
+# whenever both are installed, so that environment has only psycopg2):
+#   make test VENV=.venv-pg2 PSYCOPG=2 TEST_ARGS='--only postgres --skip-lint tests/test_psycopg2.py'
 
 PYTHON ?= python3
 VENV ?= .venv
 DJANGO ?=
+PSYCOPG ?= 3
 BIN := $(VENV)/bin
 STAMP := $(BIN)/.zeroloss-installed
 
@@ -18,6 +22,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "zeroloss needs Python 3.11 or newer: make ... PYTHON=python3.12")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' $(if $(DJANGO),'$(DJANGO)')
+	$(if $(filter 2,$(PSYCOPG)),$(BIN)/python -m pip uninstall --quiet -y psycopg psycopg-binary && $(BIN)/python -m pip install --quiet --disable-pip-version-check 'psycopg2-binary>=2.9')
 	@touch $@
 
 demo: $(STAMP)

@@ -26,6 +26,7 @@
 |                 | (``check --database default``)                                           |
 | zeroloss.W032   | a pooler answers the connection (measured) and Django's server-side cursors |
 |                 | are on (``DISABLE_SERVER_SIDE_CURSORS``; ``check --database default``)   |
+| zeroloss.I050   | PostgreSQL through psycopg2 with ``PREPARED_STATEMENTS`` on: nothing is prepared |
 | zeroloss.E040   | PostgreSQL older than 13 (``check --database default``) |
 | zeroloss.W040   | PostgreSQL with ``fsync = off`` (``check --database default``) |
 | zeroloss.W041   | PostgreSQL with ``synchronous_commit = off`` for zeroloss's connection |
@@ -38,7 +39,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from .conf import SettingError, ZeroLossSettings, parse_settings
@@ -284,7 +285,27 @@ def check_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             messages += backend_messages(alias, conn.vendor, conn.settings_dict.get("OPTIONS") or {}, cfg)
             if conn.vendor == "postgresql" and cfg is not None:
                 messages += pooler_messages(alias, None, conn.settings_dict, cfg)
+                messages += driver_messages(alias, cfg)
     return messages
+
+
+def driver_messages(alias: str, cfg: ZeroLossSettings) -> list[CheckMessage]:
+    """psycopg2 runs everything, but cannot prepare statements: say so once, before anything runs."""
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if is_psycopg3 or not cfg.PREPARED_STATEMENTS:
+        return []
+    return [
+        Info(
+            f"Database {alias!r} uses psycopg2, which cannot prepare statements: zeroloss's hot-path "
+            "statements are planned on every call (PREPARED_STATEMENTS has no effect), everything else "
+            "works the same.",
+            hint="For the throughput of docs/benchmarks.md install psycopg 3 (pip install 'psycopg[binary]'): "
+            "Django uses it whenever it is installed. Or set ZEROLOSS['PREPARED_STATEMENTS'] = False.",
+            obj="settings.DATABASES",
+            id="zeroloss.I050",
+        )
+    ]
 
 
 def backend_messages(

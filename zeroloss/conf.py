@@ -91,6 +91,8 @@ class ZeroLossSettings:
     #: project set its own, on the client): a cut-off or dead worker's transaction, and every
     #: lock in it, ends within this bound. None: leave both ends to the system defaults.
     DEAD_PEER_TIMEOUT: float | None = 10.0
+    #: Async handlers of one claimed batch awaited at once by one worker thread.
+    ASYNC_CONCURRENCY: int = 10
     #: Completed messages older than this are purged by ``cleanup_completed_messages``.
     COMPLETED_RETENTION: float = 7 * 24 * 3600.0
     #: Default deduplication window for ``send(..., dedup_key=...)``, in seconds.
@@ -141,6 +143,7 @@ _INT_FIELDS = {
     "REPLICATION_FACTOR": 1,
     "SWEEP_BATCH_SIZE": 1,
     "ACK_BATCH_SIZE": 1,
+    "ASYNC_CONCURRENCY": 1,
     "MAX_PAYLOAD_BYTES": 1,
     "HEALTH_MAX_STUCK": 0,
     "HEALTH_MAX_DEAD": 0,

@@ -35,6 +35,10 @@ class MessageNotFound(ZeroLossError, LookupError):
         self.message_id = message_id
 
 
+class InvalidHandler(ZeroLossError, TypeError):
+    """A handler was registered with options it cannot honour (refused at registration)."""
+
+
 class InvalidLeaseToken(ZeroLossError, ValueError):
     """A lease token that is not a UUID at all (a wrong but well-formed token returns False instead)."""
 

@@ -12,15 +12,21 @@ start-up, like ``admin.py``), or anywhere that is imported before workers start:
     @zeroloss.handler("ledger", transactional=True)
     def book(delivery):
         Entry.objects.create(...)  # commits with the acknowledgement, or not at all
+
+    @zeroloss.handler("webhooks")
+    async def call_webhook(delivery):
+        await client.post(delivery.payload["url"])  # awaited on the claim thread's event loop
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from .exceptions import InvalidMessage, UnknownQueue
+from .exceptions import InvalidHandler, InvalidMessage, UnknownQueue
 
 if TYPE_CHECKING:
     from .delivery import Delivery
@@ -39,6 +45,11 @@ class HandlerSpec:
     #: Store the handler's return value (JSON) on the message with its acknowledgement
     #: (``Message.result``); a value that is not JSON then fails the attempt. Task queues use it.
     store_result: bool = False
+    #: ``async def`` (or an object whose ``__call__`` is): awaited on an event loop, never called bare.
+    is_async: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_async", is_coroutine_function(self.func))
 
     @property
     def name(self) -> str:
@@ -46,6 +57,26 @@ class HandlerSpec:
             f"{getattr(self.func, '__module__', '?')}.{getattr(self.func, '__qualname__', repr(self.func))}"
         )
 
+
+def is_coroutine_function(func: Any) -> bool:
+    """``async def`` functions, ``functools.partial`` of one, and objects with an async ``__call__``."""
+    from asgiref.sync import iscoroutinefunction
+
+    while isinstance(func, functools.partial):
+        func = func.func
+    if iscoroutinefunction(func):
+        return True
+    call = None if inspect.isroutine(func) or inspect.isclass(func) else type(func).__dict__.get("__call__")
+    return call is not None and iscoroutinefunction(call)
+
+
+#: Why ``transactional=True`` is refused on a coroutine function.
+ASYNC_NOT_TRANSACTIONAL = (
+    "an async handler cannot be transactional: its writes and its acknowledgement must share one "
+    "database transaction on the worker thread's connection, and the async ORM runs every query "
+    "through sync_to_async on another thread, outside that transaction. Write it as a plain def "
+    "(Django's ORM is synchronous anyway) or drop transactional=True."
+)
 
 _registry: dict[str, HandlerSpec] = {}
 
@@ -59,6 +90,8 @@ def handler(queue_name: str, *, transactional: bool = False, store_result: bool 
     def decorator(func: F) -> F:
         existing = _registry.get(queue_name)
         spec = HandlerSpec(queue_name, func, transactional, store_result)
+        if spec.is_async and transactional:
+            raise InvalidHandler(f"Handler {spec.name} of queue {queue_name!r}: {ASYNC_NOT_TRANSACTIONAL}")
         if existing is not None and existing.name != spec.name:
             raise InvalidMessage(f"Queue {queue_name!r} already has a handler: {existing.name}.")
         _registry[queue_name] = spec

@@ -33,11 +33,16 @@ BACKOFF_MAX = 5.0
 
 
 def _psycopg_errors() -> tuple[type[BaseException], ...]:
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - SQLite-only installs
-        return ()
-    return (psycopg.OperationalError, psycopg.InterfaceError)
+    """The drivers' own connection errors (raised where Django's wrapping is not in the way),
+    for whichever of psycopg 3 and psycopg2 is installed."""
+    found: list[type[BaseException]] = []
+    for name in ("psycopg", "psycopg2"):
+        try:
+            driver = __import__(name)
+        except ImportError:  # SQLite-only installs, or the other driver
+            continue
+        found += [driver.OperationalError, driver.InterfaceError]
+    return tuple(found)
 
 
 #: Errors that mean "the database could not be reached or dropped us", not "your code is wrong".
@@ -123,13 +128,15 @@ class OutageMonitor:
             self._since_monotonic = time.monotonic()
             self.since = dt.datetime.now(dt.UTC)
             self.outages += 1
-        logger.error(
+        # WARNING: the process rides it out on its own; DB_OUTAGE_TOLERANCE's give-up is the ERROR.
+        logger.warning(
             "database %r unreachable since %s (%s: %s); %s retries with backoff",
             self.alias,
             self.since.isoformat(timespec="seconds"),
             type(exc).__name__,
             self.last_error,
             who,
+            extra={"database": self.alias, "worker": who},
         )
 
     def recovered(self) -> None:
@@ -141,7 +148,9 @@ class OutageMonitor:
             down = time.monotonic() - self._since_monotonic
             self._since_monotonic = None
             self.since = None
-        logger.warning("database %r reachable again after %.1fs", self.alias, down)
+        logger.warning(
+            "database %r reachable again after %.1fs", self.alias, down, extra={"database": self.alias}
+        )
 
     def status(self) -> str:
         """``""`` while healthy, else ``"database unreachable since <time>: <error>"``."""

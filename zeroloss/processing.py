@@ -8,16 +8,22 @@ failed attempt, never allowed to end the worker thread.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
 import itertools
 import logging
+import threading
 import time
 import traceback
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
+from . import signals
 from .delivery import Delivery, LeaseLost
 from .handlers import HandlerSpec
 from .ledger.types import Completion, Lease, Verdict
@@ -29,11 +35,15 @@ if TYPE_CHECKING:
 __all__ = [
     "Delivery",
     "HandlerRun",
+    "HandlerTimedOut",
     "LeaseLost",
     "Outcome",
+    "ReturnedAwaitable",
     "describe_error",
+    "run_async_handler",
     "run_handler",
     "run_in_savepoint",
+    "thread_event_loop",
 ]
 
 logger = logging.getLogger("zeroloss")
@@ -62,37 +72,204 @@ class HandlerRun:
         return Completion(lease, Verdict.FAIL, error=self.error)
 
 
+def _safe_text(exc: BaseException) -> str:
+    """``str(exc)``, whatever its ``__str__`` does (raise, return a non-string): never raises."""
+    try:
+        text = str(exc)
+        if isinstance(text, str):
+            return text
+    except BaseException:  # a hostile __str__ must not cost the message its record
+        pass
+    try:
+        return f"<str() failed; repr: {exc!r}>"
+    except BaseException:
+        return "<str() and repr() failed>"
+
+
+def _class_path(kind: type) -> str:
+    try:
+        module = getattr(kind, "__module__", None) or "?"
+        name = getattr(kind, "__qualname__", None) or getattr(kind, "__name__", "?")
+        # Only Python's own exceptions are written without a module ("ValueError").
+        return str(name) if module == "builtins" else f"{module}.{name}"
+    except BaseException:
+        return "?"
+
+
 def describe_error(exc: BaseException) -> str:
     """``module.Class: message`` on the first line, then the traceback (most recent call last).
 
-    Always storable: NUL characters and lone surrogates are escaped, and a long traceback keeps
-    its first line and its end, within ``MAX_ERROR_LENGTH``.
+    Always storable and never raises, whatever the exception does (a ``__str__`` or ``__repr__``
+    that raises is described as such): NUL characters and lone surrogates are escaped, and a
+    long traceback keeps its first line and its end, within ``MAX_ERROR_LENGTH``.
     """
     kind = type(exc)
-    head = f"{kind.__module__}.{kind.__qualname__}: {exc}".replace("builtins.", "", 1)
-    tb = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
+    head = f"{_class_path(kind)}: {_safe_text(exc)}"
+    try:
+        tb = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
+    except BaseException:
+        tb = "(the traceback could not be formatted)\n"
     text = f"{head}\n{tb}"
     if len(text) > MAX_ERROR_LENGTH:
+        head = head[: MAX_ERROR_LENGTH // 2]
         keep = MAX_ERROR_LENGTH - len(head) - 40
         text = f"{head}\n[... traceback cut ...]\n{tb[-keep:]}"
     return clean_text(text)
 
 
-def run_handler(spec: HandlerSpec, delivery: Delivery) -> HandlerRun:
-    """Call the handler; every exception it raises is a failed attempt, not a crash."""
+class ReturnedAwaitable(TypeError):
+    """A plain (``def``) handler returned an awaitable: it would never have run."""
+
+
+class HandlerTimedOut(TimeoutError):
+    """An async handler ran longer than ``HANDLER_TIMEOUT`` and was cancelled."""
+
+
+def log_extra(delivery: Delivery, worker: str) -> dict[str, Any]:
+    """The structured fields of every log record about one message (docs/logging.md)."""
+    return {
+        "message_id": delivery.message_id,
+        "queue": delivery.queue_name,
+        "attempt": delivery.attempt,
+        "worker": worker,
+    }
+
+
+def _failed(
+    spec: HandlerSpec, delivery: Delivery, exc: BaseException, started: float, worker: str
+) -> HandlerRun:
+    error = describe_error(exc)
+    with contextlib.suppress(Exception):  # a broken log handler must not cost the message its record
+        logger.warning(
+            "%s: handler %s failed (attempt %d of %d): %s",
+            delivery.message_id,
+            spec.name,
+            delivery.attempt,
+            delivery.lease.max_attempts,
+            error.partition("\n")[0][:500],
+            exc_info=(type(exc), exc, exc.__traceback__),
+            extra=log_extra(delivery, worker),
+        )
+    return HandlerRun(False, time.monotonic() - started, error=error)
+
+
+def _discard(value: Any) -> None:
+    """Close a coroutine nobody will await (no "never awaited" warning); cancel a future."""
+    close = getattr(value, "close", None) if inspect.iscoroutine(value) else getattr(value, "cancel", None)
+    if close is not None:
+        with contextlib.suppress(Exception):  # only tidying up
+            close()
+
+
+def _returned_awaitable(spec: HandlerSpec, value: Any) -> ReturnedAwaitable:
+    _discard(value)
+    return ReturnedAwaitable(
+        f"handler {spec.name} returned {type(value).__name__} (an awaitable) instead of doing its work: "
+        "nothing was awaited, so the message is failed, not acknowledged. Declare the handler "
+        "with 'async def' (zeroloss then awaits it), or await inside it."
+    )
+
+
+def _result(spec: HandlerSpec, value: Any) -> Any:
+    if spec.store_result and value is not None:
+        canonical_json(value)  # a result that cannot be stored fails the attempt, visibly
+        return value
+    return None
+
+
+def _started(delivery: Delivery, worker: str) -> None:
+    if signals.message_started.receivers:
+        from .service import ZeroLossMessageService
+
+        signals.send(signals.message_started, ZeroLossMessageService, delivery=delivery, worker=worker)
+
+
+def run_handler(
+    spec: HandlerSpec, delivery: Delivery, *, worker: str = "", timeout: float | None = None
+) -> HandlerRun:
+    """Call the handler; every exception it raises is a failed attempt, not a crash.
+
+    An async handler runs to completion on this thread's event loop (:func:`thread_event_loop`),
+    cancelled after ``timeout`` seconds (``HANDLER_TIMEOUT``).
+    """
+    if spec.is_async:
+        return run_coroutine(run_async_handler(spec, delivery, worker=worker, timeout=timeout))
     started = time.monotonic()
+    _started(delivery, worker)
     try:
         value = spec.func(delivery)
-        result = None
-        if spec.store_result and value is not None:
-            canonical_json(value)  # a result that cannot be stored fails the attempt, visibly
-            result = value
+        if inspect.isawaitable(value):
+            raise _returned_awaitable(spec, value)
+        result = _result(spec, value)
     except KeyboardInterrupt:
         raise  # only ever delivered to the main thread: the process is being stopped
     except BaseException as exc:
-        logger.info("%s: handler failed (attempt %d): %s", delivery.message_id, delivery.attempt, exc)
-        return HandlerRun(False, time.monotonic() - started, error=describe_error(exc))
+        return _failed(spec, delivery, exc, started, worker)
     return HandlerRun(True, time.monotonic() - started, result=result)
+
+
+async def run_async_handler(
+    spec: HandlerSpec, delivery: Delivery, *, worker: str = "", timeout: float | None = None
+) -> HandlerRun:
+    """Await an async handler: like :func:`run_handler`, never raises (but KeyboardInterrupt)."""
+    started = time.monotonic()
+    _started(delivery, worker)
+    limit = asyncio.timeout(timeout)
+    try:
+        async with limit:
+            value = await spec.func(delivery)
+        if inspect.isawaitable(value):
+            raise _returned_awaitable(spec, value)
+        result = _result(spec, value)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        if isinstance(exc, TimeoutError) and limit.expired():
+            timed_out = HandlerTimedOut(
+                f"the async handler ran longer than HANDLER_TIMEOUT ({timeout:g}s) and was cancelled"
+            )
+            timed_out.__cause__ = exc
+            exc = timed_out
+        return _failed(spec, delivery, exc, started, worker)
+    return HandlerRun(True, time.monotonic() - started, result=result)
+
+
+_thread_state = threading.local()
+
+
+def thread_event_loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop for async handlers: made on first use, then reused."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_thread_state, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _thread_state.loop = asyncio.new_event_loop()
+    return loop
+
+
+def close_thread_event_loop() -> None:
+    """Close this thread's event loop, if it made one (a worker thread on its way out)."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_thread_state, "loop", None)
+    _thread_state.loop = None
+    if loop is not None and not loop.is_closed():
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
+def run_coroutine(coro: Coroutine[Any, Any, HandlerRun]) -> HandlerRun:
+    """Run ``coro`` to completion on this thread's event loop."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is not None:
+        coro.close()
+        # Called from async code (a loop already runs in this thread): it cannot block here.
+        raise RuntimeError(
+            "an async zeroloss handler cannot be run from inside a running event loop; "
+            "await zeroloss.processing.run_async_handler(...) instead"
+        )
+    return thread_event_loop().run_until_complete(coro)
 
 
 _savepoint_names = itertools.count(1)
@@ -104,7 +281,9 @@ LEFT_TRANSACTION_FAILED = (
 )
 
 
-def run_in_savepoint(spec: HandlerSpec, delivery: Delivery, using: str, engine: Engine) -> HandlerRun:
+def run_in_savepoint(
+    spec: HandlerSpec, delivery: Delivery, using: str, engine: Engine, *, worker: str = ""
+) -> HandlerRun:
     """Run a transactional handler in a savepoint of its own, inside the caller's transaction.
 
     A failure rolls back to the savepoint: the handler's writes and the ``on_commit`` callbacks
@@ -123,11 +302,13 @@ def run_in_savepoint(spec: HandlerSpec, delivery: Delivery, using: str, engine: 
     # callbacks it adds are tagged with it and can be dropped with its rollback.
     connection.savepoint_ids.append(sid)
     try:
-        run = run_handler(spec, delivery)
+        run = run_handler(spec, delivery, worker=worker)
     finally:
         connection.savepoint_ids.remove(sid)
     if run.ok and (connection.needs_rollback or engine.transaction_failed(connection)):
-        logger.info("%s: %s", delivery.message_id, LEFT_TRANSACTION_FAILED)
+        logger.warning(
+            "%s: %s", delivery.message_id, LEFT_TRANSACTION_FAILED, extra=log_extra(delivery, worker)
+        )
         run = HandlerRun(False, run.seconds, error=LEFT_TRANSACTION_FAILED)
     if not run.ok and not engine.in_batch_transaction(connection):
         return run  # the handler ended the whole transaction: its savepoint went with it

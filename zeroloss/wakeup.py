@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from django.db import connections
 
@@ -44,39 +45,79 @@ class Wakeup:
         return woke
 
     def _listen(self) -> None:
-        import psycopg
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
         params = connections[self.using].get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
         monitor = OutageMonitor.for_alias(self.using)
         backoff = Backoff()
+        session, driver_error = (
+            (self._psycopg3, _psycopg3_error()) if is_psycopg3 else (self._psycopg2, _psycopg2_error())
+        )
 
-        def session() -> None:
-            with psycopg.connect(**params, autocommit=True) as conn:
-                conn.execute(f"LISTEN {CHANNEL}")
-                self.listening.set()
-                monitor.recovered()
-                backoff.reset()
-                self.event.set()  # anything sent while we were not listening
-                while not self._stop.is_set():
-                    for note in conn.notifies(timeout=0.5):
-                        if note.payload in self.queues:
-                            self.event.set()
+        def listening() -> None:
+            self.listening.set()
+            monitor.recovered()
+            backoff.reset()
+            self.event.set()  # anything sent while we were not listening
 
         while not self._stop.is_set():
             try:
-                session()
+                session(params, listening)
             except Exception as exc:  # idle threads poll meanwhile; reconnect after a backoff
                 self.listening.clear()
-                if not isinstance(exc, psycopg.Error):
+                if not isinstance(exc, driver_error):
                     logger.warning("wake-up listener stopped (%s); polling meanwhile", exc)
                 else:
                     monitor.failed("the wake-up listener", exc)
                 self._stop.wait(backoff.next())
+
+    def _psycopg3(self, params: dict[str, Any], listening: Callable[[], None]) -> None:
+        import psycopg
+
+        with psycopg.connect(**params, autocommit=True) as conn:
+            conn.execute(f"LISTEN {CHANNEL}")
+            listening()
+            while not self._stop.is_set():
+                for note in conn.notifies(timeout=0.5):
+                    if note.payload in self.queues:
+                        self.event.set()
+
+    def _psycopg2(self, params: dict[str, Any], listening: Callable[[], None]) -> None:
+        import select
+
+        import psycopg2
+
+        conn = psycopg2.connect(**params)
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cursor:
+                cursor.execute(f"LISTEN {CHANNEL}")
+            listening()
+            while not self._stop.is_set():
+                if select.select([conn], [], [], 0.5)[0]:
+                    conn.poll()
+                    while conn.notifies:
+                        if conn.notifies.pop(0).payload in self.queues:
+                            self.event.set()
+        finally:
+            conn.close()
 
     def stop(self) -> None:
         self._stop.set()
         self.event.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+def _psycopg3_error() -> type[Exception]:
+    import psycopg
+
+    return psycopg.Error
+
+
+def _psycopg2_error() -> type[Exception]:
+    import psycopg2
+
+    return psycopg2.Error

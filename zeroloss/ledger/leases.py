@@ -15,7 +15,7 @@ from typing import Any
 from django.db import OperationalError, transaction
 
 from ..exceptions import InvalidMessage
-from . import statements
+from . import notices, statements
 from .base import LedgerBase
 from .types import Completion, CompletionReport, Lease, Verdict
 from .validation import canonical_json, clean_text, validate_count, validate_message_id, validate_queue_name
@@ -244,6 +244,11 @@ class Leasing(LedgerBase):
             # concurrently, which they could not see (docs/ordering.md).
             self._promote_after_commit(
                 finished, sorted(c.lease.message_id for c in batch if c.lease.ordering_key)
+            )
+        if notices.wanted_after_outcomes(report):
+            # Dead letters logged, signals sent, once the outcomes are durable (never for a rollback).
+            self._after_commit(
+                lambda: notices.outcomes_recorded(type(self), self.using, self.instance_id, batch, report)
             )
         return report
 

@@ -60,6 +60,50 @@ def _raise_wrapped(conn: BaseDatabaseWrapper) -> NoReturn:
         _refused_write(exc)
 
 
+# libpq's CONNECTION_BAD and PQTRANS_INERROR: both drivers report libpq's own numbers
+# (psycopg 3 as IntEnums, psycopg2 as ints), so neither driver is imported to read them.
+_CONNECTION_BAD = 1
+_TRANSACTION_INERROR = 3
+
+
+@functools.cache
+def _is_psycopg3() -> bool:
+    """Which driver Django's PostgreSQL backend uses (it prefers psycopg 3 when both are there)."""
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
+
+
+class _ChunkReader:
+    """What psycopg2's ``copy_expert`` reads from: the chunks of COPY text, as a file."""
+
+    def __init__(self, chunks: Iterable[str]) -> None:
+        self._chunks = iter(chunks)
+        self._rest = ""
+        #: What the chunks raised (a bad item met mid-stream): psycopg2 reports it as
+        #: QueryCanceled; the caller re-raises the original, as psycopg 3 does.
+        self.error: BaseException | None = None
+
+    def read(self, size: int = -1) -> str:
+        while size < 0 or len(self._rest) < size:
+            try:
+                chunk = next(self._chunks, None)
+            except BaseException as exc:
+                self.error = exc
+                raise
+            if chunk is None:
+                break
+            self._rest += chunk
+        if size < 0:
+            out, self._rest = self._rest, ""
+        else:
+            out, self._rest = self._rest[:size], self._rest[size:]
+        return out
+
+    def readline(self, size: int = -1) -> str:
+        return self.read(size)
+
+
 class PostgresEngine(Engine):
     vendor = "postgresql"
     now = "statement_timestamp()"
@@ -94,10 +138,13 @@ class PostgresEngine(Engine):
         return None if raw is None or raw.closed else int(raw.info.backend_pid)
 
     def connection_lost(self, conn: BaseDatabaseWrapper) -> bool:
-        from psycopg.pq import ConnStatus
-
         raw = conn.connection
-        return raw is None or conn.closed_in_transaction or raw.closed or raw.info.status == ConnStatus.BAD
+        return (
+            raw is None
+            or conn.closed_in_transaction
+            or bool(raw.closed)
+            or int(raw.info.status) == _CONNECTION_BAD
+        )
 
     def bound_transaction(self, conn: BaseDatabaseWrapper, seconds: float) -> None:
         self.execute(conn, self.sql["BOUND_TRANSACTION"], [str(int(seconds * 1000))], prepare=True)
@@ -117,10 +164,8 @@ class PostgresEngine(Engine):
         return raw is not None and int(raw.info.transaction_status) != 0
 
     def transaction_failed(self, conn: BaseDatabaseWrapper) -> bool:
-        from psycopg.pq import TransactionStatus
-
         raw = conn.connection
-        return raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
+        return raw is not None and int(raw.info.transaction_status) == _TRANSACTION_INERROR
 
     def end_session(self, conn: BaseDatabaseWrapper, session: int, timeout: float = 30.0) -> bool:
         import time
@@ -155,7 +200,8 @@ class PostgresEngine(Engine):
         ``connection.execute_wrappers`` (APM and query-inspection hooks), and while Django logs
         queries (``DEBUG``, ``CaptureQueriesContext``) they take Django's logging cursor.
         """
-        if not prepare or conn.queries_logged or not get_settings().PREPARED_STATEMENTS:
+        if not prepare or conn.queries_logged or not get_settings().PREPARED_STATEMENTS or not _is_psycopg3():
+            # psycopg2 cannot prepare a statement: Django's own cursor, planned per call.
             try:
                 return super().execute(conn, sql, params)
             except InternalError as exc:
@@ -221,6 +267,19 @@ class PostgresEngine(Engine):
         conn.ensure_connection()
         if conn.in_atomic_block:
             conn.validate_no_broken_transaction()
+        if not _is_psycopg3():
+            # psycopg2 streams COPY from a file object: the same rows, read from the chunks.
+            reader = _ChunkReader(chunks)
+            try:
+                with conn.wrap_database_errors, conn.connection.cursor() as cur:
+                    cur.copy_expert(sql, reader)
+            except InternalError as exc:
+                _refused_write(exc)
+            except Exception:
+                if reader.error is not None:
+                    raise reader.error from None
+                raise
+            return
         try:
             with conn.wrap_database_errors, conn.connection.cursor() as cur, cur.copy(sql) as copy:
                 for chunk in chunks:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
 from ..models import Status
+from . import notices
 from .base import LedgerBase
 from .types import RecoveryReport
 from .validation import validate_count
@@ -51,6 +54,8 @@ class Sweeping(LedgerBase):
                 promote=True,
             )
             batches += 1
+            if rows:
+                self._after_commit(functools.partial(notices.swept, type(self), self.using, rows))
             for row in rows:
                 (dead if row[2] == Status.DEAD else requeued).append(row[1])
                 if row[2] == Status.DEAD and row[9]:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS
 
+from .. import signals
 from ..handlers import get_handler
 from ..ledger.types import RecoveryReport
 from ..models import Message
@@ -167,6 +168,8 @@ def send(
         dispatched=service.settings.TRANSPORT == "celery",
     )
     get_transport(service).after_commit(service, [message])
+    if signals.message_sent.receivers:
+        _signal_sent(service, [message])
     return message
 
 
@@ -208,7 +211,26 @@ def send_many(
         dispatched=service.settings.TRANSPORT == "celery",
     )
     get_transport(service).after_commit(service, messages)
+    if signals.message_sent.receivers:
+        _signal_sent(service, messages)
     return messages
+
+
+def _signal_sent(service: ZeroLossMessageService, messages: Sequence[Message]) -> None:
+    """``message_sent`` for each message, once the caller's transaction committed."""
+    sent = [(m.message_id, m.queue_name) for m in messages]
+
+    def fire() -> None:
+        for message_id, queue_name in sent:
+            signals.send(
+                signals.message_sent,
+                type(service),
+                message_id=message_id,
+                queue_name=queue_name,
+                using=service.using,
+            )
+
+    service._after_commit(fire)
 
 
 async def asend(queue_name: str, data: Any, **kwargs: Any) -> Message:

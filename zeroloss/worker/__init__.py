@@ -133,8 +133,13 @@ class Worker:
     # -- running ----------------------------------------------------------------------------
 
     def _thread_main(self, loop: ClaimLoop, n: int) -> None:
+        from ..processing import close_thread_event_loop
+
         try:
-            loop.run()
+            try:
+                loop.run()
+            finally:
+                close_thread_event_loop()  # the async handlers' loop, if this thread made one
         except OutageTooLong as exc:
             logger.error("worker thread %d: %s; stopping", n, exc)
             self.stats.gave_up = True

@@ -86,7 +86,13 @@ class DeliveryRuntime:
         self.keeper.hold([lease])
         if spec.transactional:
             return self._transactional(spec, lease)
-        run = run_handler(spec, Delivery(lease, self.keeper))
+        # An async handler runs on this process's (task thread's) event loop, reused per task.
+        run = run_handler(
+            spec,
+            Delivery(lease, self.keeper),
+            worker=self.service.instance_id,
+            timeout=self.service.settings.HANDLER_TIMEOUT,
+        )
         self.completer.add(run.completion(lease))
         if self.completer.due:
             self.completer.flush()

@@ -23,6 +23,7 @@ from ..processing import Delivery, Outcome, run_handler
 from ..service import ZeroLossMessageService
 from ..wakeup import Wakeup
 from .completer import Completer, verdict_counts
+from .coroutines import AsyncBatchRunner
 from .keeper import Batch, LeaseKeeper
 from .transactional import TransactionalBatches
 
@@ -41,6 +42,9 @@ class Pace:
         self.window = window
         self.lease = lease
         self.seconds: float | None = None
+        #: The fewest worth claiming: an async handler's ASYNC_CONCURRENCY (claimed together, they
+        #: start together, so none waits unstarted), else 1.
+        self.floor = 1
 
     def update(self, seconds: float) -> None:
         self.seconds = seconds if self.seconds is None else 0.8 * self.seconds + 0.2 * seconds
@@ -48,9 +52,9 @@ class Pace:
     @property
     def claim_size(self) -> int:
         if self.seconds is None:
-            return min(self.max_size, 10)
+            return min(self.max_size, max(10, self.floor))
         per = max(self.seconds, 1e-6)
-        return max(1, min(self.max_size, int(self.window / per), int(self.lease / 3 / per)))
+        return min(self.max_size, max(self.floor, min(int(self.window / per), int(self.lease / 3 / per))))
 
 
 class WorkerContext(Protocol):
@@ -196,6 +200,19 @@ class ClaimLoop:
     def _run_plain(self, spec: HandlerSpec, pace: Pace) -> None:
         assert self.batch is not None
         keeper = self.worker.keeper
+        settings = self.service.settings
+        if spec.is_async:
+            pace.floor = settings.ASYNC_CONCURRENCY
+            AsyncBatchRunner(
+                keeper=keeper,
+                completer=self.completer,
+                stopping=lambda: bool(self.worker.stop),
+                count=self.worker.count,
+                concurrency=settings.ASYNC_CONCURRENCY,
+                timeout=settings.HANDLER_TIMEOUT,
+                worker=self.service.instance_id,
+            ).run(spec, self.batch, pace.update)
+            return
         while (lease := self.batch.next()) is not None:
             if self.worker.stop:
                 self.completer.add(
@@ -211,7 +228,7 @@ class ClaimLoop:
                 keeper.drop([lease.message_id])
                 self.worker.count(Outcome.LEASE_LOST)
                 continue
-            run = run_handler(spec, Delivery(lease, keeper))
+            run = run_handler(spec, Delivery(lease, keeper), worker=self.service.instance_id)
             self.batch.done()
             pace.update(run.seconds)
             self.completer.add(run.completion(lease))

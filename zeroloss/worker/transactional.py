@@ -229,7 +229,7 @@ class TransactionalBatches:
                 continue
             batch.start(lease)
             if failed is None:
-                run = run_handler(spec, Delivery(lease, keeper))
+                run = run_handler(spec, Delivery(lease, keeper), worker=service.instance_id)
                 self._check_still_open(lease, run, paced)
                 if run.ok and (connection.needs_rollback or engine.transaction_failed(connection)):
                     run = HandlerRun(False, run.seconds, error=LEFT_TRANSACTION_FAILED)
@@ -239,7 +239,9 @@ class TransactionalBatches:
                 run = failed[lease.message_id]
             else:
                 try:
-                    run = run_in_savepoint(spec, Delivery(lease, keeper), service.using, engine)
+                    run = run_in_savepoint(
+                        spec, Delivery(lease, keeper), service.using, engine, worker=service.instance_id
+                    )
                 except Exception as exc:
                     # Its savepoint went with the transaction or the connection.
                     self._check_still_open(lease, HandlerRun(False, 0.0, error=str(exc)), paced)

@@ -9,7 +9,6 @@ at once with 128 + the signal number.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -17,7 +16,9 @@ from django.db import DEFAULT_DB_ALIAS
 
 from ...conf import get_settings
 from ...handlers import registered_queues
+from ...logs import command_logging
 from ...loops import StopFlag
+from ...testing import refuse_inside_a_transaction
 from ...worker import Worker
 from ..base import LedgerUnreachable, ZeroLossCommand, positive_float, positive_int
 
@@ -93,9 +94,6 @@ class Command(ZeroLossCommand):
         verbosity: int,
         **options: Any,
     ) -> None:
-        if verbosity != 1:
-            level = {0: logging.ERROR, 2: logging.INFO}.get(verbosity, logging.DEBUG)
-            logging.getLogger("zeroloss").setLevel(level)
         known = registered_queues()
         unknown = sorted(set(queues or ()) - set(known))
         if unknown or not known:
@@ -109,6 +107,7 @@ class Command(ZeroLossCommand):
         options["database"], queues = self._database_and_queues(options["database"], queues, known)
         self._database = options["database"]
         service = self.service(options)
+        refuse_inside_a_transaction(service.using)
         stop = StopFlag()
         worker = Worker(
             queues,
@@ -129,7 +128,8 @@ class Command(ZeroLossCommand):
                 f"zeroloss_worker: queues {', '.join(queues)} on database {service.using!r}, "
                 f"{concurrency} thread(s)"
             )
-        with stop.on_signals():
+        # Handler failures, dead letters, recoveries and outages on stderr, as -v asks.
+        with stop.on_signals(), command_logging(verbosity, self.stderr):
             stats = worker.run()
         summary = {
             "outcomes": dict(stats.outcomes),

@@ -1,0 +1,129 @@
+"""Failures you can see (issue 25, point 2): a handler failure at WARNING with its traceback, a
+dead letter at ERROR, a sweep's recovery and an outage at WARNING, each with structured fields;
+``zeroloss_worker`` prints them on stderr by default, honours ``-v``, never prints a line twice."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+from django.db import OperationalError
+
+from tests.conftest import ROOT, child_env
+from tests.support import expire_leases
+from tests.test_processing import register, run_worker
+from zeroloss.outage import OutageMonitor
+from zeroloss.processing import Delivery
+from zeroloss.service import ZeroLossMessageService
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FIELDS = ("message_id", "queue", "attempt", "worker")
+
+
+def fields(record: logging.LogRecord) -> tuple[object, ...]:
+    """The structured fields every record about one message carries (docs/logging.md)."""
+    return tuple(getattr(record, name) for name in FIELDS)
+
+
+def records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "zeroloss" and r.levelno == level]
+
+
+def test_a_handler_failure_is_a_warning_with_its_traceback_and_a_dead_letter_an_error(caplog):
+    def fails(delivery: Delivery) -> None:
+        raise ValueError(f"broken payload {delivery.payload['n']}")
+
+    register("l.fails", fails)
+    ZeroLossMessageService().persist_message("f1", "l.fails", {"n": 1}, max_attempts=1)
+    caplog.set_level(logging.INFO, logger="zeroloss")
+    _, thread = run_worker("l.fails", burst=True)
+    thread.join(60)
+    [failure] = records(caplog, logging.WARNING)
+    assert "f1: handler" in failure.getMessage() and "ValueError: broken payload 1" in failure.getMessage()
+    assert failure.exc_info is not None and failure.exc_info[0] is ValueError
+    assert fields(failure)[:3] == ("f1", "l.fails", 1)
+    assert str(fields(failure)[3]).endswith("/t0")
+    [dead] = records(caplog, logging.ERROR)
+    assert dead.getMessage().startswith(
+        "f1: dead-lettered after attempt 1 of 1: ValueError: broken payload 1"
+    )
+    assert fields(dead)[:3] == ("f1", "l.fails", 1)
+
+
+def test_a_sweep_recovery_is_a_warning_and_a_sweep_dead_letter_an_error(caplog):
+    service = ZeroLossMessageService(instance_id="holder")
+    service.persist_message("r1", "l.sweep", {})
+    service.persist_message("r2", "l.sweep", {}, max_attempts=1)
+    assert len(service.claim_next("l.sweep", limit=2)) == 2
+    expire_leases()
+    caplog.set_level(logging.INFO, logger="zeroloss")
+    ZeroLossMessageService(instance_id="sweeper").recover_orphaned_messages()
+    [recovered] = records(caplog, logging.WARNING)
+    assert recovered.getMessage().startswith("r1: recovered by the sweep: the lease of attempt 1 expired")
+    assert fields(recovered) == ("r1", "l.sweep", 1, "holder")
+    [dead] = records(caplog, logging.ERROR)
+    assert dead.getMessage().startswith("r2: dead-lettered by the sweep")
+    assert fields(dead) == ("r2", "l.sweep", 1, "holder")
+
+
+def test_an_outage_is_a_warning(caplog):
+    caplog.set_level(logging.INFO, logger="zeroloss")
+    monitor = OutageMonitor("l-outage")
+    monitor.failed("the test", OperationalError("connection refused"))
+    monitor.recovered()
+    lines = [r for r in caplog.records if r.name == "zeroloss"]
+    assert [r.levelno for r in lines] == [logging.WARNING, logging.WARNING]
+    assert "unreachable since" in lines[0].getMessage() and lines[0].__dict__["database"] == "l-outage"
+
+
+def run_command(live: ZeroLossMessageService, settings_module: str, *args: str) -> str:
+    live.persist_message("c-ok", "demo.record", {})
+    live.persist_message("c-bad", "demo.record", {"fail": True}, max_attempts=1)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "zeroloss_worker",
+            "--burst",
+            "--queue",
+            "demo.record",
+            "--no-sweep",
+            *args,
+        ],
+        cwd=ROOT,
+        env=child_env(DJANGO_SETTINGS_MODULE=settings_module),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+@pytest.mark.once  # an OS process each; Django's logging set-up is the same on 5.2 and 6
+def test_the_worker_prints_failures_on_stderr_without_any_logging_configured(live_service):
+    err = run_command(live_service, "tests.settings_without_logging")
+    assert err.count("WARNING zeroloss: c-bad: handler project.demo.zeroloss_handlers.record failed") == 1
+    assert (
+        "Traceback (most recent call last)" in err and "RuntimeError: c-bad: this message always fails" in err
+    )
+    assert err.count("ERROR zeroloss: c-bad: dead-lettered after attempt 1 of 1") == 1
+
+
+@pytest.mark.once  # an OS process each; Django's logging set-up is the same on 5.2 and 6
+def test_verbosity_0_prints_errors_only(live_service):
+    err = run_command(live_service, "tests.settings_without_logging", "-v", "0")
+    assert "WARNING zeroloss" not in err and "c-bad: handler" not in err
+    assert err.count("ERROR zeroloss: c-bad: dead-lettered") == 1
+
+
+@pytest.mark.once  # an OS process each; Django's logging set-up is the same on 5.2 and 6
+def test_the_projects_own_logging_prints_each_line_once(live_service):
+    # project.settings gives the zeroloss logger a stderr handler of its own (no format).
+    err = run_command(live_service, "project.settings", "-v", "2")
+    assert err.count("c-bad: handler project.demo.zeroloss_handlers.record failed") == 1
+    assert err.count("c-bad: dead-lettered after attempt 1 of 1") == 1
+    assert "WARNING zeroloss:" not in err  # zeroloss added no handler of its own

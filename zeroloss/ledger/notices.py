@@ -1,0 +1,142 @@
+"""What the ledger tells people once an outcome or a sweep is durable: log records and signals.
+
+Run after commit (or at once in autocommit), so nothing is logged or signalled for a change
+that was rolled back. Dead letters are logged at ERROR, sweep recoveries at WARNING, each with
+the structured fields of docs/logging.md (``message_id``, ``queue``, ``attempt``, ``worker``).
+With no signal receiver connected and nothing dead-lettered, none of this runs at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from .. import signals
+from .engine import Rows
+from .types import Completion, CompletionReport
+
+logger = logging.getLogger("zeroloss")
+
+
+def wanted_after_outcomes(report: CompletionReport) -> bool:
+    """The cheap check :meth:`Leasing.complete` makes on every batch."""
+    return bool(
+        report.dead_lettered or signals.message_finished.receivers or signals.message_dead_lettered.receivers
+    )
+
+
+def outcomes_recorded(
+    sender: type, using: str, worker: str, batch: Sequence[Completion], report: CompletionReport
+) -> None:
+    dead = set(report.dead_lettered)
+    finished = signals.message_finished.receivers
+    if not dead and not finished:
+        return
+    outcome_of = {
+        **dict.fromkeys(report.acknowledged, "completed"),
+        **dict.fromkeys(report.retrying, "failed"),
+        **dict.fromkeys(report.dead_lettered, "dead"),
+        **dict.fromkeys(report.refused, "lease_lost"),
+    }
+    for c in batch:
+        lease = c.lease
+        mid = lease.message_id
+        if mid in dead:
+            _log(
+                logging.ERROR,
+                "%s: dead-lettered after attempt %d of %d: %s",
+                (mid, lease.attempt, lease.max_attempts, (c.error or "").partition("\n")[0][:500]),
+                mid,
+                lease.queue_name,
+                lease.attempt,
+                worker,
+            )
+            signals.send(
+                signals.message_dead_lettered,
+                sender,
+                message_id=mid,
+                queue_name=lease.queue_name,
+                attempt=lease.attempt,
+                error=c.error,
+                worker=worker,
+                using=using,
+                by="worker",
+            )
+        outcome = outcome_of.get(mid)
+        if finished and outcome is not None:
+            signals.send(
+                signals.message_finished,
+                sender,
+                message_id=mid,
+                queue_name=lease.queue_name,
+                attempt=lease.attempt,
+                outcome=outcome,
+                error=c.error if outcome in ("failed", "dead") else "",
+                worker=worker,
+                using=using,
+            )
+
+
+_HELD_BY = ("lease held by ", " expired")
+
+
+def swept(sender: type, using: str, rows: Rows) -> None:
+    """After a sweep batch: each message put back (WARNING) or dead-lettered (ERROR).
+
+    ``rows`` are the sweep's moved rows (:data:`statements.MOVED`: ``message_id`` at 1,
+    ``status`` 2, ``attempts`` 3, ``detail`` 7, ``queue_name`` 8).
+    """
+    for row in rows:
+        mid, status, attempt, detail, queue = row[1], row[2], row[3], row[7] or "", row[8]
+        holder = detail.removeprefix(_HELD_BY[0]).removesuffix(_HELD_BY[1])
+        if status == "dead":
+            _log(
+                logging.ERROR,
+                "%s: dead-lettered by the sweep: the lease of its last attempt (%d) expired (held by %s)",
+                (mid, attempt, holder),
+                mid,
+                queue,
+                attempt,
+                holder,
+            )
+            signals.send(
+                signals.message_dead_lettered,
+                sender,
+                message_id=mid,
+                queue_name=queue,
+                attempt=attempt,
+                error=detail,
+                worker=holder,
+                using=using,
+                by="sweep",
+            )
+        else:
+            _log(
+                logging.WARNING,
+                "%s: recovered by the sweep: the lease of attempt %d expired (held by %s); pending again",
+                (mid, attempt, holder),
+                mid,
+                queue,
+                attempt,
+                holder,
+            )
+            signals.send(
+                signals.message_recovered,
+                sender,
+                message_id=mid,
+                queue_name=queue,
+                attempt=attempt,
+                worker=holder,
+                using=using,
+            )
+
+
+def _log(
+    level: int, msg: str, args: tuple[Any, ...], mid: str, queue: str, attempt: int, worker: str
+) -> None:
+    with contextlib.suppress(Exception):  # a broken log handler must not undo a recorded outcome
+        logger.log(
+            level, msg, *args, extra={"message_id": mid, "queue": queue, "attempt": attempt, "worker": worker}
+        )

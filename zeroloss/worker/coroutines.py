@@ -1,0 +1,82 @@
+"""Async handlers in the built-in worker: a claimed batch awaited on the claim thread's event loop.
+
+Up to ``ASYNC_CONCURRENCY`` handlers of the batch are in flight at once (a sliding window: one
+finishes, the next unstarted one starts). Each is cancelled after ``HANDLER_TIMEOUT`` (a
+failed attempt). Leases are renewed by the lease keeper as for plain handlers; outcomes go to
+the same batch completer. The loop belongs to the claim thread and is reused by every batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ..handlers import HandlerSpec
+from ..ledger.types import Completion, Lease, Verdict
+from ..processing import Delivery, HandlerRun, Outcome, run_async_handler, thread_event_loop
+from .completer import Completer
+from .keeper import Batch, LeaseKeeper
+
+SHUTDOWN = "released unstarted at worker shutdown"
+
+
+class AsyncBatchRunner:
+    def __init__(
+        self,
+        *,
+        keeper: LeaseKeeper,
+        completer: Completer,
+        stopping: Callable[[], bool],
+        count: Callable[[str, int], None],
+        concurrency: int,
+        timeout: float | None,
+        worker: str,
+    ) -> None:
+        self.keeper = keeper
+        self.completer = completer
+        self.stopping = stopping
+        self.count = count
+        self.concurrency = max(1, concurrency)
+        self.timeout = timeout
+        self.worker = worker
+
+    def run(self, spec: HandlerSpec, batch: Batch, update_pace: Callable[[float], None]) -> None:
+        thread_event_loop().run_until_complete(self._drive(spec, batch, update_pace))
+
+    async def _drive(self, spec: HandlerSpec, batch: Batch, update_pace: Callable[[float], None]) -> None:
+        keeper = self.keeper
+        in_flight: dict[asyncio.Task[HandlerRun], Lease] = {}
+
+        def start_more() -> None:
+            while len(in_flight) < self.concurrency and not self.stopping():
+                lease = batch.next()
+                if lease is None:
+                    return
+                if keeper.is_lost(lease.message_id):
+                    # Its lease lapsed before it started (an outage): another worker will run it.
+                    keeper.drop([lease.message_id])
+                    self.count(Outcome.LEASE_LOST, 1)
+                    continue
+                task = asyncio.ensure_future(
+                    run_async_handler(spec, Delivery(lease, keeper), worker=self.worker, timeout=self.timeout)
+                )
+                in_flight[task] = lease
+
+        start_more()
+        while in_flight:
+            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            width = len(in_flight)
+            for task in done:
+                lease = in_flight.pop(task)
+                run = task.result()  # run_async_handler records every failure, it never raises
+                # Seconds of the thread's time per message: they overlapped ``width`` at a time.
+                update_pace(run.seconds / width)
+                self.completer.add(run.completion(lease))
+            if self.completer.due and (in_flight or batch.has_more):
+                self.completer.flush()
+            start_more()
+        batch.done()
+        if self.stopping():
+            for rest in batch.take_unstarted():
+                self.completer.add(Completion(rest, Verdict.RELEASE, SHUTDOWN))
+        # What is left is recorded with the next claim, in its transaction.
