@@ -12,6 +12,7 @@ are reported by ``manage.py check`` with stable ids (see :mod:`zeroloss.checks`)
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,10 @@ class ZeroLossSettings:
     DEDUP_WINDOW: float = 300.0
     #: Largest accepted payload, in bytes of canonical UTF-8 JSON.
     MAX_PAYLOAD_BYTES: int = 256 * 1024
+    #: Dotted path of a ``json.JSONEncoder`` subclass whose ``default()`` turns what JSON has no
+    #: type for into JSON (``"django.core.serializers.json.DjangoJSONEncoder"``: ``datetime``,
+    #: ``Decimal``, ``UUID``), in payloads and results. None: such values are refused.
+    JSON_ENCODER: str | None = None
     #: Prepare the hot-path statements once per PostgreSQL connection. Turn off behind a
     #: pooler that cannot keep prepared statements (PgBouncer < 1.21 in transaction mode).
     PREPARED_STATEMENTS: bool = True
@@ -240,6 +245,10 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             if value not in TRANSPORTS:
                 raise SettingError(key, f"must be one of {TRANSPORTS}, got {value!r}.")
             values[key] = value
+        elif key == "JSON_ENCODER":
+            if value is not None:
+                _json_encoder(key, value)  # importable, and an encoder: E005 otherwise
+            values[key] = value
         elif key == "RETRY_BACKOFF":
             if not isinstance(value, dict) or set(value) - {"BASE", "MAX"}:
                 raise SettingError(key, f'must be a dict like {{"BASE": 1, "MAX": 300}}, got {value!r}.')
@@ -251,7 +260,40 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
     return ZeroLossSettings(**values)
 
 
+def _json_encoder(key: str, value: Any) -> type[json.JSONEncoder]:
+    """The ``json.JSONEncoder`` subclass a dotted path names, or :class:`SettingError` (E005)."""
+    from django.utils.module_loading import import_string
+
+    if not isinstance(value, str) or "." not in value:
+        raise SettingError(
+            key,
+            f"must be the dotted path of a json.JSONEncoder subclass, e.g. "
+            f'"django.core.serializers.json.DjangoJSONEncoder", got {value!r}.',
+            "zeroloss.E005",
+        )
+    try:
+        found = import_string(value)
+    except ImportError as exc:
+        raise SettingError(key, f"{value!r} cannot be imported: {exc}", "zeroloss.E005") from None
+    if not (isinstance(found, type) and issubclass(found, json.JSONEncoder)):
+        raise SettingError(key, f"{value!r} is not a json.JSONEncoder subclass.", "zeroloss.E005")
+    return found
+
+
 _cached: ZeroLossSettings | None = None
+#: ``JSON_ENCODER().default``, once looked up: (found, callable or None).
+_json_default: tuple[bool, Any] = (False, None)
+
+
+def json_default() -> Any:
+    """The configured encoder's ``default`` method, or None (no ``JSON_ENCODER``)."""
+    global _json_default
+    found, default = _json_default
+    if not found:
+        path = get_settings().JSON_ENCODER
+        default = None if path is None else _json_encoder("JSON_ENCODER", path)().default
+        _json_default = (True, default)
+    return default
 
 
 def get_settings() -> ZeroLossSettings:
@@ -264,6 +306,7 @@ def get_settings() -> ZeroLossSettings:
 
 @receiver(setting_changed)
 def _reset_cache(*, setting: str, **kwargs: Any) -> None:
-    global _cached
+    global _cached, _json_default
     if setting == "ZEROLOSS":
         _cached = None
+        _json_default = (False, None)

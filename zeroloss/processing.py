@@ -69,7 +69,9 @@ def describe_error(exc: BaseException) -> str:
     its first line and its end, within ``MAX_ERROR_LENGTH``.
     """
     kind = type(exc)
-    head = f"{kind.__module__}.{kind.__qualname__}: {exc}".replace("builtins.", "", 1)
+    # Builtins without their module (only a leading ``builtins`` module: ``mypkg.builtins.X`` stays).
+    module = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
+    head = f"{module}{kind.__qualname__}: {exc}"
     tb = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
     text = f"{head}\n{tb}"
     if len(text) > MAX_ERROR_LENGTH:
