@@ -93,6 +93,8 @@ class ZeroLossSettings:
     DEDUP_WINDOW: float = 300.0
     #: Largest accepted payload, in bytes of canonical UTF-8 JSON.
     MAX_PAYLOAD_BYTES: int = 256 * 1024
+    #: Largest accepted headers (``send(..., headers=...)``), in bytes of UTF-8 JSON.
+    MAX_HEADERS_BYTES: int = 8 * 1024
     #: Dotted path of a ``json.JSONEncoder`` subclass whose ``default()`` turns what JSON has no
     #: type for into JSON (``"django.core.serializers.json.DjangoJSONEncoder"``: ``datetime``,
     #: ``Decimal``, ``UUID``), in payloads and results. None: such values are refused.
@@ -142,6 +144,7 @@ _INT_FIELDS = {
     "SWEEP_BATCH_SIZE": 1,
     "ACK_BATCH_SIZE": 1,
     "MAX_PAYLOAD_BYTES": 1,
+    "MAX_HEADERS_BYTES": 1,
     "HEALTH_MAX_STUCK": 0,
     "HEALTH_MAX_DEAD": 0,
 }
@@ -150,7 +153,11 @@ _INT_FIELDS = {
 #: Longest duration any setting may name (100 years): both databases can add it to "now".
 MAX_SECONDS = 100 * 365 * 24 * 3600.0
 #: Upper bounds of the integer settings (the database columns are 32-bit; payloads must fit jsonb).
-_INT_MAX = {"MAX_ATTEMPTS": 1_000_000, "MAX_PAYLOAD_BYTES": 256 * 1024 * 1024}
+_INT_MAX = {
+    "MAX_ATTEMPTS": 1_000_000,
+    "MAX_PAYLOAD_BYTES": 256 * 1024 * 1024,
+    "MAX_HEADERS_BYTES": 1024 * 1024,
+}
 _DEFAULT_INT_MAX = 2**31 - 1
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,24 @@ class Delivery:
     @property
     def payload(self) -> Any:
         return self.lease.payload
+
+    @functools.cached_property
+    def headers(self) -> dict[str, Any]:
+        """The headers the message was sent with (``send(..., headers=...)``); ``{}`` if none.
+
+        Read from the ledger the first time it is asked for (one query, on the handler's own
+        connection and transaction), so a handler that never looks costs nothing."""
+        from .models import Message
+
+        if self.keeper is not None:
+            using = self.keeper.service.using
+        else:
+            from .transports import database_for
+
+            using = database_for(self.queue_name)
+        stored = Message.objects.using(using).filter(message_id=self.message_id).values_list("headers")
+        found = stored.first()
+        return dict(found[0]) if found is not None and found[0] else {}
 
     @property
     def attempt(self) -> int:

@@ -19,6 +19,14 @@ class PayloadTooLarge(InvalidPayload):
     """The canonical JSON payload is larger than ``ZEROLOSS["MAX_PAYLOAD_BYTES"]``."""
 
 
+class InvalidHeaders(InvalidMessage):
+    """The headers are not a dict of string keys to JSON values (``send(..., headers=...)``)."""
+
+
+class HeadersTooLarge(InvalidHeaders):
+    """The headers' JSON is larger than ``ZEROLOSS["MAX_HEADERS_BYTES"]``."""
+
+
 class MessageConflict(ZeroLossError):
     """A message with this id already exists with a different queue or payload."""
 
