@@ -39,6 +39,21 @@ class RetryBackoff:
 
 
 @dataclass(frozen=True)
+class QueueSettings:
+    """One queue declared in ``ZEROLOSS["QUEUES"]``: ``{"emails": {}}``.
+
+    A declared queue may be sent to by a process that does not import its handler (a web image
+    without the workers' code); ``zeroloss_worker`` refuses to run one it has no handler for.
+    Its options are this class's fields (none yet); each is validated by the parser named in
+    :data:`QUEUE_OPTIONS`, so adding one is a field and a parser."""
+
+
+#: The options a declared queue accepts: name -> parser(key, value) returning the typed value
+#: (raising :class:`SettingError`). Empty for now; per-queue limits are planned here.
+QUEUE_OPTIONS: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
 class ZeroLossSettings:
     """Every zeroloss setting, with its default. Units are seconds unless named otherwise."""
 
@@ -70,6 +85,10 @@ class ZeroLossSettings:
     #: Queues whose ledger lives in another database: ``{"reports": "ledger2"}``. Every other
     #: queue's is ``default``. ``send`` routes by it; workers and sweeps run per database.
     QUEUE_DATABASES: dict[str, str] = field(default_factory=dict)
+    #: Queues declared without needing their handler in this process: ``{"emails": {}}``
+    #: (queue name -> its options). ``send`` accepts them in a process that does not import the
+    #: handler (a web/worker split); ``zeroloss_worker`` refuses one it has no handler for.
+    QUEUES: dict[str, QueueSettings] = field(default_factory=dict)
     #: Database aliases holding a ledger (besides those ``QUEUE_DATABASES`` routes to). The Celery
     #: transport's sweep covers each; ``send`` refuses any other alias under Celery.
     LEDGER_DATABASES: tuple[str, ...] = ("default",)
@@ -252,6 +271,8 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             if value not in TRANSPORTS:
                 raise SettingError(key, f"must be one of {TRANSPORTS}, got {value!r}.")
             values[key] = value
+        elif key == "QUEUES":
+            values[key] = _queues(value)
         elif key == "JSON_ENCODER":
             if value is not None:
                 _json_encoder(key, value)  # importable, and an encoder: E005 otherwise
@@ -265,6 +286,40 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
                 raise SettingError(key, f"MAX ({cap}) must be >= BASE ({base}).")
             values[key] = RetryBackoff(BASE=base, MAX=cap)
     return ZeroLossSettings(**values)
+
+
+def _queues(value: Any) -> dict[str, QueueSettings]:
+    """``QUEUES``: queue name -> dict of options (:data:`QUEUE_OPTIONS`); E006 otherwise."""
+    from .exceptions import InvalidMessage
+    from .ledger.validation import validate_queue_name
+
+    if not isinstance(value, dict):
+        raise SettingError(
+            "QUEUES",
+            f'must be a dict of queue name -> options, e.g. {{"emails": {{}}}}, got {value!r}.',
+            "zeroloss.E006",
+        )
+    queues: dict[str, QueueSettings] = {}
+    for name, options in value.items():
+        try:
+            validate_queue_name(name)
+        except InvalidMessage as exc:
+            raise SettingError("QUEUES", str(exc), "zeroloss.E006") from None
+        where = f"QUEUES[{name!r}]"
+        if not isinstance(options, dict):
+            raise SettingError(
+                where, f"must be a dict of options ({{}} for none), got {options!r}.", "zeroloss.E006"
+            )
+        unknown = sorted(set(options) - set(QUEUE_OPTIONS), key=str)
+        if unknown:
+            known = ", ".join(sorted(QUEUE_OPTIONS)) or "none yet"
+            raise SettingError(
+                where, f"unknown option {unknown[0]!r}; known options: {known}.", "zeroloss.E006"
+            )
+        queues[name] = QueueSettings(
+            **{k: QUEUE_OPTIONS[k](f"{where}[{k!r}]", v) for k, v in options.items()}
+        )
+    return queues
 
 
 def _json_encoder(key: str, value: Any) -> type[json.JSONEncoder]:

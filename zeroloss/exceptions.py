@@ -64,8 +64,11 @@ class ReplicationTimeout(ZeroLossError):
 
 
 class UnknownQueue(ZeroLossError, LookupError):
-    """No handler is registered for this queue."""
+    """No handler is registered for this queue (and ``ZEROLOSS["QUEUES"]`` does not declare it)."""
 
     def __init__(self, queue_name: str) -> None:
-        super().__init__(f"No zeroloss handler is registered for queue {queue_name!r}.")
+        super().__init__(
+            f"No zeroloss handler is registered for queue {queue_name!r}, and ZEROLOSS['QUEUES'] does "
+            "not declare it (declare it there to send from a process that does not import its handler)."
+        )
         self.queue_name = queue_name

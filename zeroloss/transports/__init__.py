@@ -86,6 +86,20 @@ def database_for(queue_name: str, using: str | None = None) -> str:
     return routed
 
 
+def _check_queue(queue_name: str) -> None:
+    """A queue with a handler in this process, or declared in ``ZEROLOSS["QUEUES"]`` (a web
+    process sending to workers whose handlers it does not import); else :class:`UnknownQueue`."""
+    from ..exceptions import UnknownQueue
+
+    try:
+        get_handler(queue_name)
+    except UnknownQueue:
+        from ..conf import get_settings
+
+        if queue_name not in get_settings().QUEUES:
+            raise
+
+
 def _check_transaction(alias: str) -> None:
     """Refuse to store a message outside a transaction the caller is in (on another database):
     it would commit at once, whatever became of the caller's transaction."""
@@ -154,7 +168,7 @@ def send(
     ids: a dict of names to JSON values, stored with the message but not part of its checksum (a
     resend with other headers is the same message: the stored one is returned).
     """
-    get_handler(queue_name)  # fail fast on a typo: UnknownQueue
+    _check_queue(queue_name)  # fail fast on a typo: UnknownQueue
     alias = database_for(queue_name, using)
     _check_transaction(alias)
     service = ZeroLossMessageService(using=alias)
@@ -196,7 +210,7 @@ def send_many(
     """
     from ..exceptions import InvalidMessage
 
-    get_handler(queue_name)
+    _check_queue(queue_name)
     data = list(payloads)
     ids = [uuid.uuid4().hex for _ in data] if message_ids is None else list(message_ids)
     if len(ids) != len(data):

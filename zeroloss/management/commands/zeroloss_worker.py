@@ -14,6 +14,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from ...conf import get_settings
 from ...handlers import registered_queues
 from ...loops import StopFlag
 from ...worker import Worker
@@ -81,6 +82,17 @@ class Command(ZeroLossCommand):
             logging.getLogger("zeroloss").setLevel(level)
         service = self.service(options)
         known = registered_queues()
+        declared = get_settings().QUEUES
+        # A declared queue is one some worker must serve: this one cannot without its handler.
+        missing = sorted(q for q in (queues or declared) if q in declared and q not in known)
+        if missing:
+            raise CommandError(
+                f"Queue(s) {', '.join(missing)} declared in ZEROLOSS['QUEUES'] have no handler in this "
+                "process: import their handlers here (a zeroloss_handlers module of an installed app), or "
+                "run this worker with --queue for the queues it has handlers for; "
+                f"registered: {', '.join(known) or 'none'}.",
+                returncode=2,
+            )
         queues = queues or known
         unknown = sorted(set(queues) - set(known))
         if unknown or not queues:
