@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,14 +29,29 @@ TRANSPORTS = ("database", "celery")
 
 @dataclass(frozen=True)
 class RetryBackoff:
-    """Exponential backoff after a failed attempt: ``min(BASE * 2 ** (attempt - 1), MAX)`` seconds."""
+    """Exponential backoff after a failed attempt, with full jitter: a delay drawn uniformly
+    from 0 to ``min(BASE * 2 ** (attempt - 1), MAX)`` seconds, so the messages one incident
+    failed together do not all retry together (``JITTER: False``: exactly the bound)."""
 
     BASE: float = 1.0
     MAX: float = 300.0
+    JITTER: bool = True
 
-    def delay_for(self, attempt: int) -> float:
+    def bound_for(self, attempt: int) -> float:
+        """The longest delay after failed attempt ``attempt``: ``min(BASE * 2 ** (attempt - 1), MAX)``."""
         # Cap the exponent so a large attempt count cannot overflow a float.
         return float(min(self.BASE * (2 ** min(max(attempt - 1, 0), 60)), self.MAX))
+
+    def delay_for(self, attempt: int, rng: random.Random | None = None) -> float:
+        """The delay before the retry of failed attempt ``attempt`` (``rng``: for tests)."""
+        bound = self.bound_for(attempt)
+        if not self.JITTER:
+            return bound
+        # Not for secrets: spreading retries over time only needs them to differ.
+        return (rng or _jitter).uniform(0.0, bound)
+
+
+_jitter = random.Random()
 
 
 @dataclass(frozen=True)
@@ -278,13 +294,18 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
                 _json_encoder(key, value)  # importable, and an encoder: E005 otherwise
             values[key] = value
         elif key == "RETRY_BACKOFF":
-            if not isinstance(value, dict) or set(value) - {"BASE", "MAX"}:
-                raise SettingError(key, f'must be a dict like {{"BASE": 1, "MAX": 300}}, got {value!r}.')
+            if not isinstance(value, dict) or set(value) - {"BASE", "MAX", "JITTER"}:
+                raise SettingError(
+                    key, f'must be a dict like {{"BASE": 1, "MAX": 300, "JITTER": True}}, got {value!r}.'
+                )
+            jitter = value.get("JITTER", RetryBackoff.JITTER)
+            if not isinstance(jitter, bool):
+                raise SettingError(f"{key}.JITTER", f"must be True or False, got {jitter!r}.")
             base = _number(f"{key}.BASE", value.get("BASE", RetryBackoff.BASE), allow_zero=True)
             cap = _number(f"{key}.MAX", value.get("MAX", RetryBackoff.MAX), allow_zero=True)
             if cap < base:
                 raise SettingError(key, f"MAX ({cap}) must be >= BASE ({base}).")
-            values[key] = RetryBackoff(BASE=base, MAX=cap)
+            values[key] = RetryBackoff(BASE=base, MAX=cap, JITTER=jitter)
     return ZeroLossSettings(**values)
 
 

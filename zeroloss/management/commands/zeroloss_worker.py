@@ -46,7 +46,9 @@ class Command(ZeroLossCommand):
         )
         parser.add_argument("--burst", action="store_true", help="Exit once the queues are empty.")
         parser.add_argument(
-            "--max-messages", type=positive_int, help="Exit after handling this many messages."
+            "--max-messages",
+            type=positive_int,
+            help="Exit after handling this many messages (default: no limit).",
         )
         parser.add_argument(
             "--no-sweep", action="store_true", help="Do not run the recovery sweep in this process."
