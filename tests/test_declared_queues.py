@@ -6,6 +6,7 @@ checked with stable ids (exact check objects). Real databases; one real worker p
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -23,7 +24,7 @@ from .workers import db_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-DECLARED = {"QUEUES": {"emails.outbound": {}}}
+DECLARED: dict[str, Any] = {"QUEUES": {"emails.outbound": {}}}
 
 
 def test_a_declared_queue_can_be_sent_to_without_its_handler(settings):
