@@ -168,3 +168,17 @@ def test_the_admin_detail_page_shows_the_headers():
     )
     page = client.get(reverse("admin:zeroloss_message_change", args=[plain.pk])).content.decode()
     assert "zl-headers" not in page and "headers" in page.lower()
+
+
+def test_the_celery_delivery_path_hands_the_headers_too():
+    from zeroloss.processing import Outcome
+    from zeroloss.worker.delivery import DeliveryRuntime, deliver
+
+    zeroloss.send(QUEUE, {"n": 1}, message_id="celery-1", headers=TRACE)
+    zeroloss.send("test.headers_tx", {"n": 2}, message_id="celery-2", headers={"tx": True})
+    try:
+        assert deliver("celery-1") == Outcome.COMPLETED
+        assert deliver("celery-2") == Outcome.COMPLETED
+    finally:
+        DeliveryRuntime.close_all()  # its threads hold connections of their own
+    assert seen == {"celery-1": TRACE, "celery-2": {"tx": True}}

@@ -23,6 +23,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from .ledger import validation as _validation
+
 PERSISTENCE_LEVELS = ("durable", "replicated")
 TRANSPORTS = ("database", "celery")
 
@@ -312,7 +314,6 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
 def _queues(value: Any) -> dict[str, QueueSettings]:
     """``QUEUES``: queue name -> dict of options (:data:`QUEUE_OPTIONS`); E006 otherwise."""
     from .exceptions import InvalidMessage
-    from .ledger.validation import validate_queue_name
 
     if not isinstance(value, dict):
         raise SettingError(
@@ -323,7 +324,7 @@ def _queues(value: Any) -> dict[str, QueueSettings]:
     queues: dict[str, QueueSettings] = {}
     for name, options in value.items():
         try:
-            validate_queue_name(name)
+            _validation.validate_queue_name(name)
         except InvalidMessage as exc:
             raise SettingError("QUEUES", str(exc), "zeroloss.E006") from None
         where = f"QUEUES[{name!r}]"
@@ -377,6 +378,9 @@ def json_default() -> Any:
         default = None if path is None else _json_encoder("JSON_ENCODER", path)().default
         _json_default = (True, default)
     return default
+
+
+_validation.json_default = json_default  # what canonical_json asks for a value JSON has no type for
 
 
 def get_settings() -> ZeroLossSettings:

@@ -43,10 +43,10 @@ class Delivery:
 
         if self.keeper is not None:
             using = self.keeper.service.using
-        else:
-            from .transports import database_for
+        else:  # where send() stored it (transports.database_for, without its import)
+            from .conf import get_settings
 
-            using = database_for(self.queue_name)
+            using = get_settings().QUEUE_DATABASES.get(self.queue_name, "default")
         stored = Message.objects.using(using).filter(message_id=self.message_id).values_list("headers")
         found = stored.first()
         return dict(found[0]) if found is not None and found[0] else {}

@@ -193,12 +193,19 @@ def _needs_canonical(value: Any) -> bool:
     return False
 
 
+def _no_encoder() -> Any:
+    return None
+
+
+#: The configured ``JSON_ENCODER().default`` or None, looked up when first needed. Installed by
+#: :mod:`zeroloss.conf` (which this module must not import: the settings check queue names here).
+json_default: Callable[[], Any] = _no_encoder
+
+
 def _default(value: Any) -> Any:
     """What ``ZEROLOSS["JSON_ENCODER"]`` makes of a value JSON has no type for (``datetime``,
     ``Decimal``, ``UUID`` with Django's ``DjangoJSONEncoder``); ``TypeError`` without one. Called
     by the encoder only for such values: a payload of plain JSON types never gets here."""
-    from ..conf import json_default
-
     custom = json_default()
     if custom is None:
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
