@@ -152,7 +152,7 @@ def test_invalid_items_and_options_raise_what_small_batches_raise():
         (7, ("", QUEUE, {}), InvalidMessage, r"item 7 \(''\): message_id must be a non-empty string"),
         (8, ("m8", "no spaces", {}), InvalidMessage, r"item 8 \('m8'\): queue_name 'no spaces' may only"),
         (9, ("m9", 5, {}), InvalidMessage, r"item 9 \('m9'\): queue_name must be a non-empty string"),
-        (10, "m10", InvalidMessage, r"item 10 must be a \(message_id, queue_name, data\) tuple"),
+        (10, "m10", InvalidMessage, r"item 10 must be a \(message_id, queue_name, data\[, headers\]\) tuple"),
     ]:
         bad = list(items)
         bad[k] = item

@@ -51,7 +51,10 @@ def blocked_ledger() -> ZeroLossMessageService:
     processing, nothing behind (not blocked). ``other`` queue: key ``busy`` processing, 1 behind."""
     # A retry delay far longer than any test: "failing" stays blocked however loaded the host.
     worker = ZeroLossMessageService(
-        instance_id="worker-1", ack_timeout=600, max_attempts=5, retry_backoff={"BASE": 3600, "MAX": 3600}
+        instance_id="worker-1",
+        ack_timeout=600,
+        max_attempts=5,
+        retry_backoff={"BASE": 3600, "MAX": 3600, "JITTER": False},
     )
     for i in range(4):
         worker.persist_message(f"b{i}", "q", {"i": i}, ordering_key="busy")

@@ -461,7 +461,7 @@ class TestPurge:
         make_completed(["new"])
         r = run("zeroloss_purge", "--older-than", "2s", "--yes")
         assert r.code == 0
-        assert "purged 1 completed message(s) older than 2s" in r.out
+        assert "purged 1 completed message(s) older than 2.0s" in r.out
         assert statuses() == {"new": "completed"}
 
     def test_dry_run_changes_nothing(self):

@@ -296,7 +296,9 @@ class TestLeases:
 
 class TestFailures:
     def test_failure_backs_off_then_dead_letters(self, db):
-        service = ZeroLossMessageService(max_attempts=2, retry_backoff={"BASE": 0.2, "MAX": 1})
+        service = ZeroLossMessageService(
+            max_attempts=2, retry_backoff={"BASE": 0.2, "MAX": 1, "JITTER": False}
+        )
         service.persist_message("m1", "q", {})
         lease = service.mark_processing("m1")
         assert lease is not None
@@ -318,7 +320,9 @@ class TestFailures:
         from zeroloss.conf import RetryBackoff
 
         b = RetryBackoff(BASE=1, MAX=300)
-        assert [b.delay_for(n) for n in (1, 2, 3, 9, 10, 500)] == [1, 2, 4, 256, 300, 300]
+        assert [b.bound_for(n) for n in (1, 2, 3, 9, 10, 500)] == [1, 2, 4, 256, 300, 300]
+        exact = RetryBackoff(BASE=1, MAX=300, JITTER=False)
+        assert [exact.delay_for(n) for n in (1, 2, 3, 9, 10, 500)] == [1, 2, 4, 256, 300, 300]
 
 
 class TestSweep:

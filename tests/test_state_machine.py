@@ -140,7 +140,7 @@ class LedgerMachine(RuleBasedStateMachine):
             instance_id="prop",
             ack_timeout=600,
             max_attempts=DEFAULT_MAX_ATTEMPTS,
-            retry_backoff={"BASE": 1000, "MAX": 1000},
+            retry_backoff={"JITTER": False, "BASE": 1000, "MAX": 1000},  # exact: the model elapses them
         )
         self.msgs: dict[str, Model] = {}
         self.leases: list[Lease] = []  # every lease ever handed out, current and superseded

@@ -27,16 +27,20 @@ def test_other_backends_are_not_ours(settings):
     assert checks.check_tasks() == []
 
 
-@pytest.mark.parametrize("queues", ["default", [], {"default": 1}, None])
+@pytest.mark.parametrize("queues", ["default", {"default": 1}, None])
 def test_queues_not_a_list_of_names_is_e020(queues):
     assert checks.tasks_messages({"default": {"BACKEND": BACKEND, "QUEUES": queues}}, set(), True) == [
         Error(
-            f"TASKS['default']['QUEUES'] must be a non-empty list of queue names, got {queues!r}.",
+            f"TASKS['default']['QUEUES'] must be a list of queue names ([] for any queue), got {queues!r}.",
             hint='For example "QUEUES": ["default"].',
             obj="settings.TASKS",
             id="zeroloss.E020",
         )
     ]
+
+
+def test_empty_queues_is_any_queue_not_an_error():
+    assert checks.tasks_messages({"default": {"BACKEND": BACKEND, "QUEUES": []}}, set(), True) == []
 
 
 def test_an_invalid_queue_name_is_e020(settings):

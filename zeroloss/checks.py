@@ -6,6 +6,8 @@
 | zeroloss.E002   | unknown key in ``ZEROLOSS`` |
 | zeroloss.E003   | invalid value in ``ZEROLOSS`` |
 | zeroloss.E004   | the database is neither PostgreSQL nor SQLite |
+| zeroloss.E005   | ``JSON_ENCODER`` is not the importable dotted path of a ``json.JSONEncoder`` subclass |
+| zeroloss.E006   | ``QUEUES`` is not a dict of valid queue names -> dicts of known options |
 | zeroloss.E010   | ``PERSISTENCE_LEVEL = "replicated"`` on a database that cannot replicate |
 | zeroloss.E011   | ``QUEUE_DATABASES`` or ``LEDGER_DATABASES`` names an alias missing from ``DATABASES`` |
 | zeroloss.W001   | ``SWEEP_INTERVAL`` is longer than ``ACK_TIMEOUT`` |
@@ -14,8 +16,8 @@
 | zeroloss.W010   | PostgreSQL with fewer streaming physical standbys than ``REPLICATION_FACTOR - 1``, |
 |                 | or a role that cannot read ``pg_stat_replication`` (``check --database default``) |
 | zeroloss.W011   | ``REPLICATION_FACTOR > 1`` on a database that cannot replicate |
-| zeroloss.E020   | a zeroloss task backend's ``QUEUES`` (``TASKS``) is not a non-empty list of valid |
-|                 | queue names                                                                      |
+| zeroloss.E020   | a zeroloss task backend's ``QUEUES`` (``TASKS``) is not a list of valid queue |
+|                 | names (``[]``: any queue)                                                     |
 | zeroloss.E021   | a task queue is also the queue of a ``@zeroloss.handler`` |
 | zeroloss.E022   | a zeroloss task backend's ``OPTIONS`` is not a dict, or has an unknown key |
 | zeroloss.E023   | a zeroloss task backend's ``OPTIONS["MAX_ATTEMPTS"]`` is invalid |

@@ -12,7 +12,9 @@ are reported by ``manage.py check`` with stable ids (see :mod:`zeroloss.checks`)
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,20 +23,52 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from .ledger import validation as _validation
+
 PERSISTENCE_LEVELS = ("durable", "replicated")
 TRANSPORTS = ("database", "celery")
 
 
 @dataclass(frozen=True)
 class RetryBackoff:
-    """Exponential backoff after a failed attempt: ``min(BASE * 2 ** (attempt - 1), MAX)`` seconds."""
+    """Exponential backoff after a failed attempt, with full jitter: a delay drawn uniformly
+    from 0 to ``min(BASE * 2 ** (attempt - 1), MAX)`` seconds, so the messages one incident
+    failed together do not all retry together (``JITTER: False``: exactly the bound)."""
 
     BASE: float = 1.0
     MAX: float = 300.0
+    JITTER: bool = True
 
-    def delay_for(self, attempt: int) -> float:
+    def bound_for(self, attempt: int) -> float:
+        """The longest delay after failed attempt ``attempt``: ``min(BASE * 2 ** (attempt - 1), MAX)``."""
         # Cap the exponent so a large attempt count cannot overflow a float.
         return float(min(self.BASE * (2 ** min(max(attempt - 1, 0), 60)), self.MAX))
+
+    def delay_for(self, attempt: int, rng: random.Random | None = None) -> float:
+        """The delay before the retry of failed attempt ``attempt`` (``rng``: for tests)."""
+        bound = self.bound_for(attempt)
+        if not self.JITTER:
+            return bound
+        # Not for secrets: spreading retries over time only needs them to differ.
+        return (rng or _jitter).uniform(0.0, bound)
+
+
+_jitter = random.Random()
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """One queue declared in ``ZEROLOSS["QUEUES"]``: ``{"emails": {}}``.
+
+    A declared queue may be sent to by a process that does not import its handler (a web image
+    without the workers' code); ``zeroloss_worker`` refuses to run one it has no handler for.
+    Its options are this class's fields (none yet); each is validated by the parser named in
+    :data:`QUEUE_OPTIONS`, so adding one is a field and a parser."""
+
+
+#: The options a declared queue accepts: name -> parser(key, value) returning the typed value
+#: (raising :class:`SettingError`). Empty for now; per-queue limits are planned here.
+QUEUE_OPTIONS: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -69,6 +103,10 @@ class ZeroLossSettings:
     #: Queues whose ledger lives in another database: ``{"reports": "ledger2"}``. Every other
     #: queue's is ``default``. ``send`` routes by it; workers and sweeps run per database.
     QUEUE_DATABASES: dict[str, str] = field(default_factory=dict)
+    #: Queues declared without needing their handler in this process: ``{"emails": {}}``
+    #: (queue name -> its options). ``send`` accepts them in a process that does not import the
+    #: handler (a web/worker split); ``zeroloss_worker`` refuses one it has no handler for.
+    QUEUES: dict[str, QueueSettings] = field(default_factory=dict)
     #: Database aliases holding a ledger (besides those ``QUEUE_DATABASES`` routes to). The Celery
     #: transport's sweep covers each; ``send`` refuses any other alias under Celery.
     LEDGER_DATABASES: tuple[str, ...] = ("default",)
@@ -99,6 +137,12 @@ class ZeroLossSettings:
     DEDUP_WINDOW: float = 300.0
     #: Largest accepted payload, in bytes of canonical UTF-8 JSON.
     MAX_PAYLOAD_BYTES: int = 256 * 1024
+    #: Largest accepted headers (``send(..., headers=...)``), in bytes of UTF-8 JSON.
+    MAX_HEADERS_BYTES: int = 8 * 1024
+    #: Dotted path of a ``json.JSONEncoder`` subclass whose ``default()`` turns what JSON has no
+    #: type for into JSON (``"django.core.serializers.json.DjangoJSONEncoder"``: ``datetime``,
+    #: ``Decimal``, ``UUID``), in payloads and results. None: such values are refused.
+    JSON_ENCODER: str | None = None
     #: Prepare the hot-path statements once per PostgreSQL connection. Turn off behind a
     #: pooler that cannot keep prepared statements (PgBouncer < 1.21 in transaction mode).
     PREPARED_STATEMENTS: bool = True
@@ -145,6 +189,7 @@ _INT_FIELDS = {
     "ACK_BATCH_SIZE": 1,
     "ASYNC_CONCURRENCY": 1,
     "MAX_PAYLOAD_BYTES": 1,
+    "MAX_HEADERS_BYTES": 1,
     "HEALTH_MAX_STUCK": 0,
     "HEALTH_MAX_DEAD": 0,
 }
@@ -153,7 +198,11 @@ _INT_FIELDS = {
 #: Longest duration any setting may name (100 years): both databases can add it to "now".
 MAX_SECONDS = 100 * 365 * 24 * 3600.0
 #: Upper bounds of the integer settings (the database columns are 32-bit; payloads must fit jsonb).
-_INT_MAX = {"MAX_ATTEMPTS": 1_000_000, "MAX_PAYLOAD_BYTES": 256 * 1024 * 1024}
+_INT_MAX = {
+    "MAX_ATTEMPTS": 1_000_000,
+    "MAX_PAYLOAD_BYTES": 256 * 1024 * 1024,
+    "MAX_HEADERS_BYTES": 1024 * 1024,
+}
 _DEFAULT_INT_MAX = 2**31 - 1
 
 
@@ -248,18 +297,98 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             if value not in TRANSPORTS:
                 raise SettingError(key, f"must be one of {TRANSPORTS}, got {value!r}.")
             values[key] = value
+        elif key == "QUEUES":
+            values[key] = _queues(value)
+        elif key == "JSON_ENCODER":
+            if value is not None:
+                _json_encoder(key, value)  # importable, and an encoder: E005 otherwise
+            values[key] = value
         elif key == "RETRY_BACKOFF":
-            if not isinstance(value, dict) or set(value) - {"BASE", "MAX"}:
-                raise SettingError(key, f'must be a dict like {{"BASE": 1, "MAX": 300}}, got {value!r}.')
+            if not isinstance(value, dict) or set(value) - {"BASE", "MAX", "JITTER"}:
+                raise SettingError(
+                    key, f'must be a dict like {{"BASE": 1, "MAX": 300, "JITTER": True}}, got {value!r}.'
+                )
+            jitter = value.get("JITTER", RetryBackoff.JITTER)
+            if not isinstance(jitter, bool):
+                raise SettingError(f"{key}.JITTER", f"must be True or False, got {jitter!r}.")
             base = _number(f"{key}.BASE", value.get("BASE", RetryBackoff.BASE), allow_zero=True)
             cap = _number(f"{key}.MAX", value.get("MAX", RetryBackoff.MAX), allow_zero=True)
             if cap < base:
                 raise SettingError(key, f"MAX ({cap}) must be >= BASE ({base}).")
-            values[key] = RetryBackoff(BASE=base, MAX=cap)
+            values[key] = RetryBackoff(BASE=base, MAX=cap, JITTER=jitter)
     return ZeroLossSettings(**values)
 
 
+def _queues(value: Any) -> dict[str, QueueSettings]:
+    """``QUEUES``: queue name -> dict of options (:data:`QUEUE_OPTIONS`); E006 otherwise."""
+    from .exceptions import InvalidMessage
+
+    if not isinstance(value, dict):
+        raise SettingError(
+            "QUEUES",
+            f'must be a dict of queue name -> options, e.g. {{"emails": {{}}}}, got {value!r}.',
+            "zeroloss.E006",
+        )
+    queues: dict[str, QueueSettings] = {}
+    for name, options in value.items():
+        try:
+            _validation.validate_queue_name(name)
+        except InvalidMessage as exc:
+            raise SettingError("QUEUES", str(exc), "zeroloss.E006") from None
+        where = f"QUEUES[{name!r}]"
+        if not isinstance(options, dict):
+            raise SettingError(
+                where, f"must be a dict of options ({{}} for none), got {options!r}.", "zeroloss.E006"
+            )
+        unknown = sorted(set(options) - set(QUEUE_OPTIONS), key=str)
+        if unknown:
+            known = ", ".join(sorted(QUEUE_OPTIONS)) or "none yet"
+            raise SettingError(
+                where, f"unknown option {unknown[0]!r}; known options: {known}.", "zeroloss.E006"
+            )
+        queues[name] = QueueSettings(
+            **{k: QUEUE_OPTIONS[k](f"{where}[{k!r}]", v) for k, v in options.items()}
+        )
+    return queues
+
+
+def _json_encoder(key: str, value: Any) -> type[json.JSONEncoder]:
+    """The ``json.JSONEncoder`` subclass a dotted path names, or :class:`SettingError` (E005)."""
+    from django.utils.module_loading import import_string
+
+    if not isinstance(value, str) or "." not in value:
+        raise SettingError(
+            key,
+            f"must be the dotted path of a json.JSONEncoder subclass, e.g. "
+            f'"django.core.serializers.json.DjangoJSONEncoder", got {value!r}.',
+            "zeroloss.E005",
+        )
+    try:
+        found = import_string(value)
+    except ImportError as exc:
+        raise SettingError(key, f"{value!r} cannot be imported: {exc}", "zeroloss.E005") from None
+    if not (isinstance(found, type) and issubclass(found, json.JSONEncoder)):
+        raise SettingError(key, f"{value!r} is not a json.JSONEncoder subclass.", "zeroloss.E005")
+    return found
+
+
 _cached: ZeroLossSettings | None = None
+#: ``JSON_ENCODER().default``, once looked up: (found, callable or None).
+_json_default: tuple[bool, Any] = (False, None)
+
+
+def json_default() -> Any:
+    """The configured encoder's ``default`` method, or None (no ``JSON_ENCODER``)."""
+    global _json_default
+    found, default = _json_default
+    if not found:
+        path = get_settings().JSON_ENCODER
+        default = None if path is None else _json_encoder("JSON_ENCODER", path)().default
+        _json_default = (True, default)
+    return default
+
+
+_validation.json_default = json_default  # what canonical_json asks for a value JSON has no type for
 
 
 def get_settings() -> ZeroLossSettings:
@@ -272,6 +401,7 @@ def get_settings() -> ZeroLossSettings:
 
 @receiver(setting_changed)
 def _reset_cache(*, setting: str, **kwargs: Any) -> None:
-    global _cached
+    global _cached, _json_default
     if setting == "ZEROLOSS":
         _cached = None
+        _json_default = (False, None)

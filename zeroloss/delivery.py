@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .ledger.types import Lease
+from .ledger.types import CompletionReport, Lease
 
 if TYPE_CHECKING:
     from .worker.keeper import LeaseKeeper
@@ -30,6 +33,24 @@ class Delivery:
     def payload(self) -> Any:
         return self.lease.payload
 
+    @functools.cached_property
+    def headers(self) -> dict[str, Any]:
+        """The headers the message was sent with (``send(..., headers=...)``); ``{}`` if none.
+
+        Read from the ledger the first time it is asked for (one query, on the handler's own
+        connection and transaction), so a handler that never looks costs nothing."""
+        from .models import Message
+
+        if self.keeper is not None:
+            using = self.keeper.service.using
+        else:  # where send() stored it (transports.database_for, without its import)
+            from .conf import get_settings
+
+            using = get_settings().QUEUE_DATABASES.get(self.queue_name, "default")
+        stored = Message.objects.using(using).filter(message_id=self.message_id).values_list("headers")
+        found = stored.first()
+        return dict(found[0]) if found is not None and found[0] else {}
+
     @property
     def attempt(self) -> int:
         return self.lease.attempt
@@ -44,3 +65,38 @@ class Delivery:
 
 class LeaseLost(Exception):
     """Raised inside a transactional handler's transaction to roll it back when the ack is refused."""
+
+
+#: What waits for a message's outcome to be stored, in this process: message id -> callback.
+_when_stored: dict[str, Callable[[str], None]] = {}
+_when_stored_lock = threading.Lock()
+
+
+def call_when_stored(message_id: str, callback: Callable[[str], None]) -> None:
+    """Call ``callback(outcome)`` once this run's outcome of ``message_id`` is stored and
+    committed: ``"completed"``, ``"retrying"`` or ``"dead"`` (not at all when it was refused:
+    the lease was lost, another run owns the message). The task backend's ``task_finished``."""
+    with _when_stored_lock:
+        _when_stored[message_id] = callback
+
+
+def outcomes_stored(using: str, report: CompletionReport) -> None:
+    """Run the callbacks of the outcomes ``report`` recorded, when their transaction commits
+    (at once outside one). Called by ``ZeroLossMessageService.complete``."""
+    from django.db import transaction
+
+    with _when_stored_lock:
+        for mid in [*report.refused, *report.released]:
+            _when_stored.pop(mid, None)
+        due = [
+            (callback, outcome)
+            for outcome, ids in (
+                ("completed", report.acknowledged),
+                ("retrying", report.retrying),
+                ("dead", report.dead_lettered),
+            )
+            for mid in ids
+            if (callback := _when_stored.pop(mid, None)) is not None
+        ]
+    for callback, outcome in due:
+        transaction.on_commit(lambda c=callback, o=outcome: c(o), using=using)  # type: ignore[misc]

@@ -19,6 +19,14 @@ class PayloadTooLarge(InvalidPayload):
     """The canonical JSON payload is larger than ``ZEROLOSS["MAX_PAYLOAD_BYTES"]``."""
 
 
+class InvalidHeaders(InvalidMessage):
+    """The headers are not a dict of string keys to JSON values (``send(..., headers=...)``)."""
+
+
+class HeadersTooLarge(InvalidHeaders):
+    """The headers' JSON is larger than ``ZEROLOSS["MAX_HEADERS_BYTES"]``."""
+
+
 class MessageConflict(ZeroLossError):
     """A message with this id already exists with a different queue or payload."""
 
@@ -60,8 +68,11 @@ class ReplicationTimeout(ZeroLossError):
 
 
 class UnknownQueue(ZeroLossError, LookupError):
-    """No handler is registered for this queue."""
+    """No handler is registered for this queue (and ``ZEROLOSS["QUEUES"]`` does not declare it)."""
 
     def __init__(self, queue_name: str) -> None:
-        super().__init__(f"No zeroloss handler is registered for queue {queue_name!r}.")
+        super().__init__(
+            f"No zeroloss handler is registered for queue {queue_name!r}, and ZEROLOSS['QUEUES'] does "
+            "not declare it (declare it there to send from a process that does not import its handler)."
+        )
         self.queue_name = queue_name

@@ -9,7 +9,11 @@ Unhealthy when any of these holds (thresholds in ``ZEROLOSS``):
 - the database cannot be read.
 
 :func:`health_view` is a plain JSON view (HTTP 200 healthy, 503 unhealthy), routed at
-``health/`` by ``zeroloss.urls``. When ``django-health-check`` is installed,
+``health/`` by ``zeroloss.urls``: the *alerts* (what a monitor pages on). For load balancers
+and Kubernetes probes, which must not take a serving process out of rotation because of dead
+letters, ``health/live/`` (:func:`live_view`: 200 whenever the process answers, no database
+query) and ``health/ready/`` (:func:`ready_view`: 200 when every ledger database answers a
+``SELECT 1``, 503 otherwise) say only whether this process can serve. When ``django-health-check`` is installed,
 :class:`ZeroLossHealthCheck` plugs into it (4.x ``HealthCheck`` API; on 3.x
 :class:`ZeroLossHealthCheckBackend` is the ``plugin_dir`` backend). Readings come from the
 cached snapshot (``CACHE_TIMEOUT``).
@@ -22,7 +26,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
@@ -115,6 +119,48 @@ def health_view(request: HttpRequest) -> JsonResponse:
     """``{"status": "ok"|"fail", ...}`` with HTTP 200 or 503."""
     report = health_report(ZeroLossMessageService(using=DEFAULT_DB_ALIAS))
     return JsonResponse(report.as_dict(), status=200 if report.healthy else 503)
+
+
+@never_cache
+@require_safe
+def live_view(request: HttpRequest) -> JsonResponse:
+    """Liveness: ``{"status": "ok"}``, HTTP 200, whenever the process can answer (no query)."""
+    return JsonResponse({"status": "ok"})
+
+
+def readiness(aliases: list[str] | None = None) -> tuple[bool, dict[str, dict[str, Any]]]:
+    """Whether each ledger database (default: ``default`` and every ``LEDGER_DATABASES`` and
+    ``QUEUE_DATABASES`` alias) answers ``SELECT 1`` now: no snapshot, no cache, no thresholds."""
+    from .transports import ledger_aliases
+
+    results: dict[str, dict[str, Any]] = {}
+    for alias in aliases or list(dict.fromkeys([DEFAULT_DB_ALIAS, *ledger_aliases()])):
+        monitor = OutageMonitor.for_alias(alias)
+        try:
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT 1")
+                cursor.fetchone()
+        except Exception as exc:
+            if is_outage(exc):
+                monitor.failed("the readiness check", exc)  # one log line per outage
+                close_connection(alias)
+            else:
+                logger.exception("zeroloss: readiness check could not query database %r", alias)
+            results[alias] = {"ok": False, "error": type(exc).__name__}
+            continue
+        monitor.recovered()
+        results[alias] = {"ok": True}
+    return all(r["ok"] for r in results.values()), results
+
+
+@never_cache
+@require_safe
+def ready_view(request: HttpRequest) -> JsonResponse:
+    """Readiness: ``{"status": "ok"|"fail", "databases": {...}}``, HTTP 200 or 503."""
+    ready, databases = readiness()
+    return JsonResponse(
+        {"status": "ok" if ready else "fail", "databases": databases}, status=200 if ready else 503
+    )
 
 
 # -- django-health-check --------------------------------------------------------------

@@ -60,6 +60,9 @@ class Message(models.Model):
     queue_name = models.CharField(max_length=100)
     payload = models.JSONField()
     checksum = models.CharField(max_length=64, help_text="SHA-256 of the canonical JSON payload.")
+    #: Metadata sent with the payload (trace and correlation ids): ``send(..., headers=...)``. Not
+    #: part of the checksum; NULL when a message has none (the common case costs nothing).
+    headers = models.JSONField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField()

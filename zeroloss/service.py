@@ -11,8 +11,10 @@ concern lives in its own module of :mod:`zeroloss.ledger`.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
+from .delivery import _when_stored, outcomes_stored
 from .ledger.dispatch import Dispatching
 from .ledger.integrity import Integrity
 from .ledger.keys import Keys
@@ -83,6 +85,12 @@ class ZeroLossMessageService(
     Keyword arguments override ``ZEROLOSS`` settings for this instance, by lower-case
     name: ``ZeroLossMessageService(ack_timeout=0.5, max_attempts=2)``.
     """
+
+    def complete(self, completions: Iterable[Completion], *, locked: bool = False) -> CompletionReport:
+        report = super().complete(completions, locked=locked)
+        if _when_stored:  # something of this process waits for these outcomes (task_finished)
+            outcomes_stored(self.using, report)
+        return report
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> bool:

@@ -2,7 +2,10 @@
 
 - ``metrics/``: Prometheus exposition of the ledger (needs ``zeroloss[metrics]``; answers
   501 with an explanation when ``prometheus-client`` is missing);
-- ``health/``: JSON health, HTTP 200 or 503.
+- ``health/``: JSON health with the alerts (stuck and dead counts, replication, the database),
+  HTTP 200 or 503: for monitors;
+- ``health/live/`` and ``health/ready/``: liveness (the process answers) and readiness (its
+  ledger databases answer), HTTP 200 or 503: for load balancers and Kubernetes probes.
 
 Both are unauthenticated, like most scrape and probe endpoints: restrict them at the proxy
 or network level if queue names are sensitive.
@@ -14,7 +17,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver, path
 
-from .health import health_view
+from .health import health_view, live_view, ready_view
 
 app_name = "zeroloss"
 
@@ -38,4 +41,6 @@ else:
 urlpatterns: list[URLPattern | URLResolver] = [
     path("metrics/", metrics_view, name="metrics"),
     path("health/", health_view, name="health"),
+    path("health/live/", live_view, name="health-live"),
+    path("health/ready/", ready_view, name="health-ready"),
 ]

@@ -131,6 +131,13 @@ class MessageColumns(MessagePermissions):
         text = json.dumps(obj.payload, indent=2, sort_keys=True, ensure_ascii=False)
         return format_html('<pre class="zl-pre zl-payload">{}</pre>', text)
 
+    @admin.display(description=_("headers"))
+    def headers_pretty(self, obj: Message) -> SafeString | str:
+        if not obj.headers:
+            return "-"
+        text = json.dumps(obj.headers, indent=2, sort_keys=True, ensure_ascii=False)
+        return format_html('<pre class="zl-pre zl-headers">{}</pre>', text)
+
     @admin.display(description=_("integrity"))
     def integrity(self, obj: Message) -> SafeString:
         # A GET never writes: the replication measurement is the read-only one (record=False

@@ -81,7 +81,7 @@ class MessageAdmin(MessageColumns, DeskViews):
                 )
             },
         ),
-        (_("Payload"), {"fields": ("payload_pretty", "checksum", "integrity")}),
+        (_("Payload"), {"fields": ("payload_pretty", "headers_pretty", "checksum", "integrity")}),
         (
             _("Lease"),
             {"fields": ("lease_display", "lease_token", "claimed_by", "available_at", "dispatched_at")},
@@ -98,6 +98,7 @@ class MessageAdmin(MessageColumns, DeskViews):
         "attempts_display",
         "last_error_full",
         "payload_pretty",
+        "headers_pretty",
         "checksum",
         "integrity",
         "lease_display",
@@ -118,7 +119,7 @@ class MessageAdmin(MessageColumns, DeskViews):
         qs = super().get_queryset(request).annotate(db_now=Now())
         match = request.resolver_match
         if match is not None and (match.url_name or "").endswith("_changelist"):
-            qs = qs.defer("payload", "replication_targets")
+            qs = qs.defer("payload", "headers", "replication_targets")
         return qs
 
     def get_search_results(

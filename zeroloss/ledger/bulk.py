@@ -28,6 +28,7 @@ from ..exceptions import InvalidMessage, PayloadTooLarge
 from ..models import Message, Status
 from .validation import (
     canonical_json,
+    encode_headers,
     payload_checksum,
     validate_attempts,
     validate_key,
@@ -58,6 +59,7 @@ NEW_ROW: dict[str, Any] = {
     "commit_lsn": None,
     "completed_at": None,
     "dead_at": None,
+    "headers": None,
 }
 
 
@@ -72,6 +74,8 @@ class Prepared(NamedTuple):
     max_attempts: int
     priority: int
     ordering_key: str
+    #: The headers' JSON text; None: none (the statements without a headers column).
+    headers: str | None = None
 
 
 def persist_staged(
@@ -127,6 +131,7 @@ class _Batch:
     def __init__(self, ledger: Persisting, items: list[Any], attempts: int, priority: int, ordering_key: str):
         self.items = items
         self.limit = ledger.settings.MAX_PAYLOAD_BYTES
+        self.headers_limit = ledger.settings.MAX_HEADERS_BYTES
         self.attempts = attempts
         self.priority = priority
         self.ordering_key = ordering_key
@@ -159,9 +164,11 @@ class _Batch:
 
     def _prepare(self, n: int) -> Prepared:
         item = self.items[n]
-        if not isinstance(item, tuple | list) or len(item) != 3:
-            raise InvalidMessage(f"item {n} must be a (message_id, queue_name, data) tuple, got {item!r}.")
-        message_id, queue_name, data = item
+        if not isinstance(item, tuple | list) or not 3 <= len(item) <= 4:
+            raise InvalidMessage(
+                f"item {n} must be a (message_id, queue_name, data[, headers]) tuple, got {item!r}."
+            )
+        message_id, queue_name, data = item[:3]
         try:
             message_id = validate_message_id(message_id)
             if not (isinstance(queue_name, str) and queue_name in self.queues):
@@ -173,6 +180,7 @@ class _Batch:
                     f"Payload of message {message_id!r} is {size} bytes of JSON; the limit is "
                     f"{self.limit} (ZEROLOSS['MAX_PAYLOAD_BYTES'])."
                 )
+            headers = None if len(item) == 3 else encode_headers(item[3], self.headers_limit)
         except InvalidMessage as exc:
             raise type(exc)(f"item {n} ({item[0]!r}): {exc} Nothing of the batch was stored.") from exc
         return Prepared(
@@ -183,6 +191,7 @@ class _Batch:
             self.attempts,
             self.priority,
             self.ordering_key,
+            headers,
         )
 
 
@@ -198,7 +207,8 @@ def _lines(prepared: Sequence[Prepared]) -> Iterator[str]:
         yield "".join(
             [
                 f"{n}\t{_text(p.message_id)}\t{p.queue_name}\t{_text(p.encoded)}\t{p.checksum}\t"
-                f"{p.max_attempts}\t{p.priority}\t{_text(p.ordering_key)}\n"
+                f"{p.max_attempts}\t{p.priority}\t{_text(p.ordering_key)}\t"
+                f"{NULL if p.headers is None else _text(p.headers)}\n"
                 for n, p in enumerate(prepared[start : start + _COPY_CHUNK], start)
             ]
         )
@@ -258,6 +268,8 @@ def _store(ledger: Persisting, batch: _Batch, delay_s: float, actor: str, dispat
         fields["ordering_key"] = p.ordering_key
         fields["available_at"] = None if p.ordering_key else later
         fields["replication_targets"] = []
+        if p.headers is not None:
+            fields["headers"] = json.loads(p.headers)
         result.append(message)
     keys = {(p.queue_name, p.ordering_key) for p in new if p.ordering_key}
     if keys:
@@ -276,7 +288,7 @@ def _copy(
     pks = rows[0][1].split(",")
     at = created.isoformat()
     available = (created + dt.timedelta(seconds=delay_s)).isoformat()
-    tail = f"\t\t\t[]\t{at}\t{at}\t{at if dispatched else NULL}\n"
+    tail = f"\t\t\t[]\t{at}\t{at}\t{at if dispatched else NULL}\t"
 
     def messages() -> Iterator[str]:
         start = 0
@@ -286,6 +298,8 @@ def _copy(
                     f"{pk}\t{_text(p.message_id)}\t{p.queue_name}\t{_text(p.encoded)}\t{p.checksum}\tpending\t0\t"
                     f"{p.max_attempts}\t{p.priority}\t{_text(p.ordering_key)}\t{NULL if p.ordering_key else available}"
                     + tail
+                    + (NULL if p.headers is None else _text(p.headers))
+                    + "\n"
                     for p, pk in zip(chunk, pks[start : start + len(chunk)], strict=True)
                 ]
             )

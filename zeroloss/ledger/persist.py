@@ -18,6 +18,7 @@ from .bulk import Prepared as _Prepared
 from .validation import (
     canonical_json,
     clean_text,
+    encode_headers,
     payload_checksum,
     scan_json,
     seconds,
@@ -41,7 +42,14 @@ _CHECKED_QUEUES: set[str] = set()
 
 class Persisting(LedgerBase):
     def _prepare(
-        self, message_id: Any, queue_name: Any, data: Any, max_attempts: Any, priority: Any, ordering_key: Any
+        self,
+        message_id: Any,
+        queue_name: Any,
+        data: Any,
+        max_attempts: Any,
+        priority: Any,
+        ordering_key: Any,
+        headers: Any = None,
     ) -> _Prepared:
         message_id = validate_message_id(message_id)
         if not (queue_name.__class__ is str and queue_name in _CHECKED_QUEUES):
@@ -66,6 +74,7 @@ class Persisting(LedgerBase):
             max_attempts,
             validate_priority(priority),
             "" if ordering_key == "" else validate_key(ordering_key, "ordering_key"),
+            None if headers is None else encode_headers(headers, self.settings.MAX_HEADERS_BYTES),
         )
 
     def persist_message(
@@ -82,6 +91,7 @@ class Persisting(LedgerBase):
         ordering_key: str = "",
         dedup_key: str = "",
         dedup_window: float | dt.timedelta | None = None,
+        headers: dict[str, Any] | None = None,
     ) -> PersistedMessage:
         """Store a message. Durable when it returns (or, inside a transaction, when that commits).
 
@@ -91,6 +101,9 @@ class Persisting(LedgerBase):
         ``dedup_window`` seconds (default ``DEDUP_WINDOW``) returns the first one instead,
         whatever its id. With ``ordering_key``, messages of the queue sharing the key are
         handled one at a time, in the order they were stored (docs/ordering.md).
+        ``headers`` (a dict of names to JSON values) are stored with the message and given to its
+        handler (``delivery.headers``); they are not part of the checksum: a resend with other
+        headers returns the stored message, its headers unchanged (docs/headers.md).
         """
         # (Inline checks of the common case, no key and no delay: every call counts here.)
         dedup = "" if dedup_key == "" else validate_key(dedup_key, "dedup_key")
@@ -101,7 +114,7 @@ class Persisting(LedgerBase):
             )
         if dedup and window <= 0:
             raise InvalidMessage("dedup_window must be more than 0 seconds when a dedup_key is given.")
-        prepared = self._prepare(message_id, queue_name, data, max_attempts, priority, ordering_key)
+        prepared = self._prepare(message_id, queue_name, data, max_attempts, priority, ordering_key, headers)
         delay_s = 0.0 if delay is None else self._delay(delay, prepared.ordering_key)
         actor = actor or self.instance_id
         if not dedup:
@@ -134,7 +147,7 @@ class Persisting(LedgerBase):
 
     def persist_messages(
         self,
-        items: Iterable[tuple[str, str, Any]],
+        items: Iterable[tuple[Any, ...]],
         *,
         max_attempts: int | None = None,
         delay: float | dt.timedelta | None = None,
@@ -143,7 +156,8 @@ class Persisting(LedgerBase):
         priority: int = 0,
         ordering_key: str = "",
     ) -> list[PersistedMessage]:
-        """Store many ``(message_id, queue_name, data)`` messages in one transaction.
+        """Store many ``(message_id, queue_name, data)`` messages in one transaction (an item
+        ``(message_id, queue_name, data, headers)`` has headers, as ``persist_message``'s).
 
         All or nothing: one invalid item or conflicting id and nothing of the batch is stored
         (the error names the item). ``dispatched=True`` records that the caller will publish a
@@ -159,12 +173,15 @@ class Persisting(LedgerBase):
                 return staged
         prepared = []
         for n, item in enumerate(items):
-            if not isinstance(item, tuple | list) or len(item) != 3:
+            if not isinstance(item, tuple | list) or not 3 <= len(item) <= 4:
                 raise InvalidMessage(
-                    f"item {n} must be a (message_id, queue_name, data) tuple, got {item!r}."
+                    f"item {n} must be a (message_id, queue_name, data[, headers]) tuple, got {item!r}."
                 )
             try:
-                prepared.append(self._prepare(*item, max_attempts, priority, ordering_key))
+                headers = item[3] if len(item) == 4 else None
+                prepared.append(
+                    self._prepare(item[0], item[1], item[2], max_attempts, priority, ordering_key, headers)
+                )
             except InvalidMessage as exc:
                 if len(items) == 1:
                     raise
@@ -213,22 +230,22 @@ class Persisting(LedgerBase):
         stored: dict[str, tuple[int, dt.datetime, dt.datetime | None]] = {}
         for start in range(0, len(prepared), _MANY_CHUNK):
             chunk = prepared[start : start + _MANY_CHUNK]
+            columns: list[list[Any]] = [
+                [p.message_id for p in chunk],
+                [p.queue_name for p in chunk],
+                [p.encoded for p in chunk],
+                [p.checksum for p in chunk],
+                [p.max_attempts for p in chunk],
+                [p.priority for p in chunk],
+                [p.ordering_key for p in chunk],
+            ]
+            name = "INSERT_MANY"
+            if any(p.headers is not None for p in chunk):
+                name = "INSERT_MANY_HEADERS"
+                columns.append([p.headers for p in chunk])
             rows = self._move(
-                "INSERT_MANY",
-                [
-                    delay_s,
-                    dispatched,
-                    *self._rows(
-                        "INSERT_MANY",
-                        [p.message_id for p in chunk],
-                        [p.queue_name for p in chunk],
-                        [p.encoded for p in chunk],
-                        [p.checksum for p in chunk],
-                        [p.max_attempts for p in chunk],
-                        [p.priority for p in chunk],
-                        [p.ordering_key for p in chunk],
-                    ),
-                ],
+                name,
+                [delay_s, dispatched, *self._rows(name, *columns)],
                 source="",
                 reason="persisted",
                 actor=actor,
@@ -263,20 +280,25 @@ class Persisting(LedgerBase):
         bookkeeping. (The array form costs about 70 us more client CPU for one row: psycopg
         dumps lists in Python.)"""
         engine = engine_for(conn)
+        params = [
+            p.message_id,
+            p.queue_name,
+            p.encoded,
+            p.checksum,
+            p.max_attempts,
+            p.priority,
+            p.ordering_key,
+            p.ordering_key,
+            delay_s,
+            dispatched,
+        ]
+        name = "INSERT_ONE"
+        if p.headers is not None:  # (a statement of its own: without headers, nothing changes)
+            name = "INSERT_ONE_HEADERS"
+            params.append(p.headers)
         rows = self._move(
-            "INSERT_ONE",
-            [
-                p.message_id,
-                p.queue_name,
-                p.encoded,
-                p.checksum,
-                p.max_attempts,
-                p.priority,
-                p.ordering_key,
-                p.ordering_key,
-                delay_s,
-                dispatched,
-            ],
+            name,
+            params,
             source="",
             reason="persisted",
             detail_sql="''",
@@ -326,6 +348,7 @@ class Persisting(LedgerBase):
             "ordering_key": p.ordering_key,
             "available_at": available_at,
             "replication_targets": [],
+            "headers": None if p.headers is None else scan_json(p.headers, 0)[0],
             "dispatched_at": dispatched_at,
             "created_at": created_at,
             "updated_at": created_at,

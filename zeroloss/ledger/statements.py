@@ -43,6 +43,15 @@ _INSERT_SELECT = (
     "CASE WHEN %s THEN {now} END FROM "
 )
 INSERT_MANY = _INSERT_SELECT + "{rows} WHERE true ON CONFLICT (message_id) DO NOTHING"
+# The same, for messages sent with headers (a column of their own: the statements of messages
+# without any stay as they were, and cost what they did).
+INSERT_ONE_HEADERS = INSERT_ONE.replace(INSERT_COLUMNS, INSERT_COLUMNS + ", headers", 1).replace(
+    "CASE WHEN %s THEN {now} END)", "CASE WHEN %s THEN {now} END, %s{jsonb})", 1
+)
+_INSERT_SELECT_HEADERS = _INSERT_SELECT.replace(INSERT_COLUMNS, INSERT_COLUMNS + ", headers", 1).replace(
+    "CASE WHEN %s THEN {now} END FROM ", "CASE WHEN %s THEN {now} END, b.headers{jsonb} FROM ", 1
+)
+INSERT_MANY_HEADERS = _INSERT_SELECT_HEADERS + "{rows} WHERE true ON CONFLICT (message_id) DO NOTHING"
 # A large batch (PostgreSQL, ``Engine.stage_from``) of new messages: ids drawn in the batch's
 # order and one clock reading, then the message rows and their audit rows COPY'd.
 # (as one text: 100,000 ids load in a few ms, where 100,000 rows took a tenth of the batch; the
@@ -54,7 +63,7 @@ RESERVE_IDS = (
 COPY_MESSAGES = (
     "COPY {msg} (id, message_id, queue_name, payload, checksum, status, attempts, max_attempts, priority, "
     "ordering_key, available_at, claimed_by, last_error, replication_targets, created_at, updated_at, "
-    "dispatched_at) FROM STDIN"
+    "dispatched_at, headers) FROM STDIN"
 )
 COPY_EVENTS = (
     "COPY {evt} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at) FROM STDIN"
@@ -64,10 +73,10 @@ COPY_EVENTS = (
 # and at commit whatever happens. ``n`` keeps the batch's order in the ids.
 STAGE_CREATE = (
     "CREATE TEMPORARY TABLE zeroloss_staged (n int, mid text, q text, payload text, checksum text, "
-    "max_attempts int, priority int, k text) ON COMMIT DROP"
+    "max_attempts int, priority int, k text, headers text) ON COMMIT DROP"
 )
 STAGE_COPY = "COPY zeroloss_staged FROM STDIN"
-INSERT_STAGED = _INSERT_SELECT + "zeroloss_staged b ORDER BY b.n ON CONFLICT (message_id) DO NOTHING"
+INSERT_STAGED = _INSERT_SELECT_HEADERS + "zeroloss_staged b ORDER BY b.n ON CONFLICT (message_id) DO NOTHING"
 STAGE_DROP = "DROP TABLE zeroloss_staged"
 # A deduplication window: claimed when new or expired; otherwise it names the first message.
 DEDUP_CLAIM = (
@@ -332,6 +341,16 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
         ("max_attempts", "int"),
         ("priority", "int"),
         ("k", "text"),
+    ),
+    "INSERT_MANY_HEADERS": (
+        ("mid", "text"),
+        ("q", "text"),
+        ("payload", "text"),
+        ("checksum", "text"),
+        ("max_attempts", "int"),
+        ("priority", "int"),
+        ("k", "text"),
+        ("headers", "text"),
     ),
     "PROMOTE": (("q", "text"), ("k", "text")),
     "RENEW": (("mid", "text"), ("tok", "uuid")),

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-from ..exceptions import InvalidMessage, InvalidPayload
+from ..exceptions import HeadersTooLarge, InvalidHeaders, InvalidMessage, InvalidPayload
 
 MAX_MESSAGE_ID_LENGTH = 255
 MAX_QUEUE_NAME_LENGTH = 100
@@ -147,14 +147,15 @@ def clean_text(text: Any, limit: int = MAX_ERROR_LENGTH) -> str:
     return value[:limit]
 
 
-def _canonical(value: Any, depth: int = 0) -> Any:
-    """The value as it will be stored: object keys as strings, integral floats as integers."""
+def _canonical(value: Any, depth: int = 0, integral: bool = True) -> Any:
+    """The value as it is hashed: object keys as strings, integral floats as integers (with
+    ``integral=False``, as it is stored: the keys only)."""
     if depth > MAX_DEPTH:
         raise InvalidPayload(f"Payload is nested more than {MAX_DEPTH} levels deep.")
     if isinstance(value, float):
         # jsonb normalises numbers (1e16 -> 10000000000000000, -0.0 -> -0); hashing integral
         # floats as the integers they equal keeps checksums stable across the round trip.
-        return int(Decimal(repr(value))) if value.is_integer() else value
+        return int(Decimal(repr(value))) if integral and value.is_integer() else value
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
@@ -166,10 +167,10 @@ def _canonical(value: Any, depth: int = 0) -> Any:
                 raise InvalidPayload(f"Payload object keys must be strings, got {k!r}.")
             if key in out:
                 raise InvalidPayload(f"Payload object has two keys that both become {key!r} in JSON.")
-            out[key] = _canonical(v, depth + 1)
+            out[key] = _canonical(v, depth + 1, integral)
         return out
     if isinstance(value, list | tuple):
-        return [_canonical(v, depth + 1) for v in value]
+        return [_canonical(v, depth + 1, integral) for v in value]
     return value
 
 
@@ -192,8 +193,29 @@ def _needs_canonical(value: Any) -> bool:
     return False
 
 
+def _no_encoder() -> Any:
+    return None
+
+
+#: The configured ``JSON_ENCODER().default`` or None, looked up when first needed. Installed by
+#: :mod:`zeroloss.conf` (which this module must not import: the settings check queue names here).
+json_default: Callable[[], Any] = _no_encoder
+
+
+def _default(value: Any) -> Any:
+    """What ``ZEROLOSS["JSON_ENCODER"]`` makes of a value JSON has no type for (``datetime``,
+    ``Decimal``, ``UUID`` with Django's ``DjangoJSONEncoder``); ``TypeError`` without one. Called
+    by the encoder only for such values: a payload of plain JSON types never gets here."""
+    custom = json_default()
+    if custom is None:
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    return custom(value)
+
+
 # One encoder for every call: json.dumps with options builds a new one each time.
-_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_ENCODER = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default
+)
 # CPython's C encoder, made once (JSONEncoder.encode makes one for every call), without the
 # circular-reference markers: a cycle recurses until RecursionError, refused below as too deep
 # (a markers dict shared between calls could keep stale entries after an error).
@@ -213,14 +235,37 @@ def _encode(data: Any) -> str:
     return "".join(_c_encoder(data, 0))
 
 
+def _floatstr(value: float) -> str:
+    """A float as JSON that both databases give back as a float: ``1e+16`` (which jsonb stores
+    as the integer 10000000000000000) as ``10000000000000000.0``."""
+    if value != value or value in (math.inf, -math.inf):
+        raise ValueError(f"Out of range float values are not JSON compliant: {value!r}")
+    text = float.__repr__(value)
+    return f"{int(value)}.0" if "e+" in text else text
+
+
+# The pure-Python encoder with that float spelling: used only for a payload whose text has an
+# exponent (an integral float of 1e16 or more; or a string holding "e+").
+_iterencode_floats: Any = json.encoder._make_iterencode(  # type: ignore[attr-defined]
+    None, _default, json.encoder.encode_basestring, None, _floatstr, ":", ",", True, False, True
+)
+
+
+def _with_floats(data: Any) -> str:
+    return "".join(_iterencode_floats(data, 0))
+
+
 def canonical_json(data: Any) -> str:
-    """The canonical JSON text that is stored and hashed. Raises :class:`InvalidPayload`."""
+    """The JSON text that is stored: keys sorted, no whitespace, ``ensure_ascii`` off, and floats
+    kept floats (``1.0`` is read back as ``1.0``). Its checksum is :func:`payload_checksum`'s.
+    Values JSON has no type for go through ``ZEROLOSS["JSON_ENCODER"]``. Raises
+    :class:`InvalidPayload`."""
     try:
         if _needs_canonical(data):
-            data = _canonical(data)
+            data = _canonical(data, integral=False)
         encoded = _encode(data)
-        if _FLOAT_RE.search(encoded):
-            encoded = _encode(_canonical(data))
+        if "e+" in encoded:
+            encoded = _with_floats(data)
     except RecursionError:
         raise InvalidPayload(
             f"Payload is nested more than {MAX_DEPTH} levels deep (or holds itself)."
@@ -274,5 +319,55 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
+def checksum_text(encoded: str) -> str:
+    """The text a payload is hashed as: its :func:`canonical_json` text, with every integral float
+    written as the integer it equals (``{"a": 1.0}`` as ``{"a":1}``). Numbers count by value, as
+    JSON has one number type: ``1.0`` and ``1`` hash the same, and so a resend of either is the
+    same message; the checksum of a stored payload is the same whichever database read it back
+    (and the same as zeroloss 0.2 computed, when every payload was stored that way)."""
+    if _FLOAT_RE.search(encoded):
+        return _encode(_canonical(scan_json(encoded, 0)[0]))
+    return encoded
+
+
+#: Longest header name accepted.
+MAX_HEADER_NAME_LENGTH = 255
+
+
+def encode_headers(headers: Any, limit: int) -> str | None:
+    """A message's headers as the JSON text stored, or None for none (``None`` or ``{}``).
+
+    A dict of names to JSON values: each name a non-empty string of at most 255 characters
+    without control characters; the values as payloads are (:func:`canonical_json`, so
+    ``JSON_ENCODER`` applies); at most ``limit`` bytes of JSON. Raises :class:`InvalidHeaders`
+    (:class:`HeadersTooLarge`)."""
+    if headers is None:
+        return None
+    if not isinstance(headers, dict):
+        raise InvalidHeaders(f"headers must be a dict of names to JSON values, got {type(headers).__name__}.")
+    if not headers:
+        return None
+    for name in headers:
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidHeaders(f"header names must be non-empty strings, got {name!r}.")
+        if len(name) > MAX_HEADER_NAME_LENGTH or _CONTROL_RE.search(name) or not _encodable(name):
+            raise InvalidHeaders(
+                f"header name {name[:80]!r} must be at most {MAX_HEADER_NAME_LENGTH} characters of valid "
+                "text without control characters."
+            )
+    try:
+        encoded = canonical_json(headers)
+    except InvalidPayload as exc:
+        raise InvalidHeaders(str(exc).replace("Payload", "Headers", 1)) from None
+    if len(encoded) * 4 > limit and (size := len(encoded.encode("utf-8"))) > limit:
+        raise HeadersTooLarge(
+            f"Headers are {size} bytes of JSON; the limit is {limit} (ZEROLOSS['MAX_HEADERS_BYTES'])."
+        )
+    return encoded
+
+
 def payload_checksum(encoded: str) -> str:
+    """SHA-256 of :func:`checksum_text` of a :func:`canonical_json` text."""
+    if _FLOAT_RE.search(encoded):  # checksum_text, inline: this runs for every message stored
+        encoded = _encode(_canonical(scan_json(encoded, 0)[0]))
     return hashlib.sha256(encoded.encode("utf-8")).hexdigest()

@@ -26,7 +26,10 @@
 
 - durations written ``90s``, ``15m``, ``2h``, ``7d`` (at most :data:`MAX_DURATION_DAYS` days);
 - commands that change data take ``--dry-run`` (change nothing, report what would change)
-  and ``--yes`` (skip the confirmation prompt for many rows or a set-based selection);
+  and ``--yes`` (skip the confirmation prompt for many rows or a set-based selection), also
+  spelled ``--no-input``/``--noinput`` as Django's commands do (``call_command(...,
+  interactive=False)`` too);
+- every option's ``--help`` ends with its default;
 - a progress bar on long work, only when stdout is a terminal, ``--json`` is off and
   ``--verbosity`` is at least 1.
 """
@@ -42,7 +45,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
+from django.core.management.base import (
+    BaseCommand,
+    CommandError,
+    CommandParser,
+    DjangoHelpFormatter,
+    OutputWrapper,
+)
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 
 from ..exceptions import InvalidMessage
@@ -165,6 +174,31 @@ class ZeroLossParser(CommandParser):
         raise UsageError(message)
 
 
+class DefaultsHelpFormatter(DjangoHelpFormatter):
+    """Django's help layout, every option's help ending with its default (unless it says it)."""
+
+    #: Django's options whose ``None`` default means "from the environment": nothing to show.
+    _FROM_ENVIRONMENT = frozenset({"settings", "pythonpath"})
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if not text or text == argparse.SUPPRESS or not action.option_strings or "default" in text.lower():
+            return text
+        if action.required:
+            return f"{text.rstrip()} (required)"
+        if action.nargs == 0:  # a flag: store_true, store_const, version, help
+            if action.dest in ("help", "version"):
+                return text
+            shown = "on" if action.default else "off"
+        elif action.default in (None, "") or action.default == argparse.SUPPRESS:
+            if action.dest in self._FROM_ENVIRONMENT:
+                return text
+            shown = "none"
+        else:
+            shown = "%(default)s"
+        return f"{text.rstrip()} (default: {shown})"
+
+
 class Progress:
     """A one-line progress bar on a terminal; does nothing when disabled."""
 
@@ -199,7 +233,8 @@ class ZeroLossCommand(BaseCommand):
     #: Commands that change data set this: adds ``--dry-run`` and ``--yes``.
     changes_data = False
     #: ``call_command(..., stdin=...)`` replaces the terminal the prompt reads from.
-    stealth_options = ("stdin",)
+    #: ``call_command(..., interactive=False)``, as Django's own commands take it, is ``--yes``.
+    stealth_options = ("stdin", "interactive")
     #: ``--verbosity`` of the running command (set by :meth:`execute`).
     verbosity = 1
 
@@ -211,7 +246,7 @@ class ZeroLossCommand(BaseCommand):
         parser = ZeroLossParser(
             prog=base.prog,
             description=base.description,
-            formatter_class=base.formatter_class,
+            formatter_class=DefaultsHelpFormatter,
             parents=[base],
             missing_args_message=base.missing_args_message,
             called_from_command_line=base.called_from_command_line,
@@ -225,7 +260,13 @@ class ZeroLossCommand(BaseCommand):
                 "--dry-run", action="store_true", help="Report what would change and change nothing."
             )
             parser.add_argument(
-                "--yes", "-y", action="store_true", help="Do not ask for confirmation (for scripts)."
+                "--yes",
+                "-y",
+                "--no-input",
+                "--noinput",
+                action="store_true",
+                dest="yes",
+                help="Do not ask for confirmation (for scripts).",
             )
         self._parser = parser
         return parser
@@ -343,7 +384,7 @@ class ZeroLossCommand(BaseCommand):
         When stdin is not a terminal (cron, CI, a pipe) and ``--yes`` was not given, nothing
         is asked and the command stops, having changed nothing.
         """
-        if options.get("yes"):
+        if options.get("yes") or options.get("interactive") is False:
             return
         stdin = self._stdin
         if not (hasattr(stdin, "isatty") and stdin.isatty()):

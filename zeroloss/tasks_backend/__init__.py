@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["InvalidTask", "ZeroLossBackend", "ZeroLossTask"]
+__all__ = ["InvalidTask", "InvalidTaskArguments", "ZeroLossBackend", "ZeroLossTask"]
 
 if TYPE_CHECKING:
-    from .backend import InvalidTask, ZeroLossBackend, ZeroLossTask
+    from .backend import InvalidTask, InvalidTaskArguments, ZeroLossBackend, ZeroLossTask
 
 
 def __getattr__(name: str) -> Any:

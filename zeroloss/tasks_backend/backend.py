@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import re
 import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from django.core import checks
+from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -32,7 +34,7 @@ from .queues import DEFAULT_QUEUE
 if TYPE_CHECKING:
     from ..models import Message
 
-__all__ = ["STATUS_MAP", "InvalidTask", "ZeroLossBackend", "ZeroLossTask"]
+__all__ = ["STATUS_MAP", "InvalidTask", "InvalidTaskArguments", "ZeroLossBackend", "ZeroLossTask"]
 
 #: Ledger status -> the framework's. A failed attempt that will be retried is ``pending`` again:
 #: READY, with its error in ``errors``.
@@ -52,6 +54,11 @@ class InvalidTask(InvalidMessage, InvalidTaskError):
     """
 
 
+class InvalidTaskArguments(InvalidTask, TypeError):
+    """A task's arguments are not JSON; nothing was stored. A ``TypeError`` too, as Django's own
+    backends raise for them (``normalize_json``, ``json.dumps``)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ZeroLossTask(Task):
     """The framework's ``Task`` plus ``max_attempts`` (``None``: the backend's ``OPTIONS``, then
@@ -61,13 +68,34 @@ class ZeroLossTask(Task):
     max_attempts: int | None = None
 
 
+#: The first line of an error text ``describe_error`` wrote: ``module.Class: message`` (or
+#: ``Class: message`` for builtins; the message may be empty or span lines).
+_ERROR_HEAD = re.compile(r"[A-Za-z_][\w.]*(?=: )")
+_TRACEBACK_START = "Traceback (most recent call last):"
+_CUT = "[... traceback cut ...]\n"
+
+
+def _is_error(detail: str) -> bool:
+    """Whether an audit row's detail is an exception ``describe_error`` described (not, e.g., the
+    text of a release or of an unknown queue)."""
+    return _ERROR_HEAD.match(detail) is not None
+
+
 def _error_of(detail: str) -> Any:
     """A ``TaskError`` from an audit row's error text (see ``zeroloss.processing.describe_error``):
-    ``module.Class: message`` on the first line, then the traceback."""
-    head, _, traceback = detail.partition("\n")
-    path = head.split(": ", 1)[0].strip()
+    ``module.Class: message`` (the message may span lines), then the traceback. The traceback is
+    what follows from its own first line; when the text was cut, what is left of it."""
+    found = _ERROR_HEAD.match(detail)
+    path = found.group(0) if found else ""
     if "." not in path:
         path = f"builtins.{path}"  # describe_error writes builtins without their module
+    start = detail.find(f"\n{_TRACEBACK_START}")
+    if start >= 0:
+        traceback = detail[start + 1 :]
+    elif (cut := detail.find(_CUT)) >= 0:
+        traceback = detail[cut:]
+    else:  # a message longer than the stored text: the text is all there is
+        traceback = detail
     return TaskError(exception_class_path=path, traceback=traceback)
 
 
@@ -85,6 +113,7 @@ class ZeroLossBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         params = {"QUEUES": [DEFAULT_QUEUE], **params}
+        # ``QUEUES: []`` is Django's "any queue": every queue no @zeroloss.handler owns.
         super().__init__(alias, params)
         # Lenient here (the system checks E020-E023 report bad settings); enqueue refuses them.
         self.options = params.get("OPTIONS") or {}
@@ -142,11 +171,11 @@ class ZeroLossBackend(BaseTaskBackend):
             # Only what survives the JSON round trip unchanged (no int dict keys, NaN, ...).
             same = json.loads(canonical_json(payload)) == payload
         except (TypeError, ValueError) as exc:
-            raise InvalidTask(
+            raise InvalidTaskArguments(
                 f"Task {task.module_path}: its arguments must be JSON ({exc}); nothing was stored."
             ) from None
         if not same:
-            raise InvalidTask(
+            raise InvalidTaskArguments(
                 f"Task {task.module_path}: its arguments change in a JSON round trip (dict keys must be "
                 "strings); nothing was stored."
             )
@@ -175,14 +204,20 @@ class ZeroLossBackend(BaseTaskBackend):
         except InvalidMessage as exc:
             raise InvalidTask(f"Task {task.module_path}: {exc}") from exc
         result = self._result(task, message, payload, events=[])
-        task_enqueued.send(type(self), task_result=result)
+        # As Django's own backends: sent once the task exists, i.e. when the caller's
+        # transaction commits (at once outside one); never for a rolled-back enqueue.
+        transaction.on_commit(
+            lambda: task_enqueued.send(type(self), task_result=result), using=message._state.db
+        )
         return result
 
     # -- results ------------------------------------------------------------------------------
 
     def _aliases(self) -> list[str]:
-        from ..transports import database_for
+        from ..transports import database_for, ledger_aliases
 
+        if not self.queues:  # any queue: wherever a ledger lives
+            return list(dict.fromkeys(["default", *ledger_aliases()]))
         return list(dict.fromkeys(database_for(q) for q in sorted(self.queues)))
 
     def _find(self, result_id: Any) -> Message:
@@ -190,11 +225,10 @@ class ZeroLossBackend(BaseTaskBackend):
 
         if isinstance(result_id, str) and 0 < len(result_id) <= 255 and "\x00" not in result_id:
             for alias in self._aliases():
-                message = (
-                    Message.objects.using(alias)
-                    .filter(message_id=result_id, queue_name__in=self.queues)
-                    .first()
-                )
+                found = Message.objects.using(alias).filter(message_id=result_id)
+                if self.queues:
+                    found = found.filter(queue_name__in=self.queues)
+                message = found.first()
                 if (
                     message is not None
                     and isinstance(message.payload, dict)
@@ -236,7 +270,7 @@ class ZeroLossBackend(BaseTaskBackend):
             elif event.reason == Reason.CLAIMED:
                 claims[event.attempt] = (event.actor, event.created_at)
                 first_claim = first_claim or event.created_at
-            elif event.reason in (Reason.FAILED, Reason.DEAD_LETTERED) and "Traceback" in event.detail:
+            elif event.reason in (Reason.FAILED, Reason.DEAD_LETTERED) and _is_error(event.detail):
                 errors.append(_error_of(event.detail))
         counted = [claims[n] for n in sorted(claims) if n <= message.attempts]
         status = STATUS_MAP[Status(message.status)]

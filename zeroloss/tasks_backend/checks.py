@@ -42,10 +42,11 @@ def tasks_messages(
     for alias, params in sorted(backends.items()):
         obj = "settings.TASKS"
         queues = params.get("QUEUES", [DEFAULT_QUEUE])
-        if isinstance(queues, str) or not isinstance(queues, list | tuple) or not queues:
+        if isinstance(queues, str) or not isinstance(queues, list | tuple):
             messages.append(
                 Error(
-                    f"TASKS[{alias!r}]['QUEUES'] must be a non-empty list of queue names, got {queues!r}.",
+                    f"TASKS[{alias!r}]['QUEUES'] must be a list of queue names ([] for any queue), "
+                    f"got {queues!r}.",
                     hint='For example "QUEUES": ["default"].',
                     obj=obj,
                     id="zeroloss.E020",

@@ -51,6 +51,14 @@ def queues_of(params: dict[str, Any]) -> list[str]:
     return [q for q in queues if isinstance(q, str)]
 
 
+def any_queue() -> bool:
+    """Whether a zeroloss task backend says ``QUEUES: []``: Django's "any queue" (each queue no
+    ``@zeroloss.handler`` owns is then a task queue; workers name theirs: ``--queue``)."""
+    if not framework_available():
+        return False
+    return any(params.get("QUEUES") == [] for params in zeroloss_backends().values())
+
+
 def task_queues() -> list[str]:
     """Every queue some zeroloss task backend lists, sorted; none without a Tasks framework
     (``TASKS`` is then inert: system check ``zeroloss.W020``)."""

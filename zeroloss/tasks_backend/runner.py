@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
+from ..delivery import call_when_stored
 from ..handlers import HandlerSpec
 from ..ledger.validation import canonical_json
 
@@ -39,6 +40,7 @@ def run_task(delivery: Delivery) -> Any:
     result = backend.get_result(delivery.message_id)  # RUNNING, this attempt's worker included
     task = result.task
     task_started.send(type(backend), task_result=result)
+    error = None
     try:
         if task.takes_context:
             value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
@@ -49,30 +51,35 @@ def run_task(delivery: Delivery) -> Any:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
-        if delivery.attempt >= delivery.lease.max_attempts:  # the last attempt: the task is finished
-            kind = type(exc)
-            result.errors.append(
-                TaskError(
-                    exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-                    traceback="".join(traceback.format_exception(kind, exc, exc.__traceback__)),
-                )
-            )
-            object.__setattr__(result, "status", TaskResultStatus.FAILED)
-            object.__setattr__(result, "finished_at", timezone.now())
-            task_finished.send(type(backend), task_result=result)
+        kind = type(exc)
+        error = TaskError(
+            exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+            traceback="".join(traceback.format_exception(kind, exc, exc.__traceback__)),
+        )
         raise
-    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-    object.__setattr__(result, "finished_at", timezone.now())
-    object.__setattr__(result, "_return_value", value)
-    task_finished.send(type(backend), task_result=result)
+    finally:
+        # Finished (SUCCESSFUL, or FAILED on its last attempt) once the ledger holds the outcome.
+        def finished(outcome: str) -> None:
+            if outcome == "retrying":
+                return
+            if error is not None:
+                result.errors.append(error)
+            status = TaskResultStatus.SUCCESSFUL if outcome == "completed" else TaskResultStatus.FAILED
+            object.__setattr__(result, "status", status)
+            object.__setattr__(result, "finished_at", timezone.now())
+            if outcome == "completed":
+                object.__setattr__(result, "_return_value", value)
+            task_finished.send(type(backend), task_result=result)
+
+        call_when_stored(delivery.message_id, finished)
     return value
 
 
 def task_spec(queue_name: str) -> HandlerSpec | None:
     """The handler of a task queue, or ``None`` if no zeroloss task backend lists ``queue_name``."""
-    from .queues import task_queues
+    from .queues import any_queue, task_queues
 
-    if queue_name not in task_queues():
+    if queue_name not in task_queues() and not any_queue():
         return None
     return HandlerSpec(queue_name, run_task, store_result=True)
 

@@ -87,6 +87,20 @@ def database_for(queue_name: str, using: str | None = None) -> str:
     return routed
 
 
+def _check_queue(queue_name: str) -> None:
+    """A queue with a handler in this process, or declared in ``ZEROLOSS["QUEUES"]`` (a web
+    process sending to workers whose handlers it does not import); else :class:`UnknownQueue`."""
+    from ..exceptions import UnknownQueue
+
+    try:
+        get_handler(queue_name)
+    except UnknownQueue:
+        from ..conf import get_settings
+
+        if queue_name not in get_settings().QUEUES:
+            raise
+
+
 def _check_transaction(alias: str) -> None:
     """Refuse to store a message outside a transaction the caller is in (on another database):
     it would commit at once, whatever became of the caller's transaction."""
@@ -138,6 +152,7 @@ def send(
     ordering_key: str = "",
     dedup_key: str = "",
     dedup_window: float | dt.timedelta | None = None,
+    headers: dict[str, Any] | None = None,
     using: str | None = None,
 ) -> Message:
     """Persist a message in the caller's transaction; the transport carries it after commit.
@@ -149,8 +164,12 @@ def send(
     nothing; a database that cannot be reached raises Django's ``OperationalError``: the message
     was not accepted — unless the connection died during COMMIT, when it may have been stored.
     Either way, retry with the same ``message_id``: persisting is idempotent.
+
+    ``headers``: metadata for the handler (``delivery.headers``), such as trace and correlation
+    ids: a dict of names to JSON values, stored with the message but not part of its checksum (a
+    resend with other headers is the same message: the stored one is returned).
     """
-    get_handler(queue_name)  # fail fast on a typo: UnknownQueue
+    _check_queue(queue_name)  # fail fast on a typo: UnknownQueue
     alias = database_for(queue_name, using)
     _check_transaction(alias)
     service = ZeroLossMessageService(using=alias)
@@ -166,6 +185,7 @@ def send(
         dedup_key=dedup_key,
         dedup_window=dedup_window,
         dispatched=service.settings.TRANSPORT == "celery",
+        headers=headers,
     )
     get_transport(service).after_commit(service, [message])
     if signals.message_sent.receivers:
@@ -182,28 +202,50 @@ def send_many(
     delay: float | dt.timedelta | None = None,
     priority: int = 0,
     ordering_key: str = "",
+    headers: dict[str, Any] | Iterable[dict[str, Any] | None] | None = None,
     using: str | None = None,
 ) -> list[Message]:
     """Persist many messages of one queue in the caller's transaction, all or nothing.
 
     Each payload is validated, hashed and made idempotent exactly as by :func:`send`; one bad
-    payload raises an error naming its position and nothing is stored.
+    payload raises an error naming its position and nothing is stored. ``headers``: one dict for
+    every message, or one dict (or None) per payload, in order, like ``message_ids``.
     """
-    get_handler(queue_name)
+    from ..exceptions import InvalidMessage
+
+    _check_queue(queue_name)
     data = list(payloads)
     ids = [uuid.uuid4().hex for _ in data] if message_ids is None else list(message_ids)
     if len(ids) != len(data):
-        from ..exceptions import InvalidMessage
-
         raise InvalidMessage(
             f"send_many got {len(ids)} message ids for {len(data)} payloads; nothing was stored."
         )
+    items: list[tuple[Any, ...]]
+    if headers is None:
+        items = [(mid, queue_name, payload) for mid, payload in zip(ids, data, strict=True)]
+    elif isinstance(headers, dict):
+        items = [(mid, queue_name, payload, headers) for mid, payload in zip(ids, data, strict=True)]
+    elif isinstance(headers, str | bytes):
+        from ..exceptions import InvalidHeaders
+
+        raise InvalidHeaders(
+            f"send_many's headers must be a dict (one for every message) or one dict per payload, "
+            f"got {type(headers).__name__}; nothing was stored."
+        )
+    else:
+        each = list(headers)
+        if len(each) != len(data):
+            raise InvalidMessage(
+                f"send_many got {len(each)} headers for {len(data)} payloads (one dict for all, or one "
+                "per payload); nothing was stored."
+            )
+        items = [(mid, queue_name, p, h) for mid, p, h in zip(ids, data, each, strict=True)]
     alias = database_for(queue_name, using)
     _check_transaction(alias)
     service = ZeroLossMessageService(using=alias)
     _check_alias(service)
     messages = service.persist_messages(
-        [(mid, queue_name, payload) for mid, payload in zip(ids, data, strict=True)],
+        items,
         max_attempts=max_attempts,
         delay=delay,
         priority=priority,

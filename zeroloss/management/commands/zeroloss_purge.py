@@ -23,6 +23,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 from django.db.models import Count, Sum
 
+from ...durations import format_duration
 from ...models import Message, PurgeRecord, Status
 from ...snapshot import invalidate
 from ..base import ZeroLossCommand, parse_duration, positive_int
@@ -46,14 +47,16 @@ class Command(ZeroLossCommand):
             default=Status.COMPLETED.value,
             help="Which messages (default: %(default)s).",
         )
-        parser.add_argument("--queue", help="Only this queue.")
+        parser.add_argument("--queue", help="Only this queue (default: every queue).")
         parser.add_argument(
             "--batch-size",
             type=positive_int,
             default=1000,
             help="Rows per transaction (default: %(default)s).",
         )
-        parser.add_argument("--limit", type=positive_int, help="Purge at most N messages (oldest first).")
+        parser.add_argument(
+            "--limit", type=positive_int, help="Purge at most N messages, oldest first (default: no limit)."
+        )
 
     def handle(
         self,
@@ -99,7 +102,7 @@ class Command(ZeroLossCommand):
             return
         self.confirm(
             f"Purge {matched} {status} message(s){f' of queue {queue!r}' if queue else ''} "
-            f"older than {older_than:g}s, with their audit rows?",
+            f"older than {format_duration(older_than)}, with their audit rows?",
             {**options, "json": json},
         )
         actor = self.actor()
@@ -151,6 +154,8 @@ class Command(ZeroLossCommand):
             head = f"would purge {result['matched']} {result['status']} message(s)"
         else:
             head = f"purged {result['purged']} {result['status']} message(s)"
-        self.stdout.write(f"{head} older than {result['older_than_seconds']:g}s (before {result['cutoff']})")
+        self.stdout.write(
+            f"{head} older than {format_duration(result['older_than_seconds'])} (before {result['cutoff']})"
+        )
         if result["by_queue"] and self.verbosity >= 1:
             self.table(["queue", "messages"], sorted(result["by_queue"].items()))

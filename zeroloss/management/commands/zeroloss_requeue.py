@@ -56,9 +56,11 @@ class Command(ZeroLossCommand):
             "--older-than",
             type=parse_duration,
             metavar="DURATION",
-            help="Only messages stuck/dead for longer than this (90s, 15m, 2h, 7d).",
+            help="Only messages stuck/dead for longer than this (90s, 15m, 2h, 7d; default: any age).",
         )
-        parser.add_argument("--limit", type=positive_int, help="Requeue at most N messages (oldest first).")
+        parser.add_argument(
+            "--limit", type=positive_int, help="Requeue at most N messages, oldest first (default: no limit)."
+        )
         parser.add_argument(
             "--force",
             action="store_true",

@@ -40,12 +40,19 @@ class Command(ZeroLossCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--queue", help="Only this queue (it must have messages in the ledger).")
         parser.add_argument(
-            "--watch", type=positive_float, metavar="SECONDS", help="Refresh every SECONDS until stopped."
+            "--queue", help="Only this queue (it must have messages in the ledger; default: every queue)."
         )
         parser.add_argument(
-            "--count", type=positive_int, help="With --watch: stop after this many refreshes."
+            "--watch",
+            type=positive_float,
+            metavar="SECONDS",
+            help="Refresh every SECONDS until stopped (default: print once).",
+        )
+        parser.add_argument(
+            "--count",
+            type=positive_int,
+            help="With --watch: stop after this many refreshes (default: until stopped).",
         )
         parser.add_argument(
             "--no-cache",

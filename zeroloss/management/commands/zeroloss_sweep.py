@@ -11,6 +11,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from ...durations import format_duration
 from ...ledger.types import RecoveryReport
 from ...loops import StopFlag, SweepLoop
 from ...outage import OutageTooLong
@@ -32,7 +33,11 @@ class Command(ZeroLossCommand):
         parser.add_argument(
             "--batch-size", type=positive_int, help="Rows per transaction (default SWEEP_BATCH_SIZE)."
         )
-        parser.add_argument("--max-runs", type=positive_int, help="With --loop: stop after this many sweeps.")
+        parser.add_argument(
+            "--max-runs",
+            type=positive_int,
+            help="With --loop: stop after this many sweeps (default: no limit).",
+        )
 
     def handle(
         self,
@@ -74,7 +79,7 @@ class Command(ZeroLossCommand):
             with stop.on_signals():
                 if verbosity:
                     self.log(
-                        f"zeroloss_sweep: sweeping every {sweeper.interval:g}s (Ctrl-C or SIGTERM stops)"
+                        f"zeroloss_sweep: sweeping every {format_duration(sweeper.interval)} (Ctrl-C or SIGTERM stops)"
                     )
                 try:
                     sweeper.run(max_runs=max_runs)

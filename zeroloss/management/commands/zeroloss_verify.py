@@ -53,9 +53,15 @@ class Command(ZeroLossCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--queue", help="Only this queue (orphan audit rows are checked ledger-wide).")
         parser.add_argument(
-            "--sample", type=positive_int, metavar="N", help="Check the integrity of N random messages."
+            "--queue",
+            help="Only this queue (orphan audit rows are checked ledger-wide; default: every queue).",
+        )
+        parser.add_argument(
+            "--sample",
+            type=positive_int,
+            metavar="N",
+            help="Check the integrity of N random messages (default: every message).",
         )
         parser.add_argument(
             "--replication",

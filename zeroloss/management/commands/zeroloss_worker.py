@@ -63,7 +63,9 @@ class Command(ZeroLossCommand):
         )
         parser.add_argument("--burst", action="store_true", help="Exit once the queues are empty.")
         parser.add_argument(
-            "--max-messages", type=positive_int, help="Exit after handling this many messages."
+            "--max-messages",
+            type=positive_int,
+            help="Exit after handling this many messages (default: no limit).",
         )
         parser.add_argument(
             "--no-sweep", action="store_true", help="Do not run the recovery sweep in this process."
@@ -95,6 +97,17 @@ class Command(ZeroLossCommand):
         **options: Any,
     ) -> None:
         known = registered_queues()
+        declared = get_settings().QUEUES
+        # A declared queue is one some worker must serve: this one cannot without its handler.
+        missing = sorted(q for q in (queues or declared) if q in declared and q not in known)
+        if missing:
+            raise CommandError(
+                f"Queue(s) {', '.join(missing)} declared in ZEROLOSS['QUEUES'] have no handler in this "
+                "process: import their handlers here (a zeroloss_handlers module of an installed app), or "
+                "run this worker with --queue for the queues it has handlers for; "
+                f"registered: {', '.join(known) or 'none'}.",
+                returncode=2,
+            )
         unknown = sorted(set(queues or ()) - set(known))
         if unknown or not known:
             raise CommandError(
