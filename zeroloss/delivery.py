@@ -37,8 +37,10 @@ class Delivery:
     def headers(self) -> dict[str, Any]:
         """The headers the message was sent with (``send(..., headers=...)``); ``{}`` if none.
 
-        Read from the ledger the first time it is asked for (one query, on the handler's own
-        connection and transaction), so a handler that never looks costs nothing."""
+        A claim reads them with the message; a lease built otherwise reads them from the
+        ledger the first time they are asked for (one query)."""
+        if self.lease.headers is not None:
+            return dict(self.lease.headers)
         from .models import Message
 
         if self.keeper is not None:

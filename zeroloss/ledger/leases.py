@@ -33,6 +33,7 @@ _LEASE_COLUMNS = (
     "payload",
     "max_attempts",
     "priority",
+    "headers",
 )
 #: What a single acknowledgement hands back (only whether it moved a row matters).
 _ACKED_COLUMNS = ("message_id",)
@@ -69,6 +70,7 @@ class Leasing(LedgerBase):
                 max_attempts=r[8],
                 ordering_key=r[4],
                 priority=r[9],
+                headers=engine.to_json(r[10]) if r[10] else {},
             )
             for r in rows
         ]

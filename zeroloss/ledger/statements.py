@@ -169,7 +169,7 @@ _CLAIM_SET = (
     "UPDATE {msg} SET status = 'processing', attempts = attempts + 1, lease_token = {new_token}, "
     "lease_expires_at = {clock_after}, claimed_by = %s, started_at = {clock}, updated_at = {clock} WHERE "
 )
-CLAIM_RETURNING = ", lease_token, lease_expires_at, payload, max_attempts, priority"
+CLAIM_RETURNING = ", lease_token, lease_expires_at, payload, max_attempts, priority, headers"
 CLAIM = (
     _CLAIM_SET + "{in_open}SELECT id FROM {msg} WHERE status = 'pending' AND queue_name = %s "
     "AND available_at <= {now} ORDER BY priority DESC, available_at, id LIMIT %s{skip_locked}{in_close} "

@@ -28,6 +28,9 @@ class Lease:
     max_attempts: int
     ordering_key: str = ""
     priority: int = 0
+    #: The headers the message was sent with, as the claim read them (``{}``: none); None
+    #: when the lease was built without them (they are then read when asked for).
+    headers: dict[str, Any] | None = None
 
     def __bool__(self) -> bool:
         return True
