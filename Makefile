@@ -46,6 +46,7 @@ lint: $(STAMP)
 	$(BIN)/python -m tests.suite --lint-only
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --group bench
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 # The fault suite's soak (several minutes; starts its own PostgreSQL and Redis): docs/guarantees.md.
