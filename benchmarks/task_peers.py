@@ -1,8 +1,10 @@
 """Django task-queue peers: ``python -m benchmarks.task_peers PEER SERVER_URL COUNT`` prints msg/s.
 
 ``PEER`` is ``tasks-db`` (django-tasks-db: Django's Tasks API with its database backend and
-``db_worker``) or ``django-q2`` (its ORM broker and ``qcluster`` with one worker). Each runs in
-this process and its worker's, with only itself installed (``benchmarks/peer_settings.py``), on
+``db_worker``), ``django-q2`` (its ORM broker and ``qcluster`` with one worker) or
+``procrastinate`` (a plain Procrastinate app, ``benchmarks/procrastinate_peer.py``, and its
+worker with concurrency 1). Each runs in this process and its worker's, with only itself
+installed (``benchmarks/peer_settings.py``; Procrastinate without Django), on
 its own database on the same PostgreSQL server (created, migrated and dropped here). COUNT
 no-op tasks are enqueued first (not timed), then one worker process drains them; the rate is
 COUNT / (last task end - first task start) as the peer's own result rows record them, the way
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -24,7 +27,7 @@ from urllib.parse import urlparse, urlunparse
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
-PEERS = ("tasks-db", "django-q2")
+PEERS = ("tasks-db", "django-q2", "procrastinate")
 
 
 def _database_url(server_url: str, name: str) -> str:
@@ -41,6 +44,14 @@ def _setup() -> None:
 
 
 def _enqueue(peer: str, count: int) -> None:
+    if peer == "procrastinate":
+        from benchmarks.procrastinate_peer import app
+        from benchmarks.procrastinate_peer import noop as procrastinate_noop
+
+        with app.open():
+            app.schema_manager.apply_schema()
+            procrastinate_noop.batch_defer(*({} for _ in range(count)))
+        return
     from django.db import transaction
 
     if peer == "tasks-db":
@@ -58,6 +69,19 @@ def _enqueue(peer: str, count: int) -> None:
 
 def _worker(peer: str) -> list[str]:
     manage = [sys.executable, "-m", "django"]
+    if peer == "procrastinate":
+        # --one-shot: drain what is there, then exit.
+        app = "benchmarks.procrastinate_peer.app"
+        return [
+            sys.executable,
+            "-m",
+            "procrastinate",
+            f"--app={app}",
+            "worker",
+            "--concurrency",
+            "1",
+            "--one-shot",
+        ]
     if peer == "tasks-db":
         # --batch: drain what is there, then exit.
         return [
@@ -75,6 +99,16 @@ def _worker(peer: str) -> list[str]:
 
 
 def _done_and_window(peer: str) -> tuple[int, float]:
+    if peer == "procrastinate":
+        with psycopg.connect(os.environ["BENCHPEER_DATABASE_URL"]) as conn:
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE type = 'succeeded'),"
+                " extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')"
+                " - min(at) FILTER (WHERE type = 'started'))"
+                " FROM procrastinate_events"
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), float(row[1] or 0.0)
     from django.db.models import Max, Min
 
     if peer == "tasks-db":
@@ -108,20 +142,23 @@ def main() -> int:
     }
     os.environ.update(env)
     worker = None
+    log = None
     try:
-        _setup()
+        if peer != "procrastinate":
+            _setup()
         _enqueue(peer, count)
-        worker = subprocess.Popen(
-            _worker(peer), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        # The worker's log goes to a file: a pipe nobody reads fills up and blocks the worker.
+        log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in the finally block)
+        worker = subprocess.Popen(_worker(peer), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 600
         while True:
             done, window = _done_and_window(peer)
             if done >= count:
                 break
             if time.monotonic() > deadline or (worker.poll() is not None and worker.returncode != 0):
+                log.seek(0)
                 raise SystemExit(
-                    f"{peer} peer drained {done}/{count}: {worker.stderr.read() if worker.stderr else ''}"
+                    f"{peer} peer drained {done}/{count}; its worker's log ends:\n{log.read()[-4000:]}"
                 )
             time.sleep(0.1)
     finally:
@@ -132,9 +169,12 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait(timeout=30)
-        from django.db import connections
+        if log is not None:
+            log.close()
+        if peer != "procrastinate":
+            from django.db import connections
 
-        connections.close_all()
+            connections.close_all()
         with psycopg.connect(server_url, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print(f"{count / max(window, 1e-9):.1f}")

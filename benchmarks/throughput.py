@@ -8,8 +8,8 @@ Mixed into :class:`benchmarks.suite.Suite`. Workloads:
 - ``bulksend``: ``send_many`` of 100,000 messages against ``persist_messages`` in batches of
   500 and a raw ``COPY`` of the same rows (message and audit rows);
 - ``celery``: the peer row: the same no-op task on Celery with Redis (``acks_late``);
-- ``peers``: the same no-op task on django-tasks-db and on django-q2 (each in its own processes
-  and database; ``benchmarks/task_peers.py``);
+- ``peers``: the same no-op task on django-tasks-db, django-q2 and Procrastinate (each in its
+  own processes and database; ``benchmarks/task_peers.py``);
 - ``e2e``: send → handler start latency at half the measured drain rate;
 - ``ordered``: drains of ordered messages over 100 and 10,000 keys against unordered, and claim
   latency with 10,000 messages waiting behind one blocked key against none.
@@ -259,6 +259,7 @@ class ThroughputWorkloads:
         labels = {
             "tasks-db": "django-tasks-db, no-op task, 1 db_worker process",
             "django-q2": "django-q2 (ORM broker), no-op task, 1 worker process",
+            "procrastinate": "Procrastinate, no-op task, 1 worker, concurrency 1",
         }
         server = self.url
         for peer, label in labels.items():
@@ -271,15 +272,17 @@ class ThroughputWorkloads:
                 ratio_to=key,
             )
             for run in range(self.runs):
-                out = subprocess.run(
+                done = subprocess.run(
                     [sys.executable, "-m", "benchmarks.task_peers", peer, server, str(n)],
                     cwd=ROOT,
                     capture_output=True,
                     text=True,
                     timeout=900,
-                    check=True,
-                ).stdout
-                fig.values.append(float(out.strip().splitlines()[-1]))
+                    check=False,
+                )
+                if done.returncode != 0:
+                    raise RuntimeError(f"the {peer} peer failed:\n{done.stderr[-4000:]}")
+                fig.values.append(float(done.stdout.strip().splitlines()[-1]))
                 rate, _ = self._drain("bench.noop", 1, n)
                 zl.values.append(rate)
                 _log(
