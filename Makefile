@@ -2,6 +2,7 @@
 #   make demo   - run the zero-loss demo on the embedded default (SQLite, built-in worker)
 #   make test   - set everything up and run the whole test suite (PostgreSQL and SQLite passes)
 #   make lint   - only the static checks: ruff, mypy over zeroloss/tests/benchmarks, migrations, check
+#   make docs   - the documentation site (MkDocs), built strict into site/
 # Both create their own virtual environment. PYTHON picks the interpreter (3.11+), DJANGO
 # pins a Django release, VENV names the environment (one per interpreter/Django pair):
 #   make test PYTHON=python3.12 DJANGO='Django>=6.0,<6.2' VENV=.venv-dj6
@@ -16,14 +17,29 @@ PSYCOPG ?= 3
 BIN := $(VENV)/bin
 STAMP := $(BIN)/.zeroloss-installed
 
-.PHONY: demo test lint bench chaos clean
+.PHONY: demo test lint docs bench chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "zeroloss needs Python 3.11 or newer: make ... PYTHON=python3.12")'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' $(if $(DJANGO),'$(DJANGO)')
+	@# dependency groups (pyproject.toml [dependency-groups]) need pip 25.1+
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check 'pip>=25.1'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e . --group dev $(if $(DJANGO),'$(DJANGO)')
 	$(if $(filter 2,$(PSYCOPG)),$(BIN)/python -m pip uninstall --quiet -y psycopg psycopg-binary && $(BIN)/python -m pip install --quiet --disable-pip-version-check 'psycopg2-binary>=2.9')
 	@touch $@
+
+# The documentation site, built strict (a broken link or reference fails): site/ (make docs).
+# Its own small environment: mkdocstrings reads zeroloss's source, it does not import it.
+DOCS_STAMP := .venv-docs/bin/.zeroloss-docs-installed
+
+$(DOCS_STAMP): pyproject.toml
+	$(PYTHON) -m venv .venv-docs
+	.venv-docs/bin/python -m pip install --quiet --disable-pip-version-check 'pip>=25.1'
+	.venv-docs/bin/python -m pip install --quiet --disable-pip-version-check --group docs
+	@touch $@
+
+docs: $(DOCS_STAMP)
+	.venv-docs/bin/python -m mkdocs build --strict --site-dir site
 
 demo: $(STAMP)
 	$(BIN)/python -m project.demo.run $(DEMO_ARGS)
@@ -35,6 +51,7 @@ lint: $(STAMP)
 	$(BIN)/python -m tests.suite --lint-only
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --group bench
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 # The fault suite's soak (several minutes; starts its own PostgreSQL and Redis): docs/guarantees.md.
@@ -43,4 +60,4 @@ chaos: $(STAMP)
 	$(BIN)/python -m benchmarks --only faults $(CHAOS_ARGS)
 
 clean:
-	rm -rf .venv .venv-* var build *.egg-info
+	rm -rf .venv .venv-* var build dist site *.egg-info

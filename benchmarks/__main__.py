@@ -35,7 +35,7 @@ WORKLOADS = [
     "tasks_sigkill",
 ]
 #: Issue 12 and 16 workloads (benchmarks/throughput.py); run with ``--only``, and in the full profile.
-MORE_WORKLOADS = ["batched", "bulksend", "celery", "e2e", "ordered"]
+MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered"]
 #: Run only when named in --only: minutes each, on a private server (benchmarks/retention.py).
 OPT_IN = ["retention"]
 #: Run only when named: the fault suite's soak (minutes; its own servers; benchmarks/faults.py).

@@ -8,6 +8,8 @@ Mixed into :class:`benchmarks.suite.Suite`. Workloads:
 - ``bulksend``: ``send_many`` of 100,000 messages against ``persist_messages`` in batches of
   500 and a raw ``COPY`` of the same rows (message and audit rows);
 - ``celery``: the peer row: the same no-op task on Celery with Redis (``acks_late``);
+- ``peers``: the same no-op task on django-tasks-db, django-q2 and Procrastinate (each in its
+  own processes and database; ``benchmarks/task_peers.py``);
 - ``e2e``: send → handler start latency at half the measured drain rate;
 - ``ordered``: drains of ordered messages over 100 and 10,000 keys against unordered, and claim
   latency with 10,000 messages waiting behind one blocked key against none.
@@ -245,6 +247,48 @@ class ThroughputWorkloads:
                 f"celery run {run + 1}: Celery + Redis {fig.values[-1]:,.0f}, zeroloss {zl.values[-1]:,.0f} msg/s"
             )
         fig.info["broker"] = broker
+
+    # -- the Django task-queue peers: django-tasks-db and django-q2 ----------------------
+
+    def run_peers(self) -> None:
+        """Each peer drains the same no-op tasks in its own processes (``benchmarks/task_peers.py``,
+        its own database on this server), with zeroloss's one-process drain beside it in each run."""
+        from .suite import ROOT
+
+        n = min(self.sizes.drain, 2_000)  # the peers commit per task: minutes for 20,000
+        labels = {
+            "tasks-db": "django-tasks-db, no-op task, 1 db_worker process",
+            "django-q2": "django-q2 (ORM broker), no-op task, 1 worker process",
+            "procrastinate": "Procrastinate, no-op task, 1 worker, concurrency 1",
+        }
+        server = self.url
+        for peer, label in labels.items():
+            key = f"peer.{peer.replace('-', '_')}"
+            fig = self.figure(key, label, "msg/s")
+            zl = self.figure(
+                f"drain.batched1.vs_{peer.replace('-', '_')}",
+                f"zeroloss_worker, batched, 1 process, no-op (beside the {peer} row)",
+                "msg/s",
+                ratio_to=key,
+            )
+            for run in range(self.runs):
+                done = subprocess.run(
+                    [sys.executable, "-m", "benchmarks.task_peers", peer, server, str(n)],
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                    check=False,
+                )
+                if done.returncode != 0:
+                    raise RuntimeError(f"the {peer} peer failed:\n{done.stderr[-4000:]}")
+                fig.values.append(float(done.stdout.strip().splitlines()[-1]))
+                rate, _ = self._drain("bench.noop", 1, n)
+                zl.values.append(rate)
+                _log(
+                    f"{peer} run {run + 1}: {peer} {fig.values[-1]:,.0f}, zeroloss {zl.values[-1]:,.0f} msg/s"
+                )
+            fig.info["tasks"] = n
 
     # -- end-to-end latency at half load ----------------------------------------------
 

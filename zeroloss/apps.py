@@ -1,9 +1,10 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class ZeroLossConfig(AppConfig):
     name = "zeroloss"
-    verbose_name = "zeroloss"
+    verbose_name = _("zeroloss")
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

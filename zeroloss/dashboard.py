@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from django.db.models import Count, F, Q
 from django.db.models.functions import TruncMinute
 
-from .models import Message, MessageEvent, ReplicationNode, Status
+from .models import Message, MessageEvent, NodeRole, ReplicationNode, Status
 from .replication import format_lsn, is_live
 from .service import ReplicationStatus, ZeroLossMessageService, canonical_json, payload_checksum
 from .snapshot import compute_snapshot, format_duration, get_snapshot
@@ -87,6 +87,11 @@ class NodeRow:
     flush_lsn: str
     replay_lsn: str
 
+    @property
+    def role_label(self) -> str:
+        """The role in the reader's language (read at render time: the rows are cached)."""
+        return str(NodeRole(self.role).label) if self.role in NodeRole.values else self.role
+
 
 @dataclass(frozen=True)
 class IntegritySummary:
@@ -124,6 +129,11 @@ class Dashboard:
     @property
     def database_now(self) -> dt.datetime:
         return self.snapshot.taken_at
+
+    @property
+    def status_headers(self) -> list[tuple[str, str]]:
+        """``(status, label)`` per column, the label in the reader's language."""
+        return [(s, str(Status(s).label)) for s in self.statuses]
 
     @property
     def queues(self) -> list[QueueRow]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
 
 from .states import LIVE_STATUSES, Reason, Status
 
@@ -56,46 +57,60 @@ class Message(models.Model):
 
     # Unique through Meta.constraints, not unique=True: on PostgreSQL that would add a second,
     # varchar_pattern_ops index for LIKE queries nothing runs, paid for on every insert.
-    message_id = models.CharField(max_length=255)
-    queue_name = models.CharField(max_length=100)
-    payload = models.JSONField()
-    checksum = models.CharField(max_length=64, help_text="SHA-256 of the canonical JSON payload.")
+    message_id = models.CharField(_("message id"), max_length=255)
+    queue_name = models.CharField(_("queue name"), max_length=100)
+    payload = models.JSONField(_("payload"))
+    checksum = models.CharField(
+        _("checksum"), max_length=64, help_text=_("SHA-256 of the canonical JSON payload.")
+    )
     #: Metadata sent with the payload (trace and correlation ids): ``send(..., headers=...)``. Not
     #: part of the checksum; NULL when a message has none (the common case costs nothing).
-    headers = models.JSONField(null=True, blank=True)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
-    max_attempts = models.PositiveIntegerField()
+    headers = models.JSONField(_("headers"), null=True, blank=True)
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    max_attempts = models.PositiveIntegerField(_("max attempts"))
     #: Claims take higher priority first (-100..100, Django's task priority range).
     # Database defaults too: rows written by a 0.1 process during a rolling upgrade stay valid.
-    priority = models.SmallIntegerField(default=0, db_default=0)
+    priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
     #: Messages of one queue sharing a non-empty key are handled one at a time, in order.
-    ordering_key = models.CharField(max_length=255, blank=True, default="", db_default="")
+    ordering_key = models.CharField(_("ordering key"), max_length=255, blank=True, default="", db_default="")
     available_at = models.DateTimeField(
+        _("available at"),
         null=True,
         blank=True,
-        help_text="Not claimable before this time; empty while waiting behind an earlier message of its key.",
+        help_text=_(
+            "Not claimable before this time; empty while waiting behind an earlier message of its key."
+        ),
     )
-    lease_token = models.UUIDField(null=True, blank=True)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
-    claimed_by = models.CharField(max_length=255, blank=True, default="")
-    started_at = models.DateTimeField(null=True, blank=True, help_text="When the current attempt started.")
-    last_error = models.TextField(blank=True, default="")
+    lease_token = models.UUIDField(_("lease token"), null=True, blank=True)
+    lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
+    claimed_by = models.CharField(_("claimed by"), max_length=255, blank=True, default="")
+    started_at = models.DateTimeField(
+        _("started at"), null=True, blank=True, help_text=_("When the current attempt started.")
+    )
+    last_error = models.TextField(_("last error"), blank=True, default="")
     #: What the handler (or task) returned, as JSON; set with the acknowledgement.
-    result = models.JSONField(null=True, blank=True)
-    replication_targets = models.JSONField(default=list, blank=True)
+    result = models.JSONField(_("result"), null=True, blank=True)
+    replication_targets = models.JSONField(_("replication targets"), default=list, blank=True)
     commit_lsn = models.BigIntegerField(
-        null=True, blank=True, help_text="PostgreSQL WAL position at or after this message's commit."
+        _("commit lsn"),
+        null=True,
+        blank=True,
+        help_text=_("PostgreSQL WAL position at or after this message's commit."),
     )
-    dispatched_at = models.DateTimeField(null=True, blank=True, help_text="Last publish to the broker.")
-    created_at = models.DateTimeField()
-    updated_at = models.DateTimeField()
-    completed_at = models.DateTimeField(null=True, blank=True)
-    dead_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(
+        _("dispatched at"), null=True, blank=True, help_text=_("Last publish to the broker.")
+    )
+    created_at = models.DateTimeField(_("created at"))
+    updated_at = models.DateTimeField(_("updated at"))
+    completed_at = models.DateTimeField(_("completed at"), null=True, blank=True)
+    dead_at = models.DateTimeField(_("dead at"), null=True, blank=True)
 
     objects = MessageQuerySet.as_manager()
 
     class Meta:
+        verbose_name = _("message")
+        verbose_name_plural = _("messages")
         indexes = [
             # Claims: highest priority, then oldest available pending message of a queue.
             # Partial, so retained completed rows and messages waiting for their ordering
@@ -139,11 +154,11 @@ class Message(models.Model):
             ),
         ]
         permissions = [
-            ("requeue_message", "Can requeue stuck messages"),
-            ("force_requeue_message", "Can revoke a live lease and requeue"),
-            ("redrive_message", "Can redrive dead letters"),
-            ("deadletter_message", "Can dead-letter messages by hand"),
-            ("purge_message", "Can purge completed messages"),
+            ("requeue_message", _("Can requeue stuck messages")),
+            ("force_requeue_message", _("Can revoke a live lease and requeue")),
+            ("redrive_message", _("Can redrive dead letters")),
+            ("deadletter_message", _("Can dead-letter messages by hand")),
+            ("purge_message", _("Can purge completed messages")),
         ]
 
     def __str__(self) -> str:
@@ -162,19 +177,26 @@ class MessageEvent(models.Model):
     # statement pair, and the conservation check (zeroloss_verify) reports any orphan.
     # db_index=False: the (message, id) index below serves every lookup by message.
     message = models.ForeignKey(
-        Message, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="events"
+        Message,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="events",
+        verbose_name=_("message"),
     )
-    from_status = models.CharField(max_length=16, blank=True, default="")
-    to_status = models.CharField(max_length=16)
-    reason = models.CharField(max_length=40, choices=Reason.choices)
-    actor = models.CharField(max_length=255)
-    attempt = models.PositiveIntegerField(default=0)
-    detail = models.TextField(blank=True, default="")
-    created_at = models.DateTimeField()
+    from_status = models.CharField(_("from status"), max_length=16, blank=True, default="")
+    to_status = models.CharField(_("to status"), max_length=16)
+    reason = models.CharField(_("reason"), max_length=40, choices=Reason.choices)
+    actor = models.CharField(_("actor"), max_length=255)
+    attempt = models.PositiveIntegerField(_("attempt"), default=0)
+    detail = models.TextField(_("detail"), blank=True, default="")
+    created_at = models.DateTimeField(_("created at"))
 
     objects = MessageEventQuerySet.as_manager()
 
     class Meta:
+        verbose_name = _("message event")
+        verbose_name_plural = _("message events")
         indexes = [
             models.Index(fields=["message", "id"], name="zeroloss_event_msg_idx"),
             models.Index(fields=["created_at"], name="zeroloss_event_created_idx"),
@@ -188,11 +210,15 @@ class MessageEvent(models.Model):
 class PurgeRecord(models.Model):
     """How many messages a purge deleted, so the conservation check stays exact after purges."""
 
-    queue_name = models.CharField(max_length=100)
-    status = models.CharField(max_length=16, choices=Status.choices)
-    count = models.PositiveIntegerField()
-    actor = models.CharField(max_length=255)
-    purged_at = models.DateTimeField()
+    queue_name = models.CharField(_("queue name"), max_length=100)
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices)
+    count = models.PositiveIntegerField(_("count"))
+    actor = models.CharField(_("actor"), max_length=255)
+    purged_at = models.DateTimeField(_("purged at"))
+
+    class Meta:
+        verbose_name = _("purge record")
+        verbose_name_plural = _("purge records")
 
     def __str__(self) -> str:
         return f"{self.count} {self.status} from {self.queue_name}"
@@ -201,13 +227,15 @@ class PurgeRecord(models.Model):
 class DedupKey(models.Model):
     """A deduplication window: sends with this queue and key return ``message_id`` until ``expires_at``."""
 
-    queue_name = models.CharField(max_length=100)
-    dedup_key = models.CharField(max_length=255)
-    message_id = models.CharField(max_length=255)
-    expires_at = models.DateTimeField()
-    created_at = models.DateTimeField()
+    queue_name = models.CharField(_("queue name"), max_length=100)
+    dedup_key = models.CharField(_("dedup key"), max_length=255)
+    message_id = models.CharField(_("message id"), max_length=255)
+    expires_at = models.DateTimeField(_("expires at"))
+    created_at = models.DateTimeField(_("created at"))
 
     class Meta:
+        verbose_name = _("dedup key")
+        verbose_name_plural = _("dedup keys")
         constraints = [
             models.UniqueConstraint(fields=["queue_name", "dedup_key"], name="zeroloss_dedup_key_uniq"),
         ]
@@ -218,28 +246,33 @@ class DedupKey(models.Model):
 
 
 class NodeRole(models.TextChoices):
-    PRIMARY = "primary", "Primary"
-    STANDBY = "standby", "Standby"
-    NODE = "node", "Node"
+    PRIMARY = "primary", _("Primary")
+    STANDBY = "standby", _("Standby")
+    NODE = "node", _("Node")
 
 
 class ReplicationNode(models.Model):
     """A replication node shared by every instance; liveness comes from ``last_seen_at``."""
 
-    node_id = models.CharField(max_length=255, unique=True)
-    address = models.CharField(max_length=255, blank=True, default="")
-    role = models.CharField(max_length=16, choices=NodeRole.choices, default=NodeRole.NODE)
-    metadata = models.JSONField(default=dict, blank=True)
+    node_id = models.CharField(_("node id"), max_length=255, unique=True)
+    address = models.CharField(_("address"), max_length=255, blank=True, default="")
+    role = models.CharField(_("role"), max_length=16, choices=NodeRole.choices, default=NodeRole.NODE)
+    metadata = models.JSONField(_("metadata"), default=dict, blank=True)
     replay_lsn = models.BigIntegerField(
-        null=True, blank=True, help_text="Last WAL position the standby reported replayed."
+        _("replay lsn"),
+        null=True,
+        blank=True,
+        help_text=_("Last WAL position the standby reported replayed."),
     )
-    flush_lsn = models.BigIntegerField(null=True, blank=True)
-    state = models.CharField(max_length=32, blank=True, default="")
-    sync_state = models.CharField(max_length=16, blank=True, default="")
-    registered_at = models.DateTimeField()
-    last_seen_at = models.DateTimeField()
+    flush_lsn = models.BigIntegerField(_("flush lsn"), null=True, blank=True)
+    state = models.CharField(_("state"), max_length=32, blank=True, default="")
+    sync_state = models.CharField(_("sync state"), max_length=16, blank=True, default="")
+    registered_at = models.DateTimeField(_("registered at"))
+    last_seen_at = models.DateTimeField(_("last seen at"))
 
     class Meta:
+        verbose_name = _("replication node")
+        verbose_name_plural = _("replication nodes")
         ordering = ["node_id"]
 
     def __str__(self) -> str:

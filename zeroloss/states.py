@@ -21,13 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 
 class Status(models.TextChoices):
-    PENDING = "pending", "Pending"
-    PROCESSING = "processing", "Processing"
-    COMPLETED = "completed", "Completed"
-    DEAD = "dead", "Dead"
+    PENDING = "pending", _("Pending")
+    PROCESSING = "processing", _("Processing")
+    COMPLETED = "completed", _("Completed")
+    DEAD = "dead", _("Dead")
 
 
 #: Statuses a message can still leave on its own (it is not finished).
@@ -37,19 +38,19 @@ LIVE_STATUSES = (Status.PENDING, Status.PROCESSING)
 class Reason(models.TextChoices):
     """Why an audit row was written. The values are stored; never rename one."""
 
-    PERSISTED = "persisted", "Persisted"
-    CLAIMED = "claimed", "Claimed"
-    ACKNOWLEDGED = "acknowledged", "Acknowledged"
-    FAILED = "failed", "Failed (will retry)"
-    DEAD_LETTERED = "dead_lettered", "Dead-lettered (attempts spent)"
-    LEASE_EXPIRED = "lease_expired", "Lease expired"
-    RELEASED = "released", "Released unstarted"
-    REQUEUED_BY_OPERATOR = "requeued_by_operator", "Requeued by an operator"
-    REDRIVEN_BY_OPERATOR = "redriven_by_operator", "Redriven by an operator"
-    DEAD_LETTERED_BY_OPERATOR = "dead_lettered_by_operator", "Dead-lettered by an operator"
+    PERSISTED = "persisted", _("Persisted")
+    CLAIMED = "claimed", _("Claimed")
+    ACKNOWLEDGED = "acknowledged", _("Acknowledged")
+    FAILED = "failed", _("Failed (will retry)")
+    DEAD_LETTERED = "dead_lettered", _("Dead-lettered (attempts spent)")
+    LEASE_EXPIRED = "lease_expired", _("Lease expired")
+    RELEASED = "released", _("Released unstarted")
+    REQUEUED_BY_OPERATOR = "requeued_by_operator", _("Requeued by an operator")
+    REDRIVEN_BY_OPERATOR = "redriven_by_operator", _("Redriven by an operator")
+    DEAD_LETTERED_BY_OPERATOR = "dead_lettered_by_operator", _("Dead-lettered by an operator")
     #: Not a transition: a send inside a deduplication window returned this message instead of
     #: creating one. Its row repeats the status the message had (``from_status == to_status``).
-    DUPLICATE_ABSORBED = "duplicate_absorbed", "Duplicate absorbed"
+    DUPLICATE_ABSORBED = "duplicate_absorbed", _("Duplicate absorbed")
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,9 @@ class MessageColumns(MessagePermissions):
             return "-"
         if obj.status == Status.PENDING and obj.available_at is None:
             # Not claimable until the messages before it in its key finish.
-            return one_line(obj.ordering_key, title=f"{obj.ordering_key} (waiting for its key)")
+            return one_line(
+                obj.ordering_key, title=_("%(key)s (waiting for its key)") % {"key": obj.ordering_key}
+            )
         return one_line(obj.ordering_key)
 
     @admin.display(description=_("status"), ordering="status")
@@ -147,13 +149,23 @@ class MessageColumns(MessagePermissions):
         rep = service.replication_status(obj, record=False)
         issues = list(report.issues)
         if not rep.sufficient:
-            issues.append(f"Insufficient replication: {rep.confirmed}/{rep.required} ({rep.detail})")
-        copies = format_html(" &middot; {} of {} copies ({})", rep.confirmed, rep.required, rep.detail)
+            issues.append(
+                _("Insufficient replication: %(confirmed)s/%(required)s (%(detail)s)")
+                % {"confirmed": rep.confirmed, "required": rep.required, "detail": rep.detail}
+            )
+        copies = format_html(
+            " &middot; {}",
+            _("%(confirmed)s of %(required)s copies (%(detail)s)")
+            % {"confirmed": rep.confirmed, "required": rep.required, "detail": rep.detail},
+        )
         if not issues:
-            return format_html('<span class="zl-badge zl-ok">valid</span>{}', copies)
+            return format_html('<span class="zl-badge zl-ok">{}</span>{}', _("valid"), copies)
         items = format_html_join("", "<li>{}</li>", ((issue,) for issue in issues))
         return format_html(
-            '<span class="zl-badge zl-bad">issues</span>{}<ul class="zl-issues">{}</ul>', copies, items
+            '<span class="zl-badge zl-bad">{}</span>{}<ul class="zl-issues">{}</ul>',
+            _("issues"),
+            copies,
+            items,
         )
 
     @admin.display(description=_("audit trail"))
@@ -183,7 +195,13 @@ class MessageColumns(MessagePermissions):
             '<table class="zl-audit"><colgroup><col class="zl-c-id"><col class="zl-c-at">'
             '<col class="zl-c-transition"><col class="zl-c-reason"><col class="zl-c-actor">'
             '<col class="zl-c-attempt"><col></colgroup>'
-            "<thead><tr><th>#</th><th>at (database clock)</th><th>transition</th><th>reason</th>"
-            "<th>actor</th><th>attempt</th><th>detail</th></tr></thead><tbody>{}</tbody></table>",
+            "<thead><tr><th>#</th><th>{}</th><th>{}</th><th>{}</th>"
+            "<th>{}</th><th>{}</th><th>{}</th></tr></thead><tbody>{}</tbody></table>",
+            _("at (database clock)"),
+            _("transition"),
+            _("reason"),
+            _("actor"),
+            _("attempt"),
+            _("detail"),
             rows,
         )

@@ -73,7 +73,7 @@ class ReplicationNodeAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("last seen"), ordering="last_seen_at")
     def last_seen(self, obj: ReplicationNode) -> str:
-        return f"{dashboard.format_duration(self._age(obj))} ago"
+        return _("%(duration)s ago") % {"duration": dashboard.format_duration(self._age(obj))}
 
     @admin.display(description=_("flush position"))
     def flush_position(self, obj: ReplicationNode) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from django.utils.translation import gettext as _
+
 from ..exceptions import InvalidPayload
 from ..models import Message, MessageEvent, Status
 from .base import LedgerBase
@@ -39,7 +41,7 @@ class Integrity(LedgerBase):
             return IntegrityReport(
                 message_id,
                 False,
-                [IntegrityFinding("not_found", CRITICAL, f"Message {message_id!r} not found")],
+                [IntegrityFinding("not_found", CRITICAL, _("Message %r not found") % message_id)],
             )
         return self.verify_message(message)
 
@@ -67,7 +69,8 @@ class Integrity(LedgerBase):
                 IntegrityFinding(
                     "checksum_mismatch",
                     CRITICAL,
-                    f"Checksum mismatch: stored {message.checksum[:12]}..., payload hashes to {actual[:12]}...",
+                    _("Checksum mismatch: stored %(stored)s..., payload hashes to %(actual)s...")
+                    % {"stored": message.checksum[:12], "actual": actual[:12]},
                 )
             )
         if (
@@ -80,8 +83,10 @@ class Integrity(LedgerBase):
                 IntegrityFinding(
                     "stuck",
                     WARNING,
-                    f"Stuck in processing: lease of {message.claimed_by} expired {overdue:.1f}s ago "
-                    "(the sweep will requeue it)",
+                    _(
+                        "Stuck in processing: lease of %(worker)s expired %(overdue).1fs ago (the sweep will requeue it)"
+                    )
+                    % {"worker": message.claimed_by, "overdue": overdue},
                 )
             )
         if message.attempts > message.max_attempts:
@@ -89,7 +94,8 @@ class Integrity(LedgerBase):
                 IntegrityFinding(
                     "attempts_exceeded",
                     CRITICAL,
-                    f"Attempts beyond max: {message.attempts}/{message.max_attempts}",
+                    _("Attempts beyond max: %(attempts)d/%(max)d")
+                    % {"attempts": message.attempts, "max": message.max_attempts},
                 )
             )
         status = self.replication_status(message, record=record) if replication else None
@@ -98,7 +104,8 @@ class Integrity(LedgerBase):
                 IntegrityFinding(
                     "replication_insufficient",
                     CRITICAL,
-                    f"Insufficient replication: {status.confirmed}/{status.required} ({status.detail})",
+                    _("Insufficient replication: %(confirmed)s/%(required)s (%(detail)s)")
+                    % {"confirmed": status.confirmed, "required": status.required, "detail": status.detail},
                 )
             )
         return IntegrityReport(message.message_id, not findings, findings, message.status, status)

@@ -12,6 +12,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="message",
             name="headers",
-            field=models.JSONField(blank=True, null=True),
+            field=models.JSONField(blank=True, null=True, verbose_name="headers"),
         ),
     ]
