@@ -43,21 +43,28 @@
  *      its acknowledgement (completed <=> its effect committed);
  *   P5 (ltl `terminal`) under weak fairness every message ends completed or dead for good.
  *
- * Bounds: N = 2 messages, MAXATT = 2 attempts, L = 2 ticks, per worker CRASHES crashes and
- * CUTS cuts, REQUEUES force requeues and REDRIVES redrives in all (each default 1).
- * KINDS: 0 both messages plain, 1 both transactional, 2 message 0 plain and 1 transactional.
+ * Bounds: N = 2 messages, MAXATT = 2 attempts, L = 2 ticks; W (compile time: spin -DW=3).
+ * Chosen when the verifier starts (environment), so one compiled verifier runs them all:
+ *   ZL_KINDS     0 both messages plain, 1 both transactional (default), 2 message 0 plain and
+ *                message 1 transactional (batches of one);
+ *   ZL_CRASHES   crashes, all workers together, at most one each (default 1);
+ *   ZL_CUTS      cuts, all workers together (default 1);
+ *   ZL_REQUEUES  operator force requeues, ZL_REDRIVES operator redrives (default 1 each);
+ *   ZL_MUTANT    a broken variant of the protocol, which must fail a property:
+ *     ack_no_expiry       outcomes not fenced by the lease's expiry (P3);
+ *     renew_no_token      a renewal not fenced by the token (P2, with a force requeue);
+ *     no_deadline         the server never ends a batch's transaction (P3; P5 with a crash);
+ *     handler_commits     a transactional handler COMMITs the batch's transaction (P4);
+ *     handler_rolls_back  a transactional handler ROLLBACKs it, unnoticed (P1);
+ *     keeper_forgets      the keeper takes an unstarted message out of its batch before its
+ *                         release statement, which fails, and renews it for ever (P5).
  *
- * Mutants (each a protocol that must fail a property; tests/test_lease_model.py checks that
- * spin finds the violation): MUTANT_ACK_NO_EXPIRY (outcomes not fenced by the expiry: P3),
- * MUTANT_RENEW_NO_TOKEN (a renewal not fenced by the token: P2), MUTANT_NO_DEADLINE (the
- * server never ends a batch's transaction: P3 and P5), MUTANT_EFFECT_WITHOUT_ACK (a refused
- * acknowledgement keeps its effect in the batch's commit: P4), MUTANT_SWEEP_IGNORES_LOCKS
- * (the sweep moves rows a batch's transaction has locked: P1/P3), MUTANT_KEEPER_FORGETS
- * (the keeper takes an unstarted message out of its batch when its release fails, and goes on
- * renewing it: P5).
- *
- * Run: spin -a lease.pml && gcc -DSAFETY -DNOCLAIM -o pan pan.c && ./pan
- *      gcc -o pan pan.c && ./pan -a -f -N terminal          (see tests/test_lease_model.py)
+ * Run (tests/test_lease_model.py runs each configuration and each mutant):
+ *   spin -DW=2 -a lease.pml && gcc -O2 -DNFAIR=3 -o pan pan.c
+ *   ZL_KINDS=0 ZL_CUTS=0 ./pan -N safety               safety (assertions P1-P4)
+ *   ZL_KINDS=2 ZL_CUTS=0 ./pan -a -f -N terminal       liveness under weak fairness (P5)
+ * A replay of a trail runs no C code: give the run's settings to spin as macros, e.g.
+ *   spin -DW=2 -DZL_KINDS=2 -DZL_CUTS=0 -t -p lease.pml
  */
 
 #ifndef W
@@ -174,7 +181,7 @@ byte unst[W];          /* claimed messages not started yet */
 byte cur[W];           /* 0, or 1 + the message whose handler is running */
 byte outb[W * N];      /* an outcome decided, not yet recorded */
 byte kset[W];          /* the keeper's set: messages of the batch in hand */
-byte zombie[W];        /* MUTANT_KEEPER_FORGETS only: renewed, no longer in the batch */
+byte zombie[W];        /* keeper_forgets only: renewed, no longer in the batch */
 byte wl[W * N];        /* the worker's own estimate: ticks until its lease has surely expired */
 
 /* -- faults and the operator's budget ------------------------------------------------------ */
@@ -523,7 +530,7 @@ inline release(w, m) {
     forget(w, m)
 }
 
-/* MUTANT_KEEPER_FORGETS: the message leaves the batch before the release statement runs; the
+/* keeper_forgets: the message leaves the batch before the release statement runs; the
  * statement fails; the keeper goes on renewing it for ever. */
 inline forget_unreleased(w, m) {
     unst[w] = unst[w] & ~BIT(m);
