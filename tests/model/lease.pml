@@ -70,7 +70,10 @@
 #ifndef W
 #define W 2
 #endif
-#define N 2
+#if W < 2 || W > 3
+#error "W is 2 or 3 (TICKING below lists the estimates of three workers at most)"
+#endif
+#define N 2    /* not a parameter: claims, renewals and EXPIRED spell out both messages */
 #ifndef L
 #define L 2
 #endif
