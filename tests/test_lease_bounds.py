@@ -202,10 +202,14 @@ def test_a_claim_that_waited_for_a_lock_starts_its_lease_when_it_got_the_row(oth
     other.run("BEGIN")
     other.run(f"LOCK TABLE {MSG} IN SHARE MODE")  # the claim's UPDATE waits for it
     got: list[Any] = []
+    pids: list[int] = []
 
     def claim() -> None:
         try:
-            got.extend(ZeroLossMessageService(instance_id="late-claim").claim_next("lb.wait"))
+            claimer = ZeroLossMessageService(instance_id="late-claim")
+            claimer.connection.ensure_connection()
+            pids.append(claimer.connection.connection.info.backend_pid)
+            got.extend(claimer.claim_next("lb.wait"))
         finally:
             connections.close_all()
 
@@ -213,13 +217,17 @@ def test_a_claim_that_waited_for_a_lock_starts_its_lease_when_it_got_the_row(oth
     thread.start()
     try:
         assert wait_until(
-            lambda: bool(
-                other.run(
-                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH t AS (UPDATE%%'"
+            lambda: (
+                bool(pids)
+                and bool(
+                    other.run(
+                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                        [pids[0]],
+                    )
                 )
             ),
-            timeout=20,
-        )
+            timeout=60,
+        ), other.run("SELECT pid, state, wait_event_type, left(query, 60) FROM pg_stat_activity")
         [(released_at,)] = other.run("SELECT clock_timestamp()")
     finally:
         other.run("COMMIT")
