@@ -108,6 +108,11 @@ class ZeroLossSettings:
     #: Thresholds for the health check: above them the check fails.
     HEALTH_MAX_STUCK: int = 0
     HEALTH_MAX_DEAD: int = 100
+    #: Periodic messages, by name (docs/schedules.md); validated by :mod:`zeroloss.schedules.spec`
+    #: and reported by ``manage.py check`` (zeroloss.E050-E058), so kept raw here.
+    SCHEDULES: dict[str, Any] = field(default_factory=dict)
+    #: How often a scheduler round runs (worker, ``zeroloss_schedule --loop``, Celery beat).
+    SCHEDULE_INTERVAL: float = 1.0
 
     @property
     def heartbeat_interval(self) -> float:
@@ -135,6 +140,7 @@ _NUMBER_FIELDS = {
     "PUBLISH_TIMEOUT": (False, 0.0),
     "ACK_FLUSH_INTERVAL": (True, 0.0),
     "CACHE_TIMEOUT": (True, 0.0),
+    "SCHEDULE_INTERVAL": (False, 0.0),
 }
 _INT_FIELDS = {
     "MAX_ATTEMPTS": 1,
@@ -245,6 +251,8 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             if value not in TRANSPORTS:
                 raise SettingError(key, f"must be one of {TRANSPORTS}, got {value!r}.")
             values[key] = value
+        elif key == "SCHEDULES":
+            values[key] = value  # each schedule's fields are checked by zeroloss.schedules
         elif key == "RETRY_BACKOFF":
             if not isinstance(value, dict) or set(value) - {"BASE", "MAX"}:
                 raise SettingError(key, f'must be a dict like {{"BASE": 1, "MAX": 300}}, got {value!r}.')

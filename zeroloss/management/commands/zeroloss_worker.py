@@ -68,6 +68,11 @@ class Command(ZeroLossCommand):
             "--no-sweep", action="store_true", help="Do not run the recovery sweep in this process."
         )
         parser.add_argument(
+            "--no-schedule",
+            action="store_true",
+            help="Do not run the scheduler (ZEROLOSS['SCHEDULES'] and database schedules) in this process.",
+        )
+        parser.add_argument(
             "--no-listen",
             action="store_true",
             help="Do not LISTEN for wake-ups (behind a transaction-pooling PgBouncer); poll instead.",
@@ -87,6 +92,7 @@ class Command(ZeroLossCommand):
         burst: bool,
         max_messages: int | None,
         no_sweep: bool,
+        no_schedule: bool,
         no_listen: bool,
         health_file: str | None,
         json: bool,
@@ -118,6 +124,7 @@ class Command(ZeroLossCommand):
             burst=burst,
             max_messages=max_messages,
             sweep=not no_sweep,
+            schedule=not no_schedule,
             using=service.using,
             stop=stop,
             health_file=health_file,
