@@ -1,0 +1,110 @@
+"""Exactly one message per tick with real processes: three workers scheduling a 2 s interval,
+their host clocks 30 s apart (libfaketime), one SIGKILLed and restarted."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import time
+
+import pytest
+from django.db import connection
+
+from tests.conftest import child_env
+from tests.support import expire_leases
+from tests.workers import Proc
+from zeroloss.models import Message
+from zeroloss.schedules.scheduler import _aware, _clock_sql
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.once]
+
+EVERY = 2
+
+
+def db_now() -> dt.datetime:
+    with connection.cursor() as cursor:
+        cursor.execute(_clock_sql(connection.vendor))
+        return _aware(cursor.fetchone()[0])
+
+
+def wait_db_clock(until: dt.datetime, procs: list[Proc]) -> None:
+    deadline = time.monotonic() + 60
+    while db_now() < until:
+        for proc in procs:
+            assert proc.popen.poll() is None, proc.text[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def skewed_worker(offset: str, name: str) -> Proc:
+    settings = {
+        "SCHEDULE_INTERVAL": 0.5,
+        "SCHEDULES": {"tick": {"queue": "demo.record_tx", "every": EVERY}},
+    }
+    env = child_env(
+        ZEROLOSS_LOG_LEVEL="INFO",
+        ZEROLOSS_SETTINGS_JSON=json.dumps(settings),
+        PGAPPNAME=name,
+        # Only the wall clock is skewed (what a host with a wrong clock has); libfaketime's
+        # monotonic clock would also bend the threads' timed waits.
+        FAKETIME_DONT_FAKE_MONOTONIC="1",
+    )
+    args = [sys.executable, "manage.py", "zeroloss_worker", "--queue", "demo.record_tx", "--no-listen"]
+    proc = Proc(["faketime", "-f", offset, *args], env)
+    proc.wait_for("zeroloss_worker: queues")
+    return proc
+
+
+def test_three_skewed_schedulers_one_killed_send_every_tick_once(db):
+    from tests.hacluster import ensure_debian_package
+
+    ensure_debian_package("faketime", ["faketime"])
+    procs: list[Proc] = []
+    try:
+        # SQLite is embedded: its clock is the host's, and every process sharing its file shares
+        # the host. Skewed clocks between hosts are a server database's case.
+        offsets = ["-30s", "+0s", "+30s"] if connection.vendor == "postgresql" else ["+0s"] * 3
+        procs = [skewed_worker(off, f"sched-{n}") for n, off in enumerate(offsets)]
+        start = db_now()
+        wait_db_clock(start + dt.timedelta(seconds=5), procs)
+        procs[2].sigkill_group()  # the one 30 s ahead
+        expire_leases()  # its message in hand (if any) goes back at once: no waiting out ACK_TIMEOUT
+        wait_db_clock(start + dt.timedelta(seconds=7), procs[:2])
+        procs[2] = skewed_worker(offsets[2], "sched-2b")
+        end = start + dt.timedelta(seconds=13)
+        wait_db_clock(end, procs)
+        deadline = time.monotonic() + 30
+        # Every tick of the window handled (later ticks may still be arriving).
+        ticks = Message.objects.filter(
+            message_id__startswith="tick@", message_id__lte=f"tick@{end.isoformat()}"
+        )
+        while ticks.exclude(status="completed").exists():
+            assert time.monotonic() < deadline, [p.text[-2000:] for p in procs] + list(
+                ticks.exclude(status="completed").values("message_id", "status")
+            )
+            time.sleep(0.1)
+    finally:
+        for proc in procs:
+            proc.terminate()
+    rows = list(
+        Message.objects.filter(message_id__startswith="tick@").values("message_id", "created_at", "status")
+    )
+    sent = sorted(dt.datetime.fromisoformat(r["message_id"].split("@", 1)[1]) for r in rows)
+    # Contiguous from the first tick to the last: none missing, none twice (the unique id).
+    step = dt.timedelta(seconds=EVERY)
+    assert sent == [sent[0] + n * step for n in range(len(sent))], sent
+    # Every tick of the window: from the start (within one tick) to the end (minus the round's lateness).
+    assert sent[0] <= start + step and sent[-1] >= end - step, (start, end, sent)
+    # None early: the host 30 s ahead sent nothing before its tick, by the database's clock.
+    for row in rows:
+        tick = dt.datetime.fromisoformat(row["message_id"].split("@", 1)[1])
+        assert row["created_at"] >= tick, row
+    from project.demo.models import HandledRecord
+
+    handled = sorted(
+        HandledRecord.objects.filter(message_id__startswith="tick@").values_list("message_id", flat=True)
+    )
+    completed = sorted(r["message_id"] for r in rows if r["status"] == "completed")
+    assert handled == completed  # each handled once
+    assert {r["message_id"] for r in rows if r["message_id"] <= f"tick@{end.isoformat()}"} <= set(completed)
