@@ -20,8 +20,10 @@ from zeroloss.schedules.ticks import latest_ticks, next_ticks
 UTC = dt.UTC
 
 
-def at(*args: int) -> dt.datetime:
-    return dt.datetime(*args, tzinfo=UTC)
+def at(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, us: int = 0
+) -> dt.datetime:
+    return dt.datetime(year, month, day, hour, minute, second, us, tzinfo=UTC)
 
 
 class Clock:
@@ -79,8 +81,9 @@ def test_a_daily_0230_in_berlin_runs_once_on_dst_days(day, expected_utc):
         {"queue": "demo.record", "cron": "30 2 * * *", "timezone": "Europe/Berlin"},
         check_targets=False,
     )
-    midnight_before = dt.datetime(*day, tzinfo=spec.tz) - dt.timedelta(hours=1)
-    end_of_day = dt.datetime(*day, 23, 59, tzinfo=spec.tz)
+    year, month, date = day
+    midnight_before = dt.datetime(year, month, date, tzinfo=spec.tz) - dt.timedelta(hours=1)
+    end_of_day = dt.datetime(year, month, date, 23, 59, tzinfo=spec.tz)
     assert latest_ticks(spec, midnight_before, end_of_day, 10) == [expected_utc]
     # Each neighbouring day once too: three days, three ticks.
     assert (
@@ -311,3 +314,31 @@ def test_the_command_refuses_an_unknown_schedule_with_exit_code_2(settings, db):
     with pytest.raises(CommandError) as raised:
         run()
     assert raised.value.returncode == 2
+
+
+def test_the_celery_beat_task_runs_a_round_on_every_ledger_database(settings, db):
+    from zeroloss import tasks
+    from zeroloss.schedule import scheduler_beat_entry
+
+    assert scheduler_beat_entry() == {
+        "zeroloss-schedule": {
+            "task": "zeroloss.schedule",
+            "schedule": 1.0,
+            "options": {"queue": "zeroloss.sweep"},
+        }
+    }
+    schedules(settings, beat={"queue": "demo.record", "every": 5})
+    tasks._schedulers.clear()
+    try:
+        assert tasks.schedule() == {"sent": 1}  # the current tick: found within the on-time window
+        again = tasks.schedule()  # nothing new, unless the next 5 s tick came due meanwhile
+    finally:
+        tasks._schedulers.clear()
+    assert len(tick_ids("beat")) == 1 + again["sent"]
+
+
+def test_the_worker_command_takes_no_schedule():
+    from zeroloss.management.commands.zeroloss_worker import Command
+
+    options = Command().create_parser("manage.py", "zeroloss_worker").parse_args(["--no-schedule"])
+    assert options.no_schedule is True

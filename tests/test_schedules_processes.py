@@ -17,7 +17,9 @@ from tests.workers import Proc
 from zeroloss.models import Message
 from zeroloss.schedules.scheduler import _aware, _clock_sql
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.once]
+# PostgreSQL only: SQLite is embedded, so its clock is the host's and every process sharing its
+# file shares the host; skewed clocks between hosts are a server database's case.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.once, pytest.mark.postgres_only]
 
 EVERY = 2
 
@@ -62,9 +64,7 @@ def test_three_skewed_schedulers_one_killed_send_every_tick_once(db):
     ensure_debian_package("faketime", ["faketime"])
     procs: list[Proc] = []
     try:
-        # SQLite is embedded: its clock is the host's, and every process sharing its file shares
-        # the host. Skewed clocks between hosts are a server database's case.
-        offsets = ["-30s", "+0s", "+30s"] if connection.vendor == "postgresql" else ["+0s"] * 3
+        offsets = ["-30s", "+0s", "+30s"]
         procs = [skewed_worker(off, f"sched-{n}") for n, off in enumerate(offsets)]
         start = db_now()
         wait_db_clock(start + dt.timedelta(seconds=5), procs)

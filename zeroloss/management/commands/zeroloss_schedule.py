@@ -158,7 +158,7 @@ class Command(ZeroLossCommand):
                     sent += len(report.sent)
                     if report.sent and verbosity >= 2:
                         self.log(f"sent {', '.join(report.sent[:20])}")
-                    stop.wait(scheduler.interval)
+                    stop.wait(scheduler.next_round_in())
         if json:
             self.emit_json({"rounds": rounds, "sent": sent})
         self.log(f"zeroloss_schedule: stopped after {rounds} round(s), {sent} tick(s) sent")
