@@ -342,3 +342,18 @@ def test_the_worker_command_takes_no_schedule():
 
     options = Command().create_parser("manage.py", "zeroloss_worker").parse_args(["--no-schedule"])
     assert options.no_schedule is True
+
+
+def test_a_tick_the_ledger_refuses_does_not_hold_back_the_others(settings, db, caplog):
+    settings.ZEROLOSS = {
+        **settings.ZEROLOSS,
+        "MAX_PAYLOAD_BYTES": 100,
+        "SCHEDULES": {
+            "big": {"queue": "demo.record", "every": 5, "payload": {"blob": "x" * 200}},
+            "small": {"queue": "demo.record", "every": 5, "payload": {}},
+        },
+    }
+    Scheduler(clock=Clock(at(2026, 12, 2, 10, 0, 0, 1000))).run_once()
+    assert tick_ids("small") == ["small@2026-12-02T10:00:00+00:00"]
+    assert tick_ids("big") == []
+    assert "big@2026-12-02T10:00:00+00:00 refused by the ledger" in caplog.text

@@ -30,7 +30,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
 
-from ..exceptions import MessageConflict
+from ..exceptions import InvalidMessage, MessageConflict
 from ..loops import StopFlag
 from ..service import ZeroLossMessageService
 from .models import Schedule, ScheduleState
@@ -254,9 +254,16 @@ class Scheduler:
             if busy is not None:
                 report.queries += 1
             items: dict[tuple[Any, ...], list[tuple[str, str, Any]]] = defaultdict(list)
-            for name, ticks in plans.items():
+            for name, ticks in list(plans.items()):
                 spec = self.specs[name]
                 if not ticks:
+                    continue
+                try:
+                    target = self.target(spec)
+                except Exception as exc:
+                    # Its state stays put: once the task imports again, catch-up sends the tick.
+                    logger.error("schedule %r: tick %s not sent: %s", name, spec.message_id(ticks[-1]), exc)
+                    del plans[name]
                     continue
                 if spec.overlap == "skip":
                     if busy and name in busy:
@@ -265,7 +272,6 @@ class Scheduler:
                     # Each later tick would overlap the one sent before it.
                     report.skipped_overlap += [spec.message_id(t) for t in ticks[1:]]
                     ticks = ticks[:1]
-                target = self.target(spec)
                 key = (target.max_attempts, target.priority, target.ordering_key)
                 items[key] += [(spec.message_id(t), target.queue, target.payload) for t in ticks]
                 states[name].last_sent = ticks[-1]
@@ -396,10 +402,11 @@ class Scheduler:
         try:
             with transaction.atomic(using=self.using):
                 return self.service.persist_messages(batch, **options)  # type: ignore[arg-type]
-        except MessageConflict:
+        except (MessageConflict, InvalidMessage):
             pass
-        # A tick stored earlier with another payload (the schedule was edited while another
-        # scheduler sent it): that tick was sent; store the others one by one.
+        # One tick at a time, so one cannot hold back the others: a tick stored earlier with
+        # another payload (the schedule was edited while another scheduler sent it) was sent;
+        # one the ledger refuses (a payload over MAX_PAYLOAD_BYTES, ...) is logged, not retried.
         stored = []
         for item in batch:
             try:
@@ -407,6 +414,8 @@ class Scheduler:
                     stored += self.service.persist_messages([item], **options)  # type: ignore[arg-type]
             except MessageConflict:
                 logger.warning("schedule tick %s was already sent with another payload", item[0])
+            except InvalidMessage as exc:
+                logger.error("schedule tick %s refused by the ledger, not sent: %s", item[0], exc)
         return stored
 
     # -- tools --------------------------------------------------------------------------------
