@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import sys
 import time
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -141,9 +142,14 @@ def test_every_tick_once_across_a_database_restart(tmp_path):
         for proc in procs:
             proc.wait_for("zeroloss_worker: queues")
 
-        def now() -> dt.datetime:
+        def one(sql: str, params: list[Any] | None = None) -> Any:
             with cluster.connect() as conn:
-                return conn.execute("SELECT clock_timestamp()").fetchone()[0]
+                row = conn.execute(sql, params).fetchone()
+                assert row is not None
+                return row[0]
+
+        def now() -> dt.datetime:
+            return one("SELECT clock_timestamp()")
 
         def wait_until(instant: dt.datetime) -> None:
             deadline = time.monotonic() + 60
@@ -159,14 +165,13 @@ def test_every_tick_once_across_a_database_restart(tmp_path):
         for proc in procs:  # the restart was an outage they rode out, not a blip they missed
             proc.wait_for("reachable again after", timeout=30)
         deadline = time.monotonic() + 30
-        with cluster.connect() as conn:
-            while conn.execute(
-                "SELECT count(*) FROM zeroloss_message WHERE message_id LIKE 'tick@%%' AND status <> 'completed' "
-                "AND message_id <= %s",
-                [f"tick@{end.isoformat()}"],
-            ).fetchone()[0]:
-                assert time.monotonic() < deadline, "ticks of the window not completed in 30 s"
-                time.sleep(0.1)
+        while one(
+            "SELECT count(*) FROM zeroloss_message WHERE message_id LIKE 'tick@%%' AND status <> 'completed' "
+            "AND message_id <= %s",
+            [f"tick@{end.isoformat()}"],
+        ):
+            assert time.monotonic() < deadline, "ticks of the window not completed in 30 s"
+            time.sleep(0.1)
     finally:
         for proc in procs:
             proc.terminate()
