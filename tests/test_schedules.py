@@ -357,3 +357,10 @@ def test_a_tick_the_ledger_refuses_does_not_hold_back_the_others(settings, db, c
     assert tick_ids("small") == ["small@2026-12-02T10:00:00+00:00"]
     assert tick_ids("big") == []
     assert "big@2026-12-02T10:00:00+00:00 refused by the ledger" in caplog.text
+
+
+def test_the_command_loop_runs_rounds_until_told_to_stop(settings, db):
+    schedules(settings, loop={"queue": "demo.record", "every": 5})
+    result = json.loads(run("--loop", "--max-rounds", "2", "--json"))
+    assert result["rounds"] == 2
+    assert result["sent"] == len(tick_ids("loop")) >= 1  # the current tick, found on time
