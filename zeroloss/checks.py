@@ -29,6 +29,15 @@
 | zeroloss.W032   | a pooler answers the connection (measured) and Django's server-side cursors |
 |                 | are on (``DISABLE_SERVER_SIDE_CURSORS``; ``check --database default``)   |
 | zeroloss.I050   | PostgreSQL through psycopg2 with ``PREPARED_STATEMENTS`` on: nothing is prepared |
+| zeroloss.E050   | ``SCHEDULES`` is not a dict of name -> dict, or a schedule name is invalid |
+| zeroloss.E051   | a schedule has an unknown key |
+| zeroloss.E052   | a schedule has both or neither of ``cron`` / ``every`` |
+| zeroloss.E053   | a schedule's ``cron`` is not a valid five-field expression |
+| zeroloss.E054   | a schedule's ``every`` is not a number of seconds > 0 |
+| zeroloss.E055   | a schedule's ``timezone`` is not a known IANA time zone |
+| zeroloss.E056   | a schedule's ``queue`` has no handler, or it has both or neither of ``queue`` / ``task`` |
+| zeroloss.E057   | a schedule's ``task`` cannot be imported or is not a Django task |
+| zeroloss.E058   | a schedule's other key has an invalid value (``payload``, ``priority``, ``catch_up``, ...) |
 | zeroloss.E040   | PostgreSQL older than 13 (``check --database default``) |
 | zeroloss.W040   | PostgreSQL with ``fsync = off`` (``check --database default``) |
 | zeroloss.W041   | PostgreSQL with ``synchronous_commit = off`` for zeroloss's connection |
@@ -360,6 +369,25 @@ def backend_messages(
             )
         )
     return messages
+
+
+@register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E050-E058: every invalid ``ZEROLOSS["SCHEDULES"]`` entry, naming the schedule and the field."""
+    from .schedules.spec import schedule_errors
+
+    raw = (
+        settings.ZEROLOSS.get("SCHEDULES") if isinstance(getattr(settings, "ZEROLOSS", None), dict) else None
+    )
+    return [
+        Error(
+            str(exc),
+            hint="Every key is described in docs/schedules.md.",
+            obj="settings.ZEROLOSS",
+            id=exc.check_id,
+        )
+        for exc in schedule_errors(raw)
+    ]
 
 
 # E020-E023 and W020 live with the task backend; imported here so they are registered.

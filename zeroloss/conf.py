@@ -154,6 +154,11 @@ class ZeroLossSettings:
     #: Thresholds for the health check: above them the check fails.
     HEALTH_MAX_STUCK: int = 0
     HEALTH_MAX_DEAD: int = 100
+    #: Periodic messages, by name (docs/schedules.md); validated by :mod:`zeroloss.schedules.spec`
+    #: and reported by ``manage.py check`` (zeroloss.E050-E058), so kept raw here.
+    SCHEDULES: dict[str, Any] = field(default_factory=dict)
+    #: How often a scheduler round runs (worker, ``zeroloss_schedule --loop``, Celery beat).
+    SCHEDULE_INTERVAL: float = 1.0
 
     @property
     def heartbeat_interval(self) -> float:
@@ -181,6 +186,7 @@ _NUMBER_FIELDS = {
     "PUBLISH_TIMEOUT": (False, 0.0),
     "ACK_FLUSH_INTERVAL": (True, 0.0),
     "CACHE_TIMEOUT": (True, 0.0),
+    "SCHEDULE_INTERVAL": (False, 0.0),
 }
 _INT_FIELDS = {
     "MAX_ATTEMPTS": 1,
@@ -303,6 +309,8 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             if value is not None:
                 _json_encoder(key, value)  # importable, and an encoder: E005 otherwise
             values[key] = value
+        elif key == "SCHEDULES":
+            values[key] = value  # each schedule's fields are checked by zeroloss.schedules
         elif key == "RETRY_BACKOFF":
             if not isinstance(value, dict) or set(value) - {"BASE", "MAX", "JITTER"}:
                 raise SettingError(

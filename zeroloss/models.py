@@ -277,3 +277,7 @@ class ReplicationNode(models.Model):
 
     def __str__(self) -> str:
         return self.node_id
+
+
+# Database-defined schedules live with their code; imported here so the app registry has them.
+from .schedules.models import Schedule, ScheduleState  # noqa: E402, F401

@@ -4,7 +4,7 @@ It touches no model, so it works before Django's app registry is ready::
 
     from zeroloss.schedule import beat_schedule_entry
 
-    app.conf.beat_schedule = {**beat_schedule_entry()}
+    app.conf.beat_schedule = {**beat_schedule_entry(), **scheduler_beat_entry()}
 """
 
 from __future__ import annotations
@@ -31,3 +31,24 @@ def beat_schedule_entry(
     if target:
         options["queue"] = target
     return {"zeroloss-sweep": {"task": "zeroloss.sweep", "schedule": seconds, "options": options}}
+
+
+def scheduler_beat_entry(
+    interval: float | None = None, *, queue: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """The ``beat_schedule`` entry that runs a scheduler round (``ZEROLOSS["SCHEDULES"]`` and the
+    database schedules, docs/schedules.md) every ``SCHEDULE_INTERVAL`` seconds.
+
+    Beat only says "run a round now": which ticks are due is decided by the database clock and
+    each tick's message id is ``<name>@<tick UTC>``, so two beats, a late beat or a skewed beat
+    host send each tick once. Like the sweep's, it goes to ``SWEEP_QUEUE`` by default.
+    """
+    from .conf import get_settings
+
+    settings = get_settings()
+    seconds = interval if interval is not None else settings.SCHEDULE_INTERVAL
+    options: dict[str, Any] = {}
+    target = queue if queue is not None else settings.SWEEP_QUEUE
+    if target:
+        options["queue"] = target
+    return {"zeroloss-schedule": {"task": "zeroloss.schedule", "schedule": seconds, "options": options}}

@@ -15,9 +15,9 @@ from celery import Task, shared_task
 from celery.signals import worker_process_shutdown
 
 from .outage import BACKOFF_MAX, OutageMonitor, close_connection, is_outage
-from .schedule import beat_schedule_entry
+from .schedule import beat_schedule_entry, scheduler_beat_entry
 
-__all__ = ["beat_schedule_entry", "deliver_message", "sweep"]
+__all__ = ["beat_schedule_entry", "deliver_message", "schedule", "scheduler_beat_entry", "sweep"]
 
 
 @shared_task(
@@ -63,6 +63,26 @@ def sweep() -> dict[str, Any]:
         totals["dead_lettered"] += len(report.dead_lettered)
         totals["redispatched"] += len(report.redispatched)
     return totals
+
+
+#: One scheduler per ledger database in each worker process: it keeps every schedule's next tick
+#: in memory, so a round with nothing due costs one query (the clock read).
+_schedulers: dict[str, Any] = {}
+
+
+@shared_task(name="zeroloss.schedule", ignore_result=True)
+def schedule() -> dict[str, Any]:
+    """A scheduler round on every ledger database: sends the due ticks (docs/schedules.md)."""
+    from .schedules.scheduler import Scheduler
+    from .transports import ledger_aliases
+
+    sent: list[str] = []
+    for alias in ledger_aliases():
+        scheduler = _schedulers.get(alias)
+        if scheduler is None:
+            scheduler = _schedulers[alias] = Scheduler(alias, instance_id=f"celery:schedule:{alias}")
+        sent += scheduler.run_once().sent
+    return {"sent": len(sent)}
 
 
 @worker_process_shutdown.connect

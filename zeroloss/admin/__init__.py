@@ -19,6 +19,7 @@ from .base import PERMISSIONS, ReadOnlyAdmin, get_service
 from .ledger import MessageEventAdmin, PurgeRecordAdmin, ReplicationNodeAdmin
 from .message import MessageAdmin
 from .paginator import LedgerPaginator
+from .schedules import ScheduleAdmin  # registers Schedule (docs/schedules.md)
 
 admin.site.register(Message, MessageAdmin)
 admin.site.register(ReplicationNode, ReplicationNodeAdmin)
@@ -33,5 +34,6 @@ __all__ = [
     "PurgeRecordAdmin",
     "ReadOnlyAdmin",
     "ReplicationNodeAdmin",
+    "ScheduleAdmin",
     "get_service",
 ]

@@ -25,6 +25,7 @@ from ..loops import StopFlag, SweepLoop
 from ..models import Message
 from ..outage import Backoff, OutageMonitor, OutageTooLong
 from ..processing import Outcome
+from ..schedules.scheduler import Scheduler
 from ..service import ZeroLossMessageService
 from ..wakeup import Wakeup
 from .keeper import LeaseKeeper
@@ -69,6 +70,7 @@ class Worker:
         burst: bool = False,
         max_messages: int | None = None,
         sweep: bool = True,
+        schedule: bool = True,
         using: str = "default",
         instance_id: str | None = None,
         stop: StopFlag | None = None,
@@ -83,6 +85,8 @@ class Worker:
         self.burst = burst
         self.max_messages = max_messages
         self.sweep = sweep
+        #: Run the scheduler (docs/schedules.md) beside the sweep: every worker is a scheduler.
+        self.schedule = schedule
         self.using = using
         self.instance_id = instance_id
         self.stop = stop if stop is not None else StopFlag()
@@ -165,8 +169,16 @@ class Worker:
         backoff = Backoff()
         next_sweep = time.monotonic()
         tolerance = self.base.settings.DB_OUTAGE_TOLERANCE
+        scheduler = self._scheduler() if self.schedule else None
         try:
             while any(t.is_alive() for t in threads):
+                if (
+                    scheduler is not None
+                    and not self.stop
+                    and not scheduler.round_if_due(self.monitor, tolerance)
+                ):
+                    self.stats.gave_up = True
+                    self.stop.set("db-outage")
                 if sweeper is not None and time.monotonic() >= next_sweep and not self.stop:
                     try:
                         ok, report = self.monitor.attempt(
@@ -206,6 +218,9 @@ class Worker:
 
         service = self.service_for(-1)
         return SweepLoop(service, stop=self.stop, after_sweep=after_sweep_hooks(service))
+
+    def _scheduler(self) -> Scheduler:
+        return Scheduler(self.using, instance_id=f"{self.base.instance_id}/schedule", stop=self.stop)
 
     def _write_health(self, *, stopped: bool = False) -> None:
         """``--health-file``: a small JSON a liveness probe can read (rewritten about every second)."""

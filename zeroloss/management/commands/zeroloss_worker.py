@@ -71,6 +71,11 @@ class Command(ZeroLossCommand):
             "--no-sweep", action="store_true", help="Do not run the recovery sweep in this process."
         )
         parser.add_argument(
+            "--no-schedule",
+            action="store_true",
+            help="Do not run the scheduler (ZEROLOSS['SCHEDULES'] and database schedules) in this process.",
+        )
+        parser.add_argument(
             "--no-listen",
             action="store_true",
             help="Do not LISTEN for wake-ups (behind a transaction-pooling PgBouncer); poll instead.",
@@ -90,6 +95,7 @@ class Command(ZeroLossCommand):
         burst: bool,
         max_messages: int | None,
         no_sweep: bool,
+        no_schedule: bool,
         no_listen: bool,
         health_file: str | None,
         json: bool,
@@ -130,6 +136,7 @@ class Command(ZeroLossCommand):
             burst=burst,
             max_messages=max_messages,
             sweep=not no_sweep,
+            schedule=not no_schedule,
             using=service.using,
             stop=stop,
             health_file=health_file,

@@ -1,0 +1,164 @@
+"""``manage.py zeroloss_schedule``: list schedules, preview their ticks, send one now, or run the scheduler.
+
+    zeroloss_schedule list
+    zeroloss_schedule preview NAME [--next N]
+    zeroloss_schedule run NAME
+    zeroloss_schedule --loop          # the scheduler alone (every zeroloss_worker runs one too)
+
+Exit codes: 0 done; 2 bad arguments (an unknown schedule name, a bad settings schedule: the
+message says which field); 4 the database could not be reached (or, with ``--loop``, stayed
+unreachable longer than ``DB_OUTAGE_TOLERANCE``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from ...loops import StopFlag
+from ...outage import OutageTooLong
+from ...schedules.scheduler import Scheduler, load_schedules
+from ...schedules.spec import ScheduleError
+from ...worker.sessions import harden_sessions
+from ..base import EXIT_UNREACHABLE, ZeroLossCommand, positive_int
+
+
+class Command(ZeroLossCommand):
+    help = "List schedules, preview a schedule's next ticks, send one now, or run the scheduler (--loop)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("action", nargs="?", choices=["list", "preview", "run"], help="What to do.")
+        parser.add_argument("name", nargs="?", help="The schedule (preview, run).")
+        parser.add_argument(
+            "--next", type=positive_int, default=5, help="preview: how many ticks (default 5)."
+        )
+        parser.add_argument("--loop", action="store_true", help="Run the scheduler until SIGTERM/SIGINT.")
+        parser.add_argument(
+            "--max-rounds", type=positive_int, help="With --loop: stop after this many rounds."
+        )
+
+    def handle(
+        self,
+        *,
+        action: str | None,
+        name: str | None,
+        next: int,
+        loop: bool,
+        max_rounds: int | None,
+        json: bool,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        service = self.service(options)
+        if loop == (action is not None):
+            self.usage_error("give one of: list, preview NAME, run NAME, --loop")
+        if action in ("preview", "run") and not name:
+            self.usage_error(f"{action} needs a schedule NAME")
+        try:
+            if loop:
+                return self._loop(service.using, max_rounds, json, verbosity)
+            scheduler = Scheduler(service.using, instance_id=f"cli:{self.command_name()}")
+            if action == "list":
+                return self._list(scheduler, json)
+            assert name is not None
+            if name not in load_schedules(service.using):
+                known = ", ".join(sorted(load_schedules(service.using))) or "none"
+                self.usage_error(f"unknown schedule {name!r} (schedules: {known})")
+        except ScheduleError as exc:
+            self.usage_error(str(exc))
+        if action == "preview":
+            now = scheduler.read_clock()[0]
+            ticks = scheduler.preview(name, next, after=now)
+            spec = scheduler.spec(name)
+            if json:
+                self.emit_json(
+                    {
+                        "name": name,
+                        "now": now.isoformat(),
+                        "ticks": [t.isoformat() for t in ticks],
+                        "message_ids": [spec.message_id(t) for t in ticks],
+                    }
+                )
+            else:
+                self.table(
+                    ["tick (UTC)", f"local ({spec.timezone})", "message id"],
+                    [[t.isoformat(), t.astimezone(spec.tz).isoformat(), spec.message_id(t)] for t in ticks],
+                )
+            return
+        message_id = scheduler.run_now(name)
+        if json:
+            self.emit_json({"name": name, "message_id": message_id})
+        else:
+            self.stdout.write(f"sent {message_id}")
+
+    def _list(self, scheduler: Scheduler, json: bool) -> None:
+        from ...schedules.models import ScheduleState
+        from ...schedules.ticks import next_tick
+
+        now = scheduler.read_clock()[0]
+        specs = load_schedules(scheduler.using)
+        states = {
+            s.name: s for s in ScheduleState.objects.using(scheduler.using).filter(name__in=list(specs))
+        }
+        rows = []
+        for spec in specs.values():
+            state = states.get(spec.name)
+            upcoming = next_tick(spec, now) if spec.enabled else None
+            rows.append(
+                {
+                    **spec.as_dict(),
+                    "next_tick": upcoming.isoformat() if upcoming else None,
+                    "last_sent": state.last_sent.isoformat() if state and state.last_sent else None,
+                }
+            )
+        if json:
+            self.emit_json({"now": now.isoformat(), "schedules": rows})
+            return
+        self.table(
+            ["name", "source", "when", "target", "enabled", "next tick (UTC)", "last sent"],
+            [
+                [
+                    r["name"],
+                    r["source"],
+                    spec.when,
+                    r["task"] or r["queue"],
+                    "yes" if r["enabled"] else "no",
+                    r["next_tick"] or "-",
+                    r["last_sent"] or "-",
+                ]
+                for r, spec in zip(rows, specs.values(), strict=True)
+            ],
+        )
+
+    def _loop(self, using: str, max_rounds: int | None, json: bool, verbosity: int) -> None:
+        from ...outage import Backoff, OutageMonitor
+
+        stop = StopFlag()
+        scheduler = Scheduler(using, instance_id=f"cli:{self.command_name()}", stop=stop)
+        harden_sessions([using], scheduler.service.settings.DEAD_PEER_TIMEOUT)
+        monitor = OutageMonitor.for_alias(using)
+        backoff = Backoff()
+        rounds = sent = 0
+        with stop.on_signals():
+            self.log(f"zeroloss_schedule: a round every {scheduler.interval:g}s (Ctrl-C or SIGTERM stops)")
+            while not stop and (max_rounds is None or rounds < max_rounds):
+                try:
+                    ok, report = monitor.attempt(
+                        scheduler.run_once,
+                        who="the scheduler",
+                        backoff=backoff,
+                        wait=stop.wait,
+                        tolerance=scheduler.service.settings.DB_OUTAGE_TOLERANCE,
+                    )
+                except OutageTooLong as exc:
+                    raise CommandError(str(exc), returncode=EXIT_UNREACHABLE) from None
+                if ok and report is not None:
+                    rounds += 1
+                    sent += len(report.sent)
+                    if report.sent and verbosity >= 2:
+                        self.log(f"sent {', '.join(report.sent[:20])}")
+                    stop.wait(scheduler.next_round_in())
+        if json:
+            self.emit_json({"rounds": rounds, "sent": sent})
+        self.log(f"zeroloss_schedule: stopped after {rounds} round(s), {sent} tick(s) sent")
