@@ -27,11 +27,10 @@ from django.core.management import call_command
 from django.db import connection
 
 import zeroloss
-from zeroloss.loops import StopFlag
+from tests.support import finish, run_worker
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.processing import Delivery
 from zeroloss.service import ZeroLossMessageService, wait_until
-from zeroloss.worker import Worker
 
 from .conftest import ROOT, child_env, database_url
 from .pgcluster import free_port
@@ -220,23 +219,10 @@ def _watch_lease(queue: str) -> tuple[dict[str, bool], threading.Event, threadin
     return seen, started, done
 
 
-def _run_worker(queue: str) -> tuple[Worker, threading.Thread]:
-    worker = Worker([queue], stop=StopFlag(), poll_interval=0.05)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    return worker, thread
-
-
-def _finish(worker: Worker, thread: threading.Thread) -> None:
-    worker.stop.set("test")
-    thread.join(60)
-    assert not thread.is_alive(), "the worker did not stop"
-
-
 def test_lease_lost_turns_true_when_a_renewal_is_refused():
     seen, started, done = _watch_lease("claims.refused")
     ZeroLossMessageService().persist_message("refused-1", "claims.refused", {})
-    worker, thread = _run_worker("claims.refused")
+    worker, thread = run_worker("claims.refused")
     try:
         assert started.wait(30)
         assert expire_leases(["refused-1"]) == 1  # the next renewal finds an expired lease
@@ -247,7 +233,7 @@ def test_lease_lost_turns_true_when_a_renewal_is_refused():
         assert reasons("refused-1") == ["persisted", "claimed", "lease_expired", "claimed", "acknowledged"]
         assert worker.stats.outcomes["lease_lost"] == 1
     finally:
-        _finish(worker, thread)
+        finish(worker, thread)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -282,7 +268,7 @@ def test_a_renewal_that_lands_after_the_lease_ran_out_here_leaves_it_lost():
 def test_lease_lost_turns_true_when_no_renewal_lands_before_the_lease_runs_out():
     seen, started, done = _watch_lease("claims.silent")
     ZeroLossMessageService().persist_message("silent-1", "claims.silent", {})
-    worker, thread = _run_worker("claims.silent")
+    worker, thread = run_worker("claims.silent")
     try:
         assert started.wait(30)
         blocked_at = time.monotonic()
@@ -295,4 +281,4 @@ def test_lease_lost_turns_true_when_no_renewal_lands_before_the_lease_runs_out()
         assert wait_until(lambda: Message.objects.get(message_id="silent-1").status == Status.COMPLETED, 30)
         assert reasons("silent-1") == ["persisted", "claimed", "lease_expired", "claimed", "acknowledged"]
     finally:
-        _finish(worker, thread)
+        finish(worker, thread)

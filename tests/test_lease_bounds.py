@@ -14,13 +14,11 @@ from django.contrib.auth.models import Group
 from django.db import OperationalError, connection, connections
 
 import zeroloss
-from tests.support import expire_leases
+from tests.support import expire_leases, finish, run_worker
 from zeroloss.ledger.types import Completion, CompletionReport, Verdict
-from zeroloss.loops import StopFlag
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.processing import Delivery
 from zeroloss.service import ZeroLossMessageService, wait_until
-from zeroloss.worker import Worker
 from zeroloss.worker.completer import Completer
 from zeroloss.worker.keeper import Batch, LeaseKeeper
 from zeroloss.worker.sessions import harden_sessions, keepalive_values
@@ -69,19 +67,6 @@ def other() -> Iterator[_Other]:
         yield session
     finally:
         session.close()
-
-
-def run_worker(queue: str, **kwargs: Any) -> tuple[Worker, threading.Thread]:
-    worker = Worker([queue], stop=StopFlag(), poll_interval=0.05, **kwargs)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    return worker, thread
-
-
-def finish(worker: Worker, thread: threading.Thread) -> None:
-    worker.stop.set("test")
-    thread.join(60)
-    assert not thread.is_alive(), "the worker did not stop"
 
 
 @pytest.mark.postgres_only

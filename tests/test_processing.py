@@ -13,32 +13,16 @@ from django.contrib.auth.models import Group
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
 import zeroloss
-from tests.support import expire_leases
+from tests.support import expire_leases, finish, run_worker
 from zeroloss.handlers import get_handler
 from zeroloss.ledger.types import Completion, Verdict
-from zeroloss.loops import StopFlag
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.processing import LEFT_TRANSACTION_FAILED, Delivery, describe_error
 from zeroloss.service import ZeroLossMessageService, wait_until
-from zeroloss.worker import Worker
 from zeroloss.worker.keeper import Batch, LeaseKeeper
 from zeroloss.worker.transactional import CAREFUL_BATCHES, TransactionalBatches
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def run_worker(queue: str, *, timeout: float = 60, **kwargs: Any) -> tuple[Worker, threading.Thread]:
-    stop = StopFlag()
-    worker = Worker([queue], stop=stop, poll_interval=0.05, **kwargs)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    return worker, thread
-
-
-def finish(worker: Worker, thread: threading.Thread, timeout: float = 60) -> None:
-    worker.stop.set("test")
-    thread.join(timeout)
-    assert not thread.is_alive(), "the worker did not stop"
 
 
 def reasons(message_id: str) -> list[str]:

@@ -6,7 +6,9 @@ the lease's expiry into the past with :func:`expire_leases`, exactly as time wou
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
+from typing import Any
 
 from django.db import connections
 
@@ -36,6 +38,24 @@ def expire_leases(
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+def run_worker(queue: str, **kwargs: Any) -> tuple[Any, threading.Thread]:
+    """A built-in worker on ``queue`` in a thread of this process (stop it with :func:`finish`)."""
+    from zeroloss.loops import StopFlag
+    from zeroloss.worker import Worker
+
+    worker = Worker([queue], stop=StopFlag(), poll_interval=0.05, **kwargs)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return worker, thread
+
+
+def finish(worker: Any, thread: threading.Thread, timeout: float = 60) -> None:
+    """Stop a worker of :func:`run_worker` and wait (bounded) until it has."""
+    worker.stop.set("test")
+    thread.join(timeout)
+    assert not thread.is_alive(), "the worker did not stop"
 
 
 def make_available(message_ids: Iterable[str], *, using: str = "default") -> int:
