@@ -297,14 +297,18 @@ def test_catch_up_policies_after_every_scheduler_stopped_for_60_s(db):
     timeline = {"stopped": stopped, "restarted": restarted_at, "first_round": first_round, "new": new}
     for name in CATCH_UP_SCHEDULES:
         assert [t for t in after[name] if t <= stopped] == before[name]  # the earlier ticks untouched
-    assert [len(missed[n]) for n in CATCH_UP_SCHEDULES] == [6, 6, 3], timeline
-    # latest: the most recent missed tick, once; all: the most recent max_catch_up (3) of the 6,
-    # each once; none: not one of the missed ticks (the newest was found more than
-    # ON_TIME_WINDOW late).
+    # At least a minute of ticks missed (more when the restarted worker's first round came late
+    # on a loaded machine: the expectations below follow the ticks actually missed).
+    assert [len(missed[n]) >= k for n, k in zip(CATCH_UP_SCHEDULES, [6, 6, 3], strict=True)] == [True] * 3, (
+        timeline
+    )
+    # latest: the most recent missed tick, once; all: the most recent max_catch_up (3) of them,
+    # each once; none: not one of the missed ticks found more than ON_TIME_WINDOW late (the
+    # newest, if the first round came within the window of it, is on time and sent).
     assert new["cu-latest"] == missed["cu-latest"][-1:], timeline
     assert new["cu-all"] == missed["cu-all"][-3:], timeline
-    assert (first_round - missed["cu-none"][-1]).total_seconds() > ON_TIME_WINDOW, timeline
-    assert new["cu-none"] == [], timeline
+    late = (first_round - missed["cu-none"][-1]).total_seconds() > ON_TIME_WINDOW
+    assert new["cu-none"] == ([] if late else missed["cu-none"][-1:]), timeline
     from project.demo.models import HandledRecord
 
     ids = [f"{name}@{t.isoformat()}" for name, ticks in new.items() for t in ticks]
