@@ -28,7 +28,7 @@ from django.urls import reverse
 from django.utils import translation
 
 from tests.support import expire_leases
-from tests.test_ops_support import clear_cache, make_leased, make_stuck, run
+from tests.test_ops_support import clear_cache, cli, make_leased, make_stuck, run
 from zeroloss.models import Message
 from zeroloss.service import ZeroLossMessageService
 
@@ -384,3 +384,18 @@ def test_commands_english_is_unchanged(ops_ledger: None, settings: Any) -> None:
     assert (
         "Read the database now instead of a snapshot up to CACHE_TIMEOUT seconds old. (default: off)" in text
     )
+
+
+def test_command_line_speaks_the_settings_language() -> None:
+    """``manage.py`` in a new process, ``LANGUAGE_CODE = "de"`` in its settings and nothing
+    activated: the usage error, a CommandError and ``--help`` are German, the exit codes unchanged."""
+    german = ("--settings", "tests.settings_german")
+    bad = cli("zeroloss_status", "--watch", "0", *german)
+    assert bad.returncode == 2
+    assert "ungültige Zahl '0': erwartet werden endlich viele Sekunden > 0" in bad.stderr, bad.stderr
+    worker = cli("zeroloss_worker", "--queue", "nope", "--burst", *german)
+    assert worker.returncode == 2
+    assert "Für die Warteschlange(n) nope ist kein Handler registriert" in worker.stderr, worker.stderr
+    text = " ".join(cli("zeroloss_requeue", "--help", *german).stdout.split())
+    assert "Nachrichten-IDs, die erneut eingereiht" in text, text
+    assert "Melden, was sich ändern würde, und nichts ändern. (Standard: aus)" in text, text
