@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gettext
 import html
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -21,16 +22,20 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.cache import cache
+from django.core.management import load_command_class
 from django.test import Client
 from django.urls import reverse
 from django.utils import translation
 
 from tests.support import expire_leases
+from tests.test_ops_support import clear_cache, cli, make_leased, make_stuck, run
 from zeroloss.models import Message
 from zeroloss.service import ZeroLossMessageService
 
 LOCALE = Path(__file__).resolve().parent.parent / "zeroloss" / "locale"
 LANGUAGES = ("de", "fr")
+#: What separates an entry's context from its msgid in a compiled catalog (GNU gettext's EOT).
+CONTEXT = "\x04"
 
 #: Phrases each page must show, per language.
 EXPECTED = {
@@ -106,7 +111,7 @@ EXPECTED = {
 }
 
 _PO_ENTRY = re.compile(
-    r'^msgid ((?:"(?:[^"\\]|\\.)*"\n)+)(?:msgid_plural ((?:"(?:[^"\\]|\\.)*"\n)+))?'
+    r'^(?:msgctxt ((?:"(?:[^"\\]|\\.)*"\n)+))?msgid ((?:"(?:[^"\\]|\\.)*"\n)+)(?:msgid_plural ((?:"(?:[^"\\]|\\.)*"\n)+))?'
     r'((?:msgstr(?:\[\d\])? (?:"(?:[^"\\]|\\.)*"\n?)+)+)',
     re.M,
 )
@@ -117,14 +122,19 @@ def _joined(block: str) -> str:
 
 
 def catalog(lang: str) -> list[tuple[str, list[str]]]:
-    """``(msgid, [translations])`` of zeroloss's catalog for ``lang`` (the header left out)."""
+    """``(msgid, [translations])`` of zeroloss's catalog for ``lang`` (the header left out).
+
+    An entry with a context (``pgettext``) is keyed as the compiled catalog keys it: the
+    context, the separator ``CONTEXT``, then the msgid."""
     text = (LOCALE / lang / "LC_MESSAGES" / "django.po").read_text(encoding="utf-8")
     entries = []
     for match in _PO_ENTRY.finditer(text):
-        msgid = _joined(match.group(1))
+        msgid = _joined(match.group(2))
         if not msgid:
             continue
-        strs = [_joined(s) for s in re.split(r"^msgstr(?:\[\d\])? ", match.group(3), flags=re.M) if s]
+        if match.group(1):
+            msgid = f"{_joined(match.group(1))}{CONTEXT}{msgid}"
+        strs = [_joined(s) for s in re.split(r"^msgstr(?:\[\d\])? ", match.group(4), flags=re.M) if s]
         entries.append((msgid, strs))
     return entries
 
@@ -227,3 +237,165 @@ def test_english_is_unchanged(desk: dict[str, Any], settings: Any) -> None:
     assert "Requeue stuck messages (expired lease)" in rendered["changelist"]
     assert "Messages per queue and status" in rendered["dashboard"]
     assert "at (database clock)" in rendered["detail"]
+
+
+# -- the management commands ---------------------------------------------------------------
+# Django runs a command in the active language, which is LANGUAGE_CODE's unless something
+# activated another (BaseCommand.execute leaves the locale alone; ``@no_translations`` is not
+# used). ``settings.LANGUAGE_CODE = ...`` resets the active language, as a new process has it.
+
+#: Per language: phrases the output must show, and the English they replace (must be absent).
+COMMAND_PHRASES: dict[str, dict[str, Any]] = {
+    "de": {
+        "status": (
+            [
+                "Warteschlange",
+                "hängt",
+                "älteste ausstehende",
+                "Knoten: 0 aktiv, 0 nicht erreichbar",
+                "Stand ",
+                "(Datenbankuhr)",
+                "blockierte Reihenfolgeschlüssel: 0",
+            ],
+            ["queue", "oldest pending", "nodes:", "as of", "blocked ordering keys"],
+        ),
+        "requeue": (
+            [
+                "würde 1 von 2 ausgewählten Nachricht(en) erneut einreihen",
+                "Ergebnis",
+                "würde erneut einreihen",
+                "übersprungen, weil",
+                "Lease ist aktiv (--force verwenden)",
+            ],
+            ["would requeue", "skipped because", "lease is live"],
+        ),
+        "incomplete": "1 von 2 ausgewählten Nachricht(en) würden nicht erneut eingereiht",
+        "worker": "Für die Warteschlange(n) nope ist kein Handler registriert; registriert: ",
+        "help": [
+            "Nachrichten je Warteschlange und Status anzeigen",
+            "(Standard: einmal ausgeben)",
+            "Datenbank-Alias (Standard: default)",
+            "(Standard: aus)",
+        ],
+    },
+    "fr": {
+        "status": (
+            [
+                "file",
+                "bloqué",
+                "plus ancien en attente",
+                "nœuds : 0 actif(s), 0 hors ligne",
+                "au ",
+                "(horloge de la base)",
+                "clés d’ordre bloquées : 0",
+            ],
+            ["queue", "oldest pending", "nodes:", "as of", "blocked ordering keys"],
+        ),
+        "requeue": (
+            [
+                "remettrait en file 1 des 2 message(s) sélectionné(s)",
+                "résultat",
+                "serait remis en file",
+                "ignoré car",
+                "le bail est actif (utilisez --force)",
+            ],
+            ["would requeue", "skipped because", "lease is live"],
+        ),
+        "incomplete": "1 des 2 message(s) sélectionné(s) ne seraient pas remis en file",
+        "worker": "Aucun handler n’est enregistré pour la ou les files nope ; enregistrées : ",
+        "help": [
+            "Afficher les messages par file et par statut",
+            "(par défaut : afficher une fois)",
+            "Alias de la base de données (par défaut : default)",
+            "(par défaut : désactivé)",
+        ],
+    },
+}
+
+
+@pytest.fixture
+def ops_ledger(db: None) -> None:
+    """A stuck message and one under a live lease, in queue ``q``."""
+    clear_cache()
+    make_stuck(["s1"])
+    make_leased(["live1"])
+
+
+def _help(command: str) -> str:
+    return load_command_class("zeroloss", command).create_parser("manage.py", command).format_help()
+
+
+@pytest.mark.parametrize("lang", LANGUAGES)
+def test_commands_speak_the_language(ops_ledger: None, settings: Any, lang: str) -> None:
+    settings.LANGUAGE_CODE = lang
+    phrases = COMMAND_PHRASES[lang]
+
+    status = run("zeroloss_status", "--no-cache")
+    assert status.code == 0, status.err
+    shown, english = phrases["status"]
+    assert [p for p in shown if p not in status.out] == [], status.out
+    assert [e for e in english if e in status.out] == [], status.out
+
+    requeue = run("zeroloss_requeue", "s1", "live1", "--dry-run")
+    assert requeue.code == 1, requeue.err  # one of the two is skipped: exit code 1
+    shown, english = phrases["requeue"]
+    assert [p for p in shown if p not in requeue.out] == [], requeue.out
+    assert [e for e in english if e in requeue.out] == [], requeue.out
+    assert phrases["incomplete"] in requeue.err
+
+    worker = run("zeroloss_worker", "--queue", "nope", "--burst")
+    assert worker.code == 2
+    assert phrases["worker"] in worker.err, worker.err
+
+    # --help: argparse formats the translated texts, and the default the formatter appends
+    # is in the language (no second, English "(default: ...)").
+    text = " ".join(_help("zeroloss_status").split())
+    assert [p for p in phrases["help"] if p not in text] == [], text
+    assert "(default:" not in text.replace("(default: %(default)s)", "")
+
+
+@pytest.mark.parametrize("lang", LANGUAGES)
+def test_command_json_stays_english(ops_ledger: None, settings: Any, lang: str) -> None:
+    """``--json`` is for programs: the same document in every language."""
+    settings.LANGUAGE_CODE = "en-us"
+    english = json.loads(run("zeroloss_requeue", "s1", "live1", "--dry-run", "--json").out)
+    settings.LANGUAGE_CODE = lang
+    translated = json.loads(run("zeroloss_requeue", "s1", "live1", "--dry-run", "--json").out)
+    assert translated == english
+    assert english["skipped"][0]["reason"] == "lease is live (use --force)"
+
+
+def test_commands_english_is_unchanged(ops_ledger: None, settings: Any) -> None:
+    """The source language prints what it printed before the catalogs (tests compare it)."""
+    settings.LANGUAGE_CODE = "en-us"
+    status = run("zeroloss_status", "--no-cache")
+    assert "oldest pending" in status.out
+    assert "nodes: 0 live, 0 down" in status.out
+    assert "blocked ordering keys: 0" in status.out
+    requeue = run("zeroloss_requeue", "s1", "live1", "--dry-run")
+    assert "would requeue 1 of 2 selected message(s)" in requeue.out
+    assert "lease is live (use --force)" in requeue.out
+    assert "1 of 2 selected message(s) would not be requeued" in requeue.err
+    worker = run("zeroloss_worker", "--queue", "nope", "--burst")
+    assert "No handler is registered for queue(s) nope; registered: " in worker.err
+    text = " ".join(_help("zeroloss_status").split())
+    assert "Refresh every SECONDS until stopped (default: print once)." in text
+    assert "Database alias (default: default)." in text
+    assert (
+        "Read the database now instead of a snapshot up to CACHE_TIMEOUT seconds old. (default: off)" in text
+    )
+
+
+def test_command_line_speaks_the_settings_language() -> None:
+    """``manage.py`` in a new process, ``LANGUAGE_CODE = "de"`` in its settings and nothing
+    activated: the usage error, a CommandError and ``--help`` are German, the exit codes unchanged."""
+    german = ("--settings", "tests.settings_german")
+    bad = cli("zeroloss_status", "--watch", "0", *german)
+    assert bad.returncode == 2
+    assert "ungültige Zahl '0': erwartet werden endlich viele Sekunden > 0" in bad.stderr, bad.stderr
+    worker = cli("zeroloss_worker", "--queue", "nope", "--burst", *german)
+    assert worker.returncode == 2
+    assert "Für die Warteschlange(n) nope ist kein Handler registriert" in worker.stderr, worker.stderr
+    text = " ".join(cli("zeroloss_requeue", "--help", *german).stdout.split())
+    assert "Nachrichten-IDs, die erneut eingereiht" in text, text
+    assert "Melden, was sich ändern würde, und nichts ändern. (Standard: aus)" in text, text

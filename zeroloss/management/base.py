@@ -53,6 +53,8 @@ from django.core.management.base import (
     OutputWrapper,
 )
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
+from django.utils.translation import gettext as _
+from django.utils.translation import pgettext
 
 from ..exceptions import InvalidMessage
 from ..ledger.validation import validate_queue_name
@@ -82,12 +84,14 @@ def parse_duration(text: str) -> float:
     match = _DURATION_RE.match(text)
     if not match:
         raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: use a number and a unit, like 90s, 15m, 2h, 7d"
+            _("invalid duration %(text)s: use a number and a unit, like 90s, 15m, 2h, 7d")
+            % {"text": repr(text)}
         )
     seconds = float(match.group(1)) * _UNITS[match.group(2)]
     if not seconds <= MAX_DURATION_DAYS * 86400:  # also rejects inf, from a very long number
         raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: at most {MAX_DURATION_DAYS}d (1,000 years)"
+            _("invalid duration %(text)s: at most %(days)sd (1,000 years)")
+            % {"text": repr(text), "days": MAX_DURATION_DAYS}
         )
     return seconds
 
@@ -100,10 +104,13 @@ def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected a whole number >= 1") from None
+        raise argparse.ArgumentTypeError(
+            _("invalid number %(text)s: expected a whole number >= 1") % {"text": repr(text)}
+        ) from None
     if not 1 <= value <= MAX_COUNT:
         raise argparse.ArgumentTypeError(
-            f"invalid number {text!r}: expected a whole number from 1 to {MAX_COUNT}"
+            _("invalid number %(text)s: expected a whole number from 1 to %(max)s")
+            % {"text": repr(text), "max": MAX_COUNT}
         )
     return value
 
@@ -113,9 +120,13 @@ def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected seconds > 0") from None
+        raise argparse.ArgumentTypeError(
+            _("invalid number %(text)s: expected seconds > 0") % {"text": repr(text)}
+        ) from None
     if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected finite seconds > 0")
+        raise argparse.ArgumentTypeError(
+            _("invalid number %(text)s: expected finite seconds > 0") % {"text": repr(text)}
+        )
     return value
 
 
@@ -162,7 +173,7 @@ class UsageError(CommandError):
     """Bad arguments from ``call_command`` (exit code 2); the command line gets argparse's output."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(f"Error: {message}", returncode=EXIT_USAGE)
+        super().__init__(_("Error: %(message)s") % {"message": message}, returncode=EXIT_USAGE)
 
 
 class ZeroLossParser(CommandParser):
@@ -182,21 +193,34 @@ class DefaultsHelpFormatter(DjangoHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help
-        if not text or text == argparse.SUPPRESS or not action.option_strings or "default" in text.lower():
+        # A help text that states its default itself, in English or in the active language.
+        says_default = "default" in (text or "").lower() or _says_default(text or "")
+        if not text or text == argparse.SUPPRESS or not action.option_strings or says_default:
             return text
         if action.required:
-            return f"{text.rstrip()} (required)"
+            return _("%(help)s (required)") % {"help": text.rstrip()}
         if action.nargs == 0:  # a flag: store_true, store_const, version, help
             if action.dest in ("help", "version"):
                 return text
-            shown = "on" if action.default else "off"
+            shown = (
+                pgettext("an option's default: a flag", "on")
+                if action.default
+                else pgettext("an option's default: a flag", "off")
+            )
         elif action.default in (None, "") or action.default == argparse.SUPPRESS:
             if action.dest in self._FROM_ENVIRONMENT:
                 return text
-            shown = "none"
+            shown = pgettext("an option's default: no value", "none")
         else:
             shown = "%(default)s"
-        return f"{text.rstrip()} (default: {shown})"
+        # argparse fills %(default)s in afterwards; a literal % in ``shown`` cannot occur.
+        return _("%(help)s (default: %(shown)s)") % {"help": text.rstrip(), "shown": shown}
+
+
+def _says_default(text: str) -> bool:
+    """Whether ``text`` names its default in the active language ("default" in the catalog)."""
+    word = pgettext("the word an option's help uses to state its default", "default").lower()
+    return word in text.lower()
 
 
 class Progress:
@@ -245,19 +269,23 @@ class ZeroLossCommand(BaseCommand):
         base = super().create_parser(prog_name, subcommand, **{**kwargs, "add_help": False})
         parser = ZeroLossParser(
             prog=base.prog,
-            description=base.description,
+            # ``help`` is marked with gettext_noop and translated here, as the parser is built:
+            # argparse runs re.sub over it, which a lazy translation would break.
+            description=_(self.help) if self.help else base.description,
             formatter_class=DefaultsHelpFormatter,
             parents=[base],
             missing_args_message=base.missing_args_message,
             called_from_command_line=base.called_from_command_line,
             add_help=kwargs.get("add_help", True),
         )
-        parser.add_argument("--database", default="default", help="Database alias (default: %(default)s).")
+        parser.add_argument("--database", default="default", help=_("Database alias (default: %(default)s)."))
         if self.json_option:
-            parser.add_argument("--json", action="store_true", help="Print machine-readable JSON on stdout.")
+            parser.add_argument(
+                "--json", action="store_true", help=_("Print machine-readable JSON on stdout.")
+            )
         if self.changes_data:
             parser.add_argument(
-                "--dry-run", action="store_true", help="Report what would change and change nothing."
+                "--dry-run", action="store_true", help=_("Report what would change and change nothing.")
             )
             parser.add_argument(
                 "--yes",
@@ -266,7 +294,7 @@ class ZeroLossCommand(BaseCommand):
                 "--noinput",
                 action="store_true",
                 dest="yes",
-                help="Do not ask for confirmation (for scripts).",
+                help=_("Do not ask for confirmation (for scripts)."),
             )
         self._parser = parser
         return parser
@@ -293,11 +321,16 @@ class ZeroLossCommand(BaseCommand):
         """Exit code 4, one line on stderr (and a one-line JSON document with ``--json``)."""
         alias = options.get("database") or DEFAULT_DB_ALIAS
         detail = " ".join(str(exc).split()) or "no detail"
-        message = f"could not reach the ledger (database {alias!r}): {type(exc).__name__}: {detail}"
+        english = f"could not reach the ledger (database {alias!r}): {type(exc).__name__}: {detail}"
+        message = _("could not reach the ledger (database %(alias)s): %(error)s: %(detail)s") % {
+            "alias": repr(alias),
+            "error": type(exc).__name__,
+            "detail": " ".join(str(exc).split()) or _("no detail"),
+        }
         if options.get("json"):
             document = {
                 "status": "error",
-                "error": message,
+                "error": english,  # machine-readable: English, whatever the language
                 "error_type": type(exc).__name__,
                 "command": self.command_name(),
                 "database": alias,
@@ -320,7 +353,8 @@ class ZeroLossCommand(BaseCommand):
         alias = options["database"]
         if alias not in connections.databases:
             self.usage_error(
-                f"unknown database alias {alias!r}; configured: {', '.join(connections.databases)}"
+                _("unknown database alias %(alias)s; configured: %(configured)s")
+                % {"alias": repr(alias), "configured": ", ".join(connections.databases)}
             )
         return ZeroLossMessageService(using=alias, instance_id=f"cli:{self.command_name()}")
 
@@ -341,8 +375,12 @@ class ZeroLossCommand(BaseCommand):
             known = list(messages.values_list("queue_name", flat=True).distinct().order_by("queue_name")[:21])
             listed = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "")
             self.usage_error(
-                f"unknown queue {queue!r}: the ledger has no message in it"
-                + (f" (queues: {listed})" if known else " (the ledger is empty)")
+                (
+                    _("unknown queue %(queue)s: the ledger has no message in it (queues: %(queues)s)")
+                    if known
+                    else _("unknown queue %(queue)s: the ledger has no message in it (the ledger is empty)")
+                )
+                % {"queue": repr(queue), "queues": listed}
             )
         return queue
 
@@ -389,10 +427,13 @@ class ZeroLossCommand(BaseCommand):
         stdin = self._stdin
         if not (hasattr(stdin, "isatty") and stdin.isatty()):
             raise NotConfirmed(
-                f"{question} Refusing without --yes because stdin is not a terminal; nothing was changed."
+                _("%(question)s Refusing without --yes because stdin is not a terminal; nothing was changed.")
+                % {"question": question}
             )
-        self.stderr.write(f"{question} Type 'yes' to continue: ", ending="")
+        prompt = _("%(question)s Type 'yes' to continue: ") % {"question": question}
+        self.stderr.write(prompt, ending="")
         self.stderr.flush()
         answer = stdin.readline().strip().lower()
-        if answer not in ("y", "yes"):
-            raise NotConfirmed("Not confirmed; nothing was changed.")
+        # "yes" in the active language is accepted too (the prompt asks for it).
+        if answer not in ("y", "yes", pgettext("the answer that confirms a prompt", "yes").lower()):
+            raise NotConfirmed(_("Not confirmed; nothing was changed."))

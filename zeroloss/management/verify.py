@@ -16,6 +16,8 @@ from typing import Any
 
 from django.db import connections
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from ..models import Message, MessageEvent, PurgeRecord, Status
 from ..replication import requirement as replication_requirement
@@ -60,6 +62,8 @@ class Issue:
     check: str
     detail: str
     message_id: str | None = None
+    #: ``detail`` in the active language, for the text output (``--json`` keeps ``detail``).
+    text: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -87,14 +91,27 @@ class Verification:
         self.fetched = PayloadBatches(service)
 
     def add(
-        self, check: str, detail: str, message_id: str | None = None, *, severity: str | None = None
+        self,
+        check: str,
+        detail: str,
+        message_id: str | None = None,
+        *,
+        severity: str | None = None,
+        text: str | None = None,
     ) -> None:
         """Count one issue of code ``check`` (listed while under ``--max-issues``)."""
         severity = SEVERITY.get(check, severity or CRITICAL)
         self.severities[check] = severity
         self.issue_counts[check] = self.issue_counts.get(check, 0) + 1
         if len(self.issues) < self.max_issues:
-            self.issues.append(Issue(severity, check, detail, message_id))
+            self.issues.append(Issue(severity, check, detail, message_id, text or detail))
+
+    def add_found(
+        self, check: str, template: str, values: dict[str, Any], message_id: str | None = None
+    ) -> None:
+        """:meth:`add` with ``template`` (marked with ``gettext_noop``): English for ``--json``,
+        the active language for the text output."""
+        self.add(check, template % values, message_id, text=_(template) % values)
 
     def count_only(self, check: str, n: int) -> None:
         """Count ``n`` more issues of ``check`` beyond those already listed (no detail)."""
@@ -182,12 +199,19 @@ class Verification:
         persisted = persisted_events + purged
         accounted = sum(by_status.values()) + purged
         if persisted != accounted:
-            self.add(
+            self.add_found(
                 "unbalanced",
-                f"{persisted} message(s) persisted ({persisted_events} persisted events + {purged} purged) but "
-                f"{accounted} accounted for ("
-                + ", ".join(f"{n} {s}" for s, n in by_status.items())
-                + f", {purged} purged)",
+                gettext_noop(
+                    "%(persisted)s message(s) persisted (%(events)s persisted events + %(purged)s purged) "
+                    "but %(accounted)s accounted for (%(by_status)s, %(purged)s purged)"
+                ),
+                {
+                    "persisted": persisted,
+                    "events": persisted_events,
+                    "purged": purged,
+                    "accounted": accounted,
+                    "by_status": ", ".join(f"{n} {s}" for s, n in by_status.items()),
+                },
             )
 
         messages = Message.objects.using(alias)
@@ -200,16 +224,19 @@ class Verification:
             orphans = orphans.none()  # an orphan has no queue; checked by the ledger-wide run
         orphan_count = orphans.count()
         for ev in orphans.order_by("id")[: self.max_issues]:
-            self.add(
+            self.add_found(
                 "orphan_event",
-                f"audit row {ev.pk} ({ev.reason}, to {ev.to_status}) refers to missing message pk {ev.message_id}",
+                gettext_noop(
+                    "audit row %(pk)s (%(reason)s, to %(to_status)s) refers to missing message pk %(message_pk)s"
+                ),
+                {"pk": ev.pk, "reason": ev.reason, "to_status": ev.to_status, "message_pk": ev.message_id},
             )
         self.count_only("orphan_event", orphan_count - min(orphan_count, self.max_issues))
 
         missing = messages.filter(~Exists(events.filter(message_id=OuterRef("pk"), reason="persisted")))
         missing_count = missing.count()
         for mid in missing.order_by("id").values_list("message_id", flat=True)[: self.max_issues]:
-            self.add("missing_persisted_event", "no 'persisted' audit row", mid)
+            self.add_found("missing_persisted_event", gettext_noop("no 'persisted' audit row"), {}, mid)
         self.count_only("missing_persisted_event", missing_count - min(missing_count, self.max_issues))
 
         dups = (
@@ -224,9 +251,10 @@ class Verification:
             messages.filter(pk__in=[r["message_id"] for r in dup_rows]).values_list("pk", "message_id")
         )
         for r in dup_rows:
-            self.add(
+            self.add_found(
                 "duplicate_persisted_event",
-                f"{r['n']} 'persisted' audit rows",
+                gettext_noop("%(n)s 'persisted' audit rows"),
+                {"n": r["n"]},
                 names.get(r["message_id"]),
             )
 
@@ -234,10 +262,13 @@ class Verification:
         edges = events if queue is None else events.filter(message__queue_name=queue)
         for row in edges.order_by().values("from_status", "to_status", "reason").annotate(n=Count("id")):
             if not is_allowed(row["from_status"], row["to_status"], row["reason"]):
-                self.add(
+                self.add_found(
                     "disallowed_transition",
-                    f"{row['n']} audit row(s) record {row['from_status'] or '(new)'} -> {row['to_status']} "
-                    f"({row['reason']}), an edge the state machine does not have",
+                    gettext_noop(
+                        "%(n)s audit row(s) record %(from_status)s -> %(to_status)s (%(reason)s), "
+                        "an edge the state machine does not have"
+                    ),
+                    {**row, "from_status": row["from_status"] or "(new)"},
                 )
 
         # Annotations (a deduplicated send) repeat the status: the latest *move* decides.
@@ -255,9 +286,10 @@ class Verification:
         for mid, status, last in mismatched.order_by("id").values_list("message_id", "status", "last_to")[
             : self.max_issues
         ]:
-            self.add(
+            self.add_found(
                 "status_mismatch",
-                f"status is {status!r} but the latest audit row moved it to {last!r}",
+                gettext_noop("status is %(status)s but the latest audit row moved it to %(last)s"),
+                {"status": repr(status), "last": repr(last)},
                 mid,
             )
         self.count_only("status_mismatch", mismatch_count - min(mismatch_count, self.max_issues))
@@ -287,7 +319,11 @@ class Verification:
         dead_count = dead.count()
         max_dead = self.service.settings.HEALTH_MAX_DEAD
         if dead_count > max_dead:
-            self.add("dead_letters", f"{dead_count} dead letter(s), above HEALTH_MAX_DEAD={max_dead}")
+            self.add_found(
+                "dead_letters",
+                gettext_noop("%(count)s dead letter(s), above HEALTH_MAX_DEAD=%(max)s"),
+                {"count": dead_count, "max": max_dead},
+            )
         return {"count": dead_count, "max": max_dead}
 
     def replication(self) -> dict[str, Any]:

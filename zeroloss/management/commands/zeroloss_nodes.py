@@ -19,6 +19,8 @@ import json as json_text
 from typing import Any
 
 from django.core.management.base import CommandParser
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from ... import replication
 from ...exceptions import InvalidMessage
@@ -31,28 +33,30 @@ ACTIONS = ("list", "register", "unregister", "discover")
 
 
 class Command(ZeroLossCommand):
-    help = (
+    help = gettext_noop(
         "List, register, unregister or discover (from pg_stat_replication) replication nodes. "
         "Exit code 1 when the replication requirement is not met."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=ACTIONS, help="What to do.")
-        parser.add_argument("node_id", nargs="?", help="The node (register, unregister).")
-        parser.add_argument("--address", default="", help="register: host:port of the node.")
+        parser.add_argument("action", choices=ACTIONS, help=_("What to do."))
+        parser.add_argument("node_id", nargs="?", help=_("The node (register, unregister)."))
+        parser.add_argument("--address", default="", help=_("register: host:port of the node."))
         parser.add_argument(
-            "--role", default=NodeRole.NODE, choices=NodeRole.values, help="register: %(choices)s."
+            "--role", default=NodeRole.NODE, choices=NodeRole.values, help=_("register: %(choices)s.")
         )
         parser.add_argument(
-            "--metadata", default=None, help='register: a JSON object, e.g. \'{"zone": "a"}\'.'
+            "--metadata", default=None, help=_('register: a JSON object, e.g. \'{"zone": "a"}\'.')
         )
 
     def handle(self, *, action: str, node_id: str | None, json: bool, **options: Any) -> None:
         service = self.service(options)
         if action in ("register", "unregister") and not node_id:
-            self.usage_error(f"{action} needs a NODE_ID")
+            self.usage_error(_("%(action)s needs a NODE_ID") % {"action": action})
         if action in ("list", "discover") and node_id:
-            self.usage_error(f"{action} takes no NODE_ID (got {node_id!r})")
+            self.usage_error(
+                _("%(action)s takes no NODE_ID (got %(node)s)") % {"action": action, "node": repr(node_id)}
+            )
         if action == "register":
             assert node_id is not None
             self._register(service, node_id, options, as_json=json)
@@ -63,14 +67,18 @@ class Command(ZeroLossCommand):
             except InvalidMessage as exc:
                 self.usage_error(str(exc))
             if not removed:
-                raise WarningFound(f"no node {node_id!r} is registered; nothing was removed.")
+                raise WarningFound(
+                    _("no node %(node)s is registered; nothing was removed.") % {"node": repr(node_id)}
+                )
             if json:
                 self.emit_json({"unregistered": node_id})
             else:
-                self.stdout.write(f"unregistered {node_id}")
+                self.stdout.write(_("unregistered %(node)s") % {"node": node_id})
         else:
             if action == "discover" and replication.in_recovery(service):
-                self.usage_error("this database is a standby in recovery: run discover against the primary")
+                self.usage_error(
+                    _("this database is a standby in recovery: run discover against the primary")
+                )
             discovered = replication.discover(service) if action == "discover" else None
             self._report(service, discovered, as_json=json)
 
@@ -82,7 +90,7 @@ class Command(ZeroLossCommand):
             try:
                 metadata = json_text.loads(options["metadata"])
             except ValueError as exc:
-                self.usage_error(f"--metadata is not JSON: {exc}")
+                self.usage_error(_("--metadata is not JSON: %(error)s") % {"error": exc})
         try:
             node = service.register_replication_node(
                 node_id, options["address"], role=options["role"], metadata=metadata
@@ -92,9 +100,8 @@ class Command(ZeroLossCommand):
         if as_json:
             self.emit_json({"registered": self._node_dict(node, live=True, age=0.0)})
         else:
-            self.stdout.write(
-                f"registered {node.node_id} ({node.role}{', ' + node.address if node.address else ''})"
-            )
+            where = f"{node.role}, {node.address}" if node.address else node.role
+            self.stdout.write(_("registered %(node)s (%(where)s)") % {"node": node.node_id, "where": where})
 
     @staticmethod
     def _node_dict(node: ReplicationNode, *, live: bool, age: float) -> dict[str, Any]:
@@ -142,20 +149,23 @@ class Command(ZeroLossCommand):
             self.emit_json(data)
         else:
             if discovered is not None and self.verbosity >= 1:
-                self.stdout.write(
-                    f"discovered {len(discovered)} standby(s) in pg_stat_replication"
-                    + (f": {', '.join(n.node_id for n in discovered)}" if discovered else "")
-                )
+                line = _("discovered %(count)s standby(s) in pg_stat_replication") % {
+                    "count": len(discovered)
+                }
+                if discovered:
+                    line += f": {', '.join(n.node_id for n in discovered)}"
+                self.stdout.write(line)
             detail = self.verbosity >= 2
             self.table(
-                ["NODE", "ROLE", "STATUS", "LAST SEEN", "ADDRESS", "STATE", "SYNC", "REPLAY LSN"]
-                + (["FLUSH LSN", "METADATA"] if detail else []),
+                [_("NODE"), _("ROLE"), _("STATUS"), _("LAST SEEN"), _("ADDRESS"), _("STATE"), _("SYNC")]
+                + [_("REPLAY LSN")]
+                + ([_("FLUSH LSN"), _("METADATA")] if detail else []),
                 [
                     [
                         n["node_id"],
                         n["role"],
                         n["status"],
-                        format_duration(n["last_seen_seconds_ago"]) + " ago",
+                        _("%(duration)s ago") % {"duration": format_duration(n["last_seen_seconds_ago"])},
                         n["address"] or "-",
                         n["state"] or "-",
                         n["sync_state"] or "-",
@@ -171,9 +181,17 @@ class Command(ZeroLossCommand):
             )
             if self.verbosity >= 1:
                 self.stdout.write(
-                    f"replication: {req.available} streaming standby(s), {req.required} required "
-                    f"(REPLICATION_FACTOR={cfg.REPLICATION_FACTOR}, PERSISTENCE_LEVEL={cfg.PERSISTENCE_LEVEL}): "
-                    + ("ok" if req.ok else "NOT MET")
+                    _(
+                        "replication: %(available)s streaming standby(s), %(required)s required "
+                        "(REPLICATION_FACTOR=%(factor)s, PERSISTENCE_LEVEL=%(level)s): %(verdict)s"
+                    )
+                    % {
+                        "available": req.available,
+                        "required": req.required,
+                        "factor": cfg.REPLICATION_FACTOR,
+                        "level": cfg.PERSISTENCE_LEVEL,
+                        "verdict": _("ok") if req.ok else _("NOT MET"),
+                    }
                 )
         if not req.ok:
             raise WarningFound(" ".join(req.problems))

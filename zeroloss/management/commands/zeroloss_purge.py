@@ -22,6 +22,8 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 from django.db.models import Count, Sum
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop, pgettext
 
 from ...durations import format_duration
 from ...models import Message, PurgeRecord, Status
@@ -30,7 +32,9 @@ from ..base import ZeroLossCommand, parse_duration, positive_int
 
 
 class Command(ZeroLossCommand):
-    help = "Delete completed (or dead) messages older than --older-than, in batches, counted for verify."
+    help = gettext_noop(
+        "Delete completed (or dead) messages older than --older-than, in batches, counted for verify."
+    )
     changes_data = True
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -39,23 +43,25 @@ class Command(ZeroLossCommand):
             type=parse_duration,
             required=True,
             metavar="DURATION",
-            help="Completed/dead for longer than this (90s, 15m, 2h, 7d).",
+            help=_("Completed/dead for longer than this (90s, 15m, 2h, 7d)."),
         )
         parser.add_argument(
             "--status",
             choices=[Status.COMPLETED.value, Status.DEAD.value],
             default=Status.COMPLETED.value,
-            help="Which messages (default: %(default)s).",
+            help=_("Which messages (default: %(default)s)."),
         )
-        parser.add_argument("--queue", help="Only this queue (default: every queue).")
+        parser.add_argument("--queue", help=_("Only this queue (default: every queue)."))
         parser.add_argument(
             "--batch-size",
             type=positive_int,
             default=1000,
-            help="Rows per transaction (default: %(default)s).",
+            help=_("Rows per transaction (default: %(default)s)."),
         )
         parser.add_argument(
-            "--limit", type=positive_int, help="Purge at most N messages, oldest first (default: no limit)."
+            "--limit",
+            type=positive_int,
+            help=_("Purge at most N messages, oldest first (default: no limit)."),
         )
 
     def handle(
@@ -100,14 +106,21 @@ class Command(ZeroLossCommand):
                 result["by_queue"] = self.first_by_queue(qs, stamp, matched)
             self.report(result, as_json=json)
             return
+        question = (
+            _(
+                "Purge %(count)s %(status)s message(s) of queue %(queue)s older than %(age)s, with their audit rows?"
+            )
+            if queue
+            else _("Purge %(count)s %(status)s message(s) older than %(age)s, with their audit rows?")
+        )
         self.confirm(
-            f"Purge {matched} {status} message(s){f' of queue {queue!r}' if queue else ''} "
-            f"older than {format_duration(older_than)}, with their audit rows?",
+            question
+            % {"count": matched, "status": status, "queue": repr(queue), "age": format_duration(older_than)},
             {**options, "json": json},
         )
         actor = self.actor()
         purged = 0
-        bar = self.progress(matched, "purge", {**options, "json": json})
+        bar = self.progress(matched, pgettext("a progress bar's label", "purge"), {**options, "json": json})
         try:
             while purged < matched:
                 # The service measures the age again on the database clock at each batch; the
@@ -124,7 +137,11 @@ class Command(ZeroLossCommand):
                     break
                 purged += n
                 bar.advance(n)
-                self.log(f"zeroloss_purge: batch of {n} purged ({purged}/{matched})", level=2)
+                self.log(
+                    _("zeroloss_purge: batch of %(n)s purged (%(purged)s/%(matched)s)")
+                    % {"n": n, "purged": purged, "matched": matched},
+                    level=2,
+                )
         finally:
             bar.close()
         invalidate(service)
@@ -150,12 +167,17 @@ class Command(ZeroLossCommand):
         if as_json:
             self.emit_json(result)
             return
+        values = {
+            "status": result["status"],
+            "age": format_duration(result["older_than_seconds"]),
+            "cutoff": result["cutoff"],
+        }
         if result["dry_run"]:
-            head = f"would purge {result['matched']} {result['status']} message(s)"
+            line = _("would purge %(count)s %(status)s message(s) older than %(age)s (before %(cutoff)s)")
+            values["count"] = result["matched"]
         else:
-            head = f"purged {result['purged']} {result['status']} message(s)"
-        self.stdout.write(
-            f"{head} older than {format_duration(result['older_than_seconds'])} (before {result['cutoff']})"
-        )
+            line = _("purged %(count)s %(status)s message(s) older than %(age)s (before %(cutoff)s)")
+            values["count"] = result["purged"]
+        self.stdout.write(line % values)
         if result["by_queue"] and self.verbosity >= 1:
-            self.table(["queue", "messages"], sorted(result["by_queue"].items()))
+            self.table([_("queue"), _("messages")], sorted(result["by_queue"].items()))

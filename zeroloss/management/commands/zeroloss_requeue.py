@@ -30,6 +30,8 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 from django.db.models import QuerySet
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop, pgettext
 
 from ...models import Message, Status
 from ...service import ZeroLossMessageService, validate_message_id
@@ -40,31 +42,33 @@ BATCH = 500
 
 
 class Command(ZeroLossCommand):
-    help = (
+    help = gettext_noop(
         "Requeue stuck (expired-lease) messages and redrive dead letters, by ID or by "
         "--queue/--state selection, through the service (exactly once per message)."
     )
     changes_data = True
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("ids", nargs="*", metavar="ID", help="Message IDs to requeue or redrive.")
-        parser.add_argument("--queue", help="Select messages of this queue (with --state).")
+        parser.add_argument("ids", nargs="*", metavar="ID", help=_("Message IDs to requeue or redrive."))
+        parser.add_argument("--queue", help=_("Select messages of this queue (with --state)."))
         parser.add_argument(
-            "--state", choices=["stuck", "dead"], help="stuck: expired leases; dead: dead letters."
+            "--state", choices=["stuck", "dead"], help=_("stuck: expired leases; dead: dead letters.")
         )
         parser.add_argument(
             "--older-than",
             type=parse_duration,
             metavar="DURATION",
-            help="Only messages stuck/dead for longer than this (90s, 15m, 2h, 7d; default: any age).",
+            help=_("Only messages stuck/dead for longer than this (90s, 15m, 2h, 7d; default: any age)."),
         )
         parser.add_argument(
-            "--limit", type=positive_int, help="Requeue at most N messages, oldest first (default: no limit)."
+            "--limit",
+            type=positive_int,
+            help=_("Requeue at most N messages, oldest first (default: no limit)."),
         )
         parser.add_argument(
             "--force",
             action="store_true",
-            help="With IDs: also revoke live leases (the running worker's ack will be refused).",
+            help=_("With IDs: also revoke live leases (the running worker's ack will be refused)."),
         )
 
     def handle(
@@ -83,16 +87,16 @@ class Command(ZeroLossCommand):
         ids = list(dict.fromkeys(ids))  # de-duplicated, order kept
         selecting = queue is not None or state is not None
         if ids and selecting:
-            self.usage_error("give message IDs or --queue/--state, not both")
+            self.usage_error(_("give message IDs or --queue/--state, not both"))
         if not ids and not selecting:
-            self.usage_error("give message IDs, or --queue Q --state stuck|dead")
+            self.usage_error(_("give message IDs, or --queue Q --state stuck|dead"))
         if selecting and (queue is None or state is None):
-            self.usage_error("--queue and --state go together")
+            self.usage_error(_("--queue and --state go together"))
         if ids and (older_than is not None or limit is not None):
-            self.usage_error("--older-than and --limit apply to a --queue/--state selection, not to IDs")
+            self.usage_error(_("--older-than and --limit apply to a --queue/--state selection, not to IDs"))
         if selecting and force:
             self.usage_error(
-                "--force applies to message IDs; a --state stuck selection only takes expired leases"
+                _("--force applies to message IDs; a --state stuck selection only takes expired leases")
             )
         service = self.service(options)
         # The helpers read these back (confirm() and progress() read "yes" and "json").
@@ -107,9 +111,14 @@ class Command(ZeroLossCommand):
             invalidate(service)
         self.report(result, as_json=json)
         if result["skipped"]:
+            counts = {"skipped": len(result["skipped"]), "matched": result["matched"]}
             raise Incomplete(
-                f"{len(result['skipped'])} of {result['matched']} selected message(s) "
-                f"{'would not be' if dry_run else 'were not'} requeued"
+                (
+                    _("%(skipped)s of %(matched)s selected message(s) would not be requeued")
+                    if dry_run
+                    else _("%(skipped)s of %(matched)s selected message(s) were not requeued")
+                )
+                % counts
             )
 
     # -- by ID --------------------------------------------------------------------------
@@ -132,7 +141,7 @@ class Command(ZeroLossCommand):
         missing = [m for m in ids if m not in rows]
         if missing:
             shown = ", ".join(repr(m) for m in missing[:10]) + (", ..." if len(missing) > 10 else "")
-            self.usage_error(f"unknown message id(s): {shown}")
+            self.usage_error(_("unknown message id(s): %(ids)s") % {"ids": shown})
         now = service.database_now()
         force = options["force"]
         plan: dict[str, str] = {}  # id -> "requeue" | "redrive"
@@ -144,7 +153,8 @@ class Command(ZeroLossCommand):
             elif status == Status.PROCESSING and (force or (expires is not None and expires < now)):
                 plan[mid] = "requeue"
             elif status == Status.PROCESSING:
-                skipped.append({"message_id": mid, "status": status, "reason": "lease is live (use --force)"})
+                reason = gettext_noop("lease is live (use --force)")
+                skipped.append({"message_id": mid, "status": status, "reason": reason})
             else:
                 skipped.append({"message_id": mid, "status": status, "reason": f"message is {status}"})
         result: dict[str, Any] = {
@@ -165,9 +175,9 @@ class Command(ZeroLossCommand):
             result["requeued"] = list(plan)
             return result
         if len(plan) > CONFIRM_THRESHOLD:
-            self.confirm(f"Requeue {len(plan)} messages?", options)
+            self.confirm(_("Requeue %(count)s messages?") % {"count": len(plan)}, options)
         actor = self.actor()
-        bar = self.progress(len(plan), "requeue", options)
+        bar = self.progress(len(plan), pgettext("a progress bar's label", "requeue"), options)
         moved: list[str] = []
         try:
             for action in ("redrive", "requeue"):
@@ -228,14 +238,16 @@ class Command(ZeroLossCommand):
             return result
         if matched == 0:
             return result
-        self.confirm(
-            f"{'Redrive' if state == 'dead' else 'Requeue'} {matched} {state} message(s) of queue {queue!r}?",
-            options,
+        question = (
+            _("Redrive %(count)s %(state)s message(s) of queue %(queue)s?")
+            if state == "dead"
+            else _("Requeue %(count)s %(state)s message(s) of queue %(queue)s?")
         )
+        self.confirm(question % {"count": matched, "state": state, "queue": repr(queue)}, options)
         actor = self.actor()
         moved: list[str] = []
         missed: list[str] = []
-        bar = self.progress(matched, "requeue", options)
+        bar = self.progress(matched, pgettext("a progress bar's label", "requeue"), options)
         try:
             # Moved rows leave the selection, so each pass takes the next oldest ones.
             while len(moved) + len(missed) < matched:
@@ -268,7 +280,11 @@ class Command(ZeroLossCommand):
             .values_list("message_id", "status")
         )
         return [
-            {"message_id": m, "status": now_status.get(m, "missing"), "reason": "changed meanwhile"}
+            {
+                "message_id": m,
+                "status": now_status.get(m, "missing"),
+                "reason": gettext_noop("changed meanwhile"),
+            }
             for m in ids
         ]
 
@@ -276,16 +292,33 @@ class Command(ZeroLossCommand):
         if as_json:
             self.emit_json(result)
             return
-        verb = "would requeue" if result["dry_run"] else "requeued"
-        self.stdout.write(f"{verb} {len(result['requeued'])} of {result['matched']} selected message(s)")
+        counts = {"requeued": len(result["requeued"]), "matched": result["matched"]}
+        if result["dry_run"]:
+            verb = _("would requeue")
+            head = _("would requeue %(requeued)s of %(matched)s selected message(s)") % counts
+        else:
+            verb = _("requeued")
+            head = _("requeued %(requeued)s of %(matched)s selected message(s)") % counts
+        self.stdout.write(head)
         if result["requeued"] and self.verbosity >= 1:
             shown = result["requeued"] if self.verbosity >= 2 else result["requeued"][:50]
-            self.table(["message_id", "result"], [[m, verb] for m in shown])
+            self.table(["message_id", _("result")], [[m, verb] for m in shown])
             if len(result["requeued"]) > len(shown):
-                self.stdout.write(f"... and {len(result['requeued']) - len(shown)} more (--json lists all)")
+                self.stdout.write(
+                    _("... and %(count)s more (--json lists all)")
+                    % {"count": len(result["requeued"]) - len(shown)}
+                )
         if result["skipped"]:
             self.stdout.write("")
+            # The reasons stay English in --json (machine-readable); the table translates them.
             self.table(
-                ["message_id", "status", "skipped because"],
-                [[s["message_id"], s["status"], s["reason"]] for s in result["skipped"]],
+                ["message_id", "status", _("skipped because")],
+                [[s["message_id"], s["status"], self.reason_text(s["reason"])] for s in result["skipped"]],
             )
+
+    @staticmethod
+    def reason_text(reason: str) -> str:
+        """A skip reason of ``--json`` (English) in the active language."""
+        if reason.startswith("message is "):
+            return _("message is %(status)s") % {"status": reason.removeprefix("message is ")}
+        return _(reason)  # "lease is live (use --force)", "changed meanwhile": marked where made

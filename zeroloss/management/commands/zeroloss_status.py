@@ -20,6 +20,8 @@ import time
 from typing import Any
 
 from django.core.management.base import CommandParser
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from ...loops import StopFlag
 from ...models import Status
@@ -33,7 +35,7 @@ SHOWN_BLOCKED_KEYS = 10
 
 
 class Command(ZeroLossCommand):
-    help = (
+    help = gettext_noop(
         "Show messages per queue and status, the oldest waiting message, stuck (expired leases) and "
         "dead messages, live/down replication nodes, whether the replication requirement is met, and "
         "ordering keys blocked by their head."
@@ -41,23 +43,23 @@ class Command(ZeroLossCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--queue", help="Only this queue (it must have messages in the ledger; default: every queue)."
+            "--queue", help=_("Only this queue (it must have messages in the ledger; default: every queue).")
         )
         parser.add_argument(
             "--watch",
             type=positive_float,
             metavar="SECONDS",
-            help="Refresh every SECONDS until stopped (default: print once).",
+            help=_("Refresh every SECONDS until stopped (default: print once)."),
         )
         parser.add_argument(
             "--count",
             type=positive_int,
-            help="With --watch: stop after this many refreshes (default: until stopped).",
+            help=_("With --watch: stop after this many refreshes (default: until stopped)."),
         )
         parser.add_argument(
             "--no-cache",
             action="store_true",
-            help="Read the database now instead of a snapshot up to CACHE_TIMEOUT seconds old.",
+            help=_("Read the database now instead of a snapshot up to CACHE_TIMEOUT seconds old."),
         )
 
     def handle(
@@ -71,7 +73,7 @@ class Command(ZeroLossCommand):
         **options: Any,
     ) -> None:
         if count is not None and watch is None:
-            self.usage_error("--count needs --watch")
+            self.usage_error(_("--count needs --watch"))
         service = self.service(options)
         queue = self.check_queue(service, queue)
         if watch is None:
@@ -129,49 +131,67 @@ class Command(ZeroLossCommand):
             totals = data["totals"]
             rows.append(
                 [
-                    "(all)",
+                    _("(all)"),
                     *(totals[s] for s in statuses),
                     data["stuck"],
                     format_duration(data["oldest_pending_age"]),
                 ]
             )
-        self.table(["queue", *headers, "stuck", "oldest pending"], rows)
+        # The status columns are the status codes (as --json has them); the others are words.
+        self.table([_("queue"), *headers, _("stuck"), _("oldest pending")], rows)
         if self.verbosity >= 1:
             self.footer(data)
         if self.verbosity >= 2:
+            where = _("from the cache") if data["cached"] else _("read from the database")
+            counts = (
+                _("estimated from PostgreSQL's statistics") if data["completed_estimated"] else _("exact")
+            )
             self.stdout.write(
-                f"snapshot: {'from the cache' if data['cached'] else 'read from the database'} in "
-                f"{elapsed * 1000:.1f} ms; completed counts "
-                + ("estimated from PostgreSQL's statistics" if data["completed_estimated"] else "exact")
+                _("snapshot: %(where)s in %(ms)s ms; completed counts %(counts)s")
+                % {"where": where, "ms": f"{elapsed * 1000:.1f}", "counts": counts}
             )
         self.stdout.flush()
 
     def footer(self, data: dict[str, Any]) -> None:
         if data["completed_estimated"]:
-            self.stdout.write("completed~: estimated from PostgreSQL's statistics (other columns are exact)")
+            self.stdout.write(
+                _("completed~: estimated from PostgreSQL's statistics (other columns are exact)")
+            )
         rep = data["replication"]
         self.stdout.write("")
-        self.stdout.write(f"nodes: {data['nodes']['live']} live, {data['nodes']['down']} down")
         self.stdout.write(
-            f"replication: {'met' if rep['ok'] else 'NOT MET'} "
-            f"({rep['available']} streaming standby(s), {rep['required']} required)"
+            _("nodes: %(live)s live, %(down)s down")
+            % {"live": data["nodes"]["live"], "down": data["nodes"]["down"]}
+        )
+        self.stdout.write(
+            _("replication: %(met)s (%(available)s streaming standby(s), %(required)s required)")
+            % {
+                "met": _("met") if rep["ok"] else _("NOT MET"),
+                "available": rep["available"],
+                "required": rep["required"],
+            }
         )
         for problem in rep["problems"]:
             self.stdout.write(f"  - {problem}")
         self.blocked_keys(data)
         sweep = data["sweep"]
         self.stdout.write(
-            f"sweep (audit trail): {sweep['requeued']} requeued, {sweep['dead_lettered']} dead-lettered "
-            f"in {sweep['runs']} run(s)"
+            _("sweep (audit trail): %(requeued)s requeued, %(dead)s dead-lettered in %(runs)s run(s)")
+            % {"requeued": sweep["requeued"], "dead": sweep["dead_lettered"], "runs": sweep["runs"]}
         )
         self.stdout.write(
-            f"as of {data['taken_at']} (database clock){' from cache' if data['cached'] else ''}"
+            (
+                _("as of %(taken_at)s (database clock) from cache")
+                if data["cached"]
+                else _("as of %(taken_at)s (database clock)")
+            )
+            % {"taken_at": data["taken_at"]}
         )
 
     def blocked_keys(self, data: dict[str, Any]) -> None:
         keys = data["blocked_keys"]
         more = "+" if data["blocked_keys_truncated"] else ""
-        self.stdout.write(f"blocked ordering keys: {len(keys)}{more}")
+        self.stdout.write(_("blocked ordering keys: %(count)s") % {"count": f"{len(keys)}{more}"})
         if not keys:
             return
         rows = [
@@ -186,6 +206,9 @@ class Command(ZeroLossCommand):
             ]
             for k in keys[:SHOWN_BLOCKED_KEYS]
         ]
-        self.table(["queue", "key", "head", "why", "for", "waiting", "detail"], rows)
+        self.table([_("queue"), _("key"), _("head"), _("why"), _("for"), _("waiting"), _("detail")], rows)
         if len(keys) > SHOWN_BLOCKED_KEYS:
-            self.stdout.write(f"  ... {len(keys) - SHOWN_BLOCKED_KEYS}{more} more (--json lists up to 100)")
+            self.stdout.write(
+                _("  ... %(count)s more (--json lists up to 100)")
+                % {"count": f"{len(keys) - SHOWN_BLOCKED_KEYS}{more}"}
+            )

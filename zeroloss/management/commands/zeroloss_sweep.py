@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from ...durations import format_duration
 from ...ledger.types import RecoveryReport
@@ -23,20 +25,22 @@ EXIT_UNREACHABLE = 4
 
 
 class Command(ZeroLossCommand):
-    help = "Run the recovery sweep once, or in a loop with --loop (stops cleanly on SIGTERM/SIGINT)."
+    help = gettext_noop(
+        "Run the recovery sweep once, or in a loop with --loop (stops cleanly on SIGTERM/SIGINT)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--loop", action="store_true", help="Keep sweeping every --interval seconds.")
+        parser.add_argument("--loop", action="store_true", help=_("Keep sweeping every --interval seconds."))
         parser.add_argument(
-            "--interval", type=positive_float, help="Seconds between sweeps (default SWEEP_INTERVAL)."
+            "--interval", type=positive_float, help=_("Seconds between sweeps (default SWEEP_INTERVAL).")
         )
         parser.add_argument(
-            "--batch-size", type=positive_int, help="Rows per transaction (default SWEEP_BATCH_SIZE)."
+            "--batch-size", type=positive_int, help=_("Rows per transaction (default SWEEP_BATCH_SIZE).")
         )
         parser.add_argument(
             "--max-runs",
             type=positive_int,
-            help="With --loop: stop after this many sweeps (default: no limit).",
+            help=_("With --loop: stop after this many sweeps (default: no limit)."),
         )
 
     def handle(
@@ -61,11 +65,15 @@ class Command(ZeroLossCommand):
             requeued.extend(r.requeued)
             dead_lettered.extend(r.dead_lettered)
             if verbosity and not json and (r.total or not loop):
-                self.stdout.write(
-                    f"requeued {len(r.requeued)}, dead-lettered {len(r.dead_lettered)}"
-                    + (f": requeued {', '.join(r.requeued[:20])}" if r.requeued else "")
-                    + (f"; dead {', '.join(r.dead_lettered[:20])}" if r.dead_lettered else "")
-                )
+                line = _("requeued %(requeued)s, dead-lettered %(dead)s") % {
+                    "requeued": len(r.requeued),
+                    "dead": len(r.dead_lettered),
+                }
+                if r.requeued:
+                    line += _(": requeued %(ids)s") % {"ids": ", ".join(r.requeued[:20])}
+                if r.dead_lettered:
+                    line += _("; dead %(ids)s") % {"ids": ", ".join(r.dead_lettered[:20])}
+                self.stdout.write(line)
 
         sweeper = SweepLoop(
             service,
@@ -79,16 +87,19 @@ class Command(ZeroLossCommand):
             with stop.on_signals():
                 if verbosity:
                     self.log(
-                        f"zeroloss_sweep: sweeping every {format_duration(sweeper.interval)} (Ctrl-C or SIGTERM stops)"
+                        _("zeroloss_sweep: sweeping every %(interval)s (Ctrl-C or SIGTERM stops)")
+                        % {"interval": format_duration(sweeper.interval)}
                     )
                 try:
                     sweeper.run(max_runs=max_runs)
                 except OutageTooLong as exc:
                     raise CommandError(str(exc), returncode=EXIT_UNREACHABLE) from None
             if verbosity:
+                values = {"runs": sweeper.runs, "signal": stop.signal_name}
                 self.log(
-                    f"zeroloss_sweep: stopped after {sweeper.runs} sweep(s)"
-                    f"{' on ' + stop.signal_name if stop.signal_name else ''}"
+                    _("zeroloss_sweep: stopped after %(runs)s sweep(s) on %(signal)s") % values
+                    if stop.signal_name
+                    else _("zeroloss_sweep: stopped after %(runs)s sweep(s)") % values
                 )
         else:
             sweeper.run_once()

@@ -40,6 +40,8 @@ import time
 from typing import Any
 
 from django.core.management.base import CommandParser
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop, pgettext
 
 from ..base import EXIT_CRITICAL, EXIT_WARNING, CriticalFound, WarningFound, ZeroLossCommand, positive_int
 from ..batches import BATCH_PAYLOAD_BYTES
@@ -47,7 +49,7 @@ from ..verify import Verification
 
 
 class Command(ZeroLossCommand):
-    help = (
+    help = gettext_noop(
         "Verify message integrity (checksums, stuck leases, attempts, replication) and the "
         "conservation of the ledger. Exit code 0 OK, 1 warning, 2 critical."
     )
@@ -55,24 +57,24 @@ class Command(ZeroLossCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--queue",
-            help="Only this queue (orphan audit rows are checked ledger-wide; default: every queue).",
+            help=_("Only this queue (orphan audit rows are checked ledger-wide; default: every queue)."),
         )
         parser.add_argument(
             "--sample",
             type=positive_int,
             metavar="N",
-            help="Check the integrity of N random messages (default: every message).",
+            help=_("Check the integrity of N random messages (default: every message)."),
         )
         parser.add_argument(
             "--replication",
             action="store_true",
-            help="Also measure each checked message's copies on the standbys (PostgreSQL).",
+            help=_("Also measure each checked message's copies on the standbys (PostgreSQL)."),
         )
         parser.add_argument(
             "--max-issues",
             type=positive_int,
             default=100,
-            help="List at most this many issues (all are counted; default: %(default)s).",
+            help=_("List at most this many issues (all are counted; default: %(default)s)."),
         )
 
     def handle(
@@ -92,7 +94,9 @@ class Command(ZeroLossCommand):
 
         began = time.perf_counter()
         integrity, checked_pks = checks.integrity(
-            sample, replication, lambda total: self.progress(total, "verify", {"json": json})
+            sample,
+            replication,
+            lambda total: self.progress(total, pgettext("a progress bar's label", "verify"), {"json": json}),
         )
         integrity_seconds = time.perf_counter() - began
         conservation = checks.conservation(checked_pks if sample else None)
@@ -116,21 +120,30 @@ class Command(ZeroLossCommand):
             "issues_total": total,
             "issues_truncated": total > len(checks.issues),
         }
-        self.report(result, as_json=json)
+        self.report(result, [i.text for i in checks.issues], as_json=json)
         self.log(
-            f"zeroloss_verify: integrity {integrity_seconds:.2f}s in {checks.fetched.count} batch(es), largest "
-            f"{checks.fetched.largest / 2**20:.1f} MiB of payload (bound {BATCH_PAYLOAD_BYTES / 2**20:.0f} MiB); "
-            f"conservation and the rest {time.perf_counter() - began - integrity_seconds:.2f}s",
+            _(
+                "zeroloss_verify: integrity %(integrity)ss in %(batches)s batch(es), largest "
+                "%(largest)s MiB of payload (bound %(bound)s MiB); conservation and the rest %(rest)ss"
+            )
+            % {
+                "integrity": f"{integrity_seconds:.2f}",
+                "batches": checks.fetched.count,
+                "largest": f"{checks.fetched.largest / 2**20:.1f}",
+                "bound": f"{BATCH_PAYLOAD_BYTES / 2**20:.0f}",
+                "rest": f"{time.perf_counter() - began - integrity_seconds:.2f}",
+            },
             level=2,
         )
         if code == EXIT_CRITICAL:
-            raise CriticalFound(f"zeroloss_verify: critical: {total} issue(s)")
+            raise CriticalFound(_("zeroloss_verify: critical: %(total)s issue(s)") % {"total": total})
         if code == EXIT_WARNING:
-            raise WarningFound(f"zeroloss_verify: warning: {total} issue(s)")
+            raise WarningFound(_("zeroloss_verify: warning: %(total)s issue(s)") % {"total": total})
 
     # -- output -------------------------------------------------------------------------
 
-    def report(self, result: dict[str, Any], *, as_json: bool) -> None:
+    def report(self, result: dict[str, Any], texts: list[str], *, as_json: bool) -> None:
+        """``texts``: each listed issue's detail in the active language (``--json`` has English)."""
         if as_json:
             self.emit_json(result)
             return
@@ -140,32 +153,48 @@ class Command(ZeroLossCommand):
         if result["issues"]:
             self.stdout.write("")
             self.table(
-                ["severity", "check", "message_id", "detail"],
-                [[x["severity"], x["check"], x["message_id"] or "-", x["detail"]] for x in result["issues"]],
+                [_("severity"), _("check"), "message_id", _("detail")],
+                [
+                    [x["severity"], x["check"], x["message_id"] or "-", text]
+                    for x, text in zip(result["issues"], texts, strict=True)
+                ],
             )
             if result["issues_truncated"]:
                 self.stdout.write(
-                    f"... {result['issues_total'] - len(result['issues'])} more (raise --max-issues)"
+                    _("... %(count)s more (raise --max-issues)")
+                    % {"count": result["issues_total"] - len(result["issues"])}
                 )
 
     def summary(self, result: dict[str, Any]) -> None:
         c = result["conservation"]
         i = result["integrity"]
-        self.stdout.write(
-            f"integrity: {i['messages_checked']} message(s) checked"
-            + (" (random sample)" if i["sampled"] else "")
-            + (", replication measured" if i["replication_checked"] else "")
+        line = _("integrity: %(count)s message(s) checked") % {"count": i["messages_checked"]}
+        if i["sampled"]:
+            line += _(" (random sample)")
+        if i["replication_checked"]:
+            line += _(", replication measured")
+        self.stdout.write(line)
+        balance = (
+            _("balanced")
+            if c["balanced"]
+            else _("NOT BALANCED (accounted %(accounted)s)") % {"accounted": c["accounted"]}
         )
         self.stdout.write(
-            f"conservation: {c['persisted']} persisted = {c['pending']} pending + {c['processing']} processing + "
-            f"{c['completed']} completed + {c['dead']} dead + {c['purged']} purged "
-            f"-> {'balanced' if c['balanced'] else 'NOT BALANCED (accounted ' + str(c['accounted']) + ')'}"
+            _(
+                "conservation: %(persisted)s persisted = %(pending)s pending + %(processing)s processing + "
+                "%(completed)s completed + %(dead)s dead + %(purged)s purged -> %(balance)s"
+            )
+            % {**c, "balance": balance}
         )
         rep = result["replication"]
         self.stdout.write(
-            f"replication requirement: {'met' if rep['ok'] else 'NOT MET'} "
-            f"({rep['available']} streaming, {rep['required']} required)"
+            _("replication requirement: %(met)s (%(available)s streaming, %(required)s required)")
+            % {
+                "met": _("met") if rep["ok"] else _("NOT MET"),
+                "available": rep["available"],
+                "required": rep["required"],
+            }
         )
         if result["issue_counts"]:
             self.stdout.write("")
-            self.table(["check", "issues"], sorted(result["issue_counts"].items()))
+            self.table([_("check"), _("issues")], sorted(result["issue_counts"].items()))

@@ -13,6 +13,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from ...conf import get_settings
 from ...handlers import registered_queues
@@ -27,7 +29,9 @@ EXIT_UNREACHABLE = 4
 
 
 class Command(ZeroLossCommand):
-    help = "Run handlers for messages claimed straight from the ledger. SIGTERM/SIGINT stop it cleanly."
+    help = gettext_noop(
+        "Run handlers for messages claimed straight from the ledger. SIGTERM/SIGINT stop it cleanly."
+    )
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         parser = super().create_parser(prog_name, subcommand, **kwargs)
@@ -35,7 +39,7 @@ class Command(ZeroLossCommand):
         for action in parser._actions:
             if action.dest == "database":
                 action.default = None
-                action.help = (
+                action.help = _(
                     "Database alias: the one QUEUE_DATABASES routes the queues to (default), or "
                     "the database whose registered queues to process when no --queue is given."
                 )
@@ -46,29 +50,31 @@ class Command(ZeroLossCommand):
             "--queue",
             action="append",
             dest="queues",
-            help=(
+            help=_(
                 "Queue to process (repeatable; default: every registered queue whose ledger is the "
                 "--database, default if none). One process works on one database."
             ),
         )
-        parser.add_argument("--concurrency", type=positive_int, default=1, help="Worker threads (default 1).")
+        parser.add_argument(
+            "--concurrency", type=positive_int, default=1, help=_("Worker threads (default 1).")
+        )
         parser.add_argument(
             "--batch-size",
             type=positive_int,
             default=100,
-            help="Most messages claimed per round trip (fewer for slow handlers; default 100).",
+            help=_("Most messages claimed per round trip (fewer for slow handlers; default 100)."),
         )
         parser.add_argument(
-            "--poll-interval", type=positive_float, default=0.5, help="Seconds to wait when idle."
+            "--poll-interval", type=positive_float, default=0.5, help=_("Seconds to wait when idle.")
         )
-        parser.add_argument("--burst", action="store_true", help="Exit once the queues are empty.")
+        parser.add_argument("--burst", action="store_true", help=_("Exit once the queues are empty."))
         parser.add_argument(
             "--max-messages",
             type=positive_int,
-            help="Exit after handling this many messages (default: no limit).",
+            help=_("Exit after handling this many messages (default: no limit)."),
         )
         parser.add_argument(
-            "--no-sweep", action="store_true", help="Do not run the recovery sweep in this process."
+            "--no-sweep", action="store_true", help=_("Do not run the recovery sweep in this process.")
         )
         parser.add_argument(
             "--no-schedule",
@@ -78,11 +84,13 @@ class Command(ZeroLossCommand):
         parser.add_argument(
             "--no-listen",
             action="store_true",
-            help="Do not LISTEN for wake-ups (behind a transaction-pooling PgBouncer); poll instead.",
+            help=_("Do not LISTEN for wake-ups (behind a transaction-pooling PgBouncer); poll instead."),
         )
         parser.add_argument(
             "--health-file",
-            help="Rewrite this JSON file about every second with the worker's state (for liveness probes).",
+            help=_(
+                "Rewrite this JSON file about every second with the worker's state (for liveness probes)."
+            ),
         )
 
     def handle(
@@ -108,17 +116,23 @@ class Command(ZeroLossCommand):
         missing = sorted(q for q in (queues or declared) if q in declared and q not in known)
         if missing:
             raise CommandError(
-                f"Queue(s) {', '.join(missing)} declared in ZEROLOSS['QUEUES'] have no handler in this "
-                "process: import their handlers here (a zeroloss_handlers module of an installed app), or "
-                "run this worker with --queue for the queues it has handlers for; "
-                f"registered: {', '.join(known) or 'none'}.",
+                _(
+                    "Queue(s) %(missing)s declared in ZEROLOSS['QUEUES'] have no handler in this "
+                    "process: import their handlers here (a zeroloss_handlers module of an installed app), or "
+                    "run this worker with --queue for the queues it has handlers for; "
+                    "registered: %(registered)s."
+                )
+                % {"missing": ", ".join(missing), "registered": ", ".join(known) or _("none")},
                 returncode=2,
             )
         unknown = sorted(set(queues or ()) - set(known))
         if unknown or not known:
             raise CommandError(
-                f"No handler is registered for queue(s) {', '.join(unknown) or '(none given)'}; "
-                f"registered: {', '.join(known) or 'none'}.",
+                _("No handler is registered for queue(s) %(unknown)s; registered: %(registered)s.")
+                % {
+                    "unknown": ", ".join(unknown) or _("(none given)"),
+                    "registered": ", ".join(known) or _("none"),
+                },
                 returncode=2,
             )
         if options["database"] is not None:
@@ -145,8 +159,8 @@ class Command(ZeroLossCommand):
             worker.wakeup.enabled = False
         if verbosity:
             self.log(
-                f"zeroloss_worker: queues {', '.join(queues)} on database {service.using!r}, "
-                f"{concurrency} thread(s)"
+                _("zeroloss_worker: queues %(queues)s on database %(alias)s, %(threads)s thread(s)")
+                % {"queues": ", ".join(queues), "alias": repr(service.using), "threads": concurrency}
             )
         # Handler failures, dead letters, recoveries and outages on stderr, as -v asks.
         with stop.on_signals(), command_logging(verbosity, self.stderr):
@@ -158,19 +172,24 @@ class Command(ZeroLossCommand):
             "stopped_on": stop.signal_name,
         }
         if verbosity:
-            self.log(f"zeroloss_worker: stopped{' on ' + stop.signal_name if stop.signal_name else ''}")
+            self.log(
+                _("zeroloss_worker: stopped on %(signal)s") % {"signal": stop.signal_name}
+                if stop.signal_name
+                else _("zeroloss_worker: stopped")
+            )
         if json:
             self.emit_json(summary)
         elif verbosity:
             self.stdout.write(
-                ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "no messages handled"
+                ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or _("no messages handled")
             )
         if stats.gave_up:
             raise CommandError(
-                "the database stayed unreachable longer than DB_OUTAGE_TOLERANCE", returncode=EXIT_UNREACHABLE
+                _("the database stayed unreachable longer than DB_OUTAGE_TOLERANCE"),
+                returncode=EXIT_UNREACHABLE,
             )
         if stats.crashed:
-            raise CommandError("a worker thread crashed; see the log above", returncode=EXIT_CRASHED)
+            raise CommandError(_("a worker thread crashed; see the log above"), returncode=EXIT_CRASHED)
 
     def unreachable(self, exc: Exception, options: dict[str, Any]) -> LedgerUnreachable:
         # The database the worker polled, which the routing chose (options has what was typed).
@@ -192,8 +211,11 @@ class Command(ZeroLossCommand):
             mine = [q for q in known if routes.get(q, DEFAULT_DB_ALIAS) == alias]
             if not mine:
                 raise CommandError(
-                    f"No registered queue's ledger is database {alias!r} (QUEUE_DATABASES: "
-                    f"{dict(routes)!r}; every other queue's is 'default'); name the queues with --queue.",
+                    _(
+                        "No registered queue's ledger is database %(alias)s (QUEUE_DATABASES: "
+                        "%(routes)s; every other queue's is 'default'); name the queues with --queue."
+                    )
+                    % {"alias": repr(alias), "routes": repr(dict(routes))},
                     returncode=2,
                 )
             return alias, mine
@@ -201,22 +223,33 @@ class Command(ZeroLossCommand):
         databases = sorted(set(where.values()))
         if len(databases) > 1:
             raise CommandError(
-                "These queues live in different databases (QUEUE_DATABASES): "
-                + ", ".join(f"{q!r} ({db})" for q, db in where.items())
-                + "; one worker process claims from one database: run one zeroloss_worker per database ("
-                + "; ".join(
-                    f"--database {db} " + " ".join(f"--queue {q}" for q in where if where[q] == db)
-                    for db in databases
+                _(
+                    "These queues live in different databases (QUEUE_DATABASES): %(where)s; one worker "
+                    "process claims from one database: run one zeroloss_worker per database (%(commands)s)."
                 )
-                + ").",
+                % {
+                    "where": ", ".join(f"{q!r} ({db})" for q, db in where.items()),
+                    "commands": "; ".join(
+                        f"--database {db} " + " ".join(f"--queue {q}" for q in where if where[q] == db)
+                        for db in databases
+                    ),
+                },
                 returncode=2,
             )
         [routed] = databases
         if database is not None and database != routed:
             raise CommandError(
-                f"Queue(s) {', '.join(repr(q) for q in queues)} live in database {routed!r} "
-                f"(QUEUE_DATABASES), not {database!r}: a worker there would find none of their messages. "
-                f"Run it with --database {routed} (or without --database).",
+                _(
+                    "Queue(s) %(queues)s live in database %(routed)s (QUEUE_DATABASES), not %(database)s: "
+                    "a worker there would find none of their messages. Run it with --database %(alias)s "
+                    "(or without --database)."
+                )
+                % {
+                    "queues": ", ".join(repr(q) for q in queues),
+                    "routed": repr(routed),
+                    "database": repr(database),
+                    "alias": routed,
+                },
                 returncode=2,
             )
         return routed, list(dict.fromkeys(queues))
