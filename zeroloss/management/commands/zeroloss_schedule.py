@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from ...loops import StopFlag
 from ...outage import OutageTooLong
@@ -25,17 +27,19 @@ from ..base import EXIT_UNREACHABLE, ZeroLossCommand, positive_int
 
 
 class Command(ZeroLossCommand):
-    help = "List schedules, preview a schedule's next ticks, send one now, or run the scheduler (--loop)."
+    help = gettext_noop(
+        "List schedules, preview a schedule's next ticks, send one now, or run the scheduler (--loop)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", nargs="?", choices=["list", "preview", "run"], help="What to do.")
-        parser.add_argument("name", nargs="?", help="The schedule (preview, run).")
+        parser.add_argument("action", nargs="?", choices=["list", "preview", "run"], help=_("What to do."))
+        parser.add_argument("name", nargs="?", help=_("The schedule (preview, run)."))
         parser.add_argument(
-            "--next", type=positive_int, default=5, help="preview: how many ticks (default 5)."
+            "--next", type=positive_int, default=5, help=_("preview: how many ticks (default 5).")
         )
-        parser.add_argument("--loop", action="store_true", help="Run the scheduler until SIGTERM/SIGINT.")
+        parser.add_argument("--loop", action="store_true", help=_("Run the scheduler until SIGTERM/SIGINT."))
         parser.add_argument(
-            "--max-rounds", type=positive_int, help="With --loop: stop after this many rounds."
+            "--max-rounds", type=positive_int, help=_("With --loop: stop after this many rounds.")
         )
 
     def handle(
@@ -52,9 +56,9 @@ class Command(ZeroLossCommand):
     ) -> None:
         service = self.service(options)
         if loop == (action is not None):
-            self.usage_error("give one of: list, preview NAME, run NAME, --loop")
+            self.usage_error(_("give one of: list, preview NAME, run NAME, --loop"))
         if action in ("preview", "run") and not name:
-            self.usage_error(f"{action} needs a schedule NAME")
+            self.usage_error(_("%(action)s needs a schedule NAME") % {"action": action})
         try:
             if loop:
                 return self._loop(service.using, max_rounds, json, verbosity)
@@ -63,8 +67,10 @@ class Command(ZeroLossCommand):
                 return self._list(scheduler, json)
             assert name is not None
             if name not in load_schedules(service.using):
-                known = ", ".join(sorted(load_schedules(service.using))) or "none"
-                self.usage_error(f"unknown schedule {name!r} (schedules: {known})")
+                known = ", ".join(sorted(load_schedules(service.using))) or _("none")
+                self.usage_error(
+                    _("unknown schedule %(name)r (schedules: %(known)s)") % {"name": name, "known": known}
+                )
         except ScheduleError as exc:
             self.usage_error(str(exc))
         if action == "preview":
@@ -82,7 +88,11 @@ class Command(ZeroLossCommand):
                 )
             else:
                 self.table(
-                    ["tick (UTC)", f"local ({spec.timezone})", "message id"],
+                    [
+                        _("tick (UTC)"),
+                        _("local (%(timezone)s)") % {"timezone": spec.timezone},
+                        _("message id"),
+                    ],
                     [[t.isoformat(), t.astimezone(spec.tz).isoformat(), spec.message_id(t)] for t in ticks],
                 )
             return
@@ -90,7 +100,7 @@ class Command(ZeroLossCommand):
         if json:
             self.emit_json({"name": name, "message_id": message_id})
         else:
-            self.stdout.write(f"sent {message_id}")
+            self.stdout.write(_("sent %(message_id)s") % {"message_id": message_id})
 
     def _list(self, scheduler: Scheduler, json: bool) -> None:
         from ...schedules.models import ScheduleState
@@ -116,14 +126,22 @@ class Command(ZeroLossCommand):
             self.emit_json({"now": now.isoformat(), "schedules": rows})
             return
         self.table(
-            ["name", "source", "when", "target", "enabled", "next tick (UTC)", "last sent"],
+            [
+                _("name"),
+                _("source"),
+                _("when"),
+                _("target"),
+                _("enabled"),
+                _("next tick (UTC)"),
+                _("last sent"),
+            ],
             [
                 [
                     r["name"],
                     r["source"],
                     spec.when,
                     r["task"] or r["queue"],
-                    "yes" if r["enabled"] else "no",
+                    _("yes") if r["enabled"] else _("no"),
                     r["next_tick"] or "-",
                     r["last_sent"] or "-",
                 ]
@@ -141,7 +159,10 @@ class Command(ZeroLossCommand):
         backoff = Backoff()
         rounds = sent = 0
         with stop.on_signals():
-            self.log(f"zeroloss_schedule: a round every {scheduler.interval:g}s (Ctrl-C or SIGTERM stops)")
+            self.log(
+                _("zeroloss_schedule: a round every %(interval)ss (Ctrl-C or SIGTERM stops)")
+                % {"interval": f"{scheduler.interval:g}"}
+            )
             while not stop and (max_rounds is None or rounds < max_rounds):
                 try:
                     ok, report = monitor.attempt(
@@ -157,8 +178,11 @@ class Command(ZeroLossCommand):
                     rounds += 1
                     sent += len(report.sent)
                     if report.sent and verbosity >= 2:
-                        self.log(f"sent {', '.join(report.sent[:20])}")
+                        self.log(_("sent %(message_id)s") % {"message_id": ", ".join(report.sent[:20])})
                     stop.wait(scheduler.next_round_in())
         if json:
             self.emit_json({"rounds": rounds, "sent": sent})
-        self.log(f"zeroloss_schedule: stopped after {rounds} round(s), {sent} tick(s) sent")
+        self.log(
+            _("zeroloss_schedule: stopped after %(rounds)s round(s), %(sent)s tick(s) sent")
+            % {"rounds": rounds, "sent": sent}
+        )
