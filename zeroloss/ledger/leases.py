@@ -8,6 +8,8 @@ outcome for any number of messages, each row fenced on its own.
 
 from __future__ import annotations
 
+import datetime as dt
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -33,7 +35,17 @@ _LEASE_COLUMNS = (
     "payload",
     "max_attempts",
     "priority",
+    "available_at",
 )
+#: How often a claimer claims from the head of its queue instead of after its previous claim
+#: (statements.CLAIM): the longest a message waits that became claimable behind where claims
+#: got to (its sending transaction committed more than CLAIM_REWIND after its statement, or a
+#: claim that had locked it rolled back).
+CLAIM_FROM_HEAD_EVERY = 5.0
+#: How far before the previous claim's last message a claim starts (seconds of available_at).
+CLAIM_REWIND = dt.timedelta(seconds=2)
+#: Below every priority (-100..100): a claim from the head.
+_FROM_HEAD = -101
 #: What a single acknowledgement hands back (only whether it moved a row matters).
 _ACKED_COLUMNS = ("message_id",)
 #: What an outcome statement hands back.
@@ -43,7 +55,32 @@ _OUTCOME_COLUMNS = ("message_id", "status")
 class Leasing(LedgerBase):
     # -- claims ---------------------------------------------------------------------------
 
-    def _claim(self, name: str, params: Sequence[Any]) -> list[Lease]:
+    def _claim_range(self, queue_name: str, limit: int) -> list[Any]:
+        """CLAIM's parameters: after this claimer's previous claim of the queue, or from the head
+        (the first claim, every CLAIM_FROM_HEAD_EVERY seconds, and always on SQLite, which keeps
+        no dead versions in its indexes)."""
+        cursors: dict[str, tuple[float, int, dt.datetime]] = self.__dict__.setdefault("_claim_cursors", {})
+        cursor = cursors.get(queue_name)
+        if cursor is None or time.monotonic() - cursor[0] > CLAIM_FROM_HEAD_EVERY:
+            priority, since = _FROM_HEAD, None
+        else:
+            priority, since = cursor[1], cursor[2] - CLAIM_REWIND
+        group = [queue_name, priority]  # each of the three ranges: its queue and priority bound
+        return [*group, limit, *group, since, limit, *group, limit, limit]
+
+    def _remember_claim(self, queue_name: str, rows: list[Any], from_head: bool) -> None:
+        if self.engine.vendor != "postgresql":
+            return
+        cursors: dict[str, tuple[float, int, dt.datetime]] = self.__dict__["_claim_cursors"]
+        previous = cursors.get(queue_name)
+        head_at = time.monotonic() if from_head or previous is None else previous[0]
+        if rows:
+            last = min(rows, key=lambda r: (r[9], -r[10], -r[0]))  # the last in the claim's order
+            cursors[queue_name] = (head_at, last[9], self.engine.at(last[10]))
+        elif previous is not None:  # nothing claimable from the head either: where it was
+            cursors[queue_name] = (head_at, previous[1], previous[2])
+
+    def _claim(self, name: str, params: Sequence[Any], cursor_of: str = "") -> list[Lease]:
         engine = self.engine
         self.connection.ensure_connection()
         # Remembered in case this claim's outcome is lost (see release_unknown_claims).
@@ -56,6 +93,8 @@ class Leasing(LedgerBase):
             extra=statements.CLAIM_RETURNING,
             result=_LEASE_COLUMNS,
         )
+        if cursor_of:
+            self._remember_claim(cursor_of, rows, from_head=params[1] == _FROM_HEAD)
         # Oldest first within a priority: the order the claim chose (RETURNING keeps none).
         rows.sort(key=lambda r: (-r[9], r[0]))
         return [
@@ -78,7 +117,8 @@ class Leasing(LedgerBase):
         skipping rows another claimer has locked. Each starts an attempt."""
         validate_queue_name(queue_name)
         validate_count(limit, "limit")
-        return self._claim("CLAIM", [queue_name, limit])
+        params = self._claim_range(queue_name, limit)
+        return self._claim("CLAIM", params, cursor_of=queue_name)
 
     def mark_processing(self, message_id: str) -> Lease | None:
         """Claim one pending, available message. ``None`` if missing, not pending or being claimed."""
