@@ -24,11 +24,12 @@ samples what those statements pay over time.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psycopg
@@ -100,6 +101,7 @@ class Explained:
     sample: int  # which sampling round (the four statements of one round share it)
     ms: float
     buffers: int  # shared blocks hit + read, the whole statement
+    chose_buffers: int  # of those, the locking subquery's (the index ranges walked)
     rows: int
 
 
@@ -201,6 +203,8 @@ class ExplainSampler(threading.Thread):
         assert row is not None
         plan = (row[0] if isinstance(row[0], list) else json.loads(row[0]))[0]
         top = plan["Plan"]
+        # A claim's or the sweep's locking subquery: what it walked to choose its rows.
+        chose = [p for p in top.get("Plans", []) if p.get("Parent Relationship") == "InitPlan"]
         self.samples.append(
             Explained(
                 self.cell,
@@ -210,6 +214,7 @@ class ExplainSampler(threading.Thread):
                 self.rounds,
                 float(plan["Execution Time"]),
                 int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0)),
+                sum(int(p.get("Shared Hit Blocks", 0)) + int(p.get("Shared Read Blocks", 0)) for p in chose),
                 int(top.get("Actual Rows", 0)),
             )
         )
@@ -223,7 +228,8 @@ class ExplainSampler(threading.Thread):
         self.rounds += 1
         for name, params in claim_params(conn, self.sql["CLAIM"], self.ack_timeout, 100).items():
             self._explain(conn, name, self.sql["CLAIM"], params)
-        self._explain(conn, "SWEEP", self.sql["SWEEP"], [1000])
+        for name, params in sweep_params(conn, self.sql["SWEEP"], 1000).items():
+            self._explain(conn, name, self.sql["SWEEP"], params)
         self._explain(conn, "RENEW", self.sql["RENEW"], [self.ack_timeout, mids, toks])
         self._explain(conn, "ACK", self.sql["ACK"], [mids, toks, ["null"] * len(mids)])
 
@@ -260,6 +266,19 @@ def claim_params(
         "CLAIM": [*start, *after, limit, *after, since, limit, *after, limit, limit],
         "CLAIM head": [*start, *head, limit, *head, None, limit, *head, limit, limit],
     }
+
+
+def sweep_params(conn: psycopg.Connection[Any], sql: str, batch: int) -> dict[str, list[Any]]:
+    """SWEEP's parameters as the worker's sweep passes them: the sweep of what expired since its
+    previous complete sweep (2 s ago), and the sweep from the head (before issue 24: only that)."""
+    if sql.count("%s") == 1:  # before issue 24
+        return {"SWEEP": [batch]}
+    from zeroloss.ledger import sweep
+
+    row = conn.execute("SELECT statement_timestamp()").fetchone()
+    assert row is not None
+    since = row[0] - dt.timedelta(seconds=2) - sweep.SWEEP_REWIND
+    return {"SWEEP": [since, batch, since], "SWEEP head": [sweep._LONG_AGO, batch, sweep._LONG_AGO]}
 
 
 # -- one cell --------------------------------------------------------------------------
@@ -471,7 +490,7 @@ def table(runs: dict[str, CellRun]) -> str:
 
 def explain_table(runs: dict[str, CellRun]) -> str:
     """Buffers and time of each sampled statement over the cell, one line per sample time."""
-    names = ("CLAIM", "CLAIM head", "SWEEP", "RENEW", "ACK")
+    names = ("CLAIM", "CLAIM head", "SWEEP", "SWEEP head", "RENEW", "ACK")
     lines = ["cell/phase   t(s) | " + " | ".join(f"{s:>14}" for s in names)]
     for cell, run in runs.items():
         by_round: dict[int, dict[str, Explained]] = {}
@@ -483,7 +502,9 @@ def explain_table(runs: dict[str, CellRun]) -> str:
             cells = []
             for name in names:
                 got = stmts.get(name)
-                cells.append(f"{got.buffers:>6}b {got.ms:>5.1f}ms" if got else " " * 14)
+                # The claim's and the sweep's choosing subquery: what they walked to find rows.
+                shown = got.chose_buffers or got.buffers if got else 0
+                cells.append(f"{shown:>6}b {got.ms:>5.1f}ms" if got else " " * 14)
             lines.append(f"{cell[:4]}/{phase[:5]:<5} {at:>6.0f} | " + " | ".join(cells))
     return "\n".join(lines)
 
@@ -532,6 +553,8 @@ def _figures(suite: Any, runs: dict[str, CellRun]) -> None:
             target=Target("<= 500 ms", "max", 500.0) if targeted else None,
         )
         p99.values.append(pressure.p99_ms)
+        p99.info["phases"] = [asdict(p) for p in run.phases]
+        p99.info["explain"] = [asdict(e) for e in run.explains]
         if cell == "burst":
             recovery = run.phases[-1]
             drained: Figure = suite.figure(
