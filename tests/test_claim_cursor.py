@@ -102,10 +102,10 @@ def test_what_committed_behind_the_previous_claim_is_claimed_from_the_head() -> 
         return
     assert service.claim_next("q") == []  # behind where this claimer's claims got to
     # The claim from the head is due (moved there by the remembered time, not by waiting).
-    head_at, priority, since = service._claim_cursors["q"]
-    service._claim_cursors["q"] = (head_at - leases.CLAIM_FROM_HEAD_EVERY - 1, priority, since)
+    head_at, priority, since = service.__dict__["_claim_cursors"]["q"]
+    service.__dict__["_claim_cursors"]["q"] = (head_at - leases.CLAIM_FROM_HEAD_EVERY - 1, priority, since)
     assert [x.message_id for x in service.claim_next("q")] == ["late"]
-    assert service._claim_cursors["q"][0] > time.monotonic() - 60  # and it is remembered as made
+    assert service.__dict__["_claim_cursors"]["q"][0] > time.monotonic() - 60  # and it is remembered as made
 
 
 def _sweep_buffers(service: ZeroLossMessageService, since: Any) -> int:
