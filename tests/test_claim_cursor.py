@@ -66,6 +66,7 @@ def test_a_claim_after_the_previous_one_does_not_revisit_what_earlier_claims_lef
         assert all(service.acknowledge_message(x.message_id, x.token) for x in claimed)
     service.persist_messages([(f"n{i}", "q", {}) for i in range(20)])
     assert [x.message_id for x in service.claim_next("q", limit=10)] == [f"n{i}" for i in range(10)]
+    leases._HEAD_CLAIMED[("default", "q")] = time.monotonic()  # no claim from the head due
     after = _claim_buffers(service, service._claim_range("q", 10))
     group = ["q", leases._FROM_HEAD]
     from_head = _claim_buffers(service, [*group, 10, *group, None, 10, *group, 10, 10])
@@ -100,12 +101,12 @@ def test_what_committed_behind_the_previous_claim_is_claimed_from_the_head() -> 
     if connection.vendor == "sqlite":  # no dead versions in its indexes: every claim from the head
         assert [x.message_id for x in service.claim_next("q")] == ["late"]
         return
+    leases._HEAD_CLAIMED[("default", "q")] = time.monotonic()  # no claim from the head due
     assert service.claim_next("q") == []  # behind where this claimer's claims got to
     # The claim from the head is due (moved there by the remembered time, not by waiting).
-    head_at, priority, since = service.__dict__["_claim_cursors"]["q"]
-    service.__dict__["_claim_cursors"]["q"] = (head_at - leases.CLAIM_FROM_HEAD_EVERY - 1, priority, since)
+    leases._HEAD_CLAIMED[("default", "q")] -= leases.CLAIM_FROM_HEAD_EVERY + 1
     assert [x.message_id for x in service.claim_next("q")] == ["late"]
-    assert service.__dict__["_claim_cursors"]["q"][0] > time.monotonic() - 60  # and it is remembered as made
+    assert leases._HEAD_CLAIMED[("default", "q")] > time.monotonic() - 60  # and it is remembered as made
 
 
 def _sweep_buffers(service: ZeroLossMessageService, since: Any) -> int:

@@ -46,6 +46,9 @@ CLAIM_FROM_HEAD_EVERY = 5.0
 CLAIM_REWIND = dt.timedelta(seconds=2)
 #: Below every priority (-100..100): a claim from the head.
 _FROM_HEAD = -101
+#: When this process last claimed from the head of each (database alias, queue): one such
+#: claim finds what is behind every claimer's position, so one is made for all of them.
+_HEAD_CLAIMED: dict[tuple[str, str], float] = {}
 #: What a single acknowledgement hands back (only whether it moved a row matters).
 _ACKED_COLUMNS = ("message_id",)
 #: What an outcome statement hands back.
@@ -57,28 +60,23 @@ class Leasing(LedgerBase):
 
     def _claim_range(self, queue_name: str, limit: int) -> list[Any]:
         """CLAIM's parameters: after this claimer's previous claim of the queue, or from the head
-        (the first claim, every CLAIM_FROM_HEAD_EVERY seconds, and always on SQLite, which keeps
-        no dead versions in its indexes)."""
-        cursors: dict[str, tuple[float, int, dt.datetime]] = self.__dict__.setdefault("_claim_cursors", {})
-        cursor = cursors.get(queue_name)
-        if cursor is None or time.monotonic() - cursor[0] > CLAIM_FROM_HEAD_EVERY:
+        (its first claim, one claim of the process every CLAIM_FROM_HEAD_EVERY seconds, and
+        always on SQLite, which keeps no dead versions in its indexes)."""
+        cursor = self.__dict__.setdefault("_claim_cursors", {}).get(queue_name)
+        head = (self.using, queue_name)
+        now = time.monotonic()
+        if cursor is None or now - _HEAD_CLAIMED.get(head, -CLAIM_FROM_HEAD_EVERY) > CLAIM_FROM_HEAD_EVERY:
+            _HEAD_CLAIMED[head] = now  # this one, not every claimer of the process at once
             priority, since = _FROM_HEAD, None
         else:
-            priority, since = cursor[1], cursor[2] - CLAIM_REWIND
+            priority, since = cursor[0], cursor[1] - CLAIM_REWIND
         group = [queue_name, priority]  # each of the three ranges: its queue and priority bound
         return [*group, limit, *group, since, limit, *group, limit, limit]
 
-    def _remember_claim(self, queue_name: str, rows: list[Any], from_head: bool) -> None:
-        if self.engine.vendor != "postgresql":
-            return
-        cursors: dict[str, tuple[float, int, dt.datetime]] = self.__dict__["_claim_cursors"]
-        previous = cursors.get(queue_name)
-        head_at = time.monotonic() if from_head or previous is None else previous[0]
-        if rows:
+    def _remember_claim(self, queue_name: str, rows: list[Any]) -> None:
+        if rows and self.engine.vendor == "postgresql":
             last = min(rows, key=lambda r: (r[9], -r[10], -r[0]))  # the last in the claim's order
-            cursors[queue_name] = (head_at, last[9], self.engine.at(last[10]))
-        elif previous is not None:  # nothing claimable from the head either: where it was
-            cursors[queue_name] = (head_at, previous[1], previous[2])
+            self.__dict__["_claim_cursors"][queue_name] = (last[9], self.engine.at(last[10]))
 
     def _claim(self, name: str, params: Sequence[Any], cursor_of: str = "") -> list[Lease]:
         engine = self.engine
@@ -94,7 +92,7 @@ class Leasing(LedgerBase):
             result=_LEASE_COLUMNS,
         )
         if cursor_of:
-            self._remember_claim(cursor_of, rows, from_head=params[1] == _FROM_HEAD)
+            self._remember_claim(cursor_of, rows)
         # Oldest first within a priority: the order the claim chose (RETURNING keeps none).
         rows.sort(key=lambda r: (-r[9], r[0]))
         return [
