@@ -66,7 +66,7 @@ def test_a_claim_after_the_previous_one_does_not_revisit_what_earlier_claims_lef
         assert all(service.acknowledge_message(x.message_id, x.token) for x in claimed)
     service.persist_messages([(f"n{i}", "q", {}) for i in range(20)])
     assert [x.message_id for x in service.claim_next("q", limit=10)] == [f"n{i}" for i in range(10)]
-    leases._HEAD_CLAIMED[("default", "q")] = time.monotonic()  # no claim from the head due
+    leases._HEAD_CLAIMED[("default", "q")] = leases._BEHIND_CLAIMED[("default", "q")] = time.monotonic()
     after = _claim_buffers(service, service._claim_range("q", 10))
     group = ["q", leases._FROM_HEAD]
     from_head = _claim_buffers(service, [*group, 10, *group, None, 10, *group, 10, 10])
@@ -86,27 +86,33 @@ def test_a_higher_priority_is_claimed_first_after_a_previous_claim() -> None:
     assert [x.message_id for x in service.claim_next("q", limit=10)] == ["urgent", "a2", "a3", "a4", "low"]
 
 
-def test_what_committed_behind_the_previous_claim_is_claimed_from_the_head() -> None:
+def test_what_committed_behind_the_previous_claim_is_claimed_from_further_back() -> None:
     service = ZeroLossMessageService(instance_id="w")
     service.persist_messages([(f"a{i}", "q", {}) for i in range(3)])
     assert len(service.claim_next("q", limit=3)) == 3
-    # A message whose sending transaction committed long after its statement: available since
-    # well before the last message claimed (and the rewind).
-    service.persist_message("late", "q", {})
+    # Messages whose sending transactions committed long after their statements: available
+    # since well before this claimer's previous claim (and its rewind).
+    service.persist_messages([("late", "q", {}), ("later", "q", {})])
+    now = service.database_now()
     with connection.cursor() as cur:
-        cur.execute(
-            "UPDATE zeroloss_message SET available_at = %s WHERE message_id = 'late'",
-            [service.database_now() - dt.timedelta(minutes=1)],
-        )
+        for message_id, ago in (("late", dt.timedelta(seconds=30)), ("later", dt.timedelta(minutes=10))):
+            cur.execute(
+                "UPDATE zeroloss_message SET available_at = %s WHERE message_id = %s", [now - ago, message_id]
+            )
     if connection.vendor == "sqlite":  # no dead versions in its indexes: every claim from the head
-        assert [x.message_id for x in service.claim_next("q")] == ["late"]
+        assert [x.message_id for x in service.claim_next("q", limit=5)] == ["late", "later"]
         return
-    leases._HEAD_CLAIMED[("default", "q")] = time.monotonic()  # no claim from the head due
-    assert service.claim_next("q") == []  # behind where this claimer's claims got to
-    # The claim from the head is due (moved there by the remembered time, not by waiting).
-    leases._HEAD_CLAIMED[("default", "q")] -= leases.CLAIM_FROM_HEAD_EVERY + 1
-    assert [x.message_id for x in service.claim_next("q")] == ["late"]
-    assert leases._HEAD_CLAIMED[("default", "q")] > time.monotonic() - 60  # and it is remembered as made
+    key = ("default", "q")
+    leases._HEAD_CLAIMED[key] = leases._BEHIND_CLAIMED[key] = time.monotonic()  # neither due
+    assert service.claim_next("q", limit=5) == []  # behind where this claimer's claims got to
+    # Due (moved there by the remembered times, not by waiting): the claim from CLAIM_BEHIND back...
+    leases._BEHIND_CLAIMED[key] -= leases.CLAIM_BEHIND_EVERY + 1
+    assert [x.message_id for x in service.claim_next("q", limit=5)] == ["late"]
+    assert service.claim_next("q", limit=5) == []
+    # ... and the claim from the head.
+    leases._HEAD_CLAIMED[key] -= leases.CLAIM_FROM_HEAD_EVERY + 1
+    assert [x.message_id for x in service.claim_next("q", limit=5)] == ["later"]
+    assert leases._HEAD_CLAIMED[key] > time.monotonic() - 60  # remembered as made
 
 
 def _sweep_buffers(service: ZeroLossMessageService, since: Any) -> int:

@@ -37,18 +37,26 @@ _LEASE_COLUMNS = (
     "priority",
     "available_at",
 )
-#: How often a claimer claims from the head of its queue instead of after its previous claim
-#: (statements.CLAIM): the longest a message waits that became claimable behind where claims
-#: got to (its sending transaction committed more than CLAIM_REWIND after its statement, or a
-#: claim that had locked it rolled back).
-CLAIM_FROM_HEAD_EVERY = 5.0
-#: How far before the previous claim's last message a claim starts (seconds of available_at).
+#: How far before the previous claim a claim starts (seconds of ``available_at``): what a
+#: sender's transaction may take from its INSERT to its COMMIT and still be claimed at once.
+#: Measured from the previous claim's own time, not from the last message it claimed: behind a
+#: backlog, that message's ``available_at`` is long before, and nothing sent then is uncommitted.
 CLAIM_REWIND = dt.timedelta(seconds=2)
+#: Every this many seconds (one claim of each process and queue) a claim starts CLAIM_BEHIND
+#: further back, for messages that became claimable behind where claims got to: a transaction
+#: that committed later than CLAIM_REWIND after its INSERT, a failed claim's locked rows.
+CLAIM_BEHIND_EVERY = 5.0
+CLAIM_BEHIND = dt.timedelta(seconds=60)
+#: And every this many seconds from the head of the queue: whatever is further behind. Under a
+#: held xmin horizon this one visits every version claims left since (see statements.CLAIM).
+CLAIM_FROM_HEAD_EVERY = 60.0
 #: Below every priority (-100..100): a claim from the head.
 _FROM_HEAD = -101
-#: When this process last claimed from the head of each (database alias, queue): one such
-#: claim finds what is behind every claimer's position, so one is made for all of them.
+#: When this process last claimed from the head of each (database alias, queue), and from
+#: CLAIM_BEHIND back: one such claim finds what is behind every claimer's position, so one is
+#: made for all of them.
 _HEAD_CLAIMED: dict[tuple[str, str], float] = {}
+_BEHIND_CLAIMED: dict[tuple[str, str], float] = {}
 #: What a single acknowledgement hands back (only whether it moved a row matters).
 _ACKED_COLUMNS = ("message_id",)
 #: What an outcome statement hands back.
@@ -59,24 +67,33 @@ class Leasing(LedgerBase):
     # -- claims ---------------------------------------------------------------------------
 
     def _claim_range(self, queue_name: str, limit: int) -> list[Any]:
-        """CLAIM's parameters: after this claimer's previous claim of the queue, or from the head
-        (its first claim, one claim of the process every CLAIM_FROM_HEAD_EVERY seconds, and
-        always on SQLite, which keeps no dead versions in its indexes)."""
+        """CLAIM's parameters: after this claimer's previous claim of the queue (CLAIM_REWIND
+        before it, one claim of the process every CLAIM_BEHIND_EVERY seconds CLAIM_BEHIND before
+        it), or from the head (its first claim, one claim of the process every
+        CLAIM_FROM_HEAD_EVERY seconds, and always on SQLite, which keeps no dead versions in its
+        indexes)."""
         cursor = self.__dict__.setdefault("_claim_cursors", {}).get(queue_name)
-        head = (self.using, queue_name)
+        key = (self.using, queue_name)
         now = time.monotonic()
-        if cursor is None or now - _HEAD_CLAIMED.get(head, -CLAIM_FROM_HEAD_EVERY) > CLAIM_FROM_HEAD_EVERY:
-            _HEAD_CLAIMED[head] = now  # this one, not every claimer of the process at once
+        if cursor is None or now - _HEAD_CLAIMED.get(key, -CLAIM_FROM_HEAD_EVERY) > CLAIM_FROM_HEAD_EVERY:
+            _HEAD_CLAIMED[key] = _BEHIND_CLAIMED[key] = now  # this one, not every claimer at once
             priority, since = _FROM_HEAD, None
         else:
-            priority, since = cursor[0], cursor[1] - CLAIM_REWIND
+            priority, since = cursor
+            if now - _BEHIND_CLAIMED.get(key, now) > CLAIM_BEHIND_EVERY:
+                _BEHIND_CLAIMED[key] = now
+                since -= CLAIM_BEHIND
         group = [queue_name, priority]  # each of the three ranges: its queue and priority bound
         return [*group, limit, *group, since, limit, *group, limit, limit]
 
     def _remember_claim(self, queue_name: str, rows: list[Any]) -> None:
+        """Where the next claim of this claimer starts: its last message's priority, and the
+        earlier of that message's ``available_at`` and this claim's time less CLAIM_REWIND."""
         if rows and self.engine.vendor == "postgresql":
             last = min(rows, key=lambda r: (r[9], -r[10], -r[0]))  # the last in the claim's order
-            self.__dict__["_claim_cursors"][queue_name] = (last[9], self.engine.at(last[10]))
+            claimed_at = self.engine.at(last[6]) - dt.timedelta(seconds=self.settings.ACK_TIMEOUT)
+            since = min(self.engine.at(last[10]), claimed_at - CLAIM_REWIND)
+            self.__dict__["_claim_cursors"][queue_name] = (last[9], since)
 
     def _claim(self, name: str, params: Sequence[Any], cursor_of: str = "") -> list[Lease]:
         engine = self.engine

@@ -20,7 +20,7 @@ REPAIR_AFTER = 5.0
 #: transaction is ended at its lease's deadline) or a claim that computed its lease before a wait.
 SWEEP_REWIND = dt.timedelta(seconds=30)
 #: And every this many seconds, every expired lease however old (whatever a bound missed).
-SWEEP_FROM_HEAD_EVERY = 30.0
+SWEEP_FROM_HEAD_EVERY = 60.0
 _LONG_AGO = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
 
 
