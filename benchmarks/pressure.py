@@ -562,14 +562,14 @@ def _figures(suite: Any, runs: dict[str, CellRun]) -> None:
         p99.info["explain"] = [asdict(e) for e in run.explains]
         if cell == "burst":
             recovery = run.phases[-1]
+            # The burst is sent as its phase starts: drained in time by the end of the recovery.
+            by = pressure.seconds + recovery.seconds
             drained: Figure = suite.figure(
                 "pressure.burst.drained",
-                "pressure burst: seconds until the burst is drained",
+                "pressure burst: seconds from the burst until it is drained",
                 "s",
                 higher_is_better=False,
-                target=Target(
-                    f"within the recovery phase ({recovery.seconds:.0f} s)", "max", recovery.seconds
-                ),
+                target=Target(f"within the recovery phase (<= {by:.0f} s)", "max", by),
             )
             if recovery.drained_after_s is not None:
                 drained.values.append(recovery.drained_after_s)
