@@ -36,8 +36,9 @@ WORKLOADS = [
 ]
 #: Issue 12 and 16 workloads (benchmarks/throughput.py); run with ``--only``, and in the full profile.
 MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered"]
-#: Run only when named in --only: minutes each, on a private server (benchmarks/retention.py).
-OPT_IN = ["retention"]
+#: Run only when named in --only: minutes each (benchmarks/retention.py: on a private server;
+#: benchmarks/pressure.py: the pressure cells of issue 24, 36 minutes in the full profile).
+OPT_IN = ["retention", "pressure"]
 #: Run only when named: the fault suite's soak (minutes; its own servers; benchmarks/faults.py).
 ON_REQUEST = ["faults"]
 
@@ -55,6 +56,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="NAME",
         help=f"Run only: {', '.join(WORKLOADS + MORE_WORKLOADS + OPT_IN + ON_REQUEST)} "
         "(faults: the fault suite's soak, with --quick its CI profile).",
+    )
+    parser.add_argument(
+        "--pressure-cells",
+        nargs="+",
+        choices=["idle_in_tx", "readers", "overload", "burst"],
+        metavar="CELL",
+        help="With --only pressure: run only these cells (idle_in_tx, readers, overload, burst).",
     )
     parser.add_argument("--json", type=Path, help="Also save every figure and the machine to this file.")
     parser.add_argument(
@@ -170,6 +178,10 @@ def _run_suite(args: argparse.Namespace) -> int:
                     from .retention import run_in_suite
 
                     run_in_suite(suite)
+                elif name == "pressure":
+                    from .pressure import run_in_suite as run_pressure
+
+                    run_pressure(suite, quick=args.quick, cells=args.pressure_cells)
                 else:
                     getattr(suite, f"run_{name.replace('claimack', 'claim_ack')}")()
                 print(f"- {name}: {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
@@ -229,6 +241,9 @@ def _notes(suite: Any) -> None:
         lines.append(f"sweep rate (empty): {figs['sweep.empty'].info['messages_per_second']:,.0f} msg/s")
     if lines:
         print("\n" + "\n".join(lines))
+    from .pressure import notes
+
+    notes(suite)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ so process start-up is never timed), runs, and prints one JSON result line.
 - ``raw-drain``: the raw-SQL claim + ack loop (psycopg only).
 - ``claimer``: ``ZeroLossMessageService.claim_next(limit=1)`` timed per call, then an ack, until
   the queue is empty; prints one result line per round and waits for the next start line.
+- ``paced-producer``: sends on a clock-paced schedule (the pressure cells, open loop).
 """
 
 from __future__ import annotations
@@ -83,7 +84,56 @@ def claimer(args: dict[str, Any]) -> dict[str, Any]:
             return {"rounds": len(rounds)}
 
 
-ROLES = {"raw-drain": raw_drain, "raw-batched": raw_batched, "claimer": claimer}
+def paced_producer(args: dict[str, Any]) -> dict[str, Any]:
+    """Open loop: sends what the clock says is due (``segments`` of (seconds, rate), ``bursts``
+    of (offset, count)), whether or not anyone keeps up; a late tick sends everything due."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+    import django
+
+    django.setup()
+    from zeroloss.service import ZeroLossMessageService
+
+    service = ZeroLossMessageService(instance_id=f"producer-{os.getpid()}")
+    service.database_now()  # connect before the barrier
+    queue, prefix = args["queue"], args["prefix"]
+    segments = [(float(s), float(r)) for s, r in args["segments"]]
+    bursts = sorted((float(at), int(n)) for at, n in args["bursts"])
+    total_seconds = sum(s for s, _ in segments)
+
+    def due(elapsed: float) -> int:
+        count, offset = 0.0, 0.0
+        for seconds, rate in segments:
+            count += rate * max(0.0, min(elapsed, offset + seconds) - offset)
+            offset += seconds
+        return int(count) + sum(n for at, n in bursts if at <= elapsed)
+
+    _ready()
+    started = time.monotonic()
+    sent, transactions, max_lag = 0, 0, 0.0
+    while (elapsed := time.monotonic() - started) < total_seconds:
+        target = due(elapsed)
+        while sent < target:
+            n = min(target - sent, 1000)
+            service.persist_messages([(f"{prefix}-{i}", queue, {"n": i}) for i in range(sent, sent + n)])
+            sent += n
+            transactions += 1
+        max_lag = max(max_lag, time.monotonic() - started - elapsed)
+        time.sleep(0.005)  # a tick: about 4 messages a transaction at 800 msg/s
+    final = due(total_seconds)
+    while sent < final:
+        n = min(final - sent, 1000)
+        service.persist_messages([(f"{prefix}-{i}", queue, {"n": i}) for i in range(sent, sent + n)])
+        sent += n
+        transactions += 1
+    return {"sent": sent, "transactions": transactions, "max_tick_s": round(max_lag, 3)}
+
+
+ROLES = {
+    "raw-drain": raw_drain,
+    "raw-batched": raw_batched,
+    "claimer": claimer,
+    "paced-producer": paced_producer,
+}
 
 
 def main() -> int:

@@ -1,6 +1,7 @@
 """Benchmark-only handlers, autodiscovered through ``benchmarks.settings``.
 
 - ``bench.noop``: does nothing, so a drain measures the ledger and the worker, not a handler.
+- ``bench.pressure``: sleeps 1 ms (the pressure cells, benchmarks/pressure.py).
 - ``bench.kill``: on its first attempt writes a marker (pid, time) and hangs, so the suite can
   SIGKILL the worker that holds it; on a later attempt writes a marker and returns.
 """
@@ -50,3 +51,9 @@ def one_insert(delivery: Delivery) -> None:
 def started_at(delivery: Delivery) -> float:
     """Returns when it started (this host's clock, as the sender's ``sent`` is): stored as the result."""
     return time.time()
+
+
+@zeroloss.handler("bench.pressure")
+def one_millisecond(delivery: Delivery) -> None:
+    """The pressure cells' handler: 1 ms of work (a sleep), as the public benchmark's jobs."""
+    time.sleep(0.001)

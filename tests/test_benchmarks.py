@@ -125,3 +125,51 @@ def test_quick_benchmark_suite_reports_every_figure(tmp_path: Path) -> None:
             "SELECT count(*) FROM pg_database WHERE datname LIKE %s", [f"{db_name}%"]
         ).fetchone()
         assert row is not None and row[0] == 0
+
+
+def test_quick_pressure_cell_reports_its_phases(tmp_path: Path) -> None:
+    """One pressure cell (held xmin, issue 24) of ``--only pressure --quick``: about 20 s."""
+    out = tmp_path / "pressure.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
+    env["PYTHONPATH"] = str(ROOT)
+    db_name = f"zeroloss_bench_pressure_{os.getpid()}"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--only",
+            "pressure",
+            "--quick",
+            "--pressure-cells",
+            "idle_in_tx",
+            "--json",
+            str(out),
+            "--server-url",
+            _server_url(),
+            "--db-name",
+            db_name,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    figures = {f["key"]: f for f in json.loads(out.read_text())["figures"]}
+    assert set(figures) == {"pressure.idle_in_tx.completion", "pressure.idle_in_tx.p99"}
+    phases = figures["pressure.idle_in_tx.p99"]["info"]["phases"]
+    assert [p["phase"] for p in phases] == ["clean", "pressure", "recovery"]
+    for p in phases:
+        # Offered by the clock, whatever the worker did; the worker completed some of it.
+        assert p["offered"] == int(800 * p["seconds"]), p
+        assert p["completed"] > 0 and p["sent"] > 0 and 0 <= p["p50_ms"] <= p["p99_ms"], p
+    explained = {e["statement"] for e in figures["pressure.idle_in_tx.p99"]["info"]["explain"]}
+    assert {"CLAIM", "CLAIM head", "SWEEP", "SWEEP head", "RENEW", "ACK"} <= explained
+    assert "| idle_in_tx | pressure |" in proc.stdout
+    with psycopg.connect(_server_url(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE %s", [f"{db_name}%"]
+        ).fetchone()
+        assert row is not None and row[0] == 0

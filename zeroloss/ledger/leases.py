@@ -8,6 +8,8 @@ outcome for any number of messages, each row fenced on its own.
 
 from __future__ import annotations
 
+import datetime as dt
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -34,7 +36,28 @@ _LEASE_COLUMNS = (
     "max_attempts",
     "priority",
     "headers",
+    "available_at",
 )
+#: How far before the previous claim a claim starts (seconds of ``available_at``): what a
+#: sender's transaction may take from its INSERT to its COMMIT and still be claimed at once.
+#: Measured from the previous claim's own time, not from the last message it claimed: behind a
+#: backlog, that message's ``available_at`` is long before, and nothing sent then is uncommitted.
+CLAIM_REWIND = dt.timedelta(seconds=2)
+#: Every this many seconds (one claim of each process and queue) a claim starts CLAIM_BEHIND
+#: further back, for messages that became claimable behind where claims got to: a transaction
+#: that committed later than CLAIM_REWIND after its INSERT, a failed claim's locked rows.
+CLAIM_BEHIND_EVERY = 5.0
+CLAIM_BEHIND = dt.timedelta(seconds=60)
+#: And every this many seconds from the head of the queue: whatever is further behind. Under a
+#: held xmin horizon this one visits every version claims left since (see statements.CLAIM).
+CLAIM_FROM_HEAD_EVERY = 60.0
+#: Below every priority (-100..100): a claim from the head.
+_FROM_HEAD = -101
+#: When this process last claimed from the head of each (database alias, queue), and from
+#: CLAIM_BEHIND back: one such claim finds what is behind every claimer's position, so one is
+#: made for all of them.
+_HEAD_CLAIMED: dict[tuple[str, str], float] = {}
+_BEHIND_CLAIMED: dict[tuple[str, str], float] = {}
 #: What a single acknowledgement hands back (only whether it moved a row matters).
 _ACKED_COLUMNS = ("message_id",)
 #: What an outcome statement hands back.
@@ -44,7 +67,36 @@ _OUTCOME_COLUMNS = ("message_id", "status")
 class Leasing(LedgerBase):
     # -- claims ---------------------------------------------------------------------------
 
-    def _claim(self, name: str, params: Sequence[Any]) -> list[Lease]:
+    def _claim_range(self, queue_name: str, limit: int) -> list[Any]:
+        """CLAIM's parameters: after this claimer's previous claim of the queue (CLAIM_REWIND
+        before it, one claim of the process every CLAIM_BEHIND_EVERY seconds CLAIM_BEHIND before
+        it), or from the head (its first claim, one claim of the process every
+        CLAIM_FROM_HEAD_EVERY seconds, and always on SQLite, which keeps no dead versions in its
+        indexes)."""
+        cursor = self.__dict__.setdefault("_claim_cursors", {}).get(queue_name)
+        key = (self.using, queue_name)
+        now = time.monotonic()
+        if cursor is None or now - _HEAD_CLAIMED.get(key, -CLAIM_FROM_HEAD_EVERY) > CLAIM_FROM_HEAD_EVERY:
+            _HEAD_CLAIMED[key] = _BEHIND_CLAIMED[key] = now  # this one, not every claimer at once
+            priority, since = _FROM_HEAD, None
+        else:
+            priority, since = cursor
+            if now - _BEHIND_CLAIMED.get(key, now) > CLAIM_BEHIND_EVERY:
+                _BEHIND_CLAIMED[key] = now
+                since -= CLAIM_BEHIND
+        group = [queue_name, priority]  # each of the three ranges: its queue and priority bound
+        return [*group, limit, *group, since, limit, *group, limit, limit]
+
+    def _remember_claim(self, queue_name: str, rows: list[Any]) -> None:
+        """Where the next claim of this claimer starts: its last message's priority, and the
+        earlier of that message's ``available_at`` and this claim's time less CLAIM_REWIND."""
+        if rows and self.engine.vendor == "postgresql":
+            last = min(rows, key=lambda r: (r[9], -r[11], -r[0]))  # the last in the claim's order
+            claimed_at = self.engine.at(last[6]) - dt.timedelta(seconds=self.settings.ACK_TIMEOUT)
+            since = min(self.engine.at(last[11]), claimed_at - CLAIM_REWIND)
+            self.__dict__["_claim_cursors"][queue_name] = (last[9], since)
+
+    def _claim(self, name: str, params: Sequence[Any], cursor_of: str = "") -> list[Lease]:
         engine = self.engine
         self.connection.ensure_connection()
         # Remembered in case this claim's outcome is lost (see release_unknown_claims).
@@ -57,6 +109,8 @@ class Leasing(LedgerBase):
             extra=statements.CLAIM_RETURNING,
             result=_LEASE_COLUMNS,
         )
+        if cursor_of:
+            self._remember_claim(cursor_of, rows)
         # Oldest first within a priority: the order the claim chose (RETURNING keeps none).
         rows.sort(key=lambda r: (-r[9], r[0]))
         return [
@@ -80,7 +134,8 @@ class Leasing(LedgerBase):
         skipping rows another claimer has locked. Each starts an attempt."""
         validate_queue_name(queue_name)
         validate_count(limit, "limit")
-        return self._claim("CLAIM", [queue_name, limit])
+        params = self._claim_range(queue_name, limit)
+        return self._claim("CLAIM", params, cursor_of=queue_name)
 
     def mark_processing(self, message_id: str) -> Lease | None:
         """Claim one pending, available message. ``None`` if missing, not pending or being claimed."""

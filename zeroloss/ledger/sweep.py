@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
+import time
 
 from ..models import Status
 from . import notices
@@ -15,6 +17,13 @@ _SWEEP_DETAIL = "'lease held by ' || claimed_by || ' expired'"
 #: A waiting message this old whose key has no head was missed by its promotion (a process
 #: died between commit and promotion); younger ones are left to their own sender.
 REPAIR_AFTER = 5.0
+#: A sweep examines the leases that expired since this long before its previous complete sweep
+#: began (statements.SWEEP): longer than a lease's rows stay locked past its expiry (a batch's
+#: transaction is ended at its lease's deadline) or a claim that computed its lease before a wait.
+SWEEP_REWIND = dt.timedelta(seconds=30)
+#: And every this many seconds, every expired lease however old (whatever a bound missed).
+SWEEP_FROM_HEAD_EVERY = 60.0
+_LONG_AGO = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
 
 
 class Sweeping(LedgerBase):
@@ -38,6 +47,8 @@ class Sweeping(LedgerBase):
         dead: list[str] = []
         finished_keys: set[tuple[str, str]] = set()
         batches = 0
+        since, began, from_head = self._sweep_bound()
+        complete = False
         while limit is None or len(requeued) + len(dead) < limit:
             if self.engine.vendor == "sqlite" and not self._run("ANY_EXPIRED", [])[0]:
                 # SQLite: a read needs no lock in WAL mode; the write below takes the database's
@@ -46,7 +57,7 @@ class Sweeping(LedgerBase):
             size = batch if limit is None else min(batch, limit - len(requeued) - len(dead))
             rows = self._move(
                 "SWEEP",
-                [size],
+                [since, size, since],
                 source="processing",
                 reason=_SWEEP_REASON,
                 detail_sql=_SWEEP_DETAIL,
@@ -61,13 +72,34 @@ class Sweeping(LedgerBase):
                 if row[2] == Status.DEAD and row[9]:
                     finished_keys.add((row[8], row[9]))
             if len(rows) < size:
+                complete = True
                 break
+        if complete and began is not None:
+            self.__dict__["_swept"] = (began, time.monotonic() if from_head else self._sweep_state()[1])
         if finished_keys:
             self.promote_keys(finished_keys)
         repaired = self.repair_ordering_keys()
         return RecoveryReport(
             requeued=requeued, dead_lettered=dead, batches=batches, keys_repaired=len(repaired)
         )
+
+    def _sweep_bound(self) -> tuple[object, dt.datetime | None, bool]:
+        """The oldest lease expiry this sweep examines, when it began (database clock), and
+        whether it is a sweep from the head. SQLite keeps no dead versions in its indexes: every
+        sweep there examines every expired lease."""
+        if self.engine.vendor != "postgresql":
+            return "0001-01-01 00:00:00", None, True
+        swept_from, head_at = self._sweep_state()
+        began = self.database_now()
+        if swept_from is None or time.monotonic() - head_at > SWEEP_FROM_HEAD_EVERY:
+            return _LONG_AGO, began, True
+        return swept_from - SWEEP_REWIND, began, False
+
+    def _sweep_state(self) -> tuple[dt.datetime | None, float]:
+        """When this sweeper's last complete sweep began (database clock), and when (monotonic)
+        its last complete sweep from the head ended."""
+        state: tuple[dt.datetime | None, float] = self.__dict__.get("_swept", (None, 0.0))
+        return state
 
     def repair_ordering_keys(self, *, limit: int = 1000) -> list[str]:
         """Release the next message of every ordering key that has waiting messages but no head.
