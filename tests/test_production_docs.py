@@ -279,8 +279,8 @@ def _peak_sessions(app_name: str, seconds: float) -> int:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     ("concurrency", "flags", "expected"),
-    [(1, [], 1 + 3), (4, [], 4 + 3), (4, ["--no-sweep", "--no-listen"], 4 + 1)],
-    ids=["1-thread", "4-threads", "4-threads-no-sweep-no-listen"],
+    [(1, [], 1 + 3), (4, [], 4 + 3), (4, ["--no-sweep", "--no-schedule", "--no-listen"], 4 + 1)],
+    ids=["1-thread", "4-threads", "4-threads-no-sweep-no-schedule-no-listen"],
 )
 def test_connections_per_zeroloss_worker(concurrency: int, flags: list[str], expected: int):
     app = f"zl-conn-{concurrency}-{len(flags)}"
