@@ -13,6 +13,7 @@ __version__ = "0.3.0.dev0"
 __all__ = [
     "Lease",
     "RecoveryReport",
+    "SoftTimeLimitExceeded",
     "ZeroLossMessageService",
     "asend",
     "handler",
@@ -21,6 +22,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from .exceptions import SoftTimeLimitExceeded
     from .handlers import handler
     from .service import Lease, RecoveryReport, ZeroLossMessageService
     from .transports import asend, send, send_many
@@ -31,6 +33,10 @@ def __getattr__(name: str) -> Any:
         from . import service
 
         return getattr(service, name)
+    if name == "SoftTimeLimitExceeded":
+        from .exceptions import SoftTimeLimitExceeded
+
+        return SoftTimeLimitExceeded
     if name == "handler":
         from .handlers import handler
 

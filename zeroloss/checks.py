@@ -38,6 +38,7 @@
 | zeroloss.E056   | a schedule's ``queue`` has no handler, or it has both or neither of ``queue`` / ``task`` |
 | zeroloss.E057   | a schedule's ``task`` cannot be imported or is not a Django task |
 | zeroloss.E058   | a schedule's other key has an invalid value (``payload``, ``priority``, ``catch_up``, ...) |
+| zeroloss.E060   | a handler's ``soft_time_limit`` is not shorter than its hard bound (``HANDLER_TIMEOUT``) |
 | zeroloss.E040   | PostgreSQL older than 13 (``check --database default``) |
 | zeroloss.W040   | PostgreSQL with ``fsync = off`` (``check --database default``) |
 | zeroloss.W041   | PostgreSQL with ``synchronous_commit = off`` for zeroloss's connection |
@@ -392,3 +393,8 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
 
 # E020-E023 and W020 live with the task backend; imported here so they are registered.
 from .tasks_backend.checks import check_tasks, tasks_messages  # noqa: E402, F401
+
+# E060 lives with the time limits.
+from .timelimit_checks import check_time_limits  # noqa: E402
+
+register()(check_time_limits)

@@ -76,3 +76,17 @@ class UnknownQueue(ZeroLossError, LookupError):
             "not declare it (declare it there to send from a process that does not import its handler)."
         )
         self.queue_name = queue_name
+
+
+class SoftTimeLimitExceeded(Exception):
+    """Raised inside a handler that ran past its ``soft_time_limit`` (``@zeroloss.handler``).
+
+    Catch it to clean up and return (the outcome counts as the handler's); left to propagate,
+    it fails the attempt like any other exception. A plain ``Exception`` (not a
+    :class:`ZeroLossError`), as in Celery, so ``except Exception`` in a handler catches it too.
+    """
+
+
+class TimeLimitExceeded(Exception):
+    """The error recorded for an attempt stopped at its hard ``time_limit``: the process pool
+    killed its child, or an async handler was cancelled."""

@@ -16,6 +16,10 @@ start-up, like ``admin.py``), or anywhere that is imported before workers start:
     @zeroloss.handler("webhooks")
     async def call_webhook(delivery):
         await client.post(delivery.payload["url"])  # awaited on the claim thread's event loop
+
+    @zeroloss.handler("reports", soft_time_limit=50, time_limit=60)
+    def build_report(delivery):
+        ...  # SoftTimeLimitExceeded raised in it at 50 s; stopped at 60 s (docs/control-time-limits.md)
 """
 
 from __future__ import annotations
@@ -45,11 +49,19 @@ class HandlerSpec:
     #: Store the handler's return value (JSON) on the message with its acknowledgement
     #: (``Message.result``); a value that is not JSON then fails the attempt. Task queues use it.
     store_result: bool = False
+    #: Seconds after which ``SoftTimeLimitExceeded`` is raised inside the handler (None: never).
+    soft_time_limit: float | None = None
+    #: Seconds after which the run is stopped: the handler's own ``HANDLER_TIMEOUT`` (None: that
+    #: setting). See :mod:`zeroloss.timelimits`.
+    time_limit: float | None = None
     #: ``async def`` (or an object whose ``__call__`` is): awaited on an event loop, never called bare.
     is_async: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
+        from .timelimits import validate_limits
+
         object.__setattr__(self, "is_async", is_coroutine_function(self.func))
+        validate_limits(f"{self.name} of queue {self.queue_name!r}", self.soft_time_limit, self.time_limit)
 
     @property
     def name(self) -> str:
@@ -81,15 +93,33 @@ ASYNC_NOT_TRANSACTIONAL = (
 _registry: dict[str, HandlerSpec] = {}
 
 
-def handler(queue_name: str, *, transactional: bool = False, store_result: bool = False) -> Callable[[F], F]:
-    """Register the decorated callable as the handler of ``queue_name``."""
+def handler(
+    queue_name: str,
+    *,
+    transactional: bool = False,
+    store_result: bool = False,
+    soft_time_limit: float | None = None,
+    time_limit: float | None = None,
+) -> Callable[[F], F]:
+    """Register the decorated callable as the handler of ``queue_name``.
+
+    ``soft_time_limit`` raises :class:`~zeroloss.SoftTimeLimitExceeded` in the handler;
+    ``time_limit`` overrides ``HANDLER_TIMEOUT`` for it (both seconds; soft < hard, else
+    :class:`~zeroloss.exceptions.InvalidHandler`)."""
     from .ledger.validation import validate_queue_name
 
     validate_queue_name(queue_name)
 
     def decorator(func: F) -> F:
         existing = _registry.get(queue_name)
-        spec = HandlerSpec(queue_name, func, transactional, store_result)
+        spec = HandlerSpec(
+            queue_name,
+            func,
+            transactional,
+            store_result,
+            soft_time_limit=soft_time_limit,
+            time_limit=time_limit,
+        )
         if spec.is_async and transactional:
             raise InvalidHandler(f"Handler {spec.name} of queue {queue_name!r}: {ASYNC_NOT_TRANSACTIONAL}")
         if existing is not None and existing.name != spec.name:

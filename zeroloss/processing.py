@@ -28,6 +28,7 @@ from .delivery import Delivery, LeaseLost
 from .handlers import HandlerSpec
 from .ledger.types import Completion, Lease, Verdict
 from .ledger.validation import MAX_ERROR_LENGTH, canonical_json, clean_text
+from .timelimits import async_soft_limit, hard_limit, soft_limit
 
 if TYPE_CHECKING:
     from .ledger.engine import Engine
@@ -122,7 +123,7 @@ class ReturnedAwaitable(TypeError):
 
 
 class HandlerTimedOut(TimeoutError):
-    """An async handler ran longer than ``HANDLER_TIMEOUT`` and was cancelled."""
+    """An async handler ran longer than its ``time_limit`` (else ``HANDLER_TIMEOUT``) and was cancelled."""
 
 
 def log_extra(delivery: Delivery, worker: str) -> dict[str, Any]:
@@ -190,14 +191,16 @@ def run_handler(
     """Call the handler; every exception it raises is a failed attempt, not a crash.
 
     An async handler runs to completion on this thread's event loop (:func:`thread_event_loop`),
-    cancelled after ``timeout`` seconds (``HANDLER_TIMEOUT``).
+    cancelled after its ``time_limit``, else ``timeout`` seconds (``HANDLER_TIMEOUT``). The
+    handler's ``soft_time_limit`` raises SoftTimeLimitExceeded in it (:mod:`.timelimits`).
     """
     if spec.is_async:
         return run_coroutine(run_async_handler(spec, delivery, worker=worker, timeout=timeout))
     started = time.monotonic()
     _started(delivery, worker)
     try:
-        value = spec.func(delivery)
+        with soft_limit(spec.soft_time_limit):
+            value = spec.func(delivery)
         if inspect.isawaitable(value):
             raise _returned_awaitable(spec, value)
         result = _result(spec, value)
@@ -214,10 +217,11 @@ async def run_async_handler(
     """Await an async handler: like :func:`run_handler`, never raises (but KeyboardInterrupt)."""
     started = time.monotonic()
     _started(delivery, worker)
+    timeout = hard_limit(spec, timeout)
     limit = asyncio.timeout(timeout)
     try:
         async with limit:
-            value = await spec.func(delivery)
+            value = await async_soft_limit(spec.func(delivery), spec.soft_time_limit)
         if inspect.isawaitable(value):
             raise _returned_awaitable(spec, value)
         result = _result(spec, value)
@@ -225,8 +229,9 @@ async def run_async_handler(
         raise
     except BaseException as exc:
         if isinstance(exc, TimeoutError) and limit.expired():
+            bound = "its time_limit" if spec.time_limit is not None else "HANDLER_TIMEOUT"
             timed_out = HandlerTimedOut(
-                f"the async handler ran longer than HANDLER_TIMEOUT ({timeout:g}s) and was cancelled"
+                f"the async handler ran longer than {bound} ({timeout:g}s) and was cancelled"
             )
             timed_out.__cause__ = exc
             exc = timed_out

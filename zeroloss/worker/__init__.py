@@ -30,6 +30,7 @@ from ..service import ZeroLossMessageService
 from ..wakeup import Wakeup
 from .keeper import LeaseKeeper
 from .loop import ClaimLoop
+from .pool import ChildSlot, refuse_transactional
 from .sessions import harden_sessions
 
 logger = logging.getLogger("zeroloss")
@@ -75,9 +76,20 @@ class Worker:
         instance_id: str | None = None,
         stop: StopFlag | None = None,
         health_file: str | Path | None = None,
+        pool: str = "thread",
+        max_tasks_per_child: int | None = None,
     ) -> None:
         if not queues:
             raise ValueError("Worker needs at least one queue.")
+        if pool not in ("thread", "process"):
+            raise ValueError(f"pool must be 'thread' or 'process', not {pool!r}.")
+        if pool == "process":
+            from ..handlers import get_handler
+
+            refuse_transactional([get_handler(q) for q in queues])
+        #: "thread": handlers run on the claim threads; "process": in a child per thread (.pool).
+        self.pool = pool
+        self.max_tasks_per_child = max_tasks_per_child
         self.queues = list(queues)
         self.concurrency = concurrency
         self.batch_size = batch_size
@@ -110,6 +122,16 @@ class Worker:
         """Each thread its own service (and so its own actor name in the audit trail)."""
         suffix = {-1: "/sweep", -2: "/keeper"}.get(n, f"/t{n}")
         return ZeroLossMessageService(using=self.using, instance_id=f"{self.base.instance_id}{suffix}")
+
+    def child_slot(self, n: int) -> ChildSlot | None:
+        if self.pool != "process":
+            return None
+        return ChildSlot(
+            n,
+            worker=f"{self.base.instance_id}/t{n}",
+            handler_timeout=self.base.settings.HANDLER_TIMEOUT,
+            max_tasks=self.max_tasks_per_child,
+        )
 
     def count(self, outcome: str, n: int = 1) -> None:
         """Record outcomes; stops the worker when ``max_messages`` is reached."""

@@ -83,7 +83,7 @@ class DeliveryRuntime:
             self.completer.add(Completion(lease, Verdict.FAIL, str(exc)))
             self.completer.flush()
             return Outcome.FAILED
-        self.keeper.hold([lease])
+        self.keeper.hold([lease], time_limit=spec.time_limit)
         if spec.transactional:
             return self._transactional(spec, lease)
         # An async handler runs on this process's (task thread's) event loop, reused per task.
@@ -101,7 +101,7 @@ class DeliveryRuntime:
     def _transactional(self, spec: HandlerSpec, lease: Lease) -> Outcome:
         """The same path as the built-in worker's transactional batches, for a batch of one."""
         batch = Batch([lease])
-        self.keeper.hold([lease], batch)
+        self.keeper.hold([lease], batch, time_limit=spec.time_limit)
         taken: list[Lease] = []
         try:
             report = self.transactional.run(spec, batch, lambda seconds: None, 1, taken)

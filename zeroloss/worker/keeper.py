@@ -2,7 +2,8 @@
 
 A message is *in hand* from its claim until its outcome is recorded (a batched outcome may
 wait a few milliseconds for its flush; the lease is renewed until then). It is not renewed
-once the keeper knows it lost the lease, nor past ``HANDLER_TIMEOUT``. Claimed messages not
+once the keeper knows it lost the lease, nor past its hard bound (the handler's ``time_limit``,
+else ``HANDLER_TIMEOUT``). Claimed messages not
 yet started are never held behind a handler that runs long: after one renewal interval the
 keeper gives them back (released, the attempt not counted) so another worker takes them.
 
@@ -83,6 +84,8 @@ class _Held:
     since: float
     batch: Batch | None = None
     timed_out: bool = False
+    #: The hard bound of its handler's run: its ``time_limit``, else ``HANDLER_TIMEOUT``.
+    limit: float | None = None
 
 
 @dataclass
@@ -135,13 +138,20 @@ class LeaseKeeper:
         return self
 
     def hold(
-        self, leases: Iterable[Lease], batch: Batch | None = None, *, claimed_at: float | None = None
+        self,
+        leases: Iterable[Lease],
+        batch: Batch | None = None,
+        *,
+        claimed_at: float | None = None,
+        time_limit: float | None = None,
     ) -> None:
+        """Renew these until dropped; ``time_limit`` overrides ``HANDLER_TIMEOUT`` for them."""
         now = time.monotonic() if claimed_at is None else claimed_at
         ttl = self.service.settings.ACK_TIMEOUT
+        limit = self.handler_timeout if time_limit is None else time_limit
         with self._lock:
             for lease in leases:
-                self._held[lease.message_id] = _Held(lease, now + ttl, now, batch)
+                self._held[lease.message_id] = _Held(lease, now + ttl, now, batch, limit=limit)
                 self.lost.discard(lease.message_id)
 
     def drop(self, message_ids: Iterable[str]) -> None:
@@ -205,21 +215,23 @@ class LeaseKeeper:
         return now - batch.running_since if running is not None and running is h.lease else 0.0
 
     def _due(self) -> list[_Held]:
-        """Held leases to renew now: not lost, their handler not past ``HANDLER_TIMEOUT``."""
+        """Held leases to renew now: not lost, their handler not past its hard bound."""
         now = time.monotonic()
         due = []
         with self._lock:
             for h in self._held.values():
                 if h.lease.message_id in self.lost:
                     continue
-                if self.handler_timeout is not None and self._running_for(h, now) >= self.handler_timeout:
+                if h.limit is not None and self._running_for(h, now) >= h.limit:
                     if not h.timed_out:
                         h.timed_out = True
+                        # A thread cannot be stopped: letting the lease go is the hard limit.
                         logger.warning(
-                            "%s: its handler has run longer than HANDLER_TIMEOUT (%gs); its lease is left to "
-                            "expire and the message goes to another worker",
+                            "%s: its handler has run longer than its hard time limit (%gs: time_limit, "
+                            "else HANDLER_TIMEOUT); its lease is left to expire, the message goes to "
+                            "another worker and this run's outcome will be refused",
                             h.lease.message_id,
-                            self.handler_timeout,
+                            h.limit,
                         )
                     continue
                 due.append(h)
@@ -297,17 +309,21 @@ class LeaseKeeper:
         return released
 
     def _overdue_transactions(self) -> list[TransactionWatch]:
-        if self.handler_timeout is None:
-            return []
         now = time.monotonic()
         with self._lock:
-            return [
-                w
-                for w in self._watched.values()
-                if not w.ended
-                and w.batch.running is not None
-                and now - w.batch.running_since >= self.handler_timeout
-            ]
+            overdue = []
+            for w in self._watched.values():
+                running = w.batch.running
+                held = self._held.get(running.message_id) if running is not None else None
+                limit = held.limit if held is not None else self.handler_timeout
+                if (
+                    not w.ended
+                    and running is not None
+                    and limit is not None
+                    and now - w.batch.running_since >= limit
+                ):
+                    overdue.append(w)
+            return overdue
 
     def end_overdue_transactions(self) -> int:
         """End the transactions of batches whose handler runs past ``HANDLER_TIMEOUT``.
@@ -324,10 +340,10 @@ class LeaseKeeper:
             watch.ended = True
             ended += 1
             logger.warning(
-                "%s: its transactional handler ran past HANDLER_TIMEOUT (%gs): its batch's transaction "
-                "was ended (session %d); %d message(s) it had run go back unstarted",
+                "%s: its transactional handler ran past its hard time limit (time_limit, else "
+                "HANDLER_TIMEOUT): its batch's transaction was ended (session %d); %d message(s) it had "
+                "run go back unstarted",
                 running.message_id if running else "?",
-                self.handler_timeout,
                 watch.session,
                 len(watch.done),
             )

@@ -25,6 +25,7 @@ from ..wakeup import Wakeup
 from .completer import Completer, verdict_counts
 from .coroutines import AsyncBatchRunner
 from .keeper import Batch, LeaseKeeper
+from .pool import ChildSlot
 from .transactional import TransactionalBatches
 
 logger = logging.getLogger("zeroloss")
@@ -74,6 +75,10 @@ class WorkerContext(Protocol):
 
     def all_idle(self) -> bool: ...
 
+    def child_slot(self, n: int) -> ChildSlot | None:
+        """Thread ``n``'s child process (``--pool process``), None with the thread pool."""
+        ...
+
 
 class ClaimLoop:
     def __init__(self, worker: WorkerContext, n: int) -> None:
@@ -98,6 +103,7 @@ class ClaimLoop:
         )
         self.batch: Batch | None = None
         self.claim_unknown = False
+        self.slot = worker.child_slot(n)
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -119,9 +125,13 @@ class ClaimLoop:
 
     def run(self) -> None:
         try:
+            if self.slot is not None:
+                self.slot.start()  # before claiming: a child that cannot start claims nothing
             self._loop()
         finally:
             self._give_back()
+            if self.slot is not None:
+                self.slot.close()
             connections.close_all()
 
     def _loop(self) -> None:
@@ -176,7 +186,7 @@ class ClaimLoop:
             idle_rounds = 0
             spec = get_handler(queue)
             self.batch = Batch(leases)
-            worker.keeper.hold(leases, self.batch, claimed_at=claimed_at)
+            worker.keeper.hold(leases, self.batch, claimed_at=claimed_at, time_limit=spec.time_limit)
             if spec.transactional:
                 self._run_transactional(spec, self.paces[queue])
             else:
@@ -201,7 +211,7 @@ class ClaimLoop:
         assert self.batch is not None
         keeper = self.worker.keeper
         settings = self.service.settings
-        if spec.is_async:
+        if spec.is_async and self.slot is None:
             pace.floor = settings.ASYNC_CONCURRENCY
             AsyncBatchRunner(
                 keeper=keeper,
@@ -228,7 +238,10 @@ class ClaimLoop:
                 keeper.drop([lease.message_id])
                 self.worker.count(Outcome.LEASE_LOST)
                 continue
-            run = run_handler(spec, Delivery(lease, keeper), worker=self.service.instance_id)
+            if self.slot is not None:  # in its child process (async ones too, one at a time)
+                run = self.slot.run(spec, lease)
+            else:
+                run = run_handler(spec, Delivery(lease, keeper), worker=self.service.instance_id)
             self.batch.done()
             pace.update(run.seconds)
             self.completer.add(run.completion(lease))

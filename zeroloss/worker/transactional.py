@@ -108,11 +108,13 @@ class TransactionalBatches:
         self.stopping = stopping
         self.careful: dict[str, int] = {}
         settings = service.settings
-        timeout = settings.HANDLER_TIMEOUT
         #: The server's bound on one idle gap or statement of a batch's transaction (0: none).
-        self.bound_ms = 0 if timeout is None else int((timeout + settings.ACK_TIMEOUT) * 1000)
+        self.bound_ms = self._bound_ms(settings.HANDLER_TIMEOUT)
         #: Batches rolled back and run again with savepoints (observability, tests).
         self.reruns = 0
+
+    def _bound_ms(self, timeout: float | None) -> int:
+        return 0 if timeout is None else int((timeout + self.service.settings.ACK_TIMEOUT) * 1000)
 
     def run(
         self,
@@ -191,7 +193,9 @@ class TransactionalBatches:
         watch: TransactionWatch | None = None
         try:
             with transaction.atomic(using=self.service.using):
-                watch = self.keeper.watch(batch, engine.open_batch(connection, self.bound_ms))
+                # A handler's own time_limit moves the server's bound with it.
+                bound = self.bound_ms if spec.time_limit is None else self._bound_ms(spec.time_limit)
+                watch = self.keeper.watch(batch, engine.open_batch(connection, bound))
                 try:
                     return self._handlers(spec, batch, pull, paced, failed, watch)
                 except BaseException:

@@ -5,6 +5,11 @@ crashed (a bug: see the log), so a supervisor restarts it; 2 bad arguments; 4 th
 stayed unreachable longer than ``DB_OUTAGE_TOLERANCE`` (by default it never gives up: it
 rides out outages and drains again when the database is back). A second SIGTERM/SIGINT exits
 at once with 128 + the signal number.
+
+``--pool process`` runs the handlers in child processes, one per thread (``--concurrency``),
+replaced after ``--max-tasks-per-child`` messages, killed and replaced at a handler's hard
+``time_limit`` (docs/control-time-limits.md); transactional handlers are refused with it
+(exit code 2).
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from ...conf import get_settings
-from ...handlers import registered_queues
+from ...handlers import get_handler, registered_queues
 from ...logs import command_logging
 from ...loops import StopFlag
 from ...testing import refuse_inside_a_transaction
 from ...worker import Worker
+from ...worker.pool import refuse_transactional
 from ..base import LedgerUnreachable, ZeroLossCommand, positive_float, positive_int
 
 EXIT_CRASHED = 1
@@ -56,7 +62,24 @@ class Command(ZeroLossCommand):
             ),
         )
         parser.add_argument(
-            "--concurrency", type=positive_int, default=1, help=_("Worker threads (default 1).")
+            "--concurrency",
+            type=positive_int,
+            default=1,
+            help=_("Worker threads (default 1); with --pool process, one child process each."),
+        )
+        parser.add_argument(
+            "--pool",
+            choices=["thread", "process"],
+            default="thread",
+            help=_(
+                "Where handlers run: 'thread' (default) on the claim threads, or 'process' in child "
+                "processes, which a hard time_limit can stop (docs/control-time-limits.md)."
+            ),
+        )
+        parser.add_argument(
+            "--max-tasks-per-child",
+            type=positive_int,
+            help=_("With --pool process: replace a child after this many messages (default: never)."),
         )
         parser.add_argument(
             "--batch-size",
@@ -98,6 +121,8 @@ class Command(ZeroLossCommand):
         *,
         queues: list[str] | None,
         concurrency: int,
+        pool: str,
+        max_tasks_per_child: int | None,
         batch_size: int,
         poll_interval: float,
         burst: bool,
@@ -141,6 +166,13 @@ class Command(ZeroLossCommand):
         self._database = options["database"]
         service = self.service(options)
         refuse_inside_a_transaction(service.using)
+        if max_tasks_per_child is not None and pool != "process":
+            raise CommandError(_("--max-tasks-per-child needs --pool process."), returncode=2)
+        if pool == "process":
+            try:
+                refuse_transactional([get_handler(q) for q in queues])
+            except ValueError as exc:
+                raise CommandError(str(exc), returncode=2) from None
         stop = StopFlag()
         worker = Worker(
             queues,
@@ -154,6 +186,8 @@ class Command(ZeroLossCommand):
             using=service.using,
             stop=stop,
             health_file=health_file,
+            pool=pool,
+            max_tasks_per_child=max_tasks_per_child,
         )
         if no_listen:
             worker.wakeup.enabled = False
@@ -161,6 +195,7 @@ class Command(ZeroLossCommand):
             self.log(
                 _("zeroloss_worker: queues %(queues)s on database %(alias)s, %(threads)s thread(s)")
                 % {"queues": ", ".join(queues), "alias": repr(service.using), "threads": concurrency}
+                + (_(", a child process each") if pool == "process" else "")
             )
         # Handler failures, dead letters, recoveries and outages on stderr, as -v asks.
         with stop.on_signals(), command_logging(verbosity, self.stderr):

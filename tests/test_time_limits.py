@@ -1,0 +1,258 @@
+"""Time limits with the thread pool (issue 27, part C): ``soft_time_limit`` raises
+``zeroloss.SoftTimeLimitExceeded`` in sync and async handlers; one that catches it and returns
+completes; the hard ``time_limit`` (a thread cannot be stopped) lets the lease go, so the
+message goes to another run and this run's outcome is refused. Real worker threads, the real
+database; the database clock decides when the lease has run out."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.core.checks import Error
+from django.db import connection
+
+import zeroloss
+from tests.support import finish, run_worker
+from tests.test_processing import register
+from zeroloss import handlers
+from zeroloss.conf import get_settings
+from zeroloss.exceptions import InvalidHandler, SoftTimeLimitExceeded
+from zeroloss.handlers import HandlerSpec
+from zeroloss.models import Message, MessageEvent, Status
+from zeroloss.processing import Delivery, run_handler
+from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.timelimit_checks import check_time_limits, limits_messages
+from zeroloss.timelimits import soft_limit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def one(message_id: str) -> Message:
+    return Message.objects.get(message_id=message_id)
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"soft_time_limit": 0}, "soft_time_limit must be a positive number of seconds (or None), got 0"),
+        ({"time_limit": -1}, "time_limit must be a positive number of seconds (or None), got -1"),
+        ({"time_limit": True}, "time_limit must be a positive number of seconds (or None), got True"),
+        ({"time_limit": "5"}, "time_limit must be a positive number of seconds (or None), got '5'"),
+        ({"soft_time_limit": float("inf")}, "soft_time_limit must be a positive number"),
+        (
+            {"soft_time_limit": 5, "time_limit": 5},
+            "soft_time_limit (5s) must be shorter than time_limit (5s)",
+        ),
+        (
+            {"soft_time_limit": 9, "time_limit": 3},
+            "soft_time_limit (9s) must be shorter than time_limit (3s)",
+        ),
+    ],
+)
+def test_bad_limits_are_refused_at_registration_and_nothing_is_registered(kwargs: dict[str, Any], says: str):
+    def bad(delivery: Delivery) -> None:
+        pass
+
+    with pytest.raises(InvalidHandler) as caught:
+        zeroloss.handler("tl.bad", **kwargs)(bad)
+    assert says in str(caught.value)
+    assert "tl.bad" not in handlers._registry
+
+
+def test_e060_a_soft_limit_not_shorter_than_handler_timeout_is_a_check_error(settings):
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "HANDLER_TIMEOUT": 2}
+
+    def slow(delivery: Delivery) -> None:
+        pass
+
+    register("tl.e060", slow, soft_time_limit=3)
+    try:
+        spec = handlers.get_handler("tl.e060")
+        expected = Error(
+            f"Handler {spec.name} of queue 'tl.e060' has soft_time_limit 3s, not shorter than its hard "
+            "bound HANDLER_TIMEOUT (2s): the soft limit would never fire.",
+            hint="Lower soft_time_limit, raise ZEROLOSS['HANDLER_TIMEOUT'], or give the handler its own "
+            "time_limit (docs/control-time-limits.md).",
+            obj="tl.e060",
+            id="zeroloss.E060",
+        )
+        assert [m for m in check_time_limits() if m.obj == "tl.e060"] == [expected]
+        # Its own time_limit is its hard bound: then the soft limit is fine.
+        assert (
+            limits_messages([HandlerSpec("tl.e060", slow, soft_time_limit=3, time_limit=4)], get_settings())
+            == []
+        )
+    finally:
+        handlers._registry.pop("tl.e060", None)
+
+
+# -- the soft limit -------------------------------------------------------------------------------
+
+
+def busy(seconds: float) -> None:
+    """Pure-Python work (short sleeps): an asynchronous exception lands between two of them."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_sync_handler_past_its_soft_limit_fails_its_attempt_with_soft_time_limit_exceeded():
+    ran: list[float] = []
+
+    def handle(delivery: Delivery) -> None:
+        ran.append(time.monotonic())
+        busy(60)
+
+    register("tl.sync_soft", handle, soft_time_limit=0.3)
+    ZeroLossMessageService().persist_message("s1", "tl.sync_soft", {}, max_attempts=1)
+    started = time.monotonic()
+    worker, thread = run_worker("tl.sync_soft", burst=True)
+    thread.join(60)
+    assert not thread.is_alive() and not worker.stats.crashed
+    message = one("s1")
+    assert message.status == Status.DEAD  # its one attempt spent: dead-lettered like any exception
+    assert message.last_error.startswith("zeroloss.exceptions.SoftTimeLimitExceeded")
+    assert time.monotonic() - started < 30  # not the 60 s it would have run
+
+
+def test_a_handler_that_catches_its_soft_limit_and_returns_completes():
+    caught_after: list[float] = []
+
+    def handle(delivery: Delivery) -> None:
+        started = time.monotonic()
+        try:
+            busy(60)
+        except SoftTimeLimitExceeded:
+            caught_after.append(time.monotonic() - started)  # cleans up, returns: its outcome counts
+
+    register("tl.sync_caught", handle, soft_time_limit=0.3, time_limit=30)
+    ZeroLossMessageService().persist_message("c1", "tl.sync_caught", {})
+    worker, thread = run_worker("tl.sync_caught", burst=True)
+    thread.join(60)
+    assert worker.stats.outcomes["completed"] == 1
+    assert one("c1").status == Status.COMPLETED and one("c1").attempts == 1
+    [after] = caught_after
+    assert 0.3 <= after < 10  # raised at the soft limit (generous margin for a loaded machine)
+
+
+def test_the_soft_limit_is_never_raised_once_the_handler_has_returned():
+    """The timer fires after the block ended, or while it ends: nothing reaches the code after."""
+    raised = 0
+    for _ in range(200):
+        try:
+            with soft_limit(0.0005):
+                sum(range(50))
+        except SoftTimeLimitExceeded:
+            raised += 1  # inside the block: allowed (it ran to its limit)
+        # Were an exception left pending, it would be raised here, outside any guard.
+        busy(0.002)
+    assert raised < 200
+
+
+def test_an_async_handler_past_its_soft_limit_gets_the_exception_in_its_task():
+    seen: list[str] = []
+
+    async def raises(delivery: Delivery) -> None:
+        await asyncio.sleep(60)
+
+    async def catches(delivery: Delivery) -> str:
+        try:
+            await asyncio.sleep(60)
+        except SoftTimeLimitExceeded:
+            seen.append(delivery.message_id)
+            await asyncio.sleep(0.01)  # it may still await while cleaning up
+        return "cleaned up"
+
+    register("tl.async_raises", raises, soft_time_limit=0.3)
+    register("tl.async_catches", catches, soft_time_limit=0.3, time_limit=30, store_result=True)
+    service = ZeroLossMessageService()
+    service.persist_message("ar", "tl.async_raises", {}, max_attempts=1)
+    service.persist_message("ac", "tl.async_catches", {})
+    for queue in ("tl.async_raises", "tl.async_catches"):
+        worker, thread = run_worker(queue, burst=True)
+        thread.join(60)
+        assert not thread.is_alive() and not worker.stats.crashed
+    assert one("ar").status == Status.DEAD
+    assert one("ar").last_error.startswith("zeroloss.exceptions.SoftTimeLimitExceeded")
+    assert seen == ["ac"]
+    assert one("ac").status == Status.COMPLETED and one("ac").result == "cleaned up"
+
+
+def test_an_async_handler_past_its_own_time_limit_is_cancelled():
+    async def hangs(delivery: Delivery) -> None:
+        await asyncio.sleep(60)
+
+    register("tl.async_hard", hangs, time_limit=0.3)
+    spec = handlers.get_handler("tl.async_hard")
+    ZeroLossMessageService().persist_message("ah", "tl.async_hard", {})
+    lease = ZeroLossMessageService().claim_next("tl.async_hard")[0]
+    run = run_handler(spec, Delivery(lease), timeout=None)  # no HANDLER_TIMEOUT: its own limit
+    assert not run.ok
+    assert "ran longer than its time_limit (0.3s) and was cancelled" in run.error
+
+
+# -- the hard limit with the thread pool ------------------------------------------------------------
+
+
+def lease_expired(message_id: str) -> bool:
+    """By the database's clock."""
+    now = (
+        "statement_timestamp()"
+        if connection.vendor == "postgresql"
+        else "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT lease_expires_at < {now} FROM {Message._meta.db_table} WHERE message_id = %s",
+            [message_id],
+        )
+        (expired,) = cursor.fetchone()
+    return bool(expired)
+
+
+def test_the_hard_limit_lets_the_lease_go_and_the_late_outcome_is_refused(caplog):
+    release = threading.Event()
+    runs: list[int] = []
+
+    def handle(delivery: Delivery) -> None:
+        runs.append(delivery.attempt)
+        if delivery.attempt == 1:
+            release.wait(60)  # a thread cannot be stopped: it runs on past its hard limit
+
+    register("tl.thread_hard", handle, time_limit=0.5)
+    service = ZeroLossMessageService()
+    service.persist_message("h1", "tl.thread_hard", {})
+    caplog.set_level(logging.WARNING, logger="zeroloss")
+    worker, thread = run_worker("tl.thread_hard", sweep=False)
+    try:
+        assert wait_until(lambda: runs == [1], timeout=30)
+        assert wait_until(
+            lambda: "h1: its handler has run longer than its hard time limit (0.5s" in caplog.text, 30
+        )
+        # No renewal any more: the lease runs out by the database's own clock (ACK_TIMEOUT).
+        assert wait_until(lambda: lease_expired("h1"), timeout=60), "the lease is still being renewed"
+        assert service.recover_orphaned_messages().requeued == ["h1"]
+        # The same worker's other thread is busy: a second worker takes the message and completes it.
+        other, other_thread = run_worker("tl.thread_hard", sweep=False, instance_id="other")
+        try:
+            assert wait_until(lambda: one("h1").status == Status.COMPLETED, timeout=60)
+        finally:
+            finish(other, other_thread)
+        release.set()  # the first run returns at last: its acknowledgement is fenced off
+        assert wait_until(lambda: worker.stats.outcomes["lease_lost"] == 1, timeout=30), worker.stats
+    finally:
+        release.set()
+        finish(worker, thread)
+    assert runs == [1, 2]
+    message = one("h1")
+    assert message.status == Status.COMPLETED and message.attempts == 2
+    acks = MessageEvent.objects.for_message("h1").filter(reason="acknowledged")
+    assert acks.count() == 1  # the refused run left no second acknowledgement

@@ -1,0 +1,71 @@
+"""Each handler records ``<what>:<pid>`` in a ``HandledRecord`` (``worker``), committed at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from asgiref.sync import sync_to_async
+
+import zeroloss
+from project.demo.models import HandledRecord
+from zeroloss.processing import Delivery
+
+
+def note(delivery: Delivery, what: str) -> None:
+    HandledRecord.objects.create(
+        message_id=delivery.message_id, queue_name=delivery.queue_name, worker=f"{what}:{os.getpid()}"
+    )
+
+
+@zeroloss.handler("tl.record")
+def record(delivery: Delivery) -> None:
+    note(delivery, "ran")
+
+
+@zeroloss.handler("tl.hang", time_limit=1.0)
+def hang(delivery: Delivery) -> None:
+    """``{"hang": true}``: never returns on its own (a blocking call the soft limit cannot stop)."""
+    note(delivery, "started")
+    if isinstance(delivery.payload, dict) and delivery.payload.get("hang"):
+        time.sleep(3600)
+    note(delivery, "ran")
+
+
+@zeroloss.handler("tl.soft", soft_time_limit=0.5, time_limit=30)
+def soft(delivery: Delivery) -> None:
+    """Blocked in ``time.sleep``; SIGUSR1's SoftTimeLimitExceeded ends it; it cleans up, returns."""
+    try:
+        time.sleep(60)
+    except zeroloss.SoftTimeLimitExceeded:
+        note(delivery, "soft")
+
+
+@zeroloss.handler("tl.soft_raise", soft_time_limit=0.5, time_limit=30)
+def soft_raise(delivery: Delivery) -> None:
+    note(delivery, "started")
+    time.sleep(60)  # SoftTimeLimitExceeded propagates: a failed attempt
+
+
+@zeroloss.handler("tl.async_soft", soft_time_limit=0.5, time_limit=30)
+async def async_soft(delivery: Delivery) -> None:
+    try:
+        await asyncio.sleep(60)
+    except zeroloss.SoftTimeLimitExceeded:
+        await sync_to_async(note)(delivery, "soft")
+
+
+@zeroloss.handler("tl.exit")
+def exits(delivery: Delivery) -> None:
+    """``{"exit": true}``: the process dies under the handler on its first attempt."""
+    if isinstance(delivery.payload, dict) and delivery.payload.get("exit") and delivery.attempt == 1:
+        os._exit(3)
+    note(delivery, "ran")
+
+
+@zeroloss.handler("tl.forever")
+def forever(delivery: Delivery) -> None:
+    """No time limit: runs until its process is killed."""
+    note(delivery, "started")
+    time.sleep(3600)
