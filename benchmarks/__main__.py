@@ -37,8 +37,9 @@ WORKLOADS = [
 #: Issue 12 and 16 workloads (benchmarks/throughput.py); run with ``--only``, and in the full profile.
 MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered"]
 #: Run only when named in --only: minutes each (benchmarks/retention.py: on a private server;
-#: benchmarks/pressure.py: the pressure cells of issue 24, 36 minutes in the full profile).
-OPT_IN = ["retention", "pressure"]
+#: benchmarks/pressure.py: the pressure cells of issue 24, 36 minutes in the full profile;
+#: benchmarks/pool.py: the process pool's drain against the thread pool's, issue 27).
+OPT_IN = ["retention", "pressure", "pool"]
 #: Run only when named: the fault suite's soak (minutes; its own servers; benchmarks/faults.py).
 ON_REQUEST = ["faults"]
 
@@ -182,6 +183,10 @@ def _run_suite(args: argparse.Namespace) -> int:
                     from .pressure import run_in_suite as run_pressure
 
                     run_pressure(suite, quick=args.quick, cells=args.pressure_cells)
+                elif name == "pool":
+                    from .pool import run_in_suite as run_pool
+
+                    run_pool(suite, quick=args.quick)
                 else:
                     getattr(suite, f"run_{name.replace('claimack', 'claim_ack')}")()
                 print(f"- {name}: {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
