@@ -53,6 +53,8 @@ def _on_soft_limit(signum: int, frame: Any) -> None:
 
 
 def _die_with_parent(parent_pid: int) -> None:
+    # The signal follows the death of the parent *thread* that started this child: the claim
+    # thread that owns the slot, which stops its child before it ends anyway.
     with contextlib.suppress(Exception):  # not Linux: the pid watch below still holds
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:
