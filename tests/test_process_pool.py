@@ -210,3 +210,25 @@ def test_max_tasks_per_child_without_the_process_pool_is_a_usage_error():
     assert caught.value.returncode == 2
     assert str(caught.value) == "--max-tasks-per-child needs --pool process."
     assert not Message.objects.exists()
+
+
+def test_a_child_killed_while_idle_is_replaced_before_the_next_message():
+    service = ZeroLossMessageService()
+    service.persist_message("i0", "tl.record", {})
+    worker = pool_worker("--queue", "tl.record", "--concurrency", "1", "--no-sweep")
+    try:
+        assert wait_until(lambda: Message.objects.get(message_id="i0").status == Status.COMPLETED, 120), (
+            worker.text
+        )
+        [child] = spawned_children(worker.popen.pid)
+        os.kill(child, signal.SIGKILL)  # the OOM killer, between messages
+        assert wait_until(lambda: not spawned_children(worker.popen.pid), timeout=20)
+        service.persist_message("i1", "tl.record", {})
+        assert wait_until(lambda: Message.objects.get(message_id="i1").status == Status.COMPLETED, 120), (
+            worker.text
+        )
+    finally:
+        assert worker.terminate() == 0, worker.text
+    [(_, _, first), (_, _, second)] = records("ran")
+    assert first == child and second != child
+    assert Message.objects.get(message_id="i1").attempts == 1  # nothing was charged for the dead child

@@ -152,12 +152,19 @@ class ChildSlot:
             self._kill()
             self.start()
         assert self.process is not None and self.conn is not None
+        try:
+            self.conn.send(lease)
+        except OSError:  # it died idle, just now: the handler has not started, a new child runs it
+            self._kill()
+            self.start()
+            assert self.conn is not None
+            self.conn.send(lease)
+        assert self.process is not None and self.conn is not None
         process, conn = self.process, self.conn
         started = time.monotonic()
         hard = hard_limit(spec, self.handler_timeout)
         # The async handler's soft limit is the child's own loop timer; a sync one's a signal.
         soft = None if spec.is_async else spec.soft_time_limit
-        conn.send(lease)
         while True:
             now = time.monotonic()
             deadlines = [
