@@ -232,3 +232,14 @@ def test_a_child_killed_while_idle_is_replaced_before_the_next_message():
     [(_, _, first), (_, _, second)] = records("ran")
     assert first == child and second != child
     assert Message.objects.get(message_id="i1").attempts == 1  # nothing was charged for the dead child
+
+
+def test_a_handler_that_ignores_its_soft_limit_is_killed_at_its_hard_limit():
+    ZeroLossMessageService().persist_message("st", "tl.stubborn", {}, max_attempts=1)
+    worker = pool_worker("--queue", "tl.stubborn", "--burst")
+    drained(worker)
+    [(_, _, pid)] = records("soft")  # the soft limit had its chance first, in the child
+    message = Message.objects.get(message_id="st")
+    assert message.status == Status.DEAD
+    assert message.last_error.startswith("zeroloss.exceptions.TimeLimitExceeded")
+    assert f"its child process {pid} was killed" in message.last_error

@@ -69,3 +69,13 @@ def forever(delivery: Delivery) -> None:
     """No time limit: runs until its process is killed."""
     note(delivery, "started")
     time.sleep(3600)
+
+
+@zeroloss.handler("tl.stubborn", soft_time_limit=0.5, time_limit=1.5)
+def stubborn(delivery: Delivery) -> None:
+    """Catches its soft limit and hangs on regardless: the hard limit has to kill it."""
+    try:
+        time.sleep(60)
+    except zeroloss.SoftTimeLimitExceeded:
+        note(delivery, "soft")
+    time.sleep(3600)
