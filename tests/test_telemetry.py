@@ -137,3 +137,21 @@ def test_zeroloss_works_and_imports_no_opentelemetry_without_it():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    ("port", "text"),
+    [
+        ("0", "--metrics-port must be 1-65535, got 0."),
+        ("70000", "--metrics-port must be 1-65535, got 70000."),
+    ],
+)
+def test_a_bad_metrics_port_is_a_usage_error_before_anything_runs(port, text):
+    from .workers import db_worker
+
+    zeroloss.send("demo.record", {}, message_id="untouched")
+    worker = db_worker("--queue", "demo.record", "--burst", "--metrics-port", port)
+    assert worker.wait_exit(60) == 2, worker.text
+    worker.terminate()
+    assert text in worker.text
+    assert Message.objects.get(message_id="untouched").status == "pending"  # nothing ran
