@@ -178,3 +178,49 @@ def test_two_workers_write_one_multiprocess_dir_and_one_scrape_sums_them(tmp_pat
     assert samples[("zeroloss_claim_batch_size_sum", (q,))] == completed + dead
     # Sent is counted by the sender: this process (not in the multiprocess directory).
     assert prometheus.SENT.labels("demo.record")._value.get() - sent_before == 23
+
+
+@pytest.fixture
+def celery_broker(settings):
+    """Celery over the real Redis broker (tests/test_transport.py's, a db index emptied first)."""
+    import redis
+
+    from project.celery import app as celery_app
+
+    from .test_transport import REDIS_URL, use_broker
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "TRANSPORT": "celery"}
+    old = celery_app.conf.broker_url
+    use_broker(REDIS_URL)
+    yield REDIS_URL
+    use_broker(old)
+    client.flushdb()
+    client.close()
+
+
+@pytest.mark.slow
+def test_the_trace_survives_the_celery_broker(spans, tmp_path, celery_broker):
+    from .workers import celery_worker
+
+    path = tmp_path / "spans.jsonl"
+    worker = celery_worker(
+        celery_broker, DJANGO_SETTINGS_MODULE="tests.settings_otel", ZEROLOSS_TEST_SPANS=str(path)
+    )
+    try:
+        zeroloss.send("demo.record", {}, message_id="via-celery")
+        [producer] = [s for s in spans.get_finished_spans() if s.name == "send demo.record"]
+        assert wait_until(
+            lambda: Message.objects.get(message_id="via-celery").status == Status.COMPLETED, timeout=120
+        ), worker.text[-3000:]
+        assert wait_until(
+            lambda: any(s["name"] == "process demo.record" for s in _worker_spans(path)), timeout=30
+        )
+    finally:
+        worker.terminate(timeout=15)
+    [process] = [s for s in _worker_spans(path) if s["name"] == "process demo.record"]
+    assert process["kind"] == "SpanKind.CONSUMER"
+    assert process["context"]["trace_id"] == _hex(producer.context.trace_id, 32)
+    assert process["parent_id"] == _hex(producer.context.span_id, 16)
+    assert process["attributes"]["messaging.message.id"] == "via-celery"
