@@ -155,3 +155,26 @@ def test_a_bad_metrics_port_is_a_usage_error_before_anything_runs(port, text):
     worker.terminate()
     assert text in worker.text
     assert Message.objects.get(message_id="untouched").status == "pending"  # nothing ran
+
+
+def test_every_dashboard_query_reads_metrics_zeroloss_exports():
+    """docs/grafana/check_queries.py runs the queries against a real Prometheus; this keeps the
+    dashboard's metric names in step with the code wherever Prometheus is not installed."""
+    import json
+    import re
+
+    from zeroloss.metrics import METRICS
+    from zeroloss.telemetry.prometheus import NAMES
+
+    exported = {name for name, _, _ in METRICS}
+    for name in NAMES:
+        exported |= {f"{name}_total", f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "zeroloss-dashboard.json").read_text())
+    used = set()
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            used |= set(re.findall(r"\b(zeroloss_[a-z_]+)\b", target["expr"]))
+    assert used and used <= exported, used - exported
+    # Every event metric has a panel.
+    assert set(NAMES) <= {re.sub(r"_(total|bucket|sum|count)$", "", u) for u in used}

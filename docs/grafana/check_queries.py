@@ -26,9 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = Path(__file__).with_name("zeroloss-dashboard.json")
-#: Events this run does not cause (a lease lost between a handler's end and its ack): their
+#: Events this run does not cause (a lease lost between a handler's end and its ack, a cancel): their
 #: series do not exist yet, so the query answers an empty vector; it must still parse.
-NO_EVENT = ("zeroloss_messages_lease_lost_total",)
+NO_EVENT = ("zeroloss_messages_lease_lost_total", "zeroloss_messages_cancelled_total")
 
 
 def free_port() -> int:
