@@ -178,3 +178,19 @@ def test_every_dashboard_query_reads_metrics_zeroloss_exports():
     assert used and used <= exported, used - exported
     # Every event metric has a panel.
     assert set(NAMES) <= {re.sub(r"_(total|bucket|sum|count)$", "", u) for u in used}
+
+
+def test_asend_and_a_task_enqueue_make_producer_spans(spans):
+    from asgiref.sync import async_to_sync
+
+    from . import task_functions as tf
+
+    async_to_sync(zeroloss.asend)("demo.record", {}, message_id="async-sent")
+    [send] = [s for s in spans.get_finished_spans() if s.name == "send demo.record"]
+    assert send.kind.name == "PRODUCER"
+    assert send.attributes["messaging.message.id"] == "async-sent"
+    headers = Message.objects.get(message_id="async-sent").headers or {}
+    assert headers["traceparent"].split("-")[1] == format(send.context.trace_id, "032x")
+    result = tf.echo.enqueue(1)
+    [enqueued] = [s for s in spans.get_finished_spans() if s.name == "send demo.tasks"]
+    assert enqueued.attributes["messaging.message.id"] == result.id
