@@ -12,15 +12,15 @@ from typing import Any
 
 from opentelemetry import metrics
 
-from .. import __version__
 from . import buckets
+from .buckets import version
 
 SYSTEM = "zeroloss"
 
 
 class _Instruments:
     def __init__(self) -> None:
-        meter = metrics.get_meter("zeroloss", __version__)
+        meter = metrics.get_meter("zeroloss", version())
         self.sent = meter.create_counter(
             "messaging.client.sent.messages", "{message}", "Messages stored by a send (committed)."
         )

@@ -15,11 +15,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from .. import __version__
-
 if TYPE_CHECKING:
     from ..delivery import Delivery
     from ..ledger.types import Completion
+
+from .buckets import version
 
 SYSTEM = "zeroloss"
 #: The headers the propagator writes (W3C trace context by default; others add their own).
@@ -30,7 +30,7 @@ def tracer() -> trace.Tracer:
     # The API's proxy tracer follows a provider set later (the SDK configured after import).
     global _tracer
     if _tracer is None:
-        _tracer = trace.get_tracer("zeroloss", __version__)
+        _tracer = trace.get_tracer("zeroloss", version())
     return _tracer
 
 
