@@ -35,7 +35,7 @@ WORKLOADS = [
     "tasks_sigkill",
 ]
 #: Issue 12 and 16 workloads (benchmarks/throughput.py); run with ``--only``, and in the full profile.
-MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered"]
+MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered", "telemetry"]
 #: Run only when named in --only: minutes each (benchmarks/retention.py: on a private server;
 #: benchmarks/pressure.py: the pressure cells of issue 24, 36 minutes in the full profile;
 #: benchmarks/pool.py: the process pool's drain against the thread pool's, issue 27).
@@ -179,6 +179,10 @@ def _run_suite(args: argparse.Namespace) -> int:
                     from .retention import run_in_suite
 
                     run_in_suite(suite)
+                elif name == "telemetry":
+                    from .telemetry import run_in_suite as run_telemetry
+
+                    run_telemetry(suite)
                 elif name == "pressure":
                     from .pressure import run_in_suite as run_pressure
 

@@ -140,3 +140,25 @@ def service(db: None) -> ZeroLossMessageService:
 def live_service(transactional_db: None) -> ZeroLossMessageService:
     """A service over committed data, for tests where other processes must see it."""
     return ZeroLossMessageService(instance_id="test-parent")
+
+
+@pytest.fixture
+def spans():
+    """This process's finished spans, from an SDK provider of the test's own: the global one
+    can be set only once per process, and other tests' sends must carry no trace."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from zeroloss.telemetry import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter.provider = provider  # type: ignore[attr-defined]
+    tracing._tracer = provider.get_tracer("zeroloss")
+    try:
+        yield exporter
+    finally:
+        tracing._tracer = None
+        provider.shutdown()

@@ -33,6 +33,7 @@ def test_defaults_are_clean(settings):
         ({"RETRY_BACKOFF": {"BASEE": 1}}, "zeroloss.E003", "RETRY_BACKOFF"),
         ({"REPLICATION_FACTOR": 0}, "zeroloss.E003", "REPLICATION_FACTOR"),
         ({"MAX_PAYLOAD_BYTES": -1}, "zeroloss.E003", "MAX_PAYLOAD_BYTES"),
+        ({"TELEMETRY": "yes"}, "zeroloss.E003", "'TELEMETRY']: must be True or False"),
     ],
 )
 def test_invalid_settings_are_errors(settings, value, check_id, text):

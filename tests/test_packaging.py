@@ -125,9 +125,12 @@ def test_metadata_license_extras_and_description(built: dict[str, Any]) -> None:
     assert meta["Requires-Python"] == ">=3.11"
     assert meta["Version"] == zeroloss.__version__
     extras = set(meta.get_all("Provides-Extra") or [])
-    assert extras == {"postgres", "celery", "metrics", "tasks"}
+    assert extras == {"postgres", "celery", "metrics", "otel", "tasks"}
     requires = meta.get_all("Requires-Dist") or []
     assert 'psycopg>=3.2; extra == "postgres"' in requires  # no binary build forced
+    assert [r for r in requires if r.endswith('extra == "otel"')] == [
+        'opentelemetry-api>=1.27; extra == "otel"'
+    ]
     assert 'celery>=5.4; extra == "celery"' in requires  # no broker client forced
     assert any(r.startswith("Django") and ">=5.2" in r for r in requires)
     description = meta.get_content()

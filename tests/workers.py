@@ -66,6 +66,13 @@ class Proc:
         _wait_until_group_gone(self.popen.pid)
         _wait_until_other_sessions_gone(app_name=self.app_name)
 
+    def wait_exit(self, timeout: float) -> int | None:
+        """The exit code, or None if it still runs after ``timeout`` seconds."""
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def terminate(self, timeout: float = 30) -> int:
         if self.popen.poll() is None:
             os.killpg(self.popen.pid, signal.SIGTERM)

@@ -8,12 +8,18 @@ class ZeroLossConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        import logging
+
         from django.conf import settings
 
         from . import checks  # noqa: F401  (registers the system checks)
         from .handlers import add_queue_source, autodiscover
+        from .logs import LOGGER, TraceIds
         from .tasks_backend.runner import TASK_QUEUES
 
+        logger = logging.getLogger(LOGGER)
+        if not any(isinstance(f, TraceIds) for f in logger.filters):
+            logger.addFilter(TraceIds())
         add_queue_source(TASK_QUEUES)  # task queues (TASKS) have handlers too
         autodiscover()
         if "django_prometheus" in settings.INSTALLED_APPS:

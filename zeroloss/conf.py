@@ -149,6 +149,10 @@ class ZeroLossSettings:
     #: Built-in workers LISTEN for wake-ups on PostgreSQL (one extra connection each). Turn off
     #: behind a transaction-pooling PgBouncer, where LISTEN cannot work: workers then poll.
     LISTEN: bool = True
+    #: Record spans (``opentelemetry-api`` installed) and event metrics (``prometheus_client``
+    #: and/or an OpenTelemetry meter provider) of every send, handler run and outcome
+    #: (docs/observability.md). Without those packages it costs nothing either way.
+    TELEMETRY: bool = True
     #: Seconds that status, dashboard, metrics and health reads may be cached (0 disables).
     CACHE_TIMEOUT: float = 5.0
     #: Thresholds for the health check: above them the check fails.
@@ -295,7 +299,7 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             if value not in PERSISTENCE_LEVELS:
                 raise SettingError(key, f"must be one of {PERSISTENCE_LEVELS}, got {value!r}.")
             values[key] = value
-        elif key in ("PREPARED_STATEMENTS", "LISTEN"):
+        elif key in ("PREPARED_STATEMENTS", "LISTEN", "TELEMETRY"):
             if not isinstance(value, bool):
                 raise SettingError(key, f"must be True or False, got {value!r}.")
             values[key] = value

@@ -18,6 +18,22 @@ LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBU
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class TraceIds(logging.Filter):
+    """Adds ``trace_id`` and ``span_id`` (hex) to a record made while a span is active
+    (``zeroloss[otel]``; AppConfig.ready installs it on the ``zeroloss`` logger)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from . import telemetry
+
+        try:
+            ids = telemetry.current_ids()
+        except Exception:  # invalid settings, a broken tracer: the record goes out without ids
+            ids = None
+        if ids is not None:
+            record.trace_id, record.span_id = ids
+        return True
+
+
 @contextmanager
 def command_logging(verbosity: int, stream: Any) -> Iterator[logging.Handler | None]:
     """For the duration of a command: records of ``zeroloss`` at the level ``verbosity`` asks

@@ -32,6 +32,7 @@ from .models import Status
 from .service import ZeroLossMessageService
 from .snapshot import get_snapshot
 from .snapshot_types import Snapshot
+from .telemetry.prometheus import EventsCollector
 
 logger = logging.getLogger("zeroloss")
 
@@ -166,6 +167,9 @@ class ZeroLossCollector(Collector):
 #: The registry :func:`metrics_view` serves: the zeroloss collector and nothing else.
 registry = CollectorRegistry(auto_describe=True)
 registry.register(ZeroLossCollector())
+# The event counters and histograms (docs/observability.md): every process's, summed, under
+# PROMETHEUS_MULTIPROC_DIR; this web process's otherwise.
+registry.register(EventsCollector())
 
 _default_lock = threading.Lock()
 _default_collector: ZeroLossCollector | None = None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from . import signals
+from . import signals, telemetry
 from .delivery import Delivery, LeaseLost
 from .handlers import HandlerSpec
 from .ledger.types import Completion, Lease, Verdict
@@ -178,11 +178,26 @@ def _result(spec: HandlerSpec, value: Any) -> Any:
     return None
 
 
-def _started(delivery: Delivery, worker: str) -> None:
+def _started(delivery: Delivery, worker: str) -> Any:
+    """The one place a handler run starts: the signal, then the telemetry's span and counters
+    (the returned handle's ``end`` closes them)."""
     if signals.message_started.receivers:
         from .service import ZeroLossMessageService
 
         signals.send(signals.message_started, ZeroLossMessageService, delivery=delivery, worker=worker)
+    try:
+        return telemetry.process(delivery, worker)
+    except Exception:  # a broken tracer or exporter must not cost the message its run
+        logger.exception("zeroloss: telemetry failed at a handler's start")
+        return telemetry.NO_PROCESS
+
+
+def _ended(handle: Any, run: HandlerRun, exc: BaseException | None = None) -> HandlerRun:
+    try:
+        handle.end(run.ok, run.seconds, exc)
+    except Exception:
+        logger.exception("zeroloss: telemetry failed at a handler's end")
+    return run
 
 
 def run_handler(
@@ -197,7 +212,7 @@ def run_handler(
     if spec.is_async:
         return run_coroutine(run_async_handler(spec, delivery, worker=worker, timeout=timeout))
     started = time.monotonic()
-    _started(delivery, worker)
+    handle = _started(delivery, worker)
     try:
         with soft_limit(spec.soft_time_limit):
             value = spec.func(delivery)
@@ -205,10 +220,11 @@ def run_handler(
             raise _returned_awaitable(spec, value)
         result = _result(spec, value)
     except KeyboardInterrupt:
+        _ended(handle, HandlerRun(False, time.monotonic() - started, error="KeyboardInterrupt"))
         raise  # only ever delivered to the main thread: the process is being stopped
     except BaseException as exc:
-        return _failed(spec, delivery, exc, started, worker)
-    return HandlerRun(True, time.monotonic() - started, result=result)
+        return _ended(handle, _failed(spec, delivery, exc, started, worker), exc)
+    return _ended(handle, HandlerRun(True, time.monotonic() - started, result=result))
 
 
 async def run_async_handler(
@@ -216,7 +232,7 @@ async def run_async_handler(
 ) -> HandlerRun:
     """Await an async handler: like :func:`run_handler`, never raises (but KeyboardInterrupt)."""
     started = time.monotonic()
-    _started(delivery, worker)
+    handle = _started(delivery, worker)
     timeout = hard_limit(spec, timeout)
     limit = asyncio.timeout(timeout)
     try:
@@ -226,6 +242,7 @@ async def run_async_handler(
             raise _returned_awaitable(spec, value)
         result = _result(spec, value)
     except KeyboardInterrupt:
+        _ended(handle, HandlerRun(False, time.monotonic() - started, error="KeyboardInterrupt"))
         raise
     except BaseException as exc:
         if isinstance(exc, TimeoutError) and limit.expired():
@@ -235,8 +252,8 @@ async def run_async_handler(
             )
             timed_out.__cause__ = exc
             exc = timed_out
-        return _failed(spec, delivery, exc, started, worker)
-    return HandlerRun(True, time.monotonic() - started, result=result)
+        return _ended(handle, _failed(spec, delivery, exc, started, worker), exc)
+    return _ended(handle, HandlerRun(True, time.monotonic() - started, result=result))
 
 
 _thread_state = threading.local()

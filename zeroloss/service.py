@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from . import telemetry
 from .delivery import _when_stored, outcomes_stored
 from .ledger.dispatch import Dispatching
 from .ledger.integrity import Integrity
@@ -87,7 +88,9 @@ class ZeroLossMessageService(
     """
 
     def complete(self, completions: Iterable[Completion], *, locked: bool = False) -> CompletionReport:
-        report = super().complete(completions, locked=locked)
+        batch = list(completions)
+        with telemetry.settle_span(batch):
+            report = super().complete(batch, locked=locked)
         if _when_stored:  # something of this process waits for these outcomes (task_finished)
             outcomes_stored(self.using, report)
         return report

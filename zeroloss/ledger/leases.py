@@ -16,6 +16,7 @@ from typing import Any
 
 from django.db import OperationalError, transaction
 
+from .. import telemetry
 from ..exceptions import InvalidMessage
 from . import notices, statements
 from .base import LedgerBase
@@ -113,7 +114,7 @@ class Leasing(LedgerBase):
             self._remember_claim(cursor_of, rows)
         # Oldest first within a priority: the order the claim chose (RETURNING keeps none).
         rows.sort(key=lambda r: (-r[9], r[0]))
-        return [
+        leases = [
             Lease(
                 message_id=r[1],
                 token=engine.to_uuid(r[5]),
@@ -125,9 +126,13 @@ class Leasing(LedgerBase):
                 ordering_key=r[4],
                 priority=r[9],
                 headers=engine.to_json(r[10]) if r[10] else {},
+                available_at=engine.at(r[11]) if r[11] is not None else None,
             )
             for r in rows
         ]
+        if leases and telemetry.active():
+            telemetry.claimed(cursor_of or leases[0].queue_name, leases)
+        return leases
 
     def claim_next(self, queue_name: str, limit: int = 1) -> list[Lease]:
         """Claim up to ``limit`` available messages of a queue (highest priority, then oldest),

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from .. import signals
+from .. import signals, telemetry
 from .engine import Rows
 from .types import Completion, CompletionReport
 
@@ -23,7 +23,10 @@ logger = logging.getLogger("zeroloss")
 def wanted_after_outcomes(report: CompletionReport) -> bool:
     """The cheap check :meth:`Leasing.complete` makes on every batch."""
     return bool(
-        report.dead_lettered or signals.message_finished.receivers or signals.message_dead_lettered.receivers
+        report.dead_lettered
+        or signals.message_finished.receivers
+        or signals.message_dead_lettered.receivers
+        or telemetry.active()
     )
 
 
@@ -32,7 +35,8 @@ def outcomes_recorded(
 ) -> None:
     dead = set(report.dead_lettered)
     finished = signals.message_finished.receivers
-    if not dead and not finished:
+    measured = telemetry.active()
+    if not dead and not finished and not measured:
         return
     outcome_of = {
         **dict.fromkeys(report.acknowledged, "completed"),
@@ -64,7 +68,11 @@ def outcomes_recorded(
                 using=using,
                 by="worker",
             )
+            if measured:
+                telemetry.dead_lettered(lease.queue_name, mid, lease.attempt, "worker", lease.headers)
         outcome = outcome_of.get(mid)
+        if measured and outcome is not None:
+            telemetry.finished(lease, outcome)
         if finished and outcome is not None:
             signals.send(
                 signals.message_finished,
@@ -88,6 +96,7 @@ def swept(sender: type, using: str, rows: Rows) -> None:
     ``rows`` are the sweep's moved rows (:data:`statements.MOVED`: ``message_id`` at 1,
     ``status`` 2, ``attempts`` 3, ``detail`` 7, ``queue_name`` 8).
     """
+    measured = telemetry.active()
     for row in rows:
         mid, status, attempt, detail, queue = row[1], row[2], row[3], row[7] or "", row[8]
         holder = detail.removeprefix(_HELD_BY[0]).removesuffix(_HELD_BY[1])
@@ -112,6 +121,8 @@ def swept(sender: type, using: str, rows: Rows) -> None:
                 using=using,
                 by="sweep",
             )
+            if measured:
+                telemetry.dead_lettered(queue, mid, attempt, "sweep")
         else:
             _log(
                 logging.WARNING,
@@ -131,6 +142,8 @@ def swept(sender: type, using: str, rows: Rows) -> None:
                 worker=holder,
                 using=using,
             )
+            if measured:
+                telemetry.recovered(queue, mid, attempt)
 
 
 def _log(

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import transaction
 
+from .. import telemetry
 from ..exceptions import InvalidMessage, MessageNotFound
 from ..models import PurgeRecord, Status
 from .base import LedgerBase
@@ -47,6 +48,21 @@ class OperatorActions(LedgerBase):
         promote: bool = False,
     ) -> list[tuple[str, str, str]]:
         """Move ``ids`` with the named statement, in chunks; ``(id, queue, ordering_key)`` moved."""
+        with telemetry.operation(reason, messages=len(ids), actor=actor or ""):  # an operator action's span
+            return self._move_ids(name, ids, before, after, source, reason, detail, actor, promote)
+
+    def _move_ids(
+        self,
+        name: str,
+        ids: Sequence[str],
+        before: Sequence[Any],
+        after: Sequence[Any],
+        source: str,
+        reason: str,
+        detail: str,
+        actor: str | None,
+        promote: bool,
+    ) -> list[tuple[str, str, str]]:
         moved: list[tuple[str, str, str]] = []
         for start in range(0, len(ids), CHUNK):
             chunk = ids[start : start + CHUNK]

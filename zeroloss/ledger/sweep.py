@@ -6,6 +6,7 @@ import datetime as dt
 import functools
 import time
 
+from .. import telemetry
 from ..models import Status
 from . import notices
 from .base import LedgerBase
@@ -37,6 +38,10 @@ class Sweeping(LedgerBase):
         A message whose lease is renewed in time never matches. Also releases the next
         message of any ordering key left without a head (see :meth:`repair_ordering_keys`).
         """
+        with telemetry.operation("sweep"):  # each message moved: an event of this span
+            return self._recover(batch_size, limit)
+
+    def _recover(self, batch_size: int | None, limit: int | None) -> RecoveryReport:
         batch = validate_count(
             self.settings.SWEEP_BATCH_SIZE if batch_size is None else batch_size, "batch_size"
         )

@@ -31,6 +31,9 @@ class Lease:
     #: The headers the message was sent with, as the claim read them (``{}``: none); None
     #: when the lease was built without them (they are then read when asked for).
     headers: dict[str, Any] | None = None
+    #: When the message became claimable (database time: sent, or its delay or backoff over),
+    #: as the claim read it; None when the lease was built otherwise. The pickup latency's start.
+    available_at: dt.datetime | None = None
 
     def __bool__(self) -> bool:
         return True

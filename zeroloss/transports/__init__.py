@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS
 
-from .. import signals
+from .. import signals, telemetry
 from ..handlers import get_handler
 from ..ledger.types import RecoveryReport
 from ..models import Message
@@ -174,21 +174,23 @@ def send(
     _check_transaction(alias)
     service = ZeroLossMessageService(using=alias)
     _check_alias(service)
-    message = service.persist_message(
-        message_id or uuid.uuid4().hex,
-        queue_name,
-        data,
-        max_attempts,
-        delay=delay,
-        priority=priority,
-        ordering_key=ordering_key,
-        dedup_key=dedup_key,
-        dedup_window=dedup_window,
-        dispatched=service.settings.TRANSPORT == "celery",
-        headers=headers,
-    )
+    with telemetry.send_span(queue_name, 1) as span:  # PRODUCER: its context goes into the headers
+        message = service.persist_message(
+            message_id or uuid.uuid4().hex,
+            queue_name,
+            data,
+            max_attempts,
+            delay=delay,
+            priority=priority,
+            ordering_key=ordering_key,
+            dedup_key=dedup_key,
+            dedup_window=dedup_window,
+            dispatched=service.settings.TRANSPORT == "celery",
+            headers=span.headers(headers),
+        )
+        span.stored([message])
     get_transport(service).after_commit(service, [message])
-    if signals.message_sent.receivers:
+    if signals.message_sent.receivers or telemetry.active():
         _signal_sent(service, [message])
     return message
 
@@ -220,7 +222,32 @@ def send_many(
         raise InvalidMessage(
             f"send_many got {len(ids)} message ids for {len(data)} payloads; nothing was stored."
         )
+    with telemetry.send_span(queue_name, len(data)) as span:  # one PRODUCER span for the batch
+        service, messages = _send_many(
+            queue_name, data, ids, headers, span, using, max_attempts, delay, priority, ordering_key
+        )
+    if signals.message_sent.receivers or telemetry.active():
+        _signal_sent(service, messages)
+    return messages
+
+
+def _send_many(
+    queue_name: str,
+    data: list[Any],
+    ids: list[str],
+    headers: Any,
+    span: Any,
+    using: str | None,
+    max_attempts: int | None,
+    delay: float | dt.timedelta | None,
+    priority: int,
+    ordering_key: str,
+) -> tuple[ZeroLossMessageService, list[Message]]:
+    from ..exceptions import InvalidMessage
+
     items: list[tuple[Any, ...]]
+    if headers is None or isinstance(headers, dict):
+        headers = span.headers(headers)
     if headers is None:
         items = [(mid, queue_name, payload) for mid, payload in zip(ids, data, strict=True)]
     elif isinstance(headers, dict):
@@ -239,7 +266,7 @@ def send_many(
                 f"send_many got {len(each)} headers for {len(data)} payloads (one dict for all, or one "
                 "per payload); nothing was stored."
             )
-        items = [(mid, queue_name, p, h) for mid, p, h in zip(ids, data, each, strict=True)]
+        items = [(mid, queue_name, p, span.headers(h)) for mid, p, h in zip(ids, data, each, strict=True)]
     alias = database_for(queue_name, using)
     _check_transaction(alias)
     service = ZeroLossMessageService(using=alias)
@@ -253,16 +280,19 @@ def send_many(
         dispatched=service.settings.TRANSPORT == "celery",
     )
     get_transport(service).after_commit(service, messages)
-    if signals.message_sent.receivers:
-        _signal_sent(service, messages)
-    return messages
+    span.stored(messages)
+    return service, messages
 
 
 def _signal_sent(service: ZeroLossMessageService, messages: Sequence[Message]) -> None:
     """``message_sent`` for each message, once the caller's transaction committed."""
     sent = [(m.message_id, m.queue_name) for m in messages]
+    listened = bool(signals.message_sent.receivers)
 
     def fire() -> None:
+        telemetry.sent([queue_name for _, queue_name in sent])
+        if not listened:
+            return
         for message_id, queue_name in sent:
             signals.send(
                 signals.message_sent,

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import connections
 
+from .. import telemetry
 from ..ledger.types import RecoveryReport
 from ..models import Message
 from ..service import ZeroLossMessageService
@@ -59,7 +60,8 @@ class CeleryTransport:
         """Publish again what no broker message is known to carry (after, never during, the sweep)."""
         import dataclasses
 
-        return dataclasses.replace(report, redispatched=redispatch(service))
+        with telemetry.operation("redispatch"):
+            return dataclasses.replace(report, redispatched=redispatch(service))
 
 
 def _countdown(service: ZeroLossMessageService, message: Message) -> float:

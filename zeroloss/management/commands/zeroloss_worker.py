@@ -110,6 +110,19 @@ class Command(ZeroLossCommand):
             help=_("Do not LISTEN for wake-ups (behind a transaction-pooling PgBouncer); poll instead."),
         )
         parser.add_argument(
+            "--metrics-port",
+            type=int,
+            help=_(
+                "Serve this worker's event metrics for Prometheus on this port (all processes' "
+                "under PROMETHEUS_MULTIPROC_DIR); needs prometheus_client (zeroloss[metrics])."
+            ),
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="127.0.0.1",
+            help=_("The address --metrics-port listens on (default 127.0.0.1)."),
+        )
+        parser.add_argument(
             "--health-file",
             help=_(
                 "Rewrite this JSON file about every second with the worker's state (for liveness probes)."
@@ -131,6 +144,8 @@ class Command(ZeroLossCommand):
         no_schedule: bool,
         no_listen: bool,
         health_file: str | None,
+        metrics_port: int | None,
+        metrics_addr: str,
         json: bool,
         verbosity: int,
         **options: Any,
@@ -160,6 +175,73 @@ class Command(ZeroLossCommand):
                 },
                 returncode=2,
             )
+        server = self._metrics_server(metrics_port, metrics_addr) if metrics_port is not None else None
+        try:
+            self._run(
+                queues,
+                known,
+                concurrency,
+                batch_size,
+                poll_interval,
+                burst,
+                max_messages,
+                no_sweep,
+                no_schedule,
+                no_listen,
+                health_file,
+                json,
+                verbosity,
+                options,
+            )
+        finally:
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+
+    @staticmethod
+    def _metrics_server(port: int, addr: str) -> Any:
+        """The event metrics over HTTP, before any message runs (a bad port fails at once)."""
+        if not 0 < port < 65536:
+            raise CommandError(
+                _("--metrics-port must be 1-65535, got %(port)s.") % {"port": port}, returncode=2
+            )
+        try:
+            from prometheus_client import CollectorRegistry, start_http_server
+
+            from ...telemetry.prometheus import EventsCollector
+        except ImportError:
+            raise CommandError(
+                _("--metrics-port needs prometheus_client: pip install 'zeroloss[metrics]'."), returncode=2
+            ) from None
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(EventsCollector())
+        try:
+            server, _thread = start_http_server(port, addr=addr, registry=registry)
+        except OSError as exc:
+            raise CommandError(
+                _("--metrics-port %(port)s on %(addr)s: %(error)s")
+                % {"port": port, "addr": addr, "error": exc},
+                returncode=2,
+            ) from exc
+        return server
+
+    def _run(
+        self,
+        queues: list[str] | None,
+        known: list[str],
+        concurrency: int,
+        batch_size: int,
+        poll_interval: float,
+        burst: bool,
+        max_messages: int | None,
+        no_sweep: bool,
+        no_schedule: bool,
+        no_listen: bool,
+        health_file: str | None,
+        json: bool,
+        verbosity: int,
+        options: dict[str, Any],
+    ) -> None:
         if options["database"] is not None:
             self.service(options)  # an unknown alias is a usage error before anything else
         options["database"], queues = self._database_and_queues(options["database"], queues, known)

@@ -1,0 +1,196 @@
+"""Telemetry in one process: headers, log records, OpenTelemetry metrics, and nothing of it
+without the packages (the cross-process proof is tests/test_telemetry_processes.py)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+import zeroloss
+from zeroloss.models import Message
+from zeroloss.testing import drain
+
+from .conftest import ROOT, child_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+_reader = InMemoryMetricReader()
+
+
+@pytest.fixture
+def otel_metrics():
+    if not isinstance(metrics.get_meter_provider(), MeterProvider):
+        metrics.set_meter_provider(MeterProvider(metric_readers=[_reader]))
+    return _reader
+
+
+def _points(reader, name):
+    out = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == name:
+                    for p in m.data.data_points:
+                        out[tuple(sorted(p.attributes.items()))] = p
+    return out
+
+
+def test_a_send_inside_a_span_is_its_child_and_a_callers_traceparent_is_kept(spans):
+    tracer = spans.provider.get_tracer("test")
+    with tracer.start_as_current_span("request") as request:
+        message = zeroloss.send("demo.record", {}, message_id="child", headers={"requested_by": "me"})
+    stored = Message.objects.get(message_id="child").headers or {}
+    assert stored["requested_by"] == "me"
+    assert stored["traceparent"].split("-")[1] == format(request.get_span_context().trace_id, "032x")
+    [send] = [s for s in spans.get_finished_spans() if s.name == "send demo.record"]
+    assert send.parent.span_id == request.get_span_context().span_id
+    assert send.attributes["messaging.message.id"] == message.message_id
+    mine = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    zeroloss.send("demo.record", {}, message_id="own", headers={"traceparent": mine})
+    assert Message.objects.get(message_id="own").headers == {"traceparent": mine}
+
+
+def test_send_many_is_one_producer_span_and_each_message_carries_it(spans):
+    zeroloss.send_many("demo.record", [{}, {}, {}], headers=[None, {"a": "1"}, None])
+    [send] = [s for s in spans.get_finished_spans() if s.name == "send demo.record"]
+    assert send.attributes["messaging.batch.message_count"] == 3
+    trace_id = format(send.context.trace_id, "032x")
+    rows = [h or {} for h in Message.objects.order_by("id").values_list("headers", flat=True)]
+    assert [h["traceparent"].split("-")[1] for h in rows] == [trace_id] * 3
+    assert rows[1]["a"] == "1"
+
+
+def test_log_records_carry_the_trace_and_span_ids(spans, caplog):
+    zeroloss.send("demo.record", {"fail": True}, message_id="logged", max_attempts=1)
+    with caplog.at_level(logging.WARNING, logger="zeroloss"):
+        drain("demo.record")
+    [failed] = [r for r in caplog.records if "handler" in r.getMessage() and r.message_id == "logged"]
+    [process] = [s for s in spans.get_finished_spans() if s.name == "process demo.record"]
+    assert failed.trace_id == format(process.context.trace_id, "032x")
+    assert failed.span_id == format(process.context.span_id, "016x")
+    # A record made with no span active has none.
+    logging.getLogger("zeroloss").warning("outside")
+    assert not hasattr(caplog.records[-1], "trace_id")
+
+
+def test_opentelemetry_metrics_when_a_meter_provider_is_set(spans, otel_metrics):
+    before = _points(otel_metrics, "messaging.client.sent.messages")
+    zeroloss.send_many("demo.record", [{}, {}])
+    zeroloss.send("demo.record", {"fail": True}, max_attempts=1)
+    drain("demo.record")
+    key = (
+        ("messaging.destination.name", "demo.record"),
+        ("messaging.operation.name", "send"),
+        ("messaging.system", "zeroloss"),
+    )
+    sent = _points(otel_metrics, "messaging.client.sent.messages")
+    assert sent[key].value - (before[key].value if key in before else 0) == 3
+    process = _points(otel_metrics, "messaging.process.duration")
+    failed = [p for k, p in process.items() if ("error.type", "RuntimeError") in k]
+    assert failed and failed[0].count >= 1
+    assert _points(otel_metrics, "zeroloss.messages.completed")
+    assert _points(otel_metrics, "zeroloss.claim.batch_size")
+
+
+def test_zeroloss_works_and_imports_no_opentelemetry_without_it():
+    script = textwrap.dedent(
+        """
+        import importlib.abc, sys
+
+        class Blocked(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "opentelemetry" or name.startswith("opentelemetry."):
+                    raise ModuleNotFoundError(f"No module named {name!r}")
+                return None
+
+        sys.meta_path.insert(0, Blocked())
+        import django
+        django.setup()
+        import zeroloss
+        from zeroloss.testing import drain
+        zeroloss.send("demo.record", {}, message_id="no-otel")
+        result = drain("demo.record")
+        assert result.outcomes == {"no-otel": "completed"}, result
+        from zeroloss.models import Message
+        assert Message.objects.get(message_id="no-otel").headers is None
+        loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
+        assert not loaded, loaded
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=child_env(DJANGO_SETTINGS_MODULE="project.settings"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    ("port", "text"),
+    [
+        ("0", "--metrics-port must be 1-65535, got 0."),
+        ("70000", "--metrics-port must be 1-65535, got 70000."),
+    ],
+)
+def test_a_bad_metrics_port_is_a_usage_error_before_anything_runs(port, text):
+    from .workers import db_worker
+
+    zeroloss.send("demo.record", {}, message_id="untouched")
+    worker = db_worker("--queue", "demo.record", "--burst", "--metrics-port", port)
+    assert worker.wait_exit(60) == 2, worker.text
+    worker.terminate()
+    assert text in worker.text
+    assert Message.objects.get(message_id="untouched").status == "pending"  # nothing ran
+
+
+def test_every_dashboard_query_reads_metrics_zeroloss_exports():
+    """docs/grafana/check_queries.py runs the queries against a real Prometheus; this keeps the
+    dashboard's metric names in step with the code wherever Prometheus is not installed."""
+    import json
+    import re
+
+    from zeroloss.metrics import METRICS
+    from zeroloss.telemetry.prometheus import NAMES
+
+    exported = {name for name, _, _ in METRICS}
+    for name in NAMES:
+        exported |= {f"{name}_total", f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "zeroloss-dashboard.json").read_text())
+    used = set()
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            used |= set(re.findall(r"\b(zeroloss_[a-z_]+)\b", target["expr"]))
+    assert used and used <= exported, used - exported
+    # Every event metric has a panel.
+    assert set(NAMES) <= {re.sub(r"_(total|bucket|sum|count)$", "", u) for u in used}
+
+
+def test_asend_and_a_task_enqueue_make_producer_spans(spans):
+    from asgiref.sync import async_to_sync
+
+    from . import task_functions as tf
+
+    async_to_sync(zeroloss.asend)("demo.record", {}, message_id="async-sent")
+    [send] = [s for s in spans.get_finished_spans() if s.name == "send demo.record"]
+    assert send.kind.name == "PRODUCER"
+    assert send.attributes["messaging.message.id"] == "async-sent"
+    headers = Message.objects.get(message_id="async-sent").headers or {}
+    assert headers["traceparent"].split("-")[1] == format(send.context.trace_id, "032x")
+    result = tf.echo.enqueue(1)
+    [enqueued] = [s for s in spans.get_finished_spans() if s.name == "send demo.tasks"]
+    assert enqueued.attributes["messaging.message.id"] == result.id

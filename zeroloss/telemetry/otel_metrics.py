@@ -1,0 +1,126 @@
+"""The event metrics as OpenTelemetry instruments (recorded by the project's meter provider).
+
+Names follow the messaging semantic conventions where they define one
+(``messaging.client.sent.messages``, ``messaging.client.consumed.messages``,
+``messaging.process.duration``); zeroloss's own events are under ``zeroloss.``. Without a
+meter provider set, the API's proxy instruments record nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import metrics
+
+from . import buckets
+from .buckets import version
+
+SYSTEM = "zeroloss"
+
+
+class _Instruments:
+    def __init__(self) -> None:
+        meter = metrics.get_meter("zeroloss", version())
+        self.sent = meter.create_counter(
+            "messaging.client.sent.messages", "{message}", "Messages stored by a send (committed)."
+        )
+        self.consumed = meter.create_counter(
+            "messaging.client.consumed.messages", "{message}", "Handler runs started (every attempt)."
+        )
+        self.process = meter.create_histogram(
+            "messaging.process.duration",
+            "s",
+            "Seconds a handler ran.",
+            explicit_bucket_boundaries_advisory=buckets.DURATION,
+        )
+        self.outcomes = {
+            name: meter.create_counter(f"zeroloss.messages.{name}", "{message}", text)
+            for name, text in (
+                ("completed", "Attempts whose success was recorded."),
+                ("failed", "Attempts whose failure was recorded (retried, or dead-lettered)."),
+                ("dead_lettered", "Messages dead-lettered."),
+                ("lease_lost", "Attempts whose outcome was refused: the lease was gone."),
+                ("recovered", "Messages the sweep put back to pending."),
+                ("cancelled", "Messages cancelled."),
+            )
+        }
+        self.pickup = meter.create_histogram(
+            "zeroloss.pickup.duration",
+            "s",
+            "Seconds from a message becoming claimable to its handler's start.",
+            explicit_bucket_boundaries_advisory=buckets.PICKUP,
+        )
+        self.batch = meter.create_histogram(
+            "zeroloss.claim.batch_size",
+            "{message}",
+            "Messages one claim returned.",
+            explicit_bucket_boundaries_advisory=[float(b) for b in buckets.BATCH],
+        )
+
+
+_instruments: _Instruments | None = None
+
+
+def _i() -> _Instruments:
+    global _instruments
+    if _instruments is None:
+        _instruments = _Instruments()
+    return _instruments
+
+
+_attributes: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def _attrs(queue: str, operation: str = "process") -> dict[str, Any]:
+    # Built once per queue and operation (the instruments do not keep the dict they are given).
+    found = _attributes.get((queue, operation))
+    if found is None:
+        found = _attributes[(queue, operation)] = {
+            "messaging.system": SYSTEM,
+            "messaging.destination.name": queue,
+            "messaging.operation.name": operation,
+        }
+    return found
+
+
+def sent(queue: str, n: int) -> None:
+    _i().sent.add(n, _attrs(queue, "send"))
+
+
+def claimed(queue: str, n: int) -> None:
+    if n:
+        _i().batch.record(n, _attrs(queue, "receive"))
+
+
+def started(queue: str, waited: float | None) -> None:
+    i = _i()
+    attrs = _attrs(queue)
+    i.consumed.add(1, attrs)
+    if waited is not None:
+        i.pickup.record(waited, attrs)
+
+
+def handled(queue: str, seconds: float, error_type: str | None) -> None:
+    attrs = _attrs(queue)
+    if error_type is not None:
+        attrs = {**attrs, "error.type": error_type}
+    _i().process.record(seconds, attrs)
+
+
+def finished(queue: str, outcome: str) -> None:
+    name = {"dead": "failed"}.get(outcome, outcome)
+    counter = _i().outcomes.get(name)
+    if counter is not None:
+        counter.add(1, _attrs(queue))
+
+
+def dead_lettered(queue: str, by: str) -> None:
+    _i().outcomes["dead_lettered"].add(1, {**_attrs(queue), "zeroloss.by": by})
+
+
+def recovered(queue: str) -> None:
+    _i().outcomes["recovered"].add(1, _attrs(queue))
+
+
+def cancelled(queue: str) -> None:
+    _i().outcomes["cancelled"].add(1, _attrs(queue))

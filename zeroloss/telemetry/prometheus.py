@@ -1,0 +1,155 @@
+"""The event counters and histograms for Prometheus (``prometheus_client``).
+
+Imported only when ``prometheus_client`` is installed. Under ``PROMETHEUS_MULTIPROC_DIR``
+(gunicorn, a process pool, several workers on a host) ``prometheus_client`` writes every
+process's values to files in that directory, and :func:`collector` sums them on scrape;
+without it, the values are this process's. They live in :data:`registry`, not in
+``prometheus_client.REGISTRY``, so a project's default registry gets them only by asking
+(:func:`zeroloss.metrics.register_default`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from . import buckets
+
+#: This process's event metrics (what :func:`collector` reads without a multiproc directory).
+registry = CollectorRegistry(auto_describe=True)
+
+_Q = ("queue",)
+SENT = Counter(
+    "zeroloss_messages_sent",
+    "Messages stored by send/send_many/asend/enqueue (committed).",
+    _Q,
+    registry=registry,
+)
+STARTED = Counter("zeroloss_messages_started", "Handler runs started (every attempt).", _Q, registry=registry)
+COMPLETED = Counter(
+    "zeroloss_messages_completed", "Attempts whose success was recorded.", _Q, registry=registry
+)
+FAILED = Counter(
+    "zeroloss_messages_failed",
+    "Attempts whose failure was recorded (retried later, or dead-lettered: attempts spent).",
+    _Q,
+    registry=registry,
+)
+DEAD = Counter(
+    "zeroloss_messages_dead_lettered",
+    "Messages dead-lettered, by who: worker (last attempt failed) or sweep (its lease expired).",
+    ("queue", "by"),
+    registry=registry,
+)
+LOST = Counter(
+    "zeroloss_messages_lease_lost",
+    "Attempts whose outcome was refused: the lease was gone, the message runs again.",
+    _Q,
+    registry=registry,
+)
+RECOVERED = Counter(
+    "zeroloss_messages_recovered",
+    "Messages the sweep put back to pending (lease expired).",
+    _Q,
+    registry=registry,
+)
+CANCELLED = Counter("zeroloss_messages_cancelled", "Messages cancelled.", _Q, registry=registry)
+DURATION = Histogram(
+    "zeroloss_handler_duration_seconds",
+    "Seconds a handler ran, by outcome (ok or error).",
+    ("queue", "outcome"),
+    buckets=buckets.DURATION,
+    registry=registry,
+)
+PICKUP = Histogram(
+    "zeroloss_pickup_latency_seconds",
+    "Seconds from a message becoming claimable (sent, or its delay or backoff over) to its handler's start.",
+    _Q,
+    buckets=buckets.PICKUP,
+    registry=registry,
+)
+BATCH = Histogram(
+    "zeroloss_claim_batch_size",
+    "Messages one claim returned (claims that found none are not observed).",
+    _Q,
+    buckets=buckets.BATCH,
+    registry=registry,
+)
+
+#: Every metric's name (families as ``prometheus_client`` names them, without ``_total``).
+NAMES = tuple(
+    m._name
+    for m in (SENT, STARTED, COMPLETED, FAILED, DEAD, LOST, RECOVERED, CANCELLED, DURATION, PICKUP, BATCH)
+)
+
+
+def sent(queue: str, n: int) -> None:
+    SENT.labels(queue).inc(n)
+
+
+def claimed(queue: str, n: int) -> None:
+    if n:
+        BATCH.labels(queue).observe(n)
+
+
+def started(queue: str, waited: float | None) -> None:
+    STARTED.labels(queue).inc()
+    if waited is not None:
+        PICKUP.labels(queue).observe(waited)
+
+
+def handled(queue: str, seconds: float, error_type: str | None) -> None:
+    DURATION.labels(queue, "ok" if error_type is None else "error").observe(seconds)
+
+
+_OUTCOMES = {"completed": COMPLETED, "failed": FAILED, "dead": FAILED, "lease_lost": LOST}
+
+
+def finished(queue: str, outcome: str) -> None:
+    counter = _OUTCOMES.get(outcome)
+    if counter is not None:
+        counter.labels(queue).inc()
+
+
+def dead_lettered(queue: str, by: str) -> None:
+    DEAD.labels(queue, by).inc()
+
+
+def recovered(queue: str) -> None:
+    RECOVERED.labels(queue).inc()
+
+
+def cancelled(queue: str) -> None:
+    CANCELLED.labels(queue).inc()
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class EventsCollector(Collector):
+    """The event metrics on scrape: summed over every process writing into the multiproc
+    directory when there is one, else this process's."""
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # described at collect: the multiproc files decide what exists
+
+    def collect(self) -> Iterable[Metric]:
+        path = multiprocess_dir()
+        if path is None:
+            yield from registry.collect()
+            return
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        # Only zeroloss's own families: the directory may hold a project's metrics as well.
+        for family in MultiProcessCollector(None, path=path).collect():
+            if family.name in NAMES:
+                yield family
+
+
+def collector() -> EventsCollector:
+    return EventsCollector()

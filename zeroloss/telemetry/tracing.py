@@ -1,0 +1,203 @@
+"""Spans of a message's life, per the OpenTelemetry messaging semantic conventions.
+
+Imported only when ``opentelemetry-api`` is installed (:mod:`zeroloss.telemetry` decides). The
+producer's context travels in the message's headers, so it survives the ledger, the Celery
+broker (which carries only the id) and every retry: the headers stay on the row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+if TYPE_CHECKING:
+    from ..delivery import Delivery
+    from ..ledger.types import Completion
+
+from .buckets import version
+
+SYSTEM = "zeroloss"
+#: The headers the propagator writes (W3C trace context by default; others add their own).
+_tracer: trace.Tracer | None = None
+
+
+def tracer() -> trace.Tracer:
+    # The API's proxy tracer follows a provider set later (the SDK configured after import).
+    global _tracer
+    if _tracer is None:
+        _tracer = trace.get_tracer("zeroloss", version())
+    return _tracer
+
+
+def _base(operation: str, kind: str, queue: str) -> dict[str, Any]:
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.operation.name": operation,
+        "messaging.operation.type": kind,
+        "messaging.destination.name": queue,
+    }
+
+
+class SendSpan:
+    """The PRODUCER span of one send; its context is what the messages' headers carry."""
+
+    __slots__ = ("carrier", "span")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        self.carrier: dict[str, str] = {}
+        if span.get_span_context().is_valid:
+            propagate.inject(self.carrier, context=trace.set_span_in_context(span))
+
+    def headers(self, headers: Any) -> Any:
+        """``headers`` with the trace context added; a context the caller set is kept."""
+        if not self.carrier or not (headers is None or isinstance(headers, dict)):
+            return headers  # (not a dict: validation refuses it as before)
+        if headers and "traceparent" in headers:
+            return headers
+        return {**self.carrier, **(headers or {})}
+
+    def stored(self, messages: Sequence[Any]) -> None:
+        if len(messages) == 1 and self.span.is_recording():
+            self.span.set_attribute("messaging.message.id", messages[0].message_id)
+
+
+@contextlib.contextmanager
+def send_span(queue: str, count: int) -> Iterator[SendSpan]:
+    attributes = _base("send", "send", queue)
+    if count != 1:
+        attributes["messaging.batch.message_count"] = count
+    with tracer().start_as_current_span(
+        f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes
+    ) as span:
+        yield SendSpan(span)
+
+
+_ROOT = otel_context.Context()
+
+
+def _extract(headers: dict[str, Any] | None) -> otel_context.Context | None:
+    if not headers or "traceparent" not in headers:
+        return None
+    return propagate.extract({k: v for k, v in headers.items() if isinstance(v, str)})
+
+
+class ProcessSpan:
+    """The CONSUMER span of one handler run, current until :meth:`end`."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        self.token = otel_context.attach(trace.set_span_in_context(span))
+
+    def end(self, ok: bool, exc: BaseException | None) -> None:
+        span = self.span
+        if not ok:
+            if exc is not None:
+                span.record_exception(exc)
+                span.set_attribute("error.type", _error_type(exc))
+            span.set_status(Status(StatusCode.ERROR, _description(exc)))
+        try:
+            otel_context.detach(self.token)
+        finally:
+            span.end()
+
+
+def _error_type(exc: BaseException) -> str:
+    kind = type(exc)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _description(exc: BaseException | None) -> str:
+    if exc is None:
+        return "the handler failed"
+    try:
+        return f"{type(exc).__name__}: {exc}"[:500]
+    except Exception:  # a hostile __str__
+        return type(exc).__name__
+
+
+def process(delivery: Delivery, worker: str) -> ProcessSpan:
+    lease = delivery.lease
+    parent = _extract(delivery.headers)
+    attributes = _base("process", "process", lease.queue_name)
+    attributes["messaging.message.id"] = lease.message_id
+    attributes["zeroloss.attempt"] = lease.attempt
+    if worker:
+        attributes["messaging.client.id"] = worker
+    # One message, one trace: the producer's context is the parent (no link: it would say the
+    # same, at a cost per message). A message sent without one starts a trace of its own.
+    span = tracer().start_span(
+        f"process {lease.queue_name}",
+        context=parent if parent is not None else _ROOT,
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+    )
+    return ProcessSpan(span)
+
+
+@contextlib.contextmanager
+def settle_span(batch: Sequence[Completion]) -> Iterator[None]:
+    queues = {c.lease.queue_name for c in batch}
+    queue = next(iter(queues)) if len(queues) == 1 else ""
+    attributes: dict[str, Any] = _base("settle", "settle", queue) if queue else {"messaging.system": SYSTEM}
+    attributes["messaging.batch.message_count"] = len(batch)
+    links = []
+    for c in batch:
+        parent = _extract(c.lease.headers)
+        if parent is not None:
+            ctx = trace.get_current_span(parent).get_span_context()
+            links.append(Link(ctx, {"messaging.message.id": c.lease.message_id}))
+    with tracer().start_as_current_span(
+        f"settle {queue}".strip(), kind=SpanKind.CLIENT, attributes=attributes, links=links
+    ):
+        yield
+
+
+def event(
+    name: str,
+    queue: str,
+    message_id: str,
+    attempt: int,
+    headers: dict[str, Any] | None,
+    **extra: Any,
+) -> None:
+    """A dead-letter, recovery or cancel: an event on the current span (the sweep's, an
+    operator action's) or, with none, a span of its own in the message's trace."""
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": queue,
+        "messaging.message.id": message_id,
+    }
+    if attempt:
+        attributes["zeroloss.attempt"] = attempt
+    attributes.update({f"zeroloss.{k}": v for k, v in extra.items()})
+    parent = _extract(headers)
+    current = trace.get_current_span()
+    if parent is None and current.is_recording():
+        current.add_event(f"zeroloss.{name}", attributes)
+        return
+    with tracer().start_as_current_span(
+        f"{name} {queue}", context=parent, kind=SpanKind.INTERNAL, attributes=attributes
+    ):
+        pass
+
+
+@contextlib.contextmanager
+def operation(name: str, attributes: dict[str, Any]) -> Iterator[None]:
+    attrs = {"messaging.system": SYSTEM, **{f"zeroloss.{k}": v for k, v in attributes.items()}}
+    with tracer().start_as_current_span(f"zeroloss {name}", kind=SpanKind.INTERNAL, attributes=attrs):
+        yield
+
+
+def current_ids() -> tuple[str, str] | None:
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
