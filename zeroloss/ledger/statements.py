@@ -398,3 +398,6 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "MARK_DISPATCHED": (("mid", "text"),),
     "MARK_UNDISPATCHED": (("mid", "text"),),
 }
+
+# Queue control's statements (kept in their own module, rendered with these).
+from .statements_control import *  # noqa: E402, F403
