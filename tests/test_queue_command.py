@@ -1,0 +1,97 @@
+"""``manage.py zeroloss_queue pause|resume|limit|show`` (issue 27, part A; docs/control.md)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tests.test_ops_support import cli, run
+from zeroloss.ledger import control
+from zeroloss.models import QueueControl
+from zeroloss.service import ZeroLossMessageService
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUEUE = "demo.record"  # a handler of the example project
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Iterator[None]:
+    control._CONTROLLED.clear()
+    yield
+    control._CONTROLLED.clear()
+
+
+def show() -> list[dict[str, object]]:
+    result = run("zeroloss_queue", "show", "--json")
+    assert result.code == 0, result
+    return list(json.loads(result.out)["queues"])
+
+
+def test_pause_resume_and_show():
+    assert run("zeroloss_queue", "show").out.strip() == "no queue is paused or limited"
+    result = run("zeroloss_queue", "pause", QUEUE)
+    assert (
+        result.code == 0 and result.out.strip() == f"{QUEUE}: paused, concurrency unlimited, rate unlimited"
+    )
+    ZeroLossMessageService().persist_message("m1", QUEUE, {})
+    (row,) = show()
+    assert row["paused"] is True and row["pending"] == 1
+    assert str(row["changed_by"]).startswith("cli:zeroloss_queue@")
+    assert ZeroLossMessageService().claim_next(QUEUE, limit=5) == []
+    result = run("zeroloss_queue", "resume", QUEUE, "--json")
+    assert result.code == 0 and json.loads(result.out)["queue"]["paused"] is False
+    assert len(ZeroLossMessageService().claim_next(QUEUE, limit=5)) == 1
+
+
+def test_limit_sets_keeps_and_clears_overrides(settings):
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "QUEUES": {QUEUE: {"concurrency": 5}}}
+    (row,) = show()
+    assert (row["concurrency"], row["concurrency_override"], row["rate"]) == (5, None, None)
+    assert run("zeroloss_queue", "limit", QUEUE, "--concurrency", "2", "--rate", "10/s").code == 0
+    assert run("zeroloss_queue", "limit", QUEUE, "--rate", "600/m").code == 0  # concurrency kept
+    (row,) = show()
+    assert (row["concurrency"], row["rate"], row["rate_override"]) == (2, "600/m", "600/m")
+    table = run("zeroloss_queue", "show").out
+    assert "600/m" in table and "concurrency" in table
+    assert run("zeroloss_queue", "limit", QUEUE, "--clear").code == 0
+    (row,) = show()
+    assert (row["concurrency"], row["concurrency_override"], row["rate"]) == (5, None, None)
+    assert "5 (settings)" in run("zeroloss_queue", "show").out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("pause", "no.such.queue"), "unknown queue 'no.such.queue': no handler of this process"),
+        (("pause", "bad queue"), "queue_name 'bad queue' may only use"),
+        (("pause",), "pause needs a QUEUE"),
+        (("show", QUEUE), "show takes no QUEUE"),
+        (("limit", QUEUE), "limit needs --concurrency N, --rate R or --clear"),
+        (
+            ("limit", QUEUE, "--rate", "10/d"),
+            '--rate must be "N/s", "N/m" or "N/h" (e.g. "10/s"), got \'10/d\'',
+        ),
+        (("limit", QUEUE, "--rate", "0/s"), "--rate must be"),
+        (("limit", QUEUE, "--concurrency", "0"), "--concurrency must be an integer from 1, got '0'"),
+        (("limit", QUEUE, "--concurrency", "two"), "--concurrency must be an integer from 1"),
+        (("limit", QUEUE, "--clear", "--rate", "1/s"), "--clear takes no --concurrency or --rate"),
+        (("pause", QUEUE, "--rate", "1/s"), "--concurrency, --rate and --clear are options of limit"),
+    ],
+)
+def test_bad_input_is_exit_2_and_changes_nothing(args, message):
+    result = run("zeroloss_queue", *args)
+    assert result.code == 2, result
+    assert message in result.err, result.err
+    assert not QueueControl.objects.exists()
+
+
+def test_the_real_command_line():
+    proc = cli("zeroloss_queue", "limit", QUEUE, "--concurrency", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"{QUEUE}: not paused, concurrency 3, rate unlimited"
+    proc = cli("zeroloss_queue", "pause", "nope")
+    assert proc.returncode == 2 and "error: unknown queue 'nope'" in proc.stderr
+    assert QueueControl.objects.get(queue_name=QUEUE).concurrency == 3
