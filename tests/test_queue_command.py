@@ -95,3 +95,33 @@ def test_the_real_command_line():
     proc = cli("zeroloss_queue", "pause", "nope")
     assert proc.returncode == 2 and "error: unknown queue 'nope'" in proc.stderr
     assert QueueControl.objects.get(queue_name=QUEUE).concurrency == 3
+
+
+def test_status_dashboard_and_metrics_show_what_is_paused_and_limited():
+    from zeroloss import dashboard
+    from zeroloss.metrics import families
+    from zeroloss.snapshot import compute_snapshot
+
+    service = ZeroLossMessageService()
+    service.persist_message("m1", QUEUE, {})
+    service.pause_queue(QUEUE)
+    service.limit_queue("demo.record_tx", concurrency=2, rate="10/s")  # no message yet: listed still
+    data = json.loads(run("zeroloss_status", "--json", "--no-cache").out)
+    by = {q["name"]: q for q in data["queues"]}
+    assert (by[QUEUE]["paused"], by[QUEUE]["concurrency"], by[QUEUE]["rate"]) == (True, None, None)
+    assert (by["demo.record_tx"]["paused"], by["demo.record_tx"]["concurrency"]) == (False, 2)
+    assert by["demo.record_tx"]["rate"] == "10/s"
+    text = run("zeroloss_status", "--no-cache").out
+    assert f"queue {QUEUE}: paused" in text
+    assert "queue demo.record_tx: concurrency 2, rate 10/s" in text
+    rows = {r.name: r for r in dashboard.collect(service).queues}
+    assert rows[QUEUE].paused and rows["demo.record_tx"].concurrency == 2
+    metrics = {m.name: m for m in families(compute_snapshot(service))}
+    samples = {
+        (m, s.labels["queue"]): s.value for m in metrics for s in metrics[m].samples if "queue" in s.labels
+    }
+    assert samples[("zeroloss_queue_paused", QUEUE)] == 1
+    assert samples[("zeroloss_queue_paused", "demo.record_tx")] == 0
+    assert samples[("zeroloss_queue_concurrency_limit", "demo.record_tx")] == 2
+    assert samples[("zeroloss_queue_rate_limit_per_second", "demo.record_tx")] == 10.0
+    assert ("zeroloss_queue_concurrency_limit", QUEUE) not in samples
