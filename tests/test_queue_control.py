@@ -125,8 +125,8 @@ def test_another_process_sees_a_pause_within_the_refresh():
             f"INSERT INTO {CTL} (queue_name, paused, concurrency, rate, tokens, changed_by, changed_at) "
             "VALUES ('q', true, NULL, '', 0, 'elsewhere', CURRENT_TIMESTAMP)"
         )
-    at, names = control._CONTROLLED["default"]
-    control._CONTROLLED["default"] = (at - control.REFRESH, names)  # the refresh is due
+    at, names, limited = control._CONTROLLED["default"]
+    control._CONTROLLED["default"] = (at - control.REFRESH, names, limited)  # the refresh is due
     assert service.claim_next("q", limit=10) == []
 
 

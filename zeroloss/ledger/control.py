@@ -32,8 +32,9 @@ logger = logging.getLogger("zeroloss")
 #: How old a process's list of controlled queues may be, in seconds: a pause (or a first
 #: limit) reaches every worker within it plus one claim (docs/control.md: within 1 s).
 REFRESH = 0.5
-#: database alias -> (when read, monotonic; the queues with a paused flag or an override).
-_CONTROLLED: dict[str, tuple[float, frozenset[str]]] = {}
+#: database alias -> (when read, monotonic; the queues with a paused flag or an override; those
+#: with an override, whose claims go straight to the lock).
+_CONTROLLED: dict[str, tuple[float, frozenset[str], frozenset[str]]] = {}
 
 
 @dataclass(frozen=True)
@@ -158,22 +159,24 @@ class QueueControlling(LedgerBase):
         declared = self.settings.QUEUES.get(queue_name)
         if declared is not None and (declared.concurrency is not None or declared.rate is not None):
             return True
-        return queue_name in self._controlled_queues()
+        return queue_name in self._controlled_queues()[0]
 
     def _any_controlled(self) -> bool:
-        return bool(self._controlled_queues()) or any(
+        return bool(self._controlled_queues()[0]) or any(
             q.concurrency is not None or q.rate is not None for q in self.settings.QUEUES.values()
         )
 
-    def _controlled_queues(self) -> frozenset[str]:
+    def _controlled_queues(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(queues paused or with an override, those with an override), at most REFRESH old."""
         now = time.monotonic()
         seen = _CONTROLLED.get(self.using)
         if seen is not None and now - seen[0] < REFRESH:
-            return seen[1]
+            return seen[1], seen[2]
         rows, _ = self._run("CONTROLLED_QUEUES", [])
         names = frozenset(r[0] for r in rows)
-        _CONTROLLED[self.using] = (now, names)
-        return names
+        limited = frozenset(r[0] for r in rows if r[1] is not None or r[2])
+        _CONTROLLED[self.using] = (now, names, limited)
+        return names, limited
 
     def _queue_of(self, message_id: str) -> str | None:
         rows, _ = self._run("MESSAGE_QUEUE", [message_id])
@@ -183,12 +186,18 @@ class QueueControlling(LedgerBase):
         self, queue_name: str, limit: int, claim: Callable[[int], list[Lease]]
     ) -> list[Lease]:
         """Claim through ``claim(n)`` at most what the queue's control allows, atomically."""
-        rows, _ = self._run("CONTROL_READ", [queue_name])
-        paused, concurrency, rate = rows[0] if rows else (False, None, "")
-        if paused:
-            return []
-        if not self.queue_limits(queue_name, concurrency, rate).limited:
-            return claim(limit)
+        declared = self.settings.QUEUES.get(queue_name)
+        if queue_name not in self._controlled_queues()[1] and not (
+            declared is not None and (declared.concurrency is not None or declared.rate is not None)
+        ):
+            # Paused only, as far as this process knows: an unlocked read decides (no row lock
+            # for every poll of a paused queue); a limit set meanwhile is found there too.
+            rows, _ = self._run("CONTROL_READ", [queue_name])
+            paused, concurrency, rate = rows[0] if rows else (False, None, "")
+            if paused:
+                return []
+            if not self.queue_limits(queue_name, concurrency, rate).limited:
+                return claim(limit)
         engine = self.engine
         with transaction.atomic(using=self.using):
             # The row lock: the claims of this queue, one after another (SQLite: the write lock).

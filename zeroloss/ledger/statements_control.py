@@ -11,7 +11,9 @@ from __future__ import annotations
 _CONTROL_COLUMNS = "queue_name, paused, concurrency, rate, tokens, refilled_at, changed_by, changed_at"
 #: Queues with anything to enforce (paused, or a limit override): read at most twice a second
 #: by each process, so a claim of any other queue costs no statement more (see control.py).
-CONTROLLED_QUEUES = "SELECT queue_name FROM {ctl} WHERE paused OR concurrency IS NOT NULL OR rate <> ''"
+CONTROLLED_QUEUES = (
+    "SELECT queue_name, concurrency, rate FROM {ctl} WHERE paused OR concurrency IS NOT NULL OR rate <> ''"
+)
 #: A queue's operator part, unlocked: a paused queue is not claimed, whatever its limits.
 CONTROL_READ = "SELECT paused, concurrency, rate FROM {ctl} WHERE queue_name = %s"
 #: A claim of a limited queue starts by locking its row (created at its first claim: a limit
