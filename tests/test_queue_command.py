@@ -125,3 +125,35 @@ def test_status_dashboard_and_metrics_show_what_is_paused_and_limited():
     assert samples[("zeroloss_queue_concurrency_limit", "demo.record_tx")] == 2
     assert samples[("zeroloss_queue_rate_limit_per_second", "demo.record_tx")] == 10.0
     assert ("zeroloss_queue_concurrency_limit", QUEUE) not in samples
+
+
+def test_admin_lists_queue_controls_and_pauses_and_resumes_after_confirming(client):
+    from django.contrib.auth.models import Permission, User
+    from django.urls import reverse
+
+    service = ZeroLossMessageService()
+    service.limit_queue(QUEUE, concurrency=2)
+    url = reverse("admin:zeroloss_queuecontrol_changelist")
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_queuecontrol"))
+    client.force_login(viewer)
+    page = client.get(url)
+    assert page.status_code == 200 and QUEUE in page.content.decode()
+    # Without the change permission the actions are not offered, and a forged POST does nothing.
+    assert 'value="pause"' not in page.content.decode()
+    client.post(url, {"action": "pause", "_selected_action": [QUEUE], "post": "yes"})
+    assert QueueControl.objects.get(queue_name=QUEUE).paused is False
+
+    operator = User.objects.create_user("ops", password="pw", is_staff=True)
+    operator.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_queuecontrol", "change_queuecontrol"])
+    )
+    client.force_login(operator)
+    asked = client.post(url, {"action": "pause", "_selected_action": [QUEUE]})
+    assert asked.status_code == 200 and "Pause these queues?" in asked.content.decode()
+    assert QueueControl.objects.get(queue_name=QUEUE).paused is False  # asked, not done
+    client.post(url, {"action": "pause", "_selected_action": [QUEUE], "post": "yes"})
+    row = QueueControl.objects.get(queue_name=QUEUE)
+    assert row.paused is True and row.changed_by == "ops"
+    client.post(url, {"action": "resume", "_selected_action": [QUEUE], "post": "yes", "select_across": "0"})
+    assert QueueControl.objects.get(queue_name=QUEUE).paused is False
