@@ -199,7 +199,9 @@ class QueueControlling(LedgerBase):
             if not self.queue_limits(queue_name, concurrency, rate).limited:
                 return claim(limit)
         engine = self.engine
-        with transaction.atomic(using=self.using):
+        # No savepoint inside the worker's outcome-and-claim transaction: its release would be
+        # one more round trip while the row is locked. A failure here fails that transaction.
+        with transaction.atomic(using=self.using, savepoint=False):
             # The row lock: the claims of this queue, one after another (SQLite: the write lock).
             rows, _ = self._run("CONTROL_LOCK", [queue_name])
             paused, concurrency, rate, tokens, refilled_at, clock = rows[0]
