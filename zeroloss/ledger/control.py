@@ -183,9 +183,15 @@ class QueueControlling(LedgerBase):
         return rows[0][0] if rows else None
 
     def _claim_controlled(
-        self, queue_name: str, limit: int, claim: Callable[[int], list[Lease]]
+        self,
+        queue_name: str,
+        limit: int,
+        claim: Callable[[int], list[Lease]],
+        claim_counting: Callable[[int, int], list[Lease]] | None = None,
     ) -> list[Lease]:
-        """Claim through ``claim(n)`` at most what the queue's control allows, atomically."""
+        """Claim through ``claim(n)`` at most what the queue's control allows, atomically.
+        ``claim_counting(n, concurrency)``: a claim that counts what is processing itself (one
+        statement less while the row is locked)."""
         declared = self.settings.QUEUES.get(queue_name)
         if queue_name not in self._controlled_queues()[1] and not (
             declared is not None and (declared.concurrency is not None or declared.rate is not None)
@@ -209,7 +215,7 @@ class QueueControlling(LedgerBase):
             if paused:
                 return []
             room = limit
-            if limits.concurrency is not None:
+            if limits.concurrency is not None and claim_counting is None:
                 counted, _ = self._run("CONTROL_IN_FLIGHT", [queue_name])
                 room = min(room, limits.concurrency - counted[0][0])
             available = 0.0
@@ -222,7 +228,10 @@ class QueueControlling(LedgerBase):
                 room = min(room, math.floor(available + 1e-9))
             if room <= 0:
                 return []
-            leases = claim(room)
+            if limits.concurrency is not None and claim_counting is not None:
+                leases = claim_counting(room, limits.concurrency)
+            else:
+                leases = claim(room)
             if limits.rate is not None and leases:
                 self._run("CONTROL_SPEND", [available - len(leases), clock, queue_name])
             return leases

@@ -139,6 +139,11 @@ class Leasing(QueueControlling):
                 queue_name,
                 limit,
                 lambda n: self._claim("CLAIM", self._claim_range(queue_name, n), cursor_of=queue_name),
+                lambda n, most: self._claim(
+                    "CLAIM_LIMITED",
+                    [*self._claim_range(queue_name, n), n, most, queue_name],
+                    cursor_of=queue_name,
+                ),
             )
         params = self._claim_range(queue_name, limit)
         return self._claim("CLAIM", params, cursor_of=queue_name)
