@@ -38,8 +38,9 @@ WORKLOADS = [
 MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered", "telemetry"]
 #: Run only when named in --only: minutes each (benchmarks/retention.py: on a private server;
 #: benchmarks/pressure.py: the pressure cells of issue 24, 36 minutes in the full profile;
-#: benchmarks/pool.py: the process pool's drain against the thread pool's, issue 27).
-OPT_IN = ["retention", "pressure", "pool"]
+#: benchmarks/pool.py: the process pool's drain against the thread pool's, issue 27;
+#: benchmarks/limits.py: queue limits' cost and accuracy, issue 27).
+OPT_IN = ["retention", "pressure", "pool", "limits"]
 #: Run only when named: the fault suite's soak (minutes; its own servers; benchmarks/faults.py).
 ON_REQUEST = ["faults"]
 
@@ -183,6 +184,10 @@ def _run_suite(args: argparse.Namespace) -> int:
                     from .telemetry import run_in_suite as run_telemetry
 
                     run_telemetry(suite)
+                elif name == "limits":
+                    from .limits import run_in_suite as run_limits
+
+                    run_limits(suite, quick=args.quick)
                 elif name == "pressure":
                     from .pressure import run_in_suite as run_pressure
 

@@ -2,6 +2,7 @@
 
 - ``bench.noop``: does nothing, so a drain measures the ledger and the worker, not a handler.
 - ``bench.pressure``: sleeps 1 ms (the pressure cells, benchmarks/pressure.py).
+- ``bench.hold``: sleeps 50 ms (the concurrency limit's in-flight count, benchmarks/limits.py).
 - ``bench.kill``: on its first attempt writes a marker (pid, time) and hangs, so the suite can
   SIGKILL the worker that holds it; on a later attempt writes a marker and returns.
 """
@@ -57,3 +58,9 @@ def started_at(delivery: Delivery) -> float:
 def one_millisecond(delivery: Delivery) -> None:
     """The pressure cells' handler: 1 ms of work (a sleep), as the public benchmark's jobs."""
     time.sleep(0.001)
+
+
+@zeroloss.handler("bench.hold")
+def hold(delivery: Delivery) -> None:
+    """Holds its slot 50 ms (benchmarks/limits.py: how many run at once under a concurrency limit)."""
+    time.sleep(0.05)

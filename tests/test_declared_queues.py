@@ -88,7 +88,7 @@ def test_a_declared_queue_with_a_handler_runs_as_any_other(settings):
         (
             {"emails": {"concurency": 4}},
             "QUEUES['emails']",
-            "unknown option 'concurency'; known options: none yet.",
+            "unknown option 'concurency'; known options: concurrency, rate.",
         ),
     ],
 )

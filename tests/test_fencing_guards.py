@@ -408,6 +408,12 @@ def _claim_next(svc: ZeroLossMessageService) -> object:
     return svc.claim_next(QUEUE, limit=10)
 
 
+def _claim_limited(svc: ZeroLossMessageService) -> object:
+    """A claim under a concurrency limit far from reached (statement CLAIM_LIMITED)."""
+    svc.limit_queue(QUEUE, concurrency=1000)
+    return svc.claim_next(QUEUE, limit=10)
+
+
 def _claim_by_id(svc: ZeroLossMessageService) -> object:
     return svc.mark_processing("m")
 
@@ -476,6 +482,8 @@ GUARDS: list[Guard] = [
     Guard("DEAD_LETTER", "status", "status = %s", dead_letter_leaves_completed),
     Guard("CLAIM", "status", _PENDING, claim_leaves_held(_claim_next)),
     Guard("CLAIM", "available", _AVAILABLE, claim_leaves_delayed(_claim_next)),
+    Guard("CLAIM_LIMITED", "status", _PENDING, claim_leaves_held(_claim_limited)),
+    Guard("CLAIM_LIMITED", "available", _AVAILABLE, claim_leaves_delayed(_claim_limited)),
     Guard("CLAIM_BY_ID", "status", _PENDING, claim_leaves_held(_claim_by_id)),
     Guard("CLAIM_BY_ID", "available", _AVAILABLE, claim_leaves_delayed(_claim_by_id)),
 ]

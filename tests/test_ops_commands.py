@@ -46,7 +46,17 @@ STATUS_KEYS = {
     "blocked_keys",
     "blocked_keys_truncated",
 }
-QUEUE_KEYS = {"name", "counts", "total", "oldest_pending_age", "stuck", "dead"}
+QUEUE_KEYS = {
+    "name",
+    "counts",
+    "total",
+    "oldest_pending_age",
+    "stuck",
+    "dead",
+    "paused",
+    "concurrency",
+    "rate",
+}
 REQUEUE_KEYS = {"dry_run", "selection", "force", "matched", "requeued", "skipped"}
 PURGE_KEYS = {
     "dry_run",

@@ -24,6 +24,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .ledger import validation as _validation
+from .rates import Rate, parse_concurrency, parse_rate
 
 PERSISTENCE_LEVELS = ("durable", "replicated")
 TRANSPORTS = ("database", "celery")
@@ -62,13 +63,31 @@ class QueueSettings:
 
     A declared queue may be sent to by a process that does not import its handler (a web image
     without the workers' code); ``zeroloss_worker`` refuses to run one it has no handler for.
-    Its options are this class's fields (none yet); each is validated by the parser named in
-    :data:`QUEUE_OPTIONS`, so adding one is a field and a parser."""
+    Its options are this class's fields; each is validated by the parser named in
+    :data:`QUEUE_OPTIONS`, so adding one is a field and a parser. The limits
+    (docs/control.md) may be overridden at run time by ``zeroloss_queue limit``."""
+
+    #: At most this many messages of the queue processing at once, across every worker.
+    concurrency: int | None = None
+    #: At most this many claims started per period, across every worker.
+    rate: Rate | None = None
+
+
+def _limit(parse: Any) -> Any:
+    """A :data:`QUEUE_OPTIONS` parser from a :mod:`zeroloss.rates` one (E007 on bad input)."""
+
+    def parser(key: str, value: Any) -> Any:
+        try:
+            return parse(value)
+        except ValueError as exc:
+            raise SettingError(key, str(exc), "zeroloss.E007") from None
+
+    return parser
 
 
 #: The options a declared queue accepts: name -> parser(key, value) returning the typed value
-#: (raising :class:`SettingError`). Empty for now; per-queue limits are planned here.
-QUEUE_OPTIONS: dict[str, Any] = {}
+#: (raising :class:`SettingError`).
+QUEUE_OPTIONS: dict[str, Any] = {"concurrency": _limit(parse_concurrency), "rate": _limit(parse_rate)}
 
 
 @dataclass(frozen=True)

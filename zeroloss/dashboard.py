@@ -36,6 +36,10 @@ class QueueRow:
     name: str
     counts: list[int]  # in Status order
     total: int
+    #: Queue control (docs/control.md): paused, and the limits in effect.
+    paused: bool = False
+    concurrency: int | None = None
+    rate: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,14 @@ class Dashboard:
     @property
     def queues(self) -> list[QueueRow]:
         return [
-            QueueRow(name=q.name, counts=[q.counts.get(s, 0) for s in self.statuses], total=q.total)
+            QueueRow(
+                name=q.name,
+                counts=[q.counts.get(s, 0) for s in self.statuses],
+                total=q.total,
+                paused=q.paused,
+                concurrency=q.concurrency,
+                rate=q.rate,
+            )
             for q in (self.snapshot.queues[name] for name in sorted(self.snapshot.queues))
         ]
 

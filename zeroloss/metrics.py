@@ -29,6 +29,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from .models import Status
+from .rates import parse_rate
 from .service import ZeroLossMessageService
 from .snapshot import get_snapshot
 from .snapshot_types import Snapshot
@@ -61,6 +62,17 @@ METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("queue",),
     ),
     ("zeroloss_dead_letters", "Dead-lettered messages by queue.", ("queue",)),
+    ("zeroloss_queue_paused", "1 if the queue is paused (zeroloss_queue pause), else 0.", ("queue",)),
+    (
+        "zeroloss_queue_concurrency_limit",
+        "The queue's concurrency limit in effect (only queues that have one).",
+        ("queue",),
+    ),
+    (
+        "zeroloss_queue_rate_limit_per_second",
+        "The queue's rate limit in effect, in claims per second (only queues that have one).",
+        ("queue",),
+    ),
     (
         "zeroloss_sweep_runs",
         "Sweep transactions that recovered at least one message, per the audit trail.",
@@ -98,6 +110,9 @@ def families(snapshot: Snapshot) -> list[Metric]:
     oldest = _family("zeroloss_oldest_pending_age_seconds")
     expired = _family("zeroloss_expired_leases")
     dead = _family("zeroloss_dead_letters")
+    paused = _family("zeroloss_queue_paused")
+    concurrency = _family("zeroloss_queue_concurrency_limit")
+    rate = _family("zeroloss_queue_rate_limit_per_second")
     for name in sorted(snapshot.queues):
         q = snapshot.queues[name]
         for status in Status.values:
@@ -105,6 +120,11 @@ def families(snapshot: Snapshot) -> list[Metric]:
         oldest.add_metric([name], q.oldest_pending_age or 0.0)
         expired.add_metric([name], q.stuck)
         dead.add_metric([name], q.dead)
+        paused.add_metric([name], 1 if q.paused else 0)
+        if q.concurrency is not None:
+            concurrency.add_metric([name], q.concurrency)
+        if q.rate:
+            rate.add_metric([name], parse_rate(q.rate).per_second)
     estimated = _family("zeroloss_completed_estimated")
     estimated.add_metric([], 1 if snapshot.completed_estimated else 0)
     runs = _family("zeroloss_sweep_runs")
@@ -130,6 +150,9 @@ def families(snapshot: Snapshot) -> list[Metric]:
         oldest,
         expired,
         dead,
+        paused,
+        concurrency,
+        rate,
         runs,
         recovered,
         nodes,

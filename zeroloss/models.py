@@ -279,5 +279,33 @@ class ReplicationNode(models.Model):
         return self.node_id
 
 
+class QueueControl(models.Model):
+    """A queue's runtime control (docs/control.md): paused, limit overrides, the rate's bucket.
+
+    Written only through the ledger (:mod:`zeroloss.ledger.control`): ``zeroloss_queue``, the
+    admin and ``service.pause_queue(...)`` set the operator's part; claims of a limited queue
+    lock the row and keep the rate limiter's token bucket in it, timed by the database clock.
+    """
+
+    queue_name = models.CharField(_("queue name"), max_length=100, primary_key=True)
+    paused = models.BooleanField(_("paused"), default=False)
+    #: Overrides of ``ZEROLOSS["QUEUES"][q]``'s limits (None: the setting's, if any).
+    concurrency = models.PositiveIntegerField(_("concurrency"), null=True, blank=True)
+    rate = models.CharField(_("rate"), max_length=32, blank=True, default="")
+    #: The rate limiter's token bucket: tokens left at ``refilled_at`` (None: a full bucket).
+    tokens = models.FloatField(_("tokens"), default=0.0)
+    refilled_at = models.DateTimeField(_("refilled at"), null=True, blank=True)
+    changed_by = models.CharField(_("changed by"), max_length=255, blank=True, default="")
+    changed_at = models.DateTimeField(_("changed at"))
+
+    class Meta:
+        verbose_name = _("queue control")
+        verbose_name_plural = _("queue controls")
+        ordering = ["queue_name"]
+
+    def __str__(self) -> str:
+        return self.queue_name
+
+
 # Database-defined schedules live with their code; imported here so the app registry has them.
 from .schedules.models import Schedule, ScheduleState  # noqa: E402, F401

@@ -210,12 +210,18 @@ def compute_snapshot(service: ZeroLossMessageService) -> Snapshot:
     for name, n in completed.items():
         counts.setdefault(name, zero_counts())[Status.COMPLETED] = n
 
+    controls = {s.queue_name: s for s in service.queue_states()}
+    for name in controls:
+        counts.setdefault(name, zero_counts())  # a paused or limited queue shows, messages or not
     queues = {
         name: QueueSnapshot(
             name=name,
             counts=c,
             oldest_pending_age=(max((now - oldest[name]).total_seconds(), 0.0) if name in oldest else None),
             stuck=stuck.get(name, 0),
+            paused=name in controls and controls[name].paused,
+            concurrency=controls[name].limits.concurrency if name in controls else None,
+            rate=str(controls[name].limits.rate) if name in controls and controls[name].limits.rate else None,
         )
         for name, c in sorted(counts.items())
     }

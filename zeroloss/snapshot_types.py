@@ -30,6 +30,10 @@ class QueueSnapshot:
     oldest_pending_age: float | None = None
     #: Processing messages whose lease expired (the sweep will requeue or dead-letter them).
     stuck: int = 0
+    #: Queue control (docs/control.md): paused, and the limits in effect (None: unlimited).
+    paused: bool = False
+    concurrency: int | None = None
+    rate: str | None = None
 
     @property
     def total(self) -> int:
@@ -47,6 +51,9 @@ class QueueSnapshot:
             "oldest_pending_age": self.oldest_pending_age,
             "stuck": self.stuck,
             "dead": self.dead,
+            "paused": self.paused,
+            "concurrency": self.concurrency,
+            "rate": self.rate,
         }
 
 
@@ -156,6 +163,9 @@ class Snapshot:
                     counts={s: int(n) for s, n in q["counts"].items()},
                     oldest_pending_age=q["oldest_pending_age"],
                     stuck=int(q["stuck"]),
+                    paused=bool(q.get("paused", False)),
+                    concurrency=q.get("concurrency"),
+                    rate=q.get("rate"),
                 )
                 for q in data["queues"]
             },

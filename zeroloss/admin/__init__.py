@@ -19,6 +19,7 @@ from .base import PERMISSIONS, ReadOnlyAdmin, get_service
 from .ledger import MessageEventAdmin, PurgeRecordAdmin, ReplicationNodeAdmin
 from .message import MessageAdmin
 from .paginator import LedgerPaginator
+from .queues import QueueControlAdmin  # registers QueueControl (docs/control.md)
 from .schedules import ScheduleAdmin  # registers Schedule (docs/schedules.md)
 
 admin.site.register(Message, MessageAdmin)
@@ -32,6 +33,7 @@ __all__ = [
     "MessageAdmin",
     "MessageEventAdmin",
     "PurgeRecordAdmin",
+    "QueueControlAdmin",
     "ReadOnlyAdmin",
     "ReplicationNodeAdmin",
     "ScheduleAdmin",

@@ -18,12 +18,13 @@ from typing import Any, ClassVar, NamedTuple
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
-from ..models import DedupKey, Message, MessageEvent
+from ..models import DedupKey, Message, MessageEvent, QueueControl
 from . import statements
 
 MSG = Message._meta.db_table
 EVT = MessageEvent._meta.db_table
 DEDUP = DedupKey._meta.db_table
+CTL = QueueControl._meta.db_table
 
 Rows = list[tuple[Any, ...]]
 
@@ -115,6 +116,7 @@ class Engine:
             msg=MSG,
             evt=EVT,
             dedup=DEDUP,
+            ctl=CTL,
             now=self.now,
             clock=self.clock,
             after=self.after("%s"),

@@ -19,7 +19,7 @@ from django.db import OperationalError, transaction
 from .. import telemetry
 from ..exceptions import InvalidMessage
 from . import notices, statements
-from .base import LedgerBase
+from .control import QueueControlling
 from .types import Completion, CompletionReport, Lease, Verdict
 from .validation import canonical_json, clean_text, validate_count, validate_message_id, validate_queue_name
 
@@ -65,7 +65,7 @@ _ACKED_COLUMNS = ("message_id",)
 _OUTCOME_COLUMNS = ("message_id", "status")
 
 
-class Leasing(LedgerBase):
+class Leasing(QueueControlling):
     # -- claims ---------------------------------------------------------------------------
 
     def _claim_range(self, queue_name: str, limit: int) -> list[Any]:
@@ -139,13 +139,29 @@ class Leasing(LedgerBase):
         skipping rows another claimer has locked. Each starts an attempt."""
         validate_queue_name(queue_name)
         validate_count(limit, "limit")
+        if self._is_controlled(queue_name):  # paused or limited: claims at most what it allows
+            return self._claim_controlled(
+                queue_name,
+                limit,
+                lambda n: self._claim("CLAIM", self._claim_range(queue_name, n), cursor_of=queue_name),
+                lambda n, most: self._claim(
+                    "CLAIM_LIMITED",
+                    [*self._claim_range(queue_name, n), n, most, queue_name],
+                    cursor_of=queue_name,
+                ),
+            )
         params = self._claim_range(queue_name, limit)
         return self._claim("CLAIM", params, cursor_of=queue_name)
 
     def mark_processing(self, message_id: str) -> Lease | None:
-        """Claim one pending, available message. ``None`` if missing, not pending or being claimed."""
+        """Claim one pending, available message. ``None`` if missing, not pending, being claimed,
+        or held back by its queue's control (paused, or at a limit: docs/control.md)."""
         validate_message_id(message_id)
-        leases = self._claim("CLAIM_BY_ID", [message_id])
+        queue = self._queue_of(message_id) if self._any_controlled() else None
+        if queue is not None and self._is_controlled(queue):
+            leases = self._claim_controlled(queue, 1, lambda n: self._claim("CLAIM_BY_ID", [message_id]))
+        else:
+            leases = self._claim("CLAIM_BY_ID", [message_id])
         return leases[0] if leases else None
 
     # -- renewals -------------------------------------------------------------------------

@@ -196,6 +196,14 @@ CLAIM = (
     + _LOWER
     + ") c LIMIT %s{in_close} AND status = 'pending'"
 )
+# A claim of a queue under a concurrency limit, inside the transaction that locked the queue's
+# control row (control.py): CLAIM, claiming at most the limit less what is processing, counted
+# in this statement (it starts after the lock was granted, so it sees every earlier claim).
+CLAIM_LIMITED = CLAIM.replace(
+    ") c LIMIT %s{in_close}",
+    ") c LIMIT (SELECT CASE WHEN r < 0 THEN 0 WHEN r > %s THEN %s ELSE r END FROM (SELECT %s - count(*) "
+    "AS r FROM {msg} WHERE queue_name = %s AND status = 'processing') room){in_close}",
+)
 CLAIM_BY_ID = (
     _CLAIM_SET + "{in_open}SELECT id FROM {msg} WHERE message_id = %s AND status = 'pending' "
     "AND available_at <= {now}{skip_locked}{in_close} AND status = 'pending'"
@@ -398,3 +406,6 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "MARK_DISPATCHED": (("mid", "text"),),
     "MARK_UNDISPATCHED": (("mid", "text"),),
 }
+
+# Queue control's statements (kept in their own module, rendered with these).
+from .statements_control import *  # noqa: E402, F403

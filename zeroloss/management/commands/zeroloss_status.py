@@ -174,6 +174,7 @@ class Command(ZeroLossCommand):
         for problem in rep["problems"]:
             self.stdout.write(f"  - {problem}")
         self.blocked_keys(data)
+        self.controls(data)
         sweep = data["sweep"]
         self.stdout.write(
             _("sweep (audit trail): %(requeued)s requeued, %(dead)s dead-lettered in %(runs)s run(s)")
@@ -187,6 +188,19 @@ class Command(ZeroLossCommand):
             )
             % {"taken_at": data["taken_at"]}
         )
+
+    def controls(self, data: dict[str, Any]) -> None:
+        """Paused and limited queues (docs/control.md), one line each; nothing when there are none."""
+        for q in data["queues"]:
+            parts = [_("paused")] if q.get("paused") else []
+            if q.get("concurrency") is not None:
+                parts.append(_("concurrency %(n)s") % {"n": q["concurrency"]})
+            if q.get("rate"):
+                parts.append(_("rate %(rate)s") % {"rate": q["rate"]})
+            if parts:
+                self.stdout.write(
+                    _("queue %(queue)s: %(control)s") % {"queue": q["name"], "control": ", ".join(parts)}
+                )
 
     def blocked_keys(self, data: dict[str, Any]) -> None:
         keys = data["blocked_keys"]

@@ -1,0 +1,54 @@
+"""The statements of queue control (pause, resume, limits), by name; part of :mod:`.statements`
+(which re-exports them, so the engines render them with the rest).
+
+``{ctl}`` is :class:`zeroloss.models.QueueControl`'s table. None of them moves a message: a
+paused or limited queue's messages stay ``pending`` (no transition, no audit row); what limits
+them is which claims run (see :mod:`.control`).
+"""
+
+from __future__ import annotations
+
+_CONTROL_COLUMNS = "queue_name, paused, concurrency, rate, tokens, refilled_at, changed_by, changed_at"
+#: Queues with anything to enforce (paused, or a limit override): read at most twice a second
+#: by each process, so a claim of any other queue costs no statement more (see control.py).
+CONTROLLED_QUEUES = (
+    "SELECT queue_name, concurrency, rate FROM {ctl} WHERE paused OR concurrency IS NOT NULL OR rate <> ''"
+)
+#: A queue's operator part, unlocked: a paused queue is not claimed, whatever its limits.
+CONTROL_READ = "SELECT paused, concurrency, rate FROM {ctl} WHERE queue_name = %s"
+#: A claim of a limited queue starts by locking its row (created at its first claim: a limit
+#: may come from the settings alone). Every such claim of the queue waits here for the one
+#: before it to commit, so each counts what the others claimed; the clock is read after the
+#: wait (``{clock}``), and times the rate's bucket.
+CONTROL_LOCK = (
+    "INSERT INTO {ctl} (" + _CONTROL_COLUMNS + ") VALUES (%s, false, NULL, '', 0, NULL, '', {now}) "
+    "ON CONFLICT (queue_name) DO UPDATE SET tokens = {ctl}.tokens "
+    "RETURNING paused, concurrency, rate, tokens, refilled_at, {clock}"
+)
+#: What the concurrency limit counts: every message of the queue processing, expired leases
+#: included until the sweep puts them back (a dead worker's slots return once, with the sweep).
+CONTROL_IN_FLIGHT = "SELECT count(*) FROM {msg} WHERE queue_name = %s AND status = 'processing'"
+#: The bucket after a claim: its tokens left, at the clock the claim read under the lock.
+CONTROL_SPEND = "UPDATE {ctl} SET tokens = %s, refilled_at = %s WHERE queue_name = %s"
+#: The operator's moves (``changed_by``: the actor).
+CONTROL_PAUSE = (
+    "INSERT INTO {ctl} (" + _CONTROL_COLUMNS + ") VALUES (%s, %s, NULL, '', 0, NULL, %s, {now}) "
+    "ON CONFLICT (queue_name) DO UPDATE SET paused = excluded.paused, changed_by = excluded.changed_by, "
+    "changed_at = excluded.changed_at"
+)
+#: A new limit starts with a full bucket (``refilled_at`` NULL).
+CONTROL_LIMIT = (
+    "INSERT INTO {ctl} (" + _CONTROL_COLUMNS + ") VALUES (%s, false, %s, %s, 0, NULL, %s, {now}) "
+    "ON CONFLICT (queue_name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate, "
+    "tokens = 0, refilled_at = NULL, changed_by = excluded.changed_by, changed_at = excluded.changed_at"
+)
+CONTROL_ALL = (
+    "SELECT queue_name, paused, concurrency, rate, changed_by, changed_at FROM {ctl} ORDER BY queue_name"
+)
+#: What ``zeroloss_queue show`` reports next to each queue's control.
+CONTROL_COUNTS = (
+    "SELECT queue_name, status, count(*) FROM {msg} WHERE status IN ('pending', 'processing') "
+    "GROUP BY queue_name, status"
+)
+#: Which queue a message is in (a claim by id of a controlled ledger asks first).
+MESSAGE_QUEUE = "SELECT queue_name FROM {msg} WHERE message_id = %s"
