@@ -140,7 +140,8 @@ def test_a_handler_that_catches_its_soft_limit_and_returns_completes():
     assert worker.stats.outcomes["completed"] == 1
     assert one("c1").status == Status.COMPLETED and one("c1").attempts == 1
     [after] = caught_after
-    assert 0.3 <= after < 10  # raised at the soft limit (generous margin for a loaded machine)
+    # raised at the soft limit: its timer starts just before the handler reads its own clock
+    assert 0.25 <= after < 10
 
 
 def test_the_soft_limit_is_never_raised_once_the_handler_has_returned():
