@@ -11,16 +11,22 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.3.0.dev0"
 
 __all__ = [
+    "Aborted",
+    "CancelOutcome",
+    "CancelResult",
     "Lease",
     "RecoveryReport",
     "ZeroLossMessageService",
     "asend",
+    "cancel",
     "handler",
     "send",
     "send_many",
 ]
 
 if TYPE_CHECKING:
+    from .cancelling import CancelOutcome, CancelResult, cancel
+    from .delivery import Aborted
     from .handlers import handler
     from .service import Lease, RecoveryReport, ZeroLossMessageService
     from .transports import asend, send, send_many
@@ -31,6 +37,14 @@ def __getattr__(name: str) -> Any:
         from . import service
 
         return getattr(service, name)
+    if name in {"cancel", "CancelOutcome", "CancelResult"}:
+        from . import cancelling
+
+        return getattr(cancelling, name)
+    if name == "Aborted":
+        from .delivery import Aborted
+
+        return Aborted
     if name == "handler":
         from .handlers import handler
 

@@ -39,6 +39,7 @@ def outcomes_recorded(
         **dict.fromkeys(report.retrying, "failed"),
         **dict.fromkeys(report.dead_lettered, "dead"),
         **dict.fromkeys(report.refused, "lease_lost"),
+        **dict.fromkeys(report.cancelled, "cancelled"),
     }
     for c in batch:
         lease = c.lease
@@ -91,7 +92,18 @@ def swept(sender: type, using: str, rows: Rows) -> None:
     for row in rows:
         mid, status, attempt, detail, queue = row[1], row[2], row[3], row[7] or "", row[8]
         holder = detail.removeprefix(_HELD_BY[0]).removesuffix(_HELD_BY[1])
-        if status == "dead":
+        if status == "cancelled":
+            _log(
+                logging.WARNING,
+                "%s: cancelled by the sweep: its abort was requested and the lease of attempt %d expired "
+                "(held by %s); not run again",
+                (mid, attempt, holder),
+                mid,
+                queue,
+                attempt,
+                holder,
+            )
+        elif status == "dead":
             _log(
                 logging.ERROR,
                 "%s: dead-lettered by the sweep: the lease of its last attempt (%d) expired (held by %s)",

@@ -12,6 +12,7 @@ from ..exceptions import InvalidMessage, MessageNotFound
 from ..models import PurgeRecord, Status
 from .base import LedgerBase
 from .engine import EVT, MSG
+from .types import CancelOutcome, CancelResult
 from .validation import clean_text, seconds, validate_count, validate_message_id, validate_queue_name
 
 #: Message ids per statement (each statement takes its ids as one parameter; this only bounds
@@ -138,6 +139,59 @@ class OperatorActions(LedgerBase):
         if keys:
             self._promote_after_commit(keys, [m[0] for m in moved if m[2]])
         return [m[0] for m in moved]
+
+    def cancel_messages(
+        self, message_ids: Sequence[str], *, abort: bool = False, actor: str | None = None, detail: str = ""
+    ) -> list[CancelResult]:
+        """Cancel pending messages; with ``abort=True`` also ask running ones to stop.
+
+        Every id is checked first: a malformed one raises :class:`InvalidMessage`, an unknown one
+        :class:`MessageNotFound`, and nothing is changed. Then each message on its own, in one
+        transaction: a pending one (claimable, delayed, or waiting behind its ordering key's
+        head) becomes ``cancelled`` (a cancelled head lets its key's next message proceed); a
+        processing one gets an abort request (``abort=True``; its outcome is ``cancelled`` when
+        its handler ends) or is left alone. One result per id, in the order given.
+        """
+        ids = list(dict.fromkeys(self._known(message_ids)))
+        text = clean_text(detail or "cancelled by an operator")
+        outcomes: dict[str, CancelOutcome] = {}
+        with transaction.atomic(using=self.using):
+            moved = self._by_ids(
+                "CANCEL",
+                ids,
+                source=Status.PENDING,
+                reason="cancelled_by_operator",
+                detail=text,
+                actor=actor,
+                promote=True,
+            )
+            outcomes.update(dict.fromkeys((m[0] for m in moved), CancelOutcome.CANCELLED))
+            rest = [m for m in ids if m not in outcomes]
+            if abort and rest:
+                asked = self._by_ids(
+                    "ABORT_REQUEST",
+                    rest,
+                    source=Status.PROCESSING,
+                    reason="abort_requested",
+                    detail=clean_text(detail or "abort requested by an operator"),
+                    actor=actor,
+                )
+                outcomes.update(dict.fromkeys((m[0] for m in asked), CancelOutcome.ABORT_REQUESTED))
+            rows = self._run("STATUS_OF", self._rows("STATUS_OF", ids))[0] if ids else []
+        statuses = {r[0]: r[1] for r in rows}
+        for mid, status, abort_at in rows:
+            if mid in outcomes:
+                continue
+            if status == Status.PROCESSING:
+                outcomes[mid] = CancelOutcome.ABORT_ALREADY_REQUESTED if abort_at else CancelOutcome.RUNNING
+            elif status == Status.CANCELLED:
+                outcomes[mid] = CancelOutcome.ALREADY_CANCELLED
+            else:  # completed or dead (a pending one was cancelled above)
+                outcomes[mid] = CancelOutcome.FINISHED
+        keys = {(queue, key) for _, queue, key in moved if key}
+        if keys:
+            self._promote_after_commit(keys, [m[0] for m in moved if m[2]])
+        return [CancelResult(m, outcomes[m], statuses.get(m, "")) for m in ids]
 
     # -- retention ----------------------------------------------------------------------
 
