@@ -296,3 +296,15 @@ def test_command_unknown_or_malformed_id_exit_2_nothing_changed() -> None:
     assert result.code == 2
     assert status("cmd5") == Status.PENDING
     assert not MessageEvent.objects.filter(reason="cancelled_by_operator").exists()
+
+
+def test_cancelled_messages_are_purged_and_stay_counted() -> None:
+    service = worker()
+    for mid in ("g1", "g2"):
+        service.persist_message(mid, Q, {})
+    zeroloss.cancel("g1")
+    assert service.purge_messages(status=Status.CANCELLED, older_than=0) == 1
+    assert list(Message.objects.values_list("message_id", flat=True)) == ["g2"]
+    result = run("zeroloss_verify", "--json")
+    assert result.code == 0, result.out + result.err
+    assert json.loads(result.out)["conservation"]["balanced"]

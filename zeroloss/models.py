@@ -141,6 +141,13 @@ class Message(models.Model):
             models.Index(
                 fields=["queue_name", "dead_at"], name="zeroloss_msg_dead_idx", condition=Q(status="dead")
             ),
+            # Cancelled messages: counted by the snapshot (with the other partial indexes), and
+            # found by age for a purge.
+            models.Index(
+                fields=["queue_name", "updated_at"],
+                name="zeroloss_msg_cancelled_idx",
+                condition=Q(status="cancelled"),
+            ),
             # Retention purge of completed messages.
             models.Index(
                 fields=["completed_at"], name="zeroloss_msg_done_idx", condition=Q(status="completed")

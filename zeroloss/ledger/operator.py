@@ -211,8 +211,8 @@ class OperatorActions(LedgerBase):
         :class:`PurgeRecord` so the conservation check stays exact. Expired deduplication
         windows go with them.
         """
-        if status not in (Status.COMPLETED, Status.DEAD):
-            raise InvalidMessage(f"Only completed or dead messages can be purged, not {status!r}.")
+        if status not in (Status.COMPLETED, Status.DEAD, Status.CANCELLED):
+            raise InvalidMessage(f"Only completed, dead or cancelled messages can be purged, not {status!r}.")
         age = seconds(older_than, "older_than")
         validate_count(batch_size, "batch_size")
         if limit is not None:
@@ -220,7 +220,8 @@ class OperatorActions(LedgerBase):
         if queue_name is not None:
             validate_queue_name(queue_name)
         engine = self.engine
-        stamp = "completed_at" if status == Status.COMPLETED else "dead_at"
+        # A cancelled message's last move is its cancellation: nothing moves it after.
+        stamp = {Status.COMPLETED: "completed_at", Status.DEAD: "dead_at"}.get(status, "updated_at")
         queue_sql, queue_params = (" AND queue_name = %s", [queue_name]) if queue_name else ("", [])
         select = (
             f"SELECT id, queue_name FROM {MSG} WHERE status = %s AND {stamp} < {engine.after('%s')}{queue_sql} "

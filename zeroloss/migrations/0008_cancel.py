@@ -1,4 +1,4 @@
-# Cancel and abort: the cancelled status, its reasons, abort requests, the permissions.
+# Cancel and abort: the cancelled status, its reasons, abort requests, their index, the permissions.
 
 from django.db import migrations, models
 
@@ -83,6 +83,14 @@ class Migration(migrations.Migration):
                 ],
                 max_length=16,
                 verbose_name="status",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="message",
+            index=models.Index(
+                condition=models.Q(("status", "cancelled")),
+                fields=["queue_name", "updated_at"],
+                name="zeroloss_msg_cancelled_idx",
             ),
         ),
     ]
