@@ -221,7 +221,7 @@ class OperatorActions(LedgerBase):
             validate_queue_name(queue_name)
         engine = self.engine
         # A cancelled message's last move is its cancellation: nothing moves it after.
-        stamp = {Status.COMPLETED: "completed_at", Status.DEAD: "dead_at"}.get(status, "updated_at")
+        stamp = {"completed": "completed_at", "dead": "dead_at"}.get(str(status), "updated_at")
         queue_sql, queue_params = (" AND queue_name = %s", [queue_name]) if queue_name else ("", [])
         select = (
             f"SELECT id, queue_name FROM {MSG} WHERE status = %s AND {stamp} < {engine.after('%s')}{queue_sql} "
