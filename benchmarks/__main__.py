@@ -37,8 +37,9 @@ WORKLOADS = [
 #: Issue 12 and 16 workloads (benchmarks/throughput.py); run with ``--only``, and in the full profile.
 MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered"]
 #: Run only when named in --only: minutes each (benchmarks/retention.py: on a private server;
-#: benchmarks/pressure.py: the pressure cells of issue 24, 36 minutes in the full profile).
-OPT_IN = ["retention", "pressure"]
+#: benchmarks/pressure.py: the pressure cells of issue 24, 36 minutes in the full profile;
+#: benchmarks/abort.py: abort latency on both databases, its own databases, a minute).
+OPT_IN = ["retention", "pressure", "abort"]
 #: Run only when named: the fault suite's soak (minutes; its own servers; benchmarks/faults.py).
 ON_REQUEST = ["faults"]
 
@@ -178,6 +179,10 @@ def _run_suite(args: argparse.Namespace) -> int:
                     from .retention import run_in_suite
 
                     run_in_suite(suite)
+                elif name == "abort":
+                    from .abort import run_in_suite as run_abort
+
+                    run_abort(suite)
                 elif name == "pressure":
                     from .pressure import run_in_suite as run_pressure
 
