@@ -19,6 +19,7 @@ from django.db import connection
 
 import zeroloss
 from project.demo.models import HandledRecord
+from tests.support import expire_leases
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
 
@@ -124,3 +125,28 @@ def test_a_cancelled_pending_message_never_runs(tmp_path: Path) -> None:
         worker.terminate()
     assert not Path(f"{out}.started").exists()
     assert Message.objects.get(message_id="never").status == Status.CANCELLED
+
+
+@pytest.mark.slow
+def test_an_aborted_message_whose_worker_was_killed_is_cancelled_by_the_sweep(tmp_path: Path) -> None:
+    out = tmp_path / "killed.json"
+    service = ZeroLossMessageService()
+    service.persist_message("ab-killed", "demo.abortable", {"out": str(out), "limit": 60})
+    worker = db_worker("--queue", "demo.abortable", "--poll-interval", "0.1", ZEROLOSS_SETTINGS_JSON=SETTINGS)
+    try:
+        assert wait_until(lambda: Path(f"{out}.started").exists(), timeout=90), worker.text
+        worker.sigkill_group()
+    finally:
+        worker.terminate()
+    assert zeroloss.cancel("ab-killed", abort=True).outcome == zeroloss.CancelOutcome.ABORT_REQUESTED
+    expire_leases(["ab-killed"])  # the dead worker's lease runs out (moved, as time would)
+    report = service.recover_orphaned_messages()
+    assert report.cancelled == ["ab-killed"] and not report.requeued
+    again = db_worker("--queue", "demo.abortable", "--burst", ZEROLOSS_SETTINGS_JSON=SETTINGS)
+    try:
+        assert again.popen.wait(timeout=120) == 0, again.text
+    finally:
+        again.terminate()
+    assert Message.objects.get(message_id="ab-killed").status == Status.CANCELLED
+    starts = MessageEvent.objects.filter(message__message_id="ab-killed", reason="claimed").count()
+    assert starts == 1  # never run again

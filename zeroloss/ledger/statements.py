@@ -305,7 +305,7 @@ SESSION_ALIVE = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
 OWN_EVENTS = (
     "SELECT m.message_id, e.reason FROM {evt} e JOIN {msg} m ON m.id = e.message_id JOIN {rows} "
     "ON m.message_id = b.mid AND e.attempt = b.att WHERE e.actor = %s "
-    "AND e.reason IN ('acknowledged', 'failed', 'dead_lettered', 'released')"
+    "AND e.reason IN ('acknowledged', 'failed', 'dead_lettered', 'released', 'aborted')"
 )
 
 # -- the recovery sweep ---------------------------------------------------------------

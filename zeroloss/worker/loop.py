@@ -228,6 +228,10 @@ class ClaimLoop:
                 keeper.drop([lease.message_id])
                 self.worker.count(Outcome.LEASE_LOST)
                 continue
+            if keeper.is_abort_requested(lease.message_id):
+                # Aborted before it started: not run; its release is recorded cancelled.
+                self.completer.add(Completion(lease, Verdict.RELEASE, "aborted before it started"))
+                continue
             run = run_handler(spec, Delivery(lease, keeper), worker=self.service.instance_id)
             self.batch.done()
             pace.update(run.seconds)
