@@ -23,7 +23,8 @@ from tests.support import expire_leases
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
 
-from .workers import db_worker
+from .test_transport import REDIS_URL, broker, procs  # noqa: F401  (the Celery fixtures)
+from .workers import celery_worker, db_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -150,3 +151,28 @@ def test_an_aborted_message_whose_worker_was_killed_is_cancelled_by_the_sweep(tm
     assert Message.objects.get(message_id="ab-killed").status == Status.CANCELLED
     starts = MessageEvent.objects.filter(message__message_id="ab-killed", reason="claimed").count()
     assert starts == 1  # never run again
+
+
+@pytest.mark.slow
+def test_abort_reaches_a_handler_run_by_a_celery_worker(broker, procs, tmp_path: Path) -> None:  # noqa: F811
+    """The Celery delivery path: a prefork child's lease keeper polls for the abort too."""
+    procs.append(celery_worker(REDIS_URL, ZEROLOSS_SETTINGS_JSON=SETTINGS))
+    out = tmp_path / "celery.json"
+    zeroloss.send("demo.abortable", {"out": str(out), "limit": 60}, message_id="ab-celery")
+    assert wait_until(lambda: Path(f"{out}.started").exists(), timeout=90), procs[0].text[-3000:]
+    time.sleep(0.3)
+    assert (
+        zeroloss.cancel("ab-celery", abort=True, actor="ops").outcome
+        == zeroloss.CancelOutcome.ABORT_REQUESTED
+    )
+    assert wait_until(out.exists, timeout=60), procs[0].text[-3000:]
+    assert wait_until(
+        lambda: Message.objects.get(message_id="ab-celery").status == Status.CANCELLED, timeout=60
+    ), procs[0].text[-3000:]
+    log = json.loads(out.read_text())
+    requested = Message.objects.get(message_id="ab-celery").abort_requested_at
+    assert log["seen"] is not None and requested is not None
+    latency = log["seen"] - requested.timestamp()
+    print(f"celery: abort seen {latency * 1000:.0f} ms after its request")
+    assert 0 <= latency < ABORT_WITHIN, log
+    _assert_cancelled("ab-celery")
