@@ -39,8 +39,9 @@ MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered", "t
 #: Run only when named in --only: minutes each (benchmarks/retention.py: on a private server;
 #: benchmarks/pressure.py: the pressure cells of issue 24, 36 minutes in the full profile;
 #: benchmarks/pool.py: the process pool's drain against the thread pool's, issue 27;
-#: benchmarks/limits.py: queue limits' cost and accuracy, issue 27).
-OPT_IN = ["retention", "pressure", "pool", "limits"]
+#: benchmarks/limits.py: queue limits' cost and accuracy, issue 27;
+#: benchmarks/abort.py: abort latency on both databases, its own databases, a minute).
+OPT_IN = ["retention", "pressure", "pool", "limits", "abort"]
 #: Run only when named: the fault suite's soak (minutes; its own servers; benchmarks/faults.py).
 ON_REQUEST = ["faults"]
 
@@ -188,6 +189,10 @@ def _run_suite(args: argparse.Namespace) -> int:
                     from .limits import run_in_suite as run_limits
 
                     run_limits(suite, quick=args.quick)
+                elif name == "abort":
+                    from .abort import run_in_suite as run_abort
+
+                    run_abort(suite)
                 elif name == "pressure":
                     from .pressure import run_in_suite as run_pressure
 

@@ -39,7 +39,7 @@ QUEUE = "guards"
 
 #: Being replaced by the lead's rewrite of the transactional batch (ACK/FAIL fenced by expiry
 #: inside its transaction): not checked here, and left out of the completeness test.
-BEING_REMOVED = frozenset({"LOCK_HELD", "ACK_LOCKED", "FAIL_LOCKED"})
+BEING_REMOVED = frozenset({"LOCK_HELD", "ACK_LOCKED", "FAIL_LOCKED", "CANCEL_ABORTED_LOCKED"})
 
 #: How each kind of guard reads in a statement's WHERE clause (the clock: any engine fragment
 #: or SQL function, so a clock other than ``{now}`` still matches).
@@ -49,6 +49,7 @@ GUARD_KINDS = {
     "expiry": r"(?:\{msg\}\.)?lease_expires_at [<>] (?:\{\w+\}|\w+\(\))",
     "available": r"(?:\{msg\}\.)?available_at <= (?:\{\w+\}|\w+\(\))",
     "owner": r"(?:\{msg\}\.)?claimed_by = %s",
+    "abort": r"(?:\{msg\}\.)?abort_requested_at IS (?:NOT )?NULL",
 }
 #: A statement is fenced when it moves a message or compares a lease column.
 _MOVES = re.compile(r"SET status =")
@@ -208,7 +209,7 @@ def _ack_one(svc: ZeroLossMessageService, lease: Lease) -> bool:
 
 def _ack_batch(svc: ZeroLossMessageService, lease: Lease) -> bool:
     report = svc.complete([Completion(lease, Verdict.ACKNOWLEDGE, result={"ok": True})])
-    assert report.refused or report.acknowledged
+    assert report.refused or report.acknowledged or report.cancelled
     return bool(report.acknowledged)
 
 
@@ -418,6 +419,73 @@ def _claim_by_id(svc: ZeroLossMessageService) -> object:
     return svc.mark_processing("m")
 
 
+def _request_abort(message_id: str) -> None:
+    """An operator's abort request on the row, whatever its status (its lease columns kept)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Message._meta.db_table} SET abort_requested_at = created_at WHERE message_id = %s",
+            [message_id],
+        )
+
+
+def _cancel_aborted(svc: ZeroLossMessageService, lease: Lease) -> bool:
+    # The outcome of an aborted message: the abort requested first, so only the guard decides.
+    _request_abort(lease.message_id)
+    return bool(svc._cancel_aborted([lease.message_id], [svc.engine.token(lease.token)]))
+
+
+def _aborts_requested(svc: ZeroLossMessageService, lease: Lease) -> bool:
+    _request_abort(lease.message_id)
+    return bool(svc.aborts_requested([lease]))
+
+
+def aborted_outcome_is_cancelled(outcome: Outcome) -> Callable[[ZeroLossMessageService], None]:
+    """An aborted message's handler ended: whatever it reports, the message ends cancelled."""
+
+    def check(svc: ZeroLossMessageService) -> None:
+        lease = held(svc, "m")
+        assert svc.cancel_messages(["m"], abort=True)[0].outcome == "abort_requested"
+        outcome(svc, lease)
+        got = Message.objects.get(message_id="m").status
+        expect(got == "cancelled", f"an aborted message's outcome was recorded as {got}")
+
+    return check
+
+
+def cancel_leaves_processing(svc: ZeroLossMessageService) -> None:
+    lease = held(svc, "m")
+    with untouched("m"):
+        expect(svc.cancel_messages(["m"])[0].outcome == "running", "a processing message was cancelled")
+    expect(svc.renew_lease("m", lease.token), "the holder lost its lease to a cancel")
+
+
+def abort_request_leaves_completed(svc: ZeroLossMessageService) -> None:
+    completed(svc, "m")
+    with untouched("m"):
+        result = svc.cancel_messages(["m"], abort=True)[0]
+    expect(result.outcome == "finished", f"an abort was requested on a completed message: {result}")
+
+
+def abort_request_is_recorded_once(svc: ZeroLossMessageService) -> None:
+    held(svc, "m")
+    svc.cancel_messages(["m"], abort=True)
+    with untouched("m"):
+        result = svc.cancel_messages(["m"], abort=True)[0]
+    expect(result.outcome == "abort_already_requested", f"an abort was requested twice: {result}")
+
+
+def not_aborted_is_not_reported(svc: ZeroLossMessageService) -> None:
+    lease = held(svc, "m")
+    expect(not svc.aborts_requested([lease]), "a message nobody aborted was reported aborted")
+
+
+def not_aborted_is_not_cancelled(svc: ZeroLossMessageService) -> None:
+    lease = held(svc, "m")
+    with untouched("m"):
+        moved = svc._cancel_aborted(["m"], [svc.engine.token(lease.token)])
+    expect(not moved, "a message nobody aborted was recorded cancelled")
+
+
 # -- the table ----------------------------------------------------------------------------
 
 
@@ -456,6 +524,23 @@ GUARDS: list[Guard] = [
     *_holder_outcome("ACK_ONE", _ack_one, token="lease_token = %s"),
     *_holder_outcome("FAIL", _fail_batch),
     *_holder_outcome("RELEASE", _release),
+    *(
+        Guard(name, "abort", "abort_requested_at IS NULL", aborted_outcome_is_cancelled(outcome))
+        for name, outcome in (
+            ("ACK", _ack_batch),
+            ("ACK_ONE", _ack_one),
+            ("FAIL", _fail_batch),
+            ("RELEASE", _release),
+        )
+    ),
+    *_holder_outcome("CANCEL_ABORTED", _cancel_aborted),
+    Guard("CANCEL_ABORTED", "abort", "abort_requested_at IS NOT NULL", not_aborted_is_not_cancelled),
+    Guard("ABORTS_REQUESTED", "token", _TOKEN, stale_token_refused(_aborts_requested)),
+    Guard("ABORTS_REQUESTED", "status", _PROCESSING, left_processing_refused(_aborts_requested)),
+    Guard("ABORTS_REQUESTED", "abort", "abort_requested_at IS NOT NULL", not_aborted_is_not_reported),
+    Guard("CANCEL", "status", _PENDING, cancel_leaves_processing),
+    Guard("ABORT_REQUEST", "status", _PROCESSING, abort_request_leaves_completed),
+    Guard("ABORT_REQUEST", "abort", "abort_requested_at IS NULL", abort_request_is_recorded_once),
     Guard("LEASED_ATTEMPT", "token", "lease_token = %s", refused_before_writing(_stale_lease)),
     Guard("LEASED_ATTEMPT", "status", _PROCESSING, refused_before_writing(_completed_keeping_lease)),
     Guard("RELEASE_UNKNOWN", "status", _PROCESSING, release_unknown_leaves_completed),

@@ -221,6 +221,12 @@ NOT_MODELLED = {
     ("", "pending", "persisted"),
     ("pending", "dead", "dead_lettered_by_operator"),
     ("processing", "dead", "dead_lettered_by_operator"),
+    # An operator's cancel: terminal, like the dead-lettering above.
+    ("pending", "cancelled", "cancelled_by_operator"),
+    # An abort's outcome: a fenced outcome statement like the acknowledgement (token, status,
+    # unexpired lease), to a terminal state. Not in lease.pml yet: tests/test_fencing_guards.py
+    # and tests/test_state_machine.py check it.
+    ("processing", "cancelled", "aborted"),
 }
 
 

@@ -124,15 +124,16 @@ class TestStatus:
             "processing",
             "completed",
             "dead",
+            "cancelled",
             "stuck",
             "oldest",
             "pending",
         ]
-        rows = {line.split()[0]: line.split()[1:6] for line in lines[2:5]}
+        rows = {line.split()[0]: line.split()[1:7] for line in lines[2:5]}
         assert rows == {
-            "emails": ["4", "2", "0", "0", "2"],
-            "sms": ["0", "0", "1", "1", "0"],
-            "(all)": ["4", "2", "1", "1", "2"],
+            "emails": ["4", "2", "0", "0", "0", "2"],
+            "sms": ["0", "0", "1", "1", "0", "0"],
+            "(all)": ["4", "2", "1", "1", "0", "2"],
         }
         assert "replication: met" in r.out
         assert "nodes: 0 live, 0 down" in r.out
@@ -144,13 +145,13 @@ class TestStatus:
         assert r.code == 0
         data = json.loads(r.out)
         assert set(data) == STATUS_KEYS
-        assert data["totals"] == {"pending": 4, "processing": 2, "completed": 1, "dead": 1}
+        assert data["totals"] == {"pending": 4, "processing": 2, "completed": 1, "dead": 1, "cancelled": 0}
         assert (data["total"], data["stuck"], data["dead"]) == (8, 2, 1)
         assert [q["name"] for q in data["queues"]] == ["emails", "sms"]
         for q in data["queues"]:
             assert set(q) == QUEUE_KEYS
         emails = data["queues"][0]
-        assert emails["counts"] == {"pending": 4, "processing": 2, "completed": 0, "dead": 0}
+        assert emails["counts"] == {"pending": 4, "processing": 2, "completed": 0, "dead": 0, "cancelled": 0}
         assert emails["stuck"] == 2
         assert emails["oldest_pending_age"] >= 0
         assert data["queues"][1]["oldest_pending_age"] is None  # nothing pending in sms
@@ -164,7 +165,7 @@ class TestStatus:
         self.seed()
         data = json.loads(run("zeroloss_status", "--queue", "sms", "--json").out)
         assert [q["name"] for q in data["queues"]] == ["sms"]
-        assert data["totals"] == {"pending": 0, "processing": 0, "completed": 1, "dead": 1}
+        assert data["totals"] == {"pending": 0, "processing": 0, "completed": 1, "dead": 1, "cancelled": 0}
         table = run("zeroloss_status", "--queue", "sms").out
         assert "emails" not in table
         assert "(all)" not in table

@@ -108,7 +108,7 @@ def test_small_tables_are_counted_exactly():
     make_dead(["d1"])
     snap = compute_snapshot(ZeroLossMessageService())
     assert snap.completed_estimated is False
-    assert snap.totals == {"pending": 0, "processing": 0, "completed": 0, "dead": 1}
+    assert snap.totals == {"pending": 0, "processing": 0, "completed": 0, "dead": 1, "cancelled": 0}
 
 
 def bulk_completed(counts: dict[str, int]) -> None:

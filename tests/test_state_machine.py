@@ -66,9 +66,9 @@ NUL_REASON = "operator said\x00no"
 VERDICTS = [Verdict.ACKNOWLEDGE, Verdict.ACKNOWLEDGE, Verdict.FAIL, Verdict.RELEASE]
 
 #: Operator actions, weighed: dead-lettering by hand is the rarest (it ends what it touches).
-OPERATOR_ACTIONS = ["requeue", "requeue", "redrive", "redrive", "dead_letter", "unknown"]
+OPERATOR_ACTIONS = ["requeue", "requeue", "redrive", "redrive", "dead_letter", "cancel", "unknown"]
 
-PENDING, PROCESSING, COMPLETED, DEAD = "pending", "processing", "completed", "dead"
+PENDING, PROCESSING, COMPLETED, DEAD, CANCELLED = "pending", "processing", "completed", "dead", "cancelled"
 #: Availability of a pending message: claimable now, later (a backoff or delay), or waiting
 #: behind the head of its ordering key.
 READY, LATER, WAITING = "ready", "later", "waiting"
@@ -97,6 +97,8 @@ class Model:
     token: uuid.UUID | None = None
     expired: bool = False
     ever_dead: bool = False
+    #: An operator requested its abort (``abort_requested_at``: set until a requeue or redrive).
+    aborted: bool = False
     events: list[Event] = field(default_factory=list)
 
     def move(self, to: str, reason: str) -> None:
@@ -191,7 +193,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def outcome(self, m: Model, verdict: Verdict) -> str:
         """Apply a fenced outcome the model accepted; the status it led to."""
-        if verdict == Verdict.ACKNOWLEDGE:
+        if m.aborted:  # whatever the handler did: only the cancelled outcome is recorded
+            m.move(CANCELLED, "aborted")
+        elif verdict == Verdict.ACKNOWLEDGE:
             m.move(COMPLETED, "acknowledged")
         elif verdict == Verdict.FAIL:
             if m.attempts >= m.max_attempts:
@@ -395,7 +399,7 @@ class LedgerMachine(RuleBasedStateMachine):
             done = self.service.mark_failed(lease.message_id, lease.token, "boom\x00")
         else:
             done = self.service.release_lease(lease.message_id, lease.token)
-        assert done is (m is not None), (verdict, lease, m)
+        assert done is (m is not None and not m.aborted), (verdict, lease, m)
         if m is not None:
             self.outcome(m, verdict)
 
@@ -420,13 +424,16 @@ class LedgerMachine(RuleBasedStateMachine):
                 expected["refused"].add(lease.message_id)
                 continue
             status = self.outcome(m, verdict)
+            if status == CANCELLED:
+                expected["cancelled"].add(lease.message_id)
+                continue
             kind = {
                 Verdict.ACKNOWLEDGE: "acknowledged",
                 Verdict.RELEASE: "released",
                 Verdict.FAIL: "dead_lettered" if status == DEAD else "retrying",
             }[verdict]
             expected[kind].add(lease.message_id)
-        for kind in ("acknowledged", "retrying", "dead_lettered", "released", "refused"):
+        for kind in ("acknowledged", "retrying", "dead_lettered", "released", "refused", "cancelled"):
             got = getattr(report, kind)
             assert len(got) == len(set(got)), (kind, got)
             assert set(got) == expected[kind], (kind, got, expected[kind])
@@ -467,10 +474,13 @@ class LedgerMachine(RuleBasedStateMachine):
         for mid in died:
             self.msgs[mid].expired = True
         report = self.service.recover_orphaned_messages()
-        requeued, dead = set(), set()
+        requeued, dead, cancelled = set(), set(), set()
         for m in list(self.msgs.values()):
             if m.status == PROCESSING and m.expired:
-                if m.attempts >= m.max_attempts:
+                if m.aborted:  # its worker died after an abort: cancelled, never run again
+                    m.move(CANCELLED, "aborted")
+                    cancelled.add(m.mid)
+                elif m.attempts >= m.max_attempts:
                     m.move(DEAD, "dead_lettered")
                     dead.add(m.mid)
                 else:
@@ -479,6 +489,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     requeued.add(m.mid)
                 self.promote(m.queue, m.key)
         assert (set(report.requeued), set(report.dead_lettered)) == (requeued, dead)
+        assert set(report.cancelled) == cancelled
         assert len(report.requeued) + len(report.dead_lettered) == len(requeued | dead)
         assert report.keys_repaired == 0  # every key always has its head: nothing to repair
 
@@ -498,10 +509,18 @@ class LedgerMachine(RuleBasedStateMachine):
             targets = self.ids_with(PROCESSING) + self.ids_with(PENDING, PROCESSING)
             mids = self.pick_ids(data, targets or sorted(self.msgs))
             self.dead_letter(mids, data.draw(st.sampled_from(["bad address", NUL_REASON]), label="reason"))
+        elif action == "cancel":
+            # Processing messages weigh triple, and mostly aborted: a cancel of a pending one
+            # ends it, and would starve the edges that need it to run.
+            targets = self.ids_with(PROCESSING) * 3 + self.ids_with(PENDING)
+            mids = self.pick_ids(data, targets or sorted(self.msgs))
+            self.cancel(mids, data.draw(st.sampled_from([True, True, False]), label="abort"))
         else:
             mids = data.draw(st.lists(st.sampled_from(IDS), min_size=1, max_size=3, unique=True), label="ids")
             method = data.draw(
-                st.sampled_from(["requeue_messages", "redrive_messages", "dead_letter_messages"]),
+                st.sampled_from(
+                    ["requeue_messages", "redrive_messages", "dead_letter_messages", "cancel_messages"]
+                ),
                 label="method",
             )
             self.operator_with_unknown_ids(mids, method)
@@ -513,6 +532,7 @@ class LedgerMachine(RuleBasedStateMachine):
             m = self.msgs[mid]
             if m.status == PROCESSING and (force or m.expired):
                 m.attempts = 0
+                m.aborted = False  # a requeue withdraws an abort request
                 m.move(PENDING, "requeued_by_operator")
                 m.availability = READY
                 expected.add(mid)
@@ -525,6 +545,7 @@ class LedgerMachine(RuleBasedStateMachine):
             m = self.msgs[mid]
             if m.status == DEAD:
                 m.attempts = 0
+                m.aborted = False
                 m.move(PENDING, "redriven_by_operator")
                 m.availability = WAITING if m.key else READY
                 expected.add(mid)
@@ -545,6 +566,27 @@ class LedgerMachine(RuleBasedStateMachine):
             stored = Message.objects.get(message_id=mid).last_error
             assert stored == reason.replace("\x00", "\\x00")
         assert sorted(moved) == sorted(expected)
+
+    def cancel(self, mids: list[str], abort: bool) -> None:
+        results = self.service.cancel_messages(mids, abort=abort, actor="op")
+        expected = {}
+        for mid in mids:
+            m = self.msgs[mid]
+            if m.status == PENDING:
+                m.move(CANCELLED, "cancelled_by_operator")
+                self.promote(m.queue, m.key)
+                expected[mid] = "cancelled"
+            elif m.status == PROCESSING and abort and not m.aborted:
+                m.aborted = True
+                m.events.append((PROCESSING, PROCESSING, "abort_requested", m.attempts))
+                OBSERVED["abort_requested"] += 1
+                expected[mid] = "abort_requested"
+            elif m.status == PROCESSING:
+                expected[mid] = "abort_already_requested" if m.aborted else "running"
+            else:
+                expected[mid] = "already_cancelled" if m.status == CANCELLED else "finished"
+        assert {r.message_id: r.outcome.value for r in results} == expected
+        assert all(r.status == self.msgs[r.message_id].status for r in results)
 
     def operator_with_unknown_ids(self, mids: list[str], method: str) -> None:
         """One unknown id and nothing moves, not even the known ones (invariants check it)."""
@@ -617,6 +659,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert row.lease_token == m.token
             assert row.lease_expires_at is not None
             assert (row.lease_expires_at < now) is m.expired, (m.mid, row.lease_expires_at, now)
+        assert (row.abort_requested_at is not None) is m.aborted, (m.mid, row.abort_requested_at, m)
         if m.status == PENDING:
             at = row.available_at
             state = WAITING if at is None else (READY if at <= now else LATER)
@@ -695,4 +738,5 @@ def test_service_matches_the_model() -> None:
     every = {(t.source, t.target, t.reason.value) for t in TRANSITIONS}
     assert every <= taken, f"edges never taken: {sorted(every - taken)}; observed {OBSERVED}"
     assert OBSERVED["duplicate_absorbed"], OBSERVED
+    assert OBSERVED["abort_requested"], OBSERVED
     print(f"state machine run: {sorted(OBSERVED.items(), key=str)}")

@@ -11,17 +11,23 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.3.0.dev0"
 
 __all__ = [
+    "Aborted",
+    "CancelOutcome",
+    "CancelResult",
     "Lease",
     "RecoveryReport",
     "SoftTimeLimitExceeded",
     "ZeroLossMessageService",
     "asend",
+    "cancel",
     "handler",
     "send",
     "send_many",
 ]
 
 if TYPE_CHECKING:
+    from .cancelling import CancelOutcome, CancelResult, cancel
+    from .delivery import Aborted
     from .exceptions import SoftTimeLimitExceeded
     from .handlers import handler
     from .service import Lease, RecoveryReport, ZeroLossMessageService
@@ -37,6 +43,14 @@ def __getattr__(name: str) -> Any:
         from .exceptions import SoftTimeLimitExceeded
 
         return SoftTimeLimitExceeded
+    if name in {"cancel", "CancelOutcome", "CancelResult"}:
+        from . import cancelling
+
+        return getattr(cancelling, name)
+    if name == "Aborted":
+        from .delivery import Aborted
+
+        return Aborted
     if name == "handler":
         from .handlers import handler
 

@@ -64,6 +64,23 @@ class Delivery:
         will be refused and the message runs again."""
         return self.keeper is not None and self.keeper.is_lost(self.lease.message_id)
 
+    @property
+    def abort_requested(self) -> bool:
+        """True once an operator aborted this message (``zeroloss_cancel --abort``), within
+        ``ABORT_POLL_INTERVAL`` of the abort's commit. Its outcome is ``cancelled`` whatever
+        the handler does now; it should stop, and may raise :class:`Aborted` to do so."""
+        return self.keeper is not None and self.keeper.is_abort_requested(self.lease.message_id)
+
+    def raise_if_abort_requested(self) -> None:
+        """Raise :class:`Aborted` if :attr:`abort_requested` (a transactional handler's
+        effects then roll back)."""
+        if self.abort_requested:
+            raise Aborted(self.lease.message_id)
+
+
+class Aborted(Exception):
+    """A handler may raise it to stop once its message was aborted; the outcome is ``cancelled``."""
+
 
 class LeaseLost(Exception):
     """Raised inside a transactional handler's transaction to roll it back when the ack is refused."""
@@ -76,7 +93,7 @@ _when_stored_lock = threading.Lock()
 
 def call_when_stored(message_id: str, callback: Callable[[str], None]) -> None:
     """Call ``callback(outcome)`` once this run's outcome of ``message_id`` is stored and
-    committed: ``"completed"``, ``"retrying"`` or ``"dead"`` (not at all when it was refused:
+    committed: ``"completed"``, ``"retrying"``, ``"dead"`` or ``"cancelled"`` (not at all when it was refused:
     the lease was lost, another run owns the message). The task backend's ``task_finished``."""
     with _when_stored_lock:
         _when_stored[message_id] = callback
@@ -96,6 +113,8 @@ def outcomes_stored(using: str, report: CompletionReport) -> None:
                 ("completed", report.acknowledged),
                 ("retrying", report.retrying),
                 ("dead", report.dead_lettered),
+                ("cancelled", report.cancelled),
+                ("cancelled", report.cancelled),
             )
             for mid in ids
             if (callback := _when_stored.pop(mid, None)) is not None

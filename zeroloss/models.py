@@ -51,6 +51,9 @@ class MessageQuerySet(models.QuerySet["Message"]):
     def dead(self) -> MessageQuerySet:
         return self.filter(status=Status.DEAD)
 
+    def cancelled(self) -> MessageQuerySet:
+        return self.filter(status=Status.CANCELLED)
+
 
 class Message(models.Model):
     """One message and its current state. Its history is in :class:`MessageEvent`."""
@@ -105,6 +108,9 @@ class Message(models.Model):
     updated_at = models.DateTimeField(_("updated at"))
     completed_at = models.DateTimeField(_("completed at"), null=True, blank=True)
     dead_at = models.DateTimeField(_("dead at"), null=True, blank=True)
+    #: Set by an operator's abort of a processing message: its handler is asked to stop, and
+    #: whatever it returns, the message ends ``cancelled`` (docs/control-cancel.md).
+    abort_requested_at = models.DateTimeField(_("abort requested at"), null=True, blank=True)
 
     objects = MessageQuerySet.as_manager()
 
@@ -135,6 +141,13 @@ class Message(models.Model):
             models.Index(
                 fields=["queue_name", "dead_at"], name="zeroloss_msg_dead_idx", condition=Q(status="dead")
             ),
+            # Cancelled messages: counted by the snapshot (with the other partial indexes), and
+            # found by age for a purge.
+            models.Index(
+                fields=["queue_name", "updated_at"],
+                name="zeroloss_msg_cancelled_idx",
+                condition=Q(status="cancelled"),
+            ),
             # Retention purge of completed messages.
             models.Index(
                 fields=["completed_at"], name="zeroloss_msg_done_idx", condition=Q(status="completed")
@@ -159,6 +172,8 @@ class Message(models.Model):
             ("redrive_message", _("Can redrive dead letters")),
             ("deadletter_message", _("Can dead-letter messages by hand")),
             ("purge_message", _("Can purge completed messages")),
+            ("cancel_message", _("Can cancel pending messages")),
+            ("abort_message", _("Can abort running messages")),
         ]
 
     def __str__(self) -> str:

@@ -56,6 +56,7 @@ class Outcome(StrEnum):
     LEASE_LOST = "lease_lost"  # the lease expired or was revoked: another run owns it now
     ABSORBED = "absorbed"  # a duplicate delivery: nothing claimable, handler not run
     RELEASED = "released"  # given back unstarted (shutdown, or behind a long handler)
+    CANCELLED = "cancelled"  # aborted by an operator while it ran: recorded cancelled
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ receiver connected, a signal costs one attribute check: its arguments are not ev
   committed (never for a rollback). An idempotent resend of a stored message fires too.
 - ``message_started``: a handler is about to run (every attempt, in the worker thread).
 - ``message_finished``: an attempt's outcome was recorded and committed: ``outcome`` is
-  ``"completed"``, ``"failed"`` (retried later), ``"dead"`` (attempts spent) or
+  ``"completed"``, ``"failed"`` (retried later), ``"dead"`` (attempts spent), ``"cancelled"``
+  (aborted by an operator while it ran) or
   ``"lease_lost"`` (the lease was gone: nothing recorded, the message runs again).
 - ``message_dead_lettered``: a message went ``dead`` (its last attempt failed, or the sweep
   found its last attempt's lease expired), after commit.

@@ -176,11 +176,16 @@ def compute_snapshot(service: ZeroLossMessageService) -> Snapshot:
     counts: dict[str, dict[str, int]] = {}
     oldest: dict[str, dt.datetime] = {}
     stuck: dict[str, int] = {}
-    # One statement, so the live counts are consistent with each other. The OR of the three
-    # statuses lets PostgreSQL combine the three partial indexes (a BitmapOr): completed rows
+    # One statement, so the live counts are consistent with each other. The OR of the four
+    # statuses lets PostgreSQL combine the four partial indexes (a BitmapOr): completed rows
     # are never read.
     live_rows = (
-        messages.filter(Q(status=Status.PENDING) | Q(status=Status.PROCESSING) | Q(status=Status.DEAD))
+        messages.filter(
+            Q(status=Status.PENDING)
+            | Q(status=Status.PROCESSING)
+            | Q(status=Status.DEAD)
+            | Q(status=Status.CANCELLED)
+        )
         .values("queue_name", "status")
         .annotate(
             n=Count("*"),

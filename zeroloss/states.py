@@ -14,6 +14,8 @@ read this table; nothing else decides which moves exist.
                       |     +--dead_lettered_by_operator-------------------------------> dead
                       +--requeued_by_operator (stuck or revoked) <-- processing
                       +--redriven_by_operator <-- dead
+    pending --cancelled_by_operator--> cancelled
+    processing --abort_requested (annotation)--> processing --aborted--> cancelled
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class Status(models.TextChoices):
     PROCESSING = "processing", _("Processing")
     COMPLETED = "completed", _("Completed")
     DEAD = "dead", _("Dead")
+    #: Terminal: an operator cancelled it before it ran, or aborted it while it ran.
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 #: Statuses a message can still leave on its own (it is not finished).
@@ -48,6 +52,13 @@ class Reason(models.TextChoices):
     REQUEUED_BY_OPERATOR = "requeued_by_operator", _("Requeued by an operator")
     REDRIVEN_BY_OPERATOR = "redriven_by_operator", _("Redriven by an operator")
     DEAD_LETTERED_BY_OPERATOR = "dead_lettered_by_operator", _("Dead-lettered by an operator")
+    CANCELLED_BY_OPERATOR = "cancelled_by_operator", _("Cancelled by an operator")
+    #: A processing message whose abort an operator requested ended: its handler returned or
+    #: raised (the worker records it), or its worker died (the sweep records it).
+    ABORTED = "aborted", _("Aborted")
+    #: Not a transition: an operator asked a running message's handler to stop. Its row repeats
+    #: the status (``processing``); the outcome (``aborted``) follows when the handler ends.
+    ABORT_REQUESTED = "abort_requested", _("Abort requested")
     #: Not a transition: a send inside a deduplication window returned this message instead of
     #: creating one. Its row repeats the status the message had (``from_status == to_status``).
     DUPLICATE_ABSORBED = "duplicate_absorbed", _("Duplicate absorbed")
@@ -66,7 +77,7 @@ class Transition:
     via: str
 
 
-P, R, C, D = Status.PENDING, Status.PROCESSING, Status.COMPLETED, Status.DEAD
+P, R, C, D, X = Status.PENDING, Status.PROCESSING, Status.COMPLETED, Status.DEAD, Status.CANCELLED
 
 #: Every edge of the state machine. Nothing moves a message along an edge not listed here.
 TRANSITIONS: tuple[Transition, ...] = (
@@ -82,10 +93,13 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(D, P, Reason.REDRIVEN_BY_OPERATOR, "operator", "redrive_messages"),
     Transition(P, D, Reason.DEAD_LETTERED_BY_OPERATOR, "operator", "dead_letter_messages"),
     Transition(R, D, Reason.DEAD_LETTERED_BY_OPERATOR, "operator", "dead_letter_messages"),
+    Transition(P, X, Reason.CANCELLED_BY_OPERATOR, "operator", "cancel_messages"),
+    Transition(R, X, Reason.ABORTED, "worker", "complete / acknowledge"),
+    Transition(R, X, Reason.ABORTED, "sweep", "recover_orphaned_messages"),
 )
 
 #: Audit rows that record an event but move nothing (``from_status == to_status``).
-ANNOTATIONS: frozenset[Reason] = frozenset({Reason.DUPLICATE_ABSORBED})
+ANNOTATIONS: frozenset[Reason] = frozenset({Reason.DUPLICATE_ABSORBED, Reason.ABORT_REQUESTED})
 
 #: ``(from_status, to_status, reason)`` of every allowed audit row.
 ALLOWED_EDGES: frozenset[tuple[str, str, str]] = frozenset(

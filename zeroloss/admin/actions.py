@@ -25,6 +25,8 @@ from ..models import Message, Status
 from .base import ReadOnlyAdmin
 from .confirm import SHOWN_ON_CONFIRMATION, DeadLetterForm, SkipKeyHeadForm, confirmation, confirmed
 from .transitions import (
+    ABORT,
+    CANCEL,
     FORCE_REQUEUE,
     REDRIVE,
     REQUEUE_KEY_HEAD,
@@ -145,6 +147,50 @@ def skip_key_head(
 @admin.action(permissions=["requeue"], description=_("Requeue a stuck head of its ordering key"))
 def requeue_key_head(modeladmin: ReadOnlyAdmin, request: HttpRequest, queryset: QuerySet[Message]) -> None:
     apply_transition(modeladmin, request, queryset, REQUEUE_KEY_HEAD)
+
+
+@admin.action(permissions=["cancel"], description=_("Cancel pending messages (asks to confirm)"))
+def cancel(
+    modeladmin: ReadOnlyAdmin, request: HttpRequest, queryset: QuerySet[Message]
+) -> TemplateResponse | None:
+    if confirmed(request):
+        apply_transition(modeladmin, request, queryset, CANCEL)
+        return None
+    return confirmation(
+        modeladmin,
+        request,
+        queryset,
+        action="cancel",
+        title=_("Cancel messages?"),
+        template="zeroloss/admin/cancel_confirmation.html",
+        abort=False,
+        pending_count=queryset.filter(status=Status.PENDING).count(),
+        processing_count=queryset.filter(status=Status.PROCESSING).count(),
+    )
+
+
+@admin.action(
+    permissions=["abort"], description=_("Abort: cancel pending and stop running messages (asks to confirm)")
+)
+def abort(
+    modeladmin: ReadOnlyAdmin, request: HttpRequest, queryset: QuerySet[Message]
+) -> TemplateResponse | None:
+    if confirmed(request):
+        apply_transition(modeladmin, request, queryset, ABORT)
+        return None
+    processing = queryset.filter(status=Status.PROCESSING)
+    return confirmation(
+        modeladmin,
+        request,
+        queryset,
+        action="abort",
+        title=_("Abort messages?"),
+        template="zeroloss/admin/cancel_confirmation.html",
+        abort=True,
+        pending_count=queryset.filter(status=Status.PENDING).count(),
+        processing_count=processing.count(),
+        live=processing.order_by("id")[:SHOWN_ON_CONFIRMATION],
+    )
 
 
 #: The actions the *Blocked keys* page offers on a key's head, by name.

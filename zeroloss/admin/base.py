@@ -21,6 +21,8 @@ PERMISSIONS = {
     "redrive": "zeroloss.redrive_message",
     "deadletter": "zeroloss.deadletter_message",
     "purge": "zeroloss.purge_message",
+    "cancel": "zeroloss.cancel_message",
+    "abort": "zeroloss.abort_message",
 }
 
 
@@ -68,6 +70,12 @@ class MessagePermissions(ReadOnlyAdmin):
 
     def has_purge_permission(self, request: HttpRequest) -> bool:
         return self._has(request, "purge")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "cancel")
+
+    def has_abort_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "abort")
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # An operator allowed any action may see what it acts on.

@@ -62,6 +62,8 @@ class MessageAdmin(MessageColumns, DeskViews):
         actions.skip_key_head,
         actions.requeue_key_head,
         actions.purge_completed,
+        actions.cancel,
+        actions.abort,
     ]
     actions_selection_counter = True
     change_list_template = "zeroloss/admin/message_change_list.html"

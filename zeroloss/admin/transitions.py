@@ -73,6 +73,29 @@ REDRIVE = Transition(
 )
 
 
+def _cancelled(service: ZeroLossMessageService, ids: list[str], who: str, *, abort: bool) -> list[str]:
+    """The ids the cancel moved (cancelled) or, with ``abort``, asked to stop."""
+    return [r.message_id for r in service.cancel_messages(ids, abort=abort, actor=who) if r.ok]
+
+
+CANCEL = Transition(
+    move=lambda service, ids, who: _cancelled(service, ids, who, abort=False),
+    done=ngettext_lazy(
+        "%(count)d pending message was cancelled.", "%(count)d pending messages were cancelled.", "count"
+    ),
+    left_alone=_("not pending (a processing message needs Abort; finished ones stay as they are)"),
+)
+ABORT = Transition(
+    move=lambda service, ids, who: _cancelled(service, ids, who, abort=True),
+    done=ngettext_lazy(
+        "%(count)d message was cancelled or asked to stop (cancelled when its handler ends).",
+        "%(count)d messages were cancelled or asked to stop (cancelled when their handlers end).",
+        "count",
+    ),
+    left_alone=_("already finished, cancelled, or asked to stop"),
+)
+
+
 def dead_letter_transition(reason: str) -> Transition:
     return Transition(
         move=lambda service, ids, who: service.dead_letter_messages(ids, reason=reason, actor=who),

@@ -19,6 +19,7 @@ from django.db import OperationalError, transaction
 from .. import telemetry
 from ..exceptions import InvalidMessage
 from . import notices, statements
+from .aborts import Aborting
 from .control import QueueControlling
 from .types import Completion, CompletionReport, Lease, Verdict
 from .validation import canonical_json, clean_text, validate_count, validate_message_id, validate_queue_name
@@ -65,7 +66,7 @@ _ACKED_COLUMNS = ("message_id",)
 _OUTCOME_COLUMNS = ("message_id", "status")
 
 
-class Leasing(QueueControlling):
+class Leasing(QueueControlling, Aborting):
     # -- claims ---------------------------------------------------------------------------
 
     def _claim_range(self, queue_name: str, limit: int) -> list[Any]:
@@ -225,6 +226,8 @@ class Leasing(QueueControlling):
             promote=True,
             result=_ACKED_COLUMNS,
         )
+        if not rows:  # refused: an aborted message is recorded cancelled instead
+            self._cancel_aborted([message_id], [token])
         return bool(rows)
 
     def mark_failed(self, message_id: str, lease_token: uuid.UUID | str, error: str) -> bool:
@@ -242,7 +245,10 @@ class Leasing(QueueControlling):
         if not rows:
             return False
         delay = self.settings.RETRY_BACKOFF.delay_for(rows[0][0])
-        return bool(self._fail("FAIL", [message_id], [token], [clean_text(error)], [delay]))
+        if self._fail("FAIL", [message_id], [token], [clean_text(error)], [delay]):
+            return True
+        self._cancel_aborted([message_id], [token])  # refused: an aborted message is cancelled
+        return False
 
     def release_lease(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
         """Give back a claimed message that was never started (clean shutdown).
@@ -251,7 +257,10 @@ class Leasing(QueueControlling):
         """
         validate_message_id(message_id)
         token = self._token(lease_token)
-        return bool(self._release([message_id], [token], "released unstarted at worker shutdown"))
+        if self._release([message_id], [token], "released unstarted at worker shutdown"):
+            return True
+        self._cancel_aborted([message_id], [token])  # refused: an aborted message is cancelled
+        return False
 
     # -- many outcomes at once ------------------------------------------------------------
 
@@ -307,7 +316,14 @@ class Leasing(QueueControlling):
                         detail,
                     )
                 )
-        recorded = {*report.acknowledged, *report.retrying, *report.dead_lettered, *report.released}
+            recorded = {*report.acknowledged, *report.retrying, *report.dead_lettered, *report.released}
+            if len(recorded) < len(batch):  # aborted ones are refused every outcome but this
+                left = [c.lease for c in batch if c.lease.message_id not in recorded]
+                tokens = [engine.token(x.token) for x in left]
+                report.cancelled.extend(
+                    self._cancel_aborted([x.message_id for x in left], tokens, locked=locked)
+                )
+                recorded.update(report.cancelled)
         report.refused.extend(c.lease.message_id for c in batch if c.lease.message_id not in recorded)
         finished = {
             (c.lease.queue_name, c.lease.ordering_key)

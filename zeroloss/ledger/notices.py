@@ -43,6 +43,7 @@ def outcomes_recorded(
         **dict.fromkeys(report.retrying, "failed"),
         **dict.fromkeys(report.dead_lettered, "dead"),
         **dict.fromkeys(report.refused, "lease_lost"),
+        **dict.fromkeys(report.cancelled, "cancelled"),
     }
     for c in batch:
         lease = c.lease
@@ -73,6 +74,8 @@ def outcomes_recorded(
         outcome = outcome_of.get(mid)
         if measured and outcome is not None:
             telemetry.finished(lease, outcome)
+            if outcome == "cancelled":
+                telemetry.cancelled(lease.queue_name, mid, "worker")
         if finished and outcome is not None:
             signals.send(
                 signals.message_finished,
@@ -100,7 +103,20 @@ def swept(sender: type, using: str, rows: Rows) -> None:
     for row in rows:
         mid, status, attempt, detail, queue = row[1], row[2], row[3], row[7] or "", row[8]
         holder = detail.removeprefix(_HELD_BY[0]).removesuffix(_HELD_BY[1])
-        if status == "dead":
+        if status == "cancelled":
+            _log(
+                logging.WARNING,
+                "%s: cancelled by the sweep: its abort was requested and the lease of attempt %d expired "
+                "(held by %s); not run again",
+                (mid, attempt, holder),
+                mid,
+                queue,
+                attempt,
+                holder,
+            )
+            if measured:
+                telemetry.cancelled(queue, mid, "sweep")
+        elif status == "dead":
             _log(
                 logging.ERROR,
                 "%s: dead-lettered by the sweep: the lease of its last attempt (%d) expired (held by %s)",

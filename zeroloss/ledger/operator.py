@@ -13,6 +13,7 @@ from ..exceptions import InvalidMessage, MessageNotFound
 from ..models import PurgeRecord, Status
 from .base import LedgerBase
 from .engine import EVT, MSG
+from .types import CancelOutcome, CancelResult
 from .validation import clean_text, seconds, validate_count, validate_message_id, validate_queue_name
 
 #: Message ids per statement (each statement takes its ids as one parameter; this only bounds
@@ -155,6 +156,67 @@ class OperatorActions(LedgerBase):
             self._promote_after_commit(keys, [m[0] for m in moved if m[2]])
         return [m[0] for m in moved]
 
+    def cancel_messages(
+        self, message_ids: Sequence[str], *, abort: bool = False, actor: str | None = None, detail: str = ""
+    ) -> list[CancelResult]:
+        """Cancel pending messages; with ``abort=True`` also ask running ones to stop.
+
+        Every id is checked first: a malformed one raises :class:`InvalidMessage`, an unknown one
+        :class:`MessageNotFound`, and nothing is changed. Then each message on its own, in one
+        transaction: a pending one (claimable, delayed, or waiting behind its ordering key's
+        head) becomes ``cancelled`` (a cancelled head lets its key's next message proceed); a
+        processing one gets an abort request (``abort=True``; its outcome is ``cancelled`` when
+        its handler ends) or is left alone. One result per id, in the order given.
+        """
+        ids = list(dict.fromkeys(self._known(message_ids)))
+        text = clean_text(detail or "cancelled by an operator")
+        outcomes: dict[str, CancelOutcome] = {}
+        with transaction.atomic(using=self.using):
+            moved = self._by_ids(
+                "CANCEL",
+                ids,
+                source=Status.PENDING,
+                reason="cancelled_by_operator",
+                detail=text,
+                actor=actor,
+                promote=True,
+            )
+            outcomes.update(dict.fromkeys((m[0] for m in moved), CancelOutcome.CANCELLED))
+            rest = [m for m in ids if m not in outcomes]
+            if abort and rest:
+                asked = self._by_ids(
+                    "ABORT_REQUEST",
+                    rest,
+                    source=Status.PROCESSING,
+                    reason="abort_requested",
+                    detail=clean_text(detail or "abort requested by an operator"),
+                    actor=actor,
+                )
+                outcomes.update(dict.fromkeys((m[0] for m in asked), CancelOutcome.ABORT_REQUESTED))
+            rows = self._run("STATUS_OF", self._rows("STATUS_OF", ids))[0] if ids else []
+        statuses = {r[0]: r[1] for r in rows}
+        for mid, status, abort_at in rows:
+            if mid in outcomes:
+                continue
+            if status == Status.PROCESSING:
+                outcomes[mid] = CancelOutcome.ABORT_ALREADY_REQUESTED if abort_at else CancelOutcome.RUNNING
+            elif status == Status.CANCELLED:
+                outcomes[mid] = CancelOutcome.ALREADY_CANCELLED
+            else:  # completed or dead (a pending one was cancelled above)
+                outcomes[mid] = CancelOutcome.FINISHED
+        keys = {(queue, key) for _, queue, key in moved if key}
+        if keys:
+            self._promote_after_commit(keys, [m[0] for m in moved if m[2]])
+        if moved and telemetry.active():
+            cancelled = [(m[0], m[1]) for m in moved]
+
+            def measure() -> None:
+                for mid, queue in cancelled:
+                    telemetry.cancelled(queue, mid, "operator")
+
+            transaction.on_commit(measure, using=self.using)
+        return [CancelResult(m, outcomes[m], statuses.get(m, "")) for m in ids]
+
     # -- retention ----------------------------------------------------------------------
 
     def purge_messages(
@@ -173,8 +235,8 @@ class OperatorActions(LedgerBase):
         :class:`PurgeRecord` so the conservation check stays exact. Expired deduplication
         windows go with them.
         """
-        if status not in (Status.COMPLETED, Status.DEAD):
-            raise InvalidMessage(f"Only completed or dead messages can be purged, not {status!r}.")
+        if status not in (Status.COMPLETED, Status.DEAD, Status.CANCELLED):
+            raise InvalidMessage(f"Only completed, dead or cancelled messages can be purged, not {status!r}.")
         age = seconds(older_than, "older_than")
         validate_count(batch_size, "batch_size")
         if limit is not None:
@@ -182,7 +244,8 @@ class OperatorActions(LedgerBase):
         if queue_name is not None:
             validate_queue_name(queue_name)
         engine = self.engine
-        stamp = "completed_at" if status == Status.COMPLETED else "dead_at"
+        # A cancelled message's last move is its cancellation: nothing moves it after.
+        stamp = {"completed": "completed_at", "dead": "dead_at"}.get(str(status), "updated_at")
         queue_sql, queue_params = (" AND queue_name = %s", [queue_name]) if queue_name else ("", [])
         select = (
             f"SELECT id, queue_name FROM {MSG} WHERE status = %s AND {stamp} < {engine.after('%s')}{queue_sql} "

@@ -13,7 +13,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ..conf import get_settings
 from .engine import MSG, Engine, Move, Rows, from_epoch
 
-# After a message of an ordering key finished (completed or dead) in ``t``, release the next
+# After a message of an ordering key finished (completed, dead or cancelled) in ``t``, release the next
 # one of its key, unless the key still has a head outside ``t``. Rows of ``t`` are excluded:
 # the statement's snapshot still shows them as they were.
 _PROMOTE_CTE = (
@@ -21,7 +21,7 @@ _PROMOTE_CTE = (
     f"WHERE id IN (SELECT (SELECT min(w.id) FROM {MSG} w WHERE w.queue_name = t.queue_name "
     "AND w.ordering_key = t.ordering_key AND w.status = 'pending' AND w.available_at IS NULL "
     "AND w.id NOT IN (SELECT id FROM t)) FROM t WHERE t.ordering_key <> '' "
-    f"AND t.status IN ('completed', 'dead') AND NOT EXISTS (SELECT 1 FROM {MSG} h "
+    f"AND t.status IN ('completed', 'dead', 'cancelled') AND NOT EXISTS (SELECT 1 FROM {MSG} h "
     "WHERE h.queue_name = t.queue_name AND h.ordering_key = t.ordering_key "
     "AND h.ordering_key <> '' AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL "
     "AND h.id NOT IN (SELECT id FROM t))) RETURNING pg_notify('zeroloss_wakeup', queue_name))"

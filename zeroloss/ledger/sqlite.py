@@ -84,7 +84,7 @@ class SqliteEngine(Engine):
                 audit = [[r[0], r[5], r[2], r[6], r[3], r[7], r[4]] for r in rows]
                 self.execute(conn, events, [move.actor, json.dumps(audit, default=str)])
                 if move.promote:
-                    keys = {(r[8], r[9]) for r in rows if r[9] and r[2] in ("completed", "dead")}
+                    keys = {(r[8], r[9]) for r in rows if r[9] and r[2] in ("completed", "dead", "cancelled")}
                     if keys:
                         q, k = zip(*sorted(keys), strict=True)
                         self.execute(conn, self.sql["PROMOTE"], self.row_params("PROMOTE", [q, k]))

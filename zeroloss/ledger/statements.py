@@ -17,6 +17,17 @@ listed in :data:`zeroloss.states.TRANSITIONS`.
 
 from __future__ import annotations
 
+from . import statements_cancel
+from .statements_cancel import (  # noqa: F401  (named statements of the catalogue)
+    ABORT_REQUEST,
+    ABORTS_REQUESTED,
+    CANCEL,
+    CANCEL_ABORTED,
+    CANCEL_ABORTED_LOCKED,
+    STATUS_OF,
+)
+from .statements_cancel import NOT_ABORTED as _NOT_ABORTED
+
 # The columns every moving statement returns (the audit row needs the first eight).
 MOVED = (
     "id, message_id, status, attempts, updated_at, {from_status} AS from_status, {reason} AS reason, "
@@ -213,8 +224,10 @@ LEASED_ATTEMPT = (
     "SELECT attempts FROM {msg} WHERE message_id = %s AND lease_token = %s AND status = 'processing'"
 )
 # Every lease-holder statement is fenced: the current token, still processing, lease unexpired.
+# (An aborted message's outcome is recorded by CANCEL_ABORTED only: NOT_ABORTED.)
 _FENCE = (
     "FROM {rows} WHERE {msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
+    + _NOT_ABORTED
 )
 _UNEXPIRED = " AND {msg}.lease_expires_at > {clock}"
 _FENCED_LEASE = (
@@ -240,6 +253,7 @@ ACK = _ACK + _UNEXPIRED
 ACK_ONE = (
     _ACK_SET.format(result="%s")
     + "WHERE message_id = %s AND lease_token = %s AND status = 'processing'"
+    + _NOT_ABORTED
     + _UNEXPIRED
 )
 # Inside a transactional batch whose rows this transaction locked after a fenced check
@@ -299,7 +313,7 @@ SESSION_ALIVE = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
 OWN_EVENTS = (
     "SELECT m.message_id, e.reason FROM {evt} e JOIN {msg} m ON m.id = e.message_id JOIN {rows} "
     "ON m.message_id = b.mid AND e.attempt = b.att WHERE e.actor = %s "
-    "AND e.reason IN ('acknowledged', 'failed', 'dead_lettered', 'released')"
+    "AND e.reason IN ('acknowledged', 'failed', 'dead_lettered', 'released', 'aborted')"
 )
 
 # -- the recovery sweep ---------------------------------------------------------------
@@ -311,9 +325,14 @@ _SWEEP_SPENT = "attempts >= max_attempts"
 # previous complete sweep (``lease_expires_at >= %s``), and every sweep.SWEEP_FROM_HEAD_EVERY
 # seconds all of them (the bound: the start of time). The bound is repeated outside: PostgreSQL
 # may find the chosen ids through the lease index too (a bitmap of every expired entry).
+# An aborted message whose worker died is cancelled, not run again (statements_cancel).
 SWEEP = (
-    "UPDATE {msg} SET status = CASE WHEN " + _SWEEP_SPENT + " THEN 'dead' ELSE 'pending' END, "
-    "dead_at = CASE WHEN " + _SWEEP_SPENT + " THEN {now} END, available_at = {now}, "
+    "UPDATE {msg} SET status = CASE WHEN abort_requested_at IS NOT NULL THEN 'cancelled' WHEN "
+    + _SWEEP_SPENT
+    + " THEN 'dead' ELSE 'pending' END, "
+    "dead_at = CASE WHEN abort_requested_at IS NULL AND "
+    + _SWEEP_SPENT
+    + " THEN {now} END, available_at = {now}, "
     "last_error = 'Lease expired: ' || claimed_by || ' neither acknowledged nor renewed it', "
     "lease_token = NULL, lease_expires_at = NULL, updated_at = {now} "
     "WHERE {in_open}SELECT id FROM {msg} WHERE status = 'processing' AND lease_expires_at < {now} "
@@ -325,16 +344,18 @@ ANY_EXPIRED = "SELECT 1 FROM {msg} WHERE status = 'processing' AND lease_expires
 # -- operator actions (chunks of message ids) -----------------------------------------
 
 _BY_IDS = "WHERE message_id IN (SELECT b.mid FROM {rows})"
+# An operator's requeue or redrive also withdraws an abort request (the message runs again).
 REQUEUE = (
     "UPDATE {msg} SET status = 'pending', attempts = 0, available_at = {now}, lease_token = NULL, "
-    "lease_expires_at = NULL, started_at = NULL, updated_at = {now} " + _BY_IDS + " AND status = 'processing'"
+    "lease_expires_at = NULL, started_at = NULL, abort_requested_at = NULL, updated_at = {now} "
+    + _BY_IDS
+    + " AND status = 'processing'"
 )
 REQUEUE_STUCK = REQUEUE + " AND lease_expires_at < {now}"
 REDRIVE = (
     "UPDATE {msg} SET status = 'pending', attempts = 0, "
-    "available_at = CASE WHEN ordering_key <> '' THEN NULL ELSE {now} END, dead_at = NULL, updated_at = {now} "
-    + _BY_IDS
-    + " AND status = 'dead'"
+    "available_at = CASE WHEN ordering_key <> '' THEN NULL ELSE {now} END, dead_at = NULL, "
+    "abort_requested_at = NULL, updated_at = {now} " + _BY_IDS + " AND status = 'dead'"
 )
 DEAD_LETTER = (
     "UPDATE {msg} SET status = 'dead', dead_at = {now}, lease_token = NULL, lease_expires_at = NULL, "
@@ -405,6 +426,7 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "KNOWN_IDS": (("mid", "text"),),
     "MARK_DISPATCHED": (("mid", "text"),),
     "MARK_UNDISPATCHED": (("mid", "text"),),
+    **statements_cancel.ROWS,
 }
 
 # Queue control's statements (kept in their own module, rendered with these).

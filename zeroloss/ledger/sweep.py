@@ -13,7 +13,10 @@ from .base import LedgerBase
 from .types import RecoveryReport
 from .validation import validate_count
 
-_SWEEP_REASON = "CASE WHEN status = 'dead' THEN 'dead_lettered' ELSE 'lease_expired' END"
+_SWEEP_REASON = (
+    "CASE WHEN status = 'cancelled' THEN 'aborted' WHEN status = 'dead' THEN 'dead_lettered' "
+    "ELSE 'lease_expired' END"
+)
 _SWEEP_DETAIL = "'lease held by ' || claimed_by || ' expired'"
 #: A waiting message this old whose key has no head was missed by its promotion (a process
 #: died between commit and promotion); younger ones are left to their own sender.
@@ -50,16 +53,17 @@ class Sweeping(LedgerBase):
         actor = f"sweep@{self.instance_id}"
         requeued: list[str] = []
         dead: list[str] = []
+        cancelled: list[str] = []  # aborted, their worker gone: never run again
         finished_keys: set[tuple[str, str]] = set()
         batches = 0
         since, began, from_head = self._sweep_bound()
         complete = False
-        while limit is None or len(requeued) + len(dead) < limit:
+        while limit is None or len(requeued) + len(dead) + len(cancelled) < limit:
             if self.engine.vendor == "sqlite" and not self._run("ANY_EXPIRED", [])[0]:
                 # SQLite: a read needs no lock in WAL mode; the write below takes the database's
                 # only write lock, so take it only when there is work.
                 break
-            size = batch if limit is None else min(batch, limit - len(requeued) - len(dead))
+            size = batch if limit is None else min(batch, limit - len(requeued) - len(dead) - len(cancelled))
             rows = self._move(
                 "SWEEP",
                 [since, size, since],
@@ -73,8 +77,8 @@ class Sweeping(LedgerBase):
             if rows:
                 self._after_commit(functools.partial(notices.swept, type(self), self.using, rows))
             for row in rows:
-                (dead if row[2] == Status.DEAD else requeued).append(row[1])
-                if row[2] == Status.DEAD and row[9]:
+                {Status.DEAD: dead, Status.CANCELLED: cancelled}.get(row[2], requeued).append(row[1])
+                if row[2] in (Status.DEAD, Status.CANCELLED) and row[9]:
                     finished_keys.add((row[8], row[9]))
             if len(rows) < size:
                 complete = True
@@ -85,7 +89,11 @@ class Sweeping(LedgerBase):
             self.promote_keys(finished_keys)
         repaired = self.repair_ordering_keys()
         return RecoveryReport(
-            requeued=requeued, dead_lettered=dead, batches=batches, keys_repaired=len(repaired)
+            requeued=requeued,
+            dead_lettered=dead,
+            batches=batches,
+            keys_repaired=len(repaired),
+            cancelled=cancelled,
         )
 
     def _sweep_bound(self) -> tuple[object, dt.datetime | None, bool]:

@@ -68,6 +68,8 @@ class CompletionReport:
     dead_lettered: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    #: An operator aborted them while they ran: whatever the handler did, recorded ``cancelled``.
+    cancelled: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,40 @@ class RecoveryReport:
     batches: int = 0
     #: Ordering keys whose next message was released because their head finished unseen.
     keys_repaired: int = 0
+    #: Expired leases of aborted messages: recorded ``cancelled``, never run again.
+    cancelled: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
         return len(self.requeued) + len(self.dead_lettered)
+
+
+class CancelOutcome(StrEnum):
+    """What :meth:`cancel_messages` did with one message (or why it did nothing)."""
+
+    CANCELLED = "cancelled"  # it was pending (claimable, delayed or behind its key): cancelled
+    ABORT_REQUESTED = "abort_requested"  # processing, ``abort=True``: its handler is asked to stop
+    RUNNING = "running"  # processing, no ``abort``: left alone
+    ABORT_ALREADY_REQUESTED = "abort_already_requested"  # processing, asked to stop before
+    FINISHED = "finished"  # completed or dead: nothing to cancel
+    ALREADY_CANCELLED = "already_cancelled"
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    """One message of a cancel: what happened, and the status it has now."""
+
+    message_id: str
+    outcome: CancelOutcome
+    status: str
+
+    @property
+    def ok(self) -> bool:
+        """It was cancelled, or its abort was requested by this call."""
+        return self.outcome in (CancelOutcome.CANCELLED, CancelOutcome.ABORT_REQUESTED)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"message_id": self.message_id, "outcome": self.outcome.value, "status": self.status}
 
 
 @dataclass(frozen=True)

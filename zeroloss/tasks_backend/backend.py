@@ -43,6 +43,9 @@ STATUS_MAP = {
     Status.PROCESSING: TaskResultStatus.RUNNING,
     Status.COMPLETED: TaskResultStatus.SUCCESSFUL,
     Status.DEAD: TaskResultStatus.FAILED,
+    # The framework has no cancelled status (READY, RUNNING, FAILED, SUCCESSFUL): a cancelled or
+    # aborted task did not succeed and will not run again.
+    Status.CANCELLED: TaskResultStatus.FAILED,
 }
 
 

@@ -150,6 +150,7 @@ class Completer:
             "failed": report.retrying,
             "dead_lettered": report.dead_lettered,
             "released": report.released,
+            "aborted": report.cancelled,
         }
         for mid, reason in landed.items():
             buckets[reason].append(mid)
@@ -166,6 +167,7 @@ def verdict_counts(report: CompletionReport) -> dict[str, int]:
         "failed": len(report.retrying) + len(report.dead_lettered),
         "released": len(report.released),
         "lease_lost": len(report.refused),
+        "cancelled": len(report.cancelled),
     }
 
 

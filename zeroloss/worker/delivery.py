@@ -112,6 +112,8 @@ class DeliveryRuntime:
             raise
         if report.acknowledged:
             return Outcome.COMPLETED
+        if report.cancelled:
+            return Outcome.CANCELLED
         return Outcome.FAILED if (report.retrying or report.dead_lettered) else Outcome.LEASE_LOST
 
     @classmethod

@@ -17,6 +17,7 @@ holds go with it; its other messages, whose effects rolled back, are given back 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -24,11 +25,13 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
+from ..ledger.aborts import ABORT_POLL_INTERVAL
 from ..ledger.types import Completion, Lease, Verdict
 from ..outage import Backoff, OutageMonitor
 from ..service import ZeroLossMessageService
+from .aborts import AbortWatch
 
 logger = logging.getLogger("zeroloss")
 
@@ -103,7 +106,7 @@ class TransactionWatch:
     overdue: Lease | None = None
 
 
-class LeaseKeeper:
+class LeaseKeeper(AbortWatch):
     """Renews every held lease each ``interval`` seconds in one statement, on its own connection."""
 
     def __init__(
@@ -122,6 +125,7 @@ class LeaseKeeper:
         self.on_released = on_released
         self.monitor = OutageMonitor.for_alias(service.using)
         self.lost: set[str] = set()
+        self.aborted: set[str] = set()  # see AbortWatch
         self.gave_up: BaseException | None = None
         self._held: dict[str, _Held] = {}
         #: Given back but not recorded yet (a failed release is tried again at every tick).
@@ -160,6 +164,7 @@ class LeaseKeeper:
                 self._held.pop(mid, None)
                 self._releasing.pop(mid, None)
                 self.lost.discard(mid)
+                self.aborted.discard(mid)
 
     def watch(self, batch: Batch, session: int | None) -> TransactionWatch | None:
         """Watch a transactional batch's transaction, run by server session ``session``
@@ -191,6 +196,7 @@ class LeaseKeeper:
                 del self._held[mid]
                 self._releasing.pop(mid, None)
                 self.lost.discard(mid)
+                self.aborted.discard(mid)
 
     def is_lost(self, message_id: str) -> bool:
         """True once the lease is known lost, or may have expired unrenewed (database down)."""
@@ -371,8 +377,17 @@ class LeaseKeeper:
             self.end_overdue_transactions()
             self.release_stuck_unstarted()
 
+        poll = min(self.interval, ABORT_POLL_INTERVAL)
+        renew_at = time.monotonic() + self.interval
         try:
-            while not self._stop.wait(self.interval):
+            while not self._stop.wait(poll):
+                if self._held:
+                    # An outage is the renewals' to notice and wait out (below), not this read's.
+                    with contextlib.suppress(DatabaseError):
+                        self.poll_aborts()
+                if time.monotonic() < renew_at:
+                    continue
+                renew_at = time.monotonic() + self.interval
                 if not self._has_work():
                     # Nothing to renew or release, so no statement: a tick that succeeds without
                     # the database must not tell the outage monitor the database is back (that

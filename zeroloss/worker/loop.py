@@ -238,6 +238,10 @@ class ClaimLoop:
                 keeper.drop([lease.message_id])
                 self.worker.count(Outcome.LEASE_LOST)
                 continue
+            if keeper.is_abort_requested(lease.message_id):
+                # Aborted before it started: not run; its release is recorded cancelled.
+                self.completer.add(Completion(lease, Verdict.RELEASE, "aborted before it started"))
+                continue
             if self.slot is not None:  # in its child process (async ones too, one at a time)
                 run = self.slot.run(spec, lease)
             else:

@@ -94,6 +94,11 @@ class _Refused(Exception):
         self.report = report
 
 
+class _Aborted(Exception):
+    """A message of the batch was aborted: its handler's effects must not commit. The batch
+    rolls back; the aborted message is then recorded cancelled, the others go back unstarted."""
+
+
 class TransactionalBatches:
     """Runs one claim thread's transactional batches; remembers which queues need savepoints."""
 
@@ -164,6 +169,8 @@ class TransactionalBatches:
             return self._settled(self._one_by_one(spec, batch, taken, paced), taken)
         except _Refused as exc:
             return self._settled(self._refused(exc.report, taken), taken)
+        except _Aborted:
+            return self._settled(self._aborted(taken), taken)
         except _ConnectionLost as exc:
             return self._settled(self._connection_lost(exc, taken), taken)
         except _EndedByKeeper as exc:
@@ -261,6 +268,8 @@ class TransactionalBatches:
         report = service.complete(completions)
         if report.refused:
             raise _Refused(report)
+        if report.cancelled:
+            raise _Aborted()
         report.refused.extend(lost)
         return report
 
@@ -327,6 +336,17 @@ class TransactionalBatches:
         report.refused.extend(lost)
         return report
 
+    def _aborted(self, taken: list[Lease]) -> CompletionReport:
+        """A message of the batch was aborted, so the batch rolled back: no effect of it landed.
+        Every message goes back unstarted; the aborted ones are refused a release and recorded
+        cancelled instead (Leasing.complete)."""
+        return self.service.complete(
+            Completion(
+                x, Verdict.RELEASE, "released unstarted: its batch rolled back (a message in it was aborted)"
+            )
+            for x in taken
+        )
+
     def _one_by_one(
         self, spec: HandlerSpec, batch: Batch, taken: list[Lease], paced: Callable[[float], None]
     ) -> CompletionReport:
@@ -341,6 +361,8 @@ class TransactionalBatches:
                 part = self.service.complete([Completion(lease, Verdict.FAIL, error=ENDED_TRANSACTION)])
             except _Refused as exc:
                 part = exc.report
-            for name in ("acknowledged", "retrying", "dead_lettered", "released", "refused"):
+            except _Aborted:
+                part = self._aborted([lease])
+            for name in ("acknowledged", "retrying", "dead_lettered", "released", "refused", "cancelled"):
                 getattr(report, name).extend(getattr(part, name))
         return report

@@ -47,7 +47,7 @@ class Command(ZeroLossCommand):
         )
         parser.add_argument(
             "--status",
-            choices=[Status.COMPLETED.value, Status.DEAD.value],
+            choices=[Status.COMPLETED.value, Status.DEAD.value, Status.CANCELLED.value],
             default=Status.COMPLETED.value,
             help=_("Which messages (default: %(default)s)."),
         )

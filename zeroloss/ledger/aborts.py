@@ -1,0 +1,53 @@
+"""The lease holder's side of an abort: which messages in hand were aborted, and their outcome.
+
+An operator's abort (:meth:`OperatorActions.cancel_messages` with ``abort=True``) only records
+the request on the message. The worker holding it reads the requests of its leases (the lease
+keeper asks every ``ABORT_POLL_INTERVAL``), and when the handler ends the fenced outcome
+statements refuse it every outcome but ``cancelled``, which :meth:`Aborting._cancel_aborted`
+records, fenced like the others (the current token, still processing, lease unexpired).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .base import LedgerBase
+from .types import Lease
+
+#: How often (seconds, at most) the lease keeper asks whether a message in hand was aborted:
+#: a handler sees ``delivery.abort_requested`` within this and one query's time.
+ABORT_POLL_INTERVAL = 0.25
+_ABORTED_DETAIL = "aborted by an operator: the handler's outcome was not recorded"
+
+
+class Aborting(LedgerBase):
+    def aborts_requested(self, leases: Iterable[Lease]) -> set[str]:
+        """The ids of ``leases`` (still held) whose abort an operator requested."""
+        held = list(leases)
+        if not held:
+            return set()
+        engine = self.engine
+        rows, _ = self._run(
+            "ABORTS_REQUESTED",
+            self._rows(
+                "ABORTS_REQUESTED", [x.message_id for x in held], [engine.token(x.token) for x in held]
+            ),
+            prepare=True,
+        )
+        return {r[0] for r in rows}
+
+    def _cancel_aborted(self, ids: list[str], tokens: list[Any], *, locked: bool = False) -> list[str]:
+        """Record ``cancelled`` for those of the leases whose abort was requested (the others are
+        left as they are: the caller's outcome statements skipped them for another reason)."""
+        name = "CANCEL_ABORTED_LOCKED" if locked else "CANCEL_ABORTED"
+        rows = self._move(
+            name,
+            self._rows(name, ids, tokens),
+            source="processing",
+            reason="aborted",
+            detail=_ABORTED_DETAIL,
+            promote=True,
+            prepare=False,
+        )
+        return [r[1] for r in rows]

@@ -1,0 +1,50 @@
+"""The statements of cancel and abort (part of the catalogue: :mod:`.statements` imports them).
+
+A pending message is cancelled by an operator at once. A processing one is not moved by the
+operator: an abort request is recorded on it (``abort_requested_at``, with an annotation audit
+row), the worker holding it polls for it, and when its handler ends the fenced outcome
+statements refuse to record anything but ``cancelled`` for it (:data:`NOT_ABORTED` in every
+one of them; :data:`CANCEL_ABORTED` records the outcome). A worker that died with it: the sweep
+records it cancelled instead of requeueing it.
+"""
+
+from __future__ import annotations
+
+_BY_IDS = "WHERE message_id IN (SELECT b.mid FROM {rows})"
+_HELD = "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
+
+#: Added to every fenced outcome statement of a lease holder: an aborted message's handler
+#: ended, whatever it returned; only CANCEL_ABORTED may record it.
+NOT_ABORTED = " AND {msg}.abort_requested_at IS NULL"
+
+# Operator: pending (claimable, delayed, or waiting behind its ordering key's head) -> cancelled.
+CANCEL = "UPDATE {msg} SET status = 'cancelled', updated_at = {now} " + _BY_IDS + " AND status = 'pending'"
+# Operator: record an abort request on a processing message (an annotation: it stays processing).
+ABORT_REQUEST = (
+    "UPDATE {msg} SET abort_requested_at = {now}, updated_at = {now} "
+    + _BY_IDS
+    + " AND status = 'processing' AND abort_requested_at IS NULL"
+)
+# What the cancel command reports for the ids it did not move.
+STATUS_OF = "SELECT message_id, status, abort_requested_at FROM {msg} " + _BY_IDS
+# The lease keeper: which of the leases in hand have an abort request.
+ABORTS_REQUESTED = (
+    "SELECT {msg}.message_id FROM {msg}, {rows} WHERE " + _HELD + " AND {msg}.abort_requested_at IS NOT NULL"
+)
+# The lease holder's outcome of an aborted message, fenced like every other outcome.
+_CANCEL_ABORTED = (
+    "UPDATE {msg} SET status = 'cancelled', lease_token = NULL, lease_expires_at = NULL, updated_at = {now} "
+    "FROM {rows} WHERE " + _HELD + " AND {msg}.abort_requested_at IS NOT NULL"
+)
+CANCEL_ABORTED = _CANCEL_ABORTED + " AND {msg}.lease_expires_at > {clock}"
+# Inside a transactional batch whose rows this transaction locked (see statements.ACK_LOCKED).
+CANCEL_ABORTED_LOCKED = _CANCEL_ABORTED
+
+ROWS: dict[str, tuple[tuple[str, str], ...]] = {
+    "CANCEL": (("mid", "text"),),
+    "ABORT_REQUEST": (("mid", "text"),),
+    "STATUS_OF": (("mid", "text"),),
+    "ABORTS_REQUESTED": (("mid", "text"), ("tok", "uuid")),
+    "CANCEL_ABORTED": (("mid", "text"), ("tok", "uuid")),
+    "CANCEL_ABORTED_LOCKED": (("mid", "text"), ("tok", "uuid")),
+}

@@ -1,0 +1,111 @@
+"""``manage.py zeroloss_cancel ID... [--abort]``: stop messages before they run, or while they run.
+
+Every id is checked first: a malformed or unknown one is exit code 2 and nothing is changed.
+Then each message on its own (one transaction for all of them): a pending one (claimable,
+delayed, or waiting behind its ordering key's head) is cancelled; a processing one is left
+alone and reported as running, unless ``--abort``: then its handler sees
+``delivery.abort_requested`` within a second and its outcome is ``cancelled`` when it ends.
+Completed, dead and already cancelled messages are reported, unchanged.
+
+Exit codes: 0 every message was cancelled (or its abort requested); 1 some were not (running
+without ``--abort``, finished, already cancelled or already asked to abort); 2 bad arguments
+(a malformed or unknown id); 4 the ledger could not be reached (nothing changed). JSON schema:
+docs/control-cancel.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import CommandParser
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
+
+from ...exceptions import InvalidMessage, MessageNotFound
+from ...ledger.types import CancelOutcome, CancelResult
+from ...models import Message
+from ...service import validate_message_id
+from ...snapshot import invalidate
+from ..base import Incomplete, ZeroLossCommand
+
+BATCH = 500
+
+#: How each outcome reads on a terminal (the JSON says ``outcome``).
+SAYS = {
+    CancelOutcome.CANCELLED: gettext_noop("cancelled"),
+    CancelOutcome.ABORT_REQUESTED: gettext_noop("abort requested: cancelled when its handler ends"),
+    CancelOutcome.RUNNING: gettext_noop("running: left alone (use --abort to stop it)"),
+    CancelOutcome.ABORT_ALREADY_REQUESTED: gettext_noop("running: its abort was already requested"),
+    CancelOutcome.FINISHED: gettext_noop("already finished"),
+    CancelOutcome.ALREADY_CANCELLED: gettext_noop("already cancelled"),
+}
+
+
+class Command(ZeroLossCommand):
+    help = gettext_noop(
+        "Cancel pending messages by ID; with --abort also stop running ones (their outcome is cancelled)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("ids", nargs="+", metavar="ID", help=_("Message IDs to cancel."))
+        parser.add_argument(
+            "--abort",
+            action="store_true",
+            help=_(
+                "Also abort processing messages: their handler is asked to stop, the outcome is cancelled."
+            ),
+        )
+
+    def handle(self, *, ids: list[str], abort: bool, json: bool, **options: Any) -> None:
+        ids = list(dict.fromkeys(ids))  # de-duplicated, order kept
+        for mid in ids:
+            try:
+                validate_message_id(mid)
+            except InvalidMessage as exc:
+                self.usage_error(str(exc))
+        service = self.service(options)
+        known: set[str] = set()
+        messages = Message.objects.using(service.using)
+        for start in range(0, len(ids), BATCH):
+            chunk = ids[start : start + BATCH]
+            known.update(messages.filter(message_id__in=chunk).values_list("message_id", flat=True))
+        missing = [m for m in ids if m not in known]
+        if missing:
+            shown = ", ".join(repr(m) for m in missing[:10]) + (", ..." if len(missing) > 10 else "")
+            self.usage_error(_("unknown message id(s): %(ids)s; nothing was changed") % {"ids": shown})
+        try:
+            results = service.cancel_messages(ids, abort=abort, actor=self.actor())
+        except MessageNotFound as exc:  # purged between the check and the cancel
+            self.usage_error(_("unknown message id: %(id)s; nothing was changed") % {"id": str(exc)})
+        if any(r.ok for r in results):
+            invalidate(service)
+        self.report(results, abort=abort, as_json=json)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise Incomplete(
+                _("%(failed)s of %(total)s message(s) were not cancelled")
+                % {"failed": len(failed), "total": len(results)}
+            )
+
+    def report(self, results: list[CancelResult], *, abort: bool, as_json: bool) -> None:
+        counts = {o.value: sum(r.outcome == o for r in results) for o in CancelOutcome}
+        if as_json:
+            self.emit_json(
+                {
+                    "abort": abort,
+                    "results": [r.as_dict() for r in results],
+                    "counts": counts,
+                    "ok": all(r.ok for r in results),
+                }
+            )
+            return
+        for r in results:
+            self.stdout.write(f"{r.message_id}: {_(SAYS[r.outcome])} ({r.status})")
+        self.stdout.write(
+            _("%(cancelled)s cancelled, %(aborted)s abort(s) requested, %(left)s not changed")
+            % {
+                "cancelled": counts["cancelled"],
+                "aborted": counts["abort_requested"],
+                "left": len(results) - counts["cancelled"] - counts["abort_requested"],
+            }
+        )
