@@ -33,10 +33,14 @@ ABORT_WITHIN = 1.0
 SETTINGS = json.dumps({"HEARTBEAT_INTERVAL": 5, "ACK_TIMEOUT": 60})
 
 
-def _abort_one(queue: str, tmp_path: Path, mid: str, **payload: object) -> dict[str, float]:
+def _abort_one(
+    queue: str, tmp_path: Path, mid: str, *worker_args: str, **payload: object
+) -> dict[str, float]:
     out = tmp_path / f"{mid}.json"
     ZeroLossMessageService().persist_message(mid, queue, {"out": str(out), "limit": 60, **payload})
-    worker = db_worker("--queue", queue, "--poll-interval", "0.1", ZEROLOSS_SETTINGS_JSON=SETTINGS)
+    worker = db_worker(
+        "--queue", queue, "--poll-interval", "0.1", *worker_args, ZEROLOSS_SETTINGS_JSON=SETTINGS
+    )
     try:
         # Generous bounded waits (a shared, loaded host): the handler started, then the abort.
         assert wait_until(lambda: Path(f"{out}.started").exists(), timeout=90), worker.text
@@ -75,6 +79,14 @@ def test_abort_reaches_a_running_handler_within_a_second(tmp_path: Path, raises:
     log = _abort_one("demo.abortable", tmp_path, f"ab-{int(raises)}", **({"raise": True} if raises else {}))
     assert 0 <= log["latency"] < ABORT_WITHIN, log
     _assert_cancelled(f"ab-{int(raises)}")
+
+
+@pytest.mark.slow
+def test_abort_reaches_a_handler_in_a_process_pool_child(tmp_path: Path) -> None:
+    # The parent's keeper sees the request; the child reads the slot's flag the parent sets.
+    log = _abort_one("demo.abortable", tmp_path, "ab-pool", "--pool", "process")
+    assert 0 <= log["latency"] < ABORT_WITHIN, log
+    _assert_cancelled("ab-pool")
 
 
 @pytest.mark.slow

@@ -20,6 +20,9 @@ class Delivery:
 
     lease: Lease
     keeper: LeaseKeeper | None = None
+    #: In a process-pool child (no keeper there): the flag the parent sets when its keeper
+    #: sees this message's abort request.
+    abort_flag: Callable[[], bool] | None = None
 
     @property
     def message_id(self) -> str:
@@ -69,6 +72,8 @@ class Delivery:
         """True once an operator aborted this message (``zeroloss_cancel --abort``), within
         ``ABORT_POLL_INTERVAL`` of the abort's commit. Its outcome is ``cancelled`` whatever
         the handler does now; it should stop, and may raise :class:`Aborted` to do so."""
+        if self.abort_flag is not None:
+            return self.abort_flag()
         return self.keeper is not None and self.keeper.is_abort_requested(self.lease.message_id)
 
     def raise_if_abort_requested(self) -> None:

@@ -120,7 +120,7 @@ def main(conn: Connection, parent_pid: int, abort: Event, worker: str) -> None:
                     )
                 specs[lease.queue_name] = spec
             try:
-                run = run_handler(spec, Delivery(lease), worker=worker)
+                run = run_handler(spec, Delivery(lease, abort_flag=abort.is_set), worker=worker)
             except SoftTimeLimitExceeded:  # arrived past every guard: the handler's outcome stands
                 run = HandlerRun(False, 0.0, error="SoftTimeLimitExceeded after the handler returned")
             conn.send(("done", run.ok, run.seconds, run.result, run.error))

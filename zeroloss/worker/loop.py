@@ -9,6 +9,7 @@ acknowledgement durable together.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Protocol
@@ -243,7 +244,8 @@ class ClaimLoop:
                 self.completer.add(Completion(lease, Verdict.RELEASE, "aborted before it started"))
                 continue
             if self.slot is not None:  # in its child process (async ones too, one at a time)
-                run = self.slot.run(spec, lease)
+                mid = lease.message_id
+                run = self.slot.run(spec, lease, aborted=functools.partial(keeper.is_abort_requested, mid))
             else:
                 run = run_handler(spec, Delivery(lease, keeper), worker=self.service.instance_id)
             self.batch.done()

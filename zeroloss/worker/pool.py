@@ -26,11 +26,13 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING
 
 from ..exceptions import TimeLimitExceeded
 from ..handlers import HandlerSpec
+from ..ledger.aborts import ABORT_POLL_INTERVAL
 from ..processing import HandlerRun, describe_error
 from ..timelimits import hard_limit
 
@@ -146,8 +148,11 @@ class ChildSlot:
 
     # -- one message ------------------------------------------------------------------------
 
-    def run(self, spec: HandlerSpec, lease: Lease) -> HandlerRun:
-        """Run ``lease``'s handler in the child; never raises for what the handler or the child did."""
+    def run(self, spec: HandlerSpec, lease: Lease, aborted: Callable[[], bool] | None = None) -> HandlerRun:
+        """Run ``lease``'s handler in the child; never raises for what the handler or the child did.
+
+        ``aborted`` (the keeper's view of this message's abort request) is polled while the
+        child runs; once true, the child's abort flag is set (its ``delivery.abort_requested``)."""
         if self.process is None or not self.process.is_alive():
             self._kill()
             self.start()
@@ -171,7 +176,12 @@ class ChildSlot:
                 d for d in ((started + soft) if soft else None, (started + hard) if hard else None) if d
             ]
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
+            if aborted is not None:  # polled at the keeper's own abort poll interval
+                timeout = ABORT_POLL_INTERVAL if timeout is None else min(timeout, ABORT_POLL_INTERVAL)
             ready = wait([conn, process.sentinel], timeout)
+            if aborted is not None and aborted():
+                self.abort()
+                aborted = None  # once: the flag stays set until the next message
             if conn in ready:
                 try:
                     answer = conn.recv()
