@@ -28,7 +28,7 @@ from .workers import celery_worker, db_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-#: The promise (docs/control-cancel.md), measured from the processes' own timestamps.
+#: The promise (docs/control.md), measured from the processes' own timestamps.
 ABORT_WITHIN = 1.0
 SETTINGS = json.dumps({"HEARTBEAT_INTERVAL": 5, "ACK_TIMEOUT": 60})
 
@@ -102,7 +102,7 @@ def test_abort_rolls_back_a_transactional_handlers_effects(tmp_path: Path) -> No
 def _sqlite_abort_waits_for_the_transactional_batch(tmp_path: Path) -> None:
     """SQLite has one write lock, which a transactional batch holds while its handlers run
     (docs/guarantees.md): the abort request waits for the batch's commit, and then finds the
-    message finished (docs/control-cancel.md says so). Nothing is recorded twice."""
+    message finished (docs/control.md says so). Nothing is recorded twice."""
     out = tmp_path / "tx.json"
     ZeroLossMessageService().persist_message("ab-tx", "demo.abortable_tx", {"out": str(out), "limit": 3})
     worker = db_worker(

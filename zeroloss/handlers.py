@@ -19,7 +19,7 @@ start-up, like ``admin.py``), or anywhere that is imported before workers start:
 
     @zeroloss.handler("reports", soft_time_limit=50, time_limit=60)
     def build_report(delivery):
-        ...  # SoftTimeLimitExceeded raised in it at 50 s; stopped at 60 s (docs/control-time-limits.md)
+        ...  # SoftTimeLimitExceeded raised in it at 50 s; stopped at 60 s (docs/control.md)
 """
 
 from __future__ import annotations

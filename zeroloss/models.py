@@ -109,7 +109,7 @@ class Message(models.Model):
     completed_at = models.DateTimeField(_("completed at"), null=True, blank=True)
     dead_at = models.DateTimeField(_("dead at"), null=True, blank=True)
     #: Set by an operator's abort of a processing message: its handler is asked to stop, and
-    #: whatever it returns, the message ends ``cancelled`` (docs/control-cancel.md).
+    #: whatever it returns, the message ends ``cancelled`` (docs/control.md).
     abort_requested_at = models.DateTimeField(_("abort requested at"), null=True, blank=True)
 
     objects = MessageQuerySet.as_manager()

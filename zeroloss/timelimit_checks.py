@@ -25,7 +25,7 @@ def limits_messages(specs: list[HandlerSpec], settings: ZeroLossSettings) -> lis
                     f"{spec.soft_time_limit:g}s, not shorter than its hard bound HANDLER_TIMEOUT "
                     f"({hard:g}s): the soft limit would never fire.",
                     hint="Lower soft_time_limit, raise ZEROLOSS['HANDLER_TIMEOUT'], or give the handler "
-                    "its own time_limit (docs/control-time-limits.md).",
+                    "its own time_limit (docs/control.md).",
                     obj=spec.queue_name,
                     id="zeroloss.E060",
                 )

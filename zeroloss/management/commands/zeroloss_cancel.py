@@ -10,7 +10,7 @@ Completed, dead and already cancelled messages are reported, unchanged.
 Exit codes: 0 every message was cancelled (or its abort requested); 1 some were not (running
 without ``--abort``, finished, already cancelled or already asked to abort); 2 bad arguments
 (a malformed or unknown id); 4 the ledger could not be reached (nothing changed). JSON schema:
-docs/control-cancel.md.
+docs/control.md.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ at once with 128 + the signal number.
 
 ``--pool process`` runs the handlers in child processes, one per thread (``--concurrency``),
 replaced after ``--max-tasks-per-child`` messages, killed and replaced at a handler's hard
-``time_limit`` (docs/control-time-limits.md); transactional handlers are refused with it
+``time_limit`` (docs/control.md); transactional handlers are refused with it
 (exit code 2).
 """
 
@@ -73,7 +73,7 @@ class Command(ZeroLossCommand):
             default="thread",
             help=_(
                 "Where handlers run: 'thread' (default) on the claim threads, or 'process' in child "
-                "processes, which a hard time_limit can stop (docs/control-time-limits.md)."
+                "processes, which a hard time_limit can stop (docs/control.md)."
             ),
         )
         parser.add_argument(
