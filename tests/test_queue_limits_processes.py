@@ -137,6 +137,29 @@ def test_pause_holds_every_message_and_resume_releases_them_within_1s():
     assert first - resumed < 1.0, first - resumed
 
 
+def test_a_cancelled_message_of_a_paused_queue_never_runs():
+    import zeroloss
+
+    service = ZeroLossMessageService()
+    service.pause_queue(QUEUE)
+    workers = start_workers(3)
+    try:
+        send(10, "x")  # accepted while paused; half of them cancelled before the queue resumes
+        results = [zeroloss.cancel(f"x{i:03d}", actor="ops") for i in range(0, 10, 2)]
+        assert {r.outcome for r in results} == {zeroloss.CancelOutcome.CANCELLED}
+        service.resume_queue(QUEUE)
+        assert wait_until(lambda: completed("x") == 5, timeout=120), [w.text[-2000:] for w in workers]
+        # Every worker has had time to claim again since (claims poll at least every second).
+        time.sleep(2)
+    finally:
+        stop(workers)
+    ran = set(OrderedRun.objects.filter(message_id__startswith="x").values_list("message_id", flat=True))
+    assert ran == {f"x{i:03d}" for i in range(1, 10, 2)}
+    cancelled = Message.objects.filter(message_id__startswith="x", status="cancelled")
+    assert sorted(cancelled.values_list("message_id", flat=True)) == [f"x{i:03d}" for i in range(0, 10, 2)]
+    assert not MessageEvent.objects.filter(message__in=cancelled, reason="claimed").exists()
+
+
 def test_a_killed_workers_limited_slots_come_back_with_the_sweep_exactly_once():
     service = ZeroLossMessageService()
     service.limit_queue(QUEUE, concurrency=2)
