@@ -684,6 +684,7 @@ class TestVerify:
 # -- the real command line ----------------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.django_db(transaction=True)
 class TestCommandLine:
     def test_exit_codes(self):
