@@ -164,6 +164,13 @@ def main() -> int:
         help="Leave out tests marked 'once' (PostgreSQL's own machinery: the same on every Django version).",
     )
     parser.add_argument(
+        "--tier",
+        action="append",
+        default=[],
+        choices=["unit", "ledger", "process", "chaos", "browser", "docs"],  # tests/conftest.py's TIER_DOCS
+        help="Run only this tier (repeatable).",
+    )
+    parser.add_argument(
         "--serial",
         action="store_true",
         help="Run the PostgreSQL and SQLite passes one after the other (default: side by side).",
@@ -243,7 +250,10 @@ def _tests(
     pytest = [py, "-m", "pytest", *args.pytest_args]
     once = " and not once" if args.skip_once else ""
     if args.fast:
-        once += " and (unit or ledger)"
+        args.tier = args.tier or ["unit", "ledger"]
+    if args.tier:
+        once += f" and ({' or '.join(args.tier)})"
+    if args.fast:
         base_env["ZEROLOSS_TEST_SQLITE_MEMORY"] = "1"
     passes: list[tuple[str, list[str], dict[str, str]]] = []
     both = args.only is None
