@@ -167,6 +167,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("\n".join(problems.values()))
 
 
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Under pytest-xdist (make test-fast) a report travels to the controller as UTF-8: the
+    captured log of a test about lone surrogates in error texts would crash the worker."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        report.sections = [(title, _encodable(content)) for title, content in report.sections]
+
+
 @pytest.fixture(autouse=True)
 def _no_process_below_the_process_tier(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch

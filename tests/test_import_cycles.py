@@ -8,6 +8,7 @@ imported the task backend). Imports under ``if TYPE_CHECKING:`` do not run and a
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "zeroloss"
@@ -46,6 +47,7 @@ def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
+@functools.cache  # parsing every module is most of this file's time; the tree does not change
 def import_graph() -> dict[str, set[str]]:
     modules = _modules()
     graph: dict[str, set[str]] = {}
