@@ -49,7 +49,9 @@ def backdate(message_ids: Iterable[str], column: str, *, seconds_ago: float, usi
     from zeroloss.models import Message
 
     conn = connections[using]
-    field = Message._meta.get_field(column)  # only a model field's column is ever formatted in
+    # only a model field's column is ever formatted into the statement
+    field_column = Message._meta.get_field(column).column  # type: ignore[union-attr]
+    params: list[str | float]
     if conn.vendor == "postgresql":
         past, params = "statement_timestamp() - %s * interval '1 second'", [seconds_ago]
     else:
@@ -57,7 +59,7 @@ def backdate(message_ids: Iterable[str], column: str, *, seconds_ago: float, usi
     ids = list(message_ids)
     with conn.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {Message._meta.db_table} SET {field.column} = {past} "
+            f"UPDATE {Message._meta.db_table} SET {field_column} = {past} "
             f"WHERE message_id IN ({','.join(['%s'] * len(ids))})",
             [*params, *ids],
         )
