@@ -1,6 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   - run the zero-loss demo on the embedded default (SQLite, built-in worker)
 #   make test   - set everything up and run the whole test suite (PostgreSQL and SQLite passes)
+#   make test-fast - the inner loop: unit + ledger tiers, SQLite in memory, no OS process (< 60 s)
 #   make lint   - only the static checks: ruff, mypy over zeroloss/tests/benchmarks, migrations, check
 #   make docs   - the documentation site (MkDocs), built strict into site/
 # Both create their own virtual environment. PYTHON picks the interpreter (3.11+), DJANGO
@@ -17,7 +18,7 @@ PSYCOPG ?= 3
 BIN := $(VENV)/bin
 STAMP := $(BIN)/.zeroloss-installed
 
-.PHONY: demo test lint docs bench chaos clean
+.PHONY: demo test test-fast lint docs bench chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "zeroloss needs Python 3.11 or newer: make ... PYTHON=python3.12")'
@@ -46,6 +47,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m tests.suite $(TEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m tests.suite --fast $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/python -m tests.suite --lint-only

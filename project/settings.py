@@ -14,10 +14,13 @@
   dj-database-url cannot parse multi-host URLs. See docs/high-availability.md.
 - ``ZEROLOSS_SETTINGS_JSON``: a JSON object laid over ``ZEROLOSS`` below, e.g.
   ``{"PREPARED_STATEMENTS": false}`` behind PgBouncer in transaction mode (docs/scaling.md).
+- ``ZEROLOSS_TEST_SQLITE_MEMORY``: the SQLite test database in memory, on /dev/shm (``make test-fast``).
 """
 
+import atexit
 import json
 import os
+import shutil
 from pathlib import Path
 
 import dj_database_url
@@ -89,7 +92,15 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": float(os.environ.get("ZEROLOSS_SQLITE_TIMEOUT", 30)),
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;",
     }
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_zeroloss.sqlite3")}
+    # A file, so that the worker processes a test starts see the test database. make test-fast
+    # keeps it in memory: a file on tmpfs (/dev/shm), one per process, rather than SQLite's
+    # shared-cache ":memory:", whose table locks fail the threaded tests instead of waiting.
+    _test_dir = VAR_DIR
+    if os.environ.get("ZEROLOSS_TEST_SQLITE_MEMORY") and Path("/dev/shm").is_dir():
+        _test_dir = Path("/dev/shm") / f"zeroloss-test-{os.getpid()}"
+        _test_dir.mkdir(exist_ok=True)
+        atexit.register(shutil.rmtree, _test_dir, True)
+    DATABASES["default"]["TEST"] = {"NAME": str(_test_dir / "test_zeroloss.sqlite3")}
 
 # More databases, from the environment (tests and several-ledger deployments): a JSON object of
 # alias -> URL, or alias -> a full DATABASES entry (needed for libpq's multi-host form, which a

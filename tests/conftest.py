@@ -1,4 +1,5 @@
-"""Shared fixtures. The suite runs twice (PostgreSQL and SQLite); see the README's test command."""
+"""Shared fixtures, and the test tiers. The suite runs twice (PostgreSQL and SQLite); see the
+README's test command."""
 
 from __future__ import annotations
 
@@ -18,6 +19,185 @@ from django.db import connection
 from zeroloss.service import ZeroLossMessageService
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# -- test tiers --------------------------------------------------------------------------------
+#: What each tier may use. Every test file has exactly one tier, in :data:`TIERS`; a single test
+#: that needs more than its file's tier carries that tier's marker itself (``@pytest.mark.process``).
+TIER_DOCS = {
+    "unit": "no database, no OS process",
+    "ledger": "one database, threads at most, no OS process",
+    "process": "OS processes: workers, management commands, private servers, compilers",
+    "chaos": "the fault suite: killed, frozen, partitioned or failed-over servers and workers",
+    "browser": "a real browser (Chromium through Playwright) against the live server",
+    "docs": "the documentation's claims and examples, run as written",
+}
+#: The tiers whose outcome can depend on the Django version: CI runs them on every Django minor
+#: version, the other tiers once (they are marked ``once`` at collection). ``make test-fast``
+#: is unit + ledger.
+DJANGO_TIERS = ("unit", "ledger", "browser")
+FAST_TIERS = ("unit", "ledger")
+TIERS: dict[str, str] = {
+    "test_admin.py": "ledger",
+    "test_admin_actions.py": "ledger",
+    "test_admin_browser.py": "browser",
+    "test_admin_cache.py": "ledger",
+    "test_admin_keys.py": "ledger",
+    "test_admin_readonly.py": "ledger",
+    "test_admin_search.py": "ledger",
+    "test_async_handlers.py": "ledger",
+    "test_batching.py": "ledger",
+    "test_benchmarks.py": "process",
+    "test_broker_faults.py": "chaos",
+    "test_bulk_send.py": "ledger",
+    "test_checks.py": "ledger",
+    "test_checks_postgres.py": "ledger",
+    "test_claim_cursor.py": "ledger",
+    "test_declared_queues.py": "ledger",
+    "test_demo.py": "process",
+    "test_doc_claims.py": "docs",
+    "test_docs.py": "docs",
+    "test_everyday_ops.py": "ledger",
+    "test_failover.py": "chaos",
+    "test_faults.py": "chaos",
+    "test_fencing_guards.py": "ledger",
+    "test_headers.py": "ledger",
+    "test_hostile_inputs.py": "ledger",
+    "test_import_cycles.py": "unit",
+    "test_infra_fixtures.py": "chaos",
+    "test_keys.py": "ledger",
+    "test_lease_bounds.py": "ledger",
+    "test_lease_model.py": "process",
+    "test_logging.py": "ledger",
+    "test_ops_bench_snapshot.py": "process",
+    "test_ops_commands.py": "ledger",
+    "test_ops_compat.py": "ledger",
+    "test_ops_faults.py": "chaos",
+    "test_ops_health.py": "ledger",
+    "test_ops_metrics.py": "ledger",
+    "test_ops_snapshot.py": "ledger",
+    "test_ops_support.py": "process",
+    "test_ops_verify.py": "ledger",
+    "test_ordering.py": "ledger",
+    "test_ordering_processes.py": "process",
+    "test_packaging.py": "process",
+    "test_payload_encoding.py": "ledger",
+    "test_pgbouncer.py": "chaos",
+    "test_processes.py": "process",
+    "test_processing.py": "ledger",
+    "test_production_docs.py": "docs",
+    "test_psycopg2.py": "ledger",
+    "test_replication.py": "process",
+    "test_replication_local.py": "ledger",
+    "test_schedules.py": "ledger",
+    "test_schedules_admin.py": "ledger",
+    "test_schedules_browser.py": "browser",
+    "test_schedules_failover.py": "chaos",
+    "test_schedules_processes.py": "process",
+    "test_send_faults.py": "chaos",
+    "test_service.py": "ledger",
+    "test_several_ledgers.py": "process",
+    "test_signals.py": "ledger",
+    "test_state_machine.py": "ledger",
+    "test_sweep_command.py": "process",
+    "test_tasks_backend.py": "ledger",
+    "test_tasks_checks.py": "unit",
+    "test_tasks_contract.py": "ledger",
+    "test_tasks_processes.py": "process",
+    "test_testing_helpers.py": "ledger",
+    "test_tiers.py": "unit",
+    "test_translations.py": "ledger",
+    "test_transport.py": "process",
+    "test_worker_routing.py": "process",
+}
+_TIER = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from django.conf import settings
+
+    # Django's default hasher takes ~0.5 s a password by design; the admin tests make a user each.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+_DB_FIXTURES = {"db", "transactional_db", "live_server", "django_db_setup", "service", "live_service"}
+
+
+def _how_to_tier(name: str) -> str:
+    tiers = "\n".join(f"    {tier}: {what}" for tier, what in TIER_DOCS.items())
+    return (
+        f"{name} has no test tier: add it to TIERS in tests/conftest.py, e.g. "
+        f'"{name}": "ledger", with the lightest tier that holds every one of its tests:\n{tiers}\n'
+        "(one test that needs more carries that tier's marker itself, e.g. @pytest.mark.process)."
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every test its tier (its own tier marker, else its file's from :data:`TIERS`), mark the
+    tiers outside :data:`DJANGO_TIERS` ``once``, and refuse an untiered file or a unit test that
+    asks for a database."""
+    problems: dict[str, str] = {}
+    for item in items:
+        name = item.path.name
+        own = {m.name for m in item.iter_markers() if m.name in TIER_DOCS}
+        if len(own) > 1:
+            problems[item.nodeid] = (
+                f"{item.nodeid} has several tier markers ({', '.join(sorted(own))}): keep one"
+            )
+            continue
+        tier = own.pop() if own else TIERS.get(name)
+        if tier is None:
+            problems[name] = _how_to_tier(name)
+            continue
+        if tier not in TIER_DOCS:
+            problems[name] = f"TIERS gives {name} the unknown tier {tier!r}: one of {', '.join(TIER_DOCS)}"
+            continue
+        if tier == "unit" and (
+            item.get_closest_marker("django_db") or _DB_FIXTURES & set(getattr(item, "fixturenames", ()))
+        ):
+            problems[item.nodeid] = (
+                f"{item.nodeid} uses a database but its tier is unit: mark it @pytest.mark.ledger "
+                "(or give its file the ledger tier in TIERS, tests/conftest.py)"
+            )
+            continue
+        item.stash[_TIER] = tier
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier not in DJANGO_TIERS:
+            item.add_marker(pytest.mark.once)
+    if problems:
+        raise pytest.UsageError("\n".join(problems.values()))
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Under pytest-xdist (make test-fast) a report travels to the controller as UTF-8: the
+    captured log of a test about lone surrogates in error texts would crash the worker."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        report.sections = [(title, _encodable(content)) for title, content in report.sections]
+
+
+@pytest.fixture(autouse=True)
+def _no_process_below_the_process_tier(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit or ledger test that starts an OS process fails saying how to re-tier it: those two
+    tiers are ``make test-fast``, which must stay fast and in one process."""
+    tier = request.node.stash.get(_TIER, None)
+    if tier not in FAST_TIERS:
+        return
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(
+            f"{request.node.nodeid} (tier {tier}) started an OS process: mark it @pytest.mark.process, "
+            "or give its file the process tier in TIERS (tests/conftest.py)"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(os, "posix_spawn", refuse)
 
 
 def database_url() -> str:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import fcntl
 import os
 import shutil
 import signal
@@ -45,6 +44,7 @@ from typing import Any
 import psycopg
 
 from tests.pgcluster import BIN, ClusterError, free_port
+from tests.support import debian
 
 FORMATION = "default"
 PG_VERSION = BIN.parent.name if BIN.parent.name.isdigit() else "15"
@@ -82,43 +82,12 @@ def _as_postgres_kwargs() -> dict[str, Any]:
 
 
 def ensure_debian_package(package: str, present: list[Path | str], *, timeout: float = 300) -> None:
-    """Install ``package`` with apt-get unless every path in ``present`` exists (or is on PATH).
-
-    Bounded in time; serialised across test processes with a lock file (dpkg has its own lock,
-    but two concurrent installs would fail rather than wait). Raises :class:`ClusterError`.
-    """
-
-    def missing() -> list[str]:
-        return [str(p) for p in present if not (Path(p).exists() or shutil.which(str(p)))]
-
-    if not missing():
-        return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise ClusterError(
-            f"{', '.join(missing())} not found and cannot install {package} (needs root and apt-get): "
-            f"apt-get install {package}"
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    deadline = time.monotonic() + timeout
-    with open("/tmp/zeroloss-apt.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not missing():  # another test process installed it while we waited
-            return
-        for cmd in (
-            ["apt-get", "update", "-qq"],
-            ["apt-get", "install", "-y", "-qq", "-o", "DPkg::Lock::Timeout=60", package],
-        ):
-            left = max(1.0, deadline - time.monotonic())
-            try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=left, env=env)
-            except subprocess.TimeoutExpired as exc:
-                raise ClusterError(f"`{' '.join(cmd)}` did not finish in {left:.0f}s") from exc
-            if done.returncode != 0:
-                raise ClusterError(
-                    f"`{' '.join(cmd)}` failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
-                )
-    if missing():
-        raise ClusterError(f"installed {package} but {', '.join(missing())} is still missing")
+    """:func:`tests.support.debian.ensure_debian_package`, failing as a :class:`ClusterError`
+    (what the cluster fixtures raise)."""
+    try:
+        debian.ensure_debian_package(package, present, timeout=timeout)
+    except debian.DebianPackageError as exc:
+        raise ClusterError(str(exc)) from exc
 
 
 def _process_children(pid: int) -> list[int]:

@@ -43,19 +43,16 @@ class NetnsError(RuntimeError):
 
 def ip_binary() -> str:
     """``ip`` (iproute2); installed from Debian, bounded in time, when it is missing."""
-    found = shutil.which("ip")
-    if found:
-        return found
+    from tests.support.debian import DebianPackageError, ensure_debian_package
+
     if os.geteuid() != 0:
         raise NetnsError("network namespaces need root (ip netns add); run the fault suite as root")
-    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "iproute2"]):
-        try:
-            subprocess.run(cmd, capture_output=True, timeout=300, check=True)
-        except (subprocess.SubprocessError, OSError) as exc:
-            raise NetnsError(f"`ip` is missing and {' '.join(cmd)} failed: {exc}") from exc
+    try:
+        ensure_debian_package("iproute2", ["ip"], timeout=300)
+    except DebianPackageError as exc:
+        raise NetnsError(f"`ip` is missing: {exc}") from exc
     found = shutil.which("ip")
-    if not found:
-        raise NetnsError("apt-get install iproute2 succeeded but `ip` is still not on PATH")
+    assert found  # ensure_debian_package checked it
     return found
 
 

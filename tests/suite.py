@@ -7,9 +7,17 @@
    ``postgres_only``: those use PostgreSQL-only features such as streaming replication; tests
    marked ``sqlite_only`` are about SQLite itself and run only in this pass).
 
-``--skip-once`` leaves out the tests marked ``once``: PostgreSQL's own machinery under faults
-(private clusters, automatic failover, PgBouncer, the fault suite, the benchmark smoke run),
-which behaves the same whatever the Django version. CI runs them in its first pass only.
+Passes 2 and 3 run side by side (``--serial``: one after the other), each with its own var dir
+(``var/test-postgres``, ``var/test-sqlite``) and Redis database: the SQLite pass takes the one
+below ``ZEROLOSS_TEST_REDIS_URL``'s (``/15`` -> ``/14``), or ``ZEROLOSS_TEST_REDIS_URL_SQLITE``.
+
+``--skip-once`` leaves out the tests marked ``once``: every test outside the tiers whose outcome
+can depend on the Django version (``tests/conftest.py``'s ``DJANGO_TIERS``: unit, ledger,
+browser), such as worker processes, PostgreSQL's own machinery under faults and the docs. CI
+runs them in its first pass only.
+
+``--fast`` (``make test-fast``) is the inner loop: the unit and ledger tiers on SQLite in
+memory, no OS process, no lint, with its wall time printed at the end.
 
 PostgreSQL comes from ``ZEROLOSS_TEST_POSTGRES_URL`` (default
 ``postgres://postgres@127.0.0.1:5432/zeroloss``; the test database is ``test_<name>``) and
@@ -36,6 +44,7 @@ from urllib.parse import urlparse
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/zeroloss"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/15"
+STARTED = time.monotonic()
 
 
 def _reachable(url: str, default_port: int) -> bool:
@@ -154,8 +163,27 @@ def main() -> int:
         action="store_true",
         help="Leave out tests marked 'once' (PostgreSQL's own machinery: the same on every Django version).",
     )
+    parser.add_argument(
+        "--tier",
+        action="append",
+        default=[],
+        choices=["unit", "ledger", "process", "chaos", "browser", "docs"],  # tests/conftest.py's TIER_DOCS
+        help="Run only this tier (repeatable).",
+    )
+    parser.add_argument(
+        "--serial",
+        action="store_true",
+        help="Run the PostgreSQL and SQLite passes one after the other (default: side by side).",
+    )
+    parser.add_argument(
+        "--fast",
+        action="store_true",
+        help="The unit and ledger tiers on SQLite in memory, no lint (make test-fast).",
+    )
     parser.add_argument("pytest_args", nargs="*", help="Extra pytest arguments (e.g. -k sweep).")
     args = parser.parse_args()
+    if args.fast:
+        args.skip_lint, args.only = True, "sqlite"
 
     py = sys.executable
     results: dict[str, bool] = {}
@@ -221,22 +249,82 @@ def _tests(
 
     pytest = [py, "-m", "pytest", *args.pytest_args]
     once = " and not once" if args.skip_once else ""
+    if args.fast:
+        args.tier = args.tier or ["unit", "ledger"]
+    if args.tier:
+        once += f" and ({' or '.join(args.tier)})"
+    if args.fast:
+        base_env["ZEROLOSS_TEST_SQLITE_MEMORY"] = "1"
+        # one pytest worker per core (pytest-xdist); each has its own in-memory test database
+        pytest[3:3] = ["-n", os.environ.get("ZEROLOSS_TEST_FAST_WORKERS", "auto")]
+    passes: list[tuple[str, list[str], dict[str, str]]] = []
+    both = args.only is None
     if args.only != "sqlite":
         env = dict(base_env, DATABASE_URL=pg_url)
-        results["pytest postgres"] = _run(
-            "pytest (PostgreSQL)", [*pytest, "-m", f"not sqlite_only{once}"], env
-        )
+        env.setdefault("ZEROLOSS_VAR_DIR", str(ROOT / "var" / "test-postgres"))
+        passes.append(("pytest postgres", [*pytest, "-m", f"not sqlite_only{once}"], env))
     if args.only != "postgres":
         env = dict(base_env)
         env.setdefault("ZEROLOSS_VAR_DIR", str(ROOT / "var" / "test-sqlite"))
-        results["pytest sqlite"] = _run("pytest (SQLite)", [*pytest, "-m", f"not postgres_only{once}"], env)
+        if both:
+            # The two passes run side by side: the SQLite one gets the Redis database
+            # below (tests flush theirs) unless ZEROLOSS_TEST_REDIS_URL_SQLITE names one.
+            env["ZEROLOSS_TEST_REDIS_URL"] = os.environ.get(
+                "ZEROLOSS_TEST_REDIS_URL_SQLITE", _other_redis_db(base_env["ZEROLOSS_TEST_REDIS_URL"])
+            )
+        passes.append(("pytest sqlite", [*pytest, "-m", f"not postgres_only{once}"], env))
+    if len(passes) > 1 and not args.serial:
+        results.update(_run_side_by_side(passes))
+    else:
+        for name, cmd, env in passes:
+            results[name] = _run(name, cmd, env)
     return _summary(results)
+
+
+def _other_redis_db(url: str) -> str:
+    parsed = urlparse(url)
+    db = int((parsed.path or "/0").lstrip("/") or 0)
+    # the one below (the default /15 is the last of Redis's 16; /0 is the one applications use)
+    return parsed._replace(path=f"/{db - 1 if db > 0 else 1}").geturl()
+
+
+def _run_side_by_side(passes: list[tuple[str, list[str], dict[str, str]]]) -> dict[str, bool]:
+    """Run the passes at once (each its own database, Redis database and var dir: they share no
+    state), every output line prefixed with its pass; the two cores of a small machine are
+    busy together instead of one after the other."""
+    import threading
+
+    def pump(name: str, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(f"[{name}] {line}", end="", flush=True)
+
+    started = time.monotonic()
+    running = []
+    for name, cmd, env in passes:
+        print(f"\n=== {name} (side by side): {' '.join(cmd)}", flush=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        thread = threading.Thread(target=pump, args=(name.split()[-1], proc), daemon=True)
+        thread.start()
+        running.append((name, proc, thread))
+    results = {}
+    for name, proc, thread in running:
+        code = proc.wait()
+        thread.join()
+        results[name] = code == 0
+        print(
+            f"=== {name}: {'ok' if code == 0 else 'FAILED'} ({time.monotonic() - started:.0f}s)", flush=True
+        )
+    return results
 
 
 def _summary(results: dict[str, bool]) -> int:
     print("\n=== summary")
     for name, ok in results.items():
         print(f"  {'ok    ' if ok else 'FAILED'} {name}")
+    print(f"=== {time.monotonic() - STARTED:.1f}s wall in all", flush=True)
     return 0 if all(results.values()) else 1
 
 

@@ -39,22 +39,27 @@ OPERATOR_PERMS = (
 )
 
 
-@pytest.fixture
-def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    if not os.access(CHROMIUM, os.X_OK) and "ZEROLOSS_CHROMIUM" not in os.environ:
-        # Debian's package, installed here as the other tests install theirs (never a download
-        # of a browser build): `make test` on a fresh machine needs nothing installed by hand.
-        from tests.hacluster import ClusterError, ensure_debian_package
+def ensure_chromium() -> None:
+    """Debian's Chromium at :data:`CHROMIUM`, installed when missing as every Debian package the
+    tests drive is (never a download of a browser build); a failure saying what to install
+    otherwise. ``ZEROLOSS_CHROMIUM`` names a browser the test must find as it is."""
+    from tests.support.debian import DebianPackageError, ensure_debian_package
 
+    if "ZEROLOSS_CHROMIUM" not in os.environ:
         try:
-            ensure_debian_package("chromium", [CHROMIUM], timeout=600)
-        except ClusterError as exc:
+            ensure_debian_package("chromium", [CHROMIUM], timeout=900)
+        except DebianPackageError as exc:
             pytest.fail(f"Chromium not found at {CHROMIUM} and could not be installed: {exc}")
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(
-            f"Chromium not found at {CHROMIUM}: install Debian's package (apt-get install chromium) "
-            "or set ZEROLOSS_CHROMIUM. The browser tests never download a browser."
+            f"Chromium not found at {CHROMIUM} (ZEROLOSS_CHROMIUM): point it at a Chromium binary, or "
+            "unset it to have Debian's package installed. The browser tests never download a browser."
         )
+
+
+@pytest.fixture
+def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    ensure_chromium()
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API keeps an event loop in this thread; the ORM calls the test makes

@@ -166,6 +166,7 @@ def test_filter_values_use_an_index_on_postgres(client: Client, view: str, setti
 
 
 @pytest.mark.postgres_only
+@pytest.mark.process
 def test_search_benchmark_runs(db: None) -> None:
     """``python -m benchmarks.admin_search`` (docs/admin.md's figures) still runs, at a small size."""
     import os

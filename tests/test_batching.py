@@ -20,6 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_a_sigkill_mid_batch_reruns_at_most_the_unrecorded_outcomes_each_visible_in_the_audit():
     service = ZeroLossMessageService()
     service.persist_messages([(f"b{i}", "demo.record", {"i": i, "sleep": 0.01}) for i in range(400)])

@@ -108,7 +108,7 @@ def test_redispatch_stamps_before_publishing_so_a_message_failed_meanwhile_stays
 
 
 def test_the_beat_sweep_is_not_starved_by_deliveries_nor_defeated_by_a_skewed_clock(tmp_path: Path, settings):
-    from tests.hacluster import ensure_debian_package
+    from tests.support.debian import ensure_debian_package
 
     ensure_debian_package("faketime", ["faketime"])
     server = PrivateRedis()

@@ -105,6 +105,7 @@ def test_sqlite_is_not_asked(django_assert_num_queries):
 
 
 @pytest.mark.postgres_only
+@pytest.mark.process  # a private cluster and manage.py check
 def test_manage_py_check_names_a_server_without_fsync_and_a_database_without_synchronous_commit():
     cluster = PgCluster(dbname="zl_checks")
     try:

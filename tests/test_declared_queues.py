@@ -54,7 +54,7 @@ def test_the_worker_refuses_a_declared_queue_it_has_no_handler_for(settings):
     call_command("zeroloss_worker", "--queue", "demo.record", "--burst", "--no-sweep", verbosity=0)
 
 
-@pytest.mark.once
+@pytest.mark.process
 def test_as_a_process_it_exits_2_with_what_to_fix():
     proc = db_worker("--burst", ZEROLOSS_SETTINGS_JSON=json.dumps(DECLARED))
     assert proc.popen.wait(timeout=60) == 2, proc.text

@@ -103,7 +103,7 @@ def test_readiness_ignores_the_alerts_that_health_reports(client, settings):
     assert client.post("/zeroloss/health/ready/").status_code == 405
 
 
-@pytest.mark.once
+@pytest.mark.process
 def test_readiness_fails_when_a_ledger_database_is_unreachable():
     from tests.conftest import ROOT, child_env
     from tests.pgcluster import free_port

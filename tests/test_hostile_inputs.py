@@ -1389,6 +1389,7 @@ def test_hostile_input(case: Hostile) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.process
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("case", COMMITTED, ids=[c.id for c in COMMITTED])
 def test_hostile_input_on_the_command_line(case: Hostile) -> None:

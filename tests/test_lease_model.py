@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hacluster import ensure_debian_package
+from tests.support.debian import ensure_debian_package
 from zeroloss.states import TRANSITIONS
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.once]
@@ -182,7 +182,7 @@ def _check(pan: Path, check: Check) -> Outcome:
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
     ensure_debian_package("spin", ["spin"])
-    assert shutil.which("gcc"), "gcc is needed to compile spin's verifier (apt-get install gcc)"
+    ensure_debian_package("gcc", ["gcc"])  # compiles spin's verifier
     root = tmp_path_factory.mktemp("lease-model")
     parallel = min(2, os.cpu_count() or 1)
     with ThreadPoolExecutor(parallel) as pool:

@@ -103,7 +103,7 @@ def run_command(live: ZeroLossMessageService, settings_module: str, *args: str) 
     return done.stderr
 
 
-@pytest.mark.once  # an OS process each; Django's logging set-up is the same on 5.2 and 6
+@pytest.mark.process  # an OS process each
 def test_the_worker_prints_failures_on_stderr_without_any_logging_configured(live_service):
     err = run_command(live_service, "tests.settings_without_logging")
     assert err.count("WARNING zeroloss: c-bad: handler project.demo.zeroloss_handlers.record failed") == 1
@@ -113,14 +113,14 @@ def test_the_worker_prints_failures_on_stderr_without_any_logging_configured(liv
     assert err.count("ERROR zeroloss: c-bad: dead-lettered after attempt 1 of 1") == 1
 
 
-@pytest.mark.once  # an OS process each; Django's logging set-up is the same on 5.2 and 6
+@pytest.mark.process  # an OS process each
 def test_verbosity_0_prints_errors_only(live_service):
     err = run_command(live_service, "tests.settings_without_logging", "-v", "0")
     assert "WARNING zeroloss" not in err and "c-bad: handler" not in err
     assert err.count("ERROR zeroloss: c-bad: dead-lettered") == 1
 
 
-@pytest.mark.once  # an OS process each; Django's logging set-up is the same on 5.2 and 6
+@pytest.mark.process  # an OS process each
 def test_the_projects_own_logging_prints_each_line_once(live_service):
     # project.settings gives the zeroloss logger a stderr handler of its own (no format).
     err = run_command(live_service, "project.settings", "-v", "2")

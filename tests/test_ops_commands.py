@@ -8,11 +8,11 @@ the terminal prompt and the progress bar.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from django.db import connection
 
+from tests.support import backdate
 from tests.test_ops_support import (
     FakeTerminal,
     clear_cache,
@@ -368,18 +368,25 @@ class TestRequeueSelection:
         assert statuses() == {"d1": "pending", "d2": "pending", "d3": "dead"}
 
     def test_older_than_uses_the_database_clock(self):
-        make_dead(["old"])
-        time.sleep(2.2)
-        make_dead(["new"])
+        make_dead(["old", "new"])
+        assert backdate(["old"], "dead_at", seconds_ago=120) == 1  # dead-lettered 2 min ago
         dry = run(
-            "zeroloss_requeue", "--queue", "q", "--state", "dead", "--older-than", "2s", "--dry-run", "--json"
+            "zeroloss_requeue",
+            "--queue",
+            "q",
+            "--state",
+            "dead",
+            "--older-than",
+            "60s",
+            "--dry-run",
+            "--json",
         )
         assert json.loads(dry.out)["requeued"] == ["old"]
         r = run(
-            "zeroloss_requeue", "--queue", "q", "--state", "dead", "--older-than", "2s", "--yes", "--json"
+            "zeroloss_requeue", "--queue", "q", "--state", "dead", "--older-than", "60s", "--yes", "--json"
         )
         data = json.loads(r.out)
-        assert (data["requeued"], data["selection"]["older_than_seconds"]) == (["old"], 2.0)
+        assert (data["requeued"], data["selection"]["older_than_seconds"]) == (["old"], 60.0)
         assert statuses() == {"old": "pending", "new": "dead"}
         none = run("zeroloss_requeue", "--queue", "q", "--state", "dead", "--older-than", "1h", "--json")
         assert none.code == 0
@@ -467,12 +474,11 @@ class TestPurge:
         assert list(PurgeRecord.objects.values_list("queue_name", "status", "count")) == [("a", "dead", 2)]
 
     def test_older_than_keeps_recent_messages(self):
-        make_completed(["old"])
-        time.sleep(2.2)
-        make_completed(["new"])
-        r = run("zeroloss_purge", "--older-than", "2s", "--yes")
+        make_completed(["old", "new"])
+        assert backdate(["old"], "completed_at", seconds_ago=120) == 1  # completed 2 min ago
+        r = run("zeroloss_purge", "--older-than", "30s", "--yes")
         assert r.code == 0
-        assert "purged 1 completed message(s) older than 2.0s" in r.out
+        assert "purged 1 completed message(s) older than 30s (before " in r.out
         assert statuses() == {"new": "completed"}
 
     def test_dry_run_changes_nothing(self):
@@ -695,6 +701,7 @@ class TestVerify:
 # -- the real command line ----------------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.django_db(transaction=True)
 class TestCommandLine:
     def test_exit_codes(self):

@@ -90,6 +90,7 @@ def test_an_unknown_database_alias_is_refused_when_the_service_is_built():
         ZeroLossMessageService(using="missing")
 
 
+@pytest.mark.process
 def test_an_unreachable_database_says_since_when_and_logs_once():
     """Each probe answers "unreachable since <time>" at once; the log gets one line per outage."""
     import json

@@ -68,6 +68,7 @@ def run_measured(*args: str, timeout: float = 600) -> tuple[int, int, str, str]:
         return proc.returncode, usage.ru_maxrss * 1024, out.read().decode(), err.read().decode()  # KiB
 
 
+@pytest.mark.process
 @pytest.mark.django_db(transaction=True)
 def test_full_run_memory_is_bounded_by_bytes_not_rows():
     service = ZeroLossMessageService()

@@ -60,7 +60,7 @@ def skewed_worker(offset: str, name: str) -> Proc:
 
 
 def test_three_skewed_schedulers_one_killed_send_every_tick_once(db):
-    from tests.hacluster import ensure_debian_package
+    from tests.support.debian import ensure_debian_package
 
     ensure_debian_package("faketime", ["faketime"])
     procs: list[Proc] = []

@@ -136,6 +136,7 @@ def test_the_framework_is_installed_here():
     assert framework_available() is True
 
 
+@pytest.mark.process
 def test_without_a_tasks_framework_zeroloss_still_works_and_warns(tmp_path):
     """Django 5.2 without the backport: handler queues, unknown queues and the checks behave, and
     TASKS naming zeroloss's backend is W020 (the framework's imports are blocked in a child)."""

@@ -386,6 +386,7 @@ def test_commands_english_is_unchanged(ops_ledger: None, settings: Any) -> None:
     )
 
 
+@pytest.mark.process
 def test_command_line_speaks_the_settings_language() -> None:
     """``manage.py`` in a new process, ``LANGUAGE_CODE = "de"`` in its settings and nothing
     activated: the usage error, a CommandError and ``--help`` are German, the exit codes unchanged."""

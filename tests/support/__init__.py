@@ -2,6 +2,9 @@
 
 Leases are decided by the database clock, so a test never waits for one to run out: it moves
 the lease's expiry into the past with :func:`expire_leases`, exactly as time would.
+
+The models are imported inside the helpers: ``tests.support.debian`` is imported by fixtures
+that also run outside Django (``python -m tests.hacluster``, the fault suite).
 """
 
 from __future__ import annotations
@@ -12,14 +15,14 @@ from typing import Any
 
 from django.db import connections
 
-from zeroloss.models import Message
-
 
 def expire_leases(
     message_ids: Iterable[str] | None = None, *, using: str = "default", seconds_ago: float = 1.0
 ) -> int:
     """Make the leases of these processing messages (all, if ``None``) expired ``seconds_ago`` ago,
     by the database's clock. Returns how many were moved."""
+    from zeroloss.models import Message
+
     conn = connections[using]
     table = Message._meta.db_table
     if conn.vendor == "postgresql":
@@ -37,6 +40,29 @@ def expire_leases(
         params += ids
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def backdate(message_ids: Iterable[str], column: str, *, seconds_ago: float, using: str = "default") -> int:
+    """Move ``column`` (a timestamp such as ``dead_at`` or ``completed_at``) of these messages
+    ``seconds_ago`` into the past by the database's clock: what waiting would do, without the wait."""
+    from zeroloss.models import Message
+
+    conn = connections[using]
+    # only a model field's column is ever formatted into the statement
+    field_column = Message._meta.get_field(column).column  # type: ignore[union-attr]
+    params: list[str | float]
+    if conn.vendor == "postgresql":
+        past, params = "statement_timestamp() - %s * interval '1 second'", [seconds_ago]
+    else:
+        past, params = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"-{seconds_ago:.6f} seconds"]
+    ids = list(message_ids)
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Message._meta.db_table} SET {field_column} = {past} "
+            f"WHERE message_id IN ({','.join(['%s'] * len(ids))})",
+            [*params, *ids],
+        )
         return cursor.rowcount
 
 
@@ -60,6 +86,8 @@ def finish(worker: Any, thread: threading.Thread, timeout: float = 60) -> None:
 
 def make_available(message_ids: Iterable[str], *, using: str = "default") -> int:
     """End the backoff (or delay) of these pending messages now, by the database's clock."""
+    from zeroloss.models import Message
+
     conn = connections[using]
     table = Message._meta.db_table
     now = (
