@@ -88,6 +88,7 @@ def test_bad_input_is_exit_2_and_changes_nothing(args, message):
     assert not QueueControl.objects.exists()
 
 
+@pytest.mark.process
 def test_the_real_command_line():
     proc = cli("zeroloss_queue", "limit", QUEUE, "--concurrency", "3")
     assert proc.returncode == 0, proc.stderr

@@ -101,6 +101,7 @@ def test_opentelemetry_metrics_when_a_meter_provider_is_set(spans, otel_metrics)
     assert _points(otel_metrics, "zeroloss.claim.batch_size")
 
 
+@pytest.mark.process
 def test_zeroloss_works_and_imports_no_opentelemetry_without_it():
     script = textwrap.dedent(
         """
@@ -139,6 +140,7 @@ def test_zeroloss_works_and_imports_no_opentelemetry_without_it():
     assert done.stdout.strip() == "ok"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("port", "text"),
     [
