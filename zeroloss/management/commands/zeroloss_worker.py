@@ -102,7 +102,9 @@ class Command(ZeroLossCommand):
         parser.add_argument(
             "--no-schedule",
             action="store_true",
-            help="Do not run the scheduler (ZEROLOSS['SCHEDULES'] and database schedules) in this process.",
+            help=_(
+                "Do not run the scheduler (ZEROLOSS['SCHEDULES'] and database schedules) in this process."
+            ),
         )
         parser.add_argument(
             "--no-listen",
