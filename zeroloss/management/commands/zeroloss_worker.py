@@ -191,6 +191,8 @@ class Command(ZeroLossCommand):
                 health_file,
                 json,
                 verbosity,
+                pool,
+                max_tasks_per_child,
                 options,
             )
         finally:
@@ -240,6 +242,8 @@ class Command(ZeroLossCommand):
         health_file: str | None,
         json: bool,
         verbosity: int,
+        pool: str,
+        max_tasks_per_child: int | None,
         options: dict[str, Any],
     ) -> None:
         if options["database"] is not None:
