@@ -101,6 +101,24 @@ def _claims(queue: str) -> list[float]:
         return [r[0] for r in cursor.fetchall()]
 
 
+def claim_statements(queue: str) -> dict[str, float]:
+    """The drain's claims, one per transaction (its audit rows' ``xmin``): how many, how many
+    messages each, and the mean milliseconds from its first to its last audit row (the claim
+    statement's own time: a limited queue's claims hold its row lock for at least that)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), avg(n)::float8, 1000 * extract(epoch FROM avg(t1 - t0))::float8 FROM ("
+            "SELECT count(*) n, min(e.created_at) t0, max(e.created_at) t1 FROM zeroloss_messageevent e "
+            "JOIN zeroloss_message m ON m.id = e.message_id WHERE m.queue_name = %s AND e.reason = 'claimed' "
+            "GROUP BY e.xmin::text) x",
+            [queue],
+        )
+        claims, size, ms = cursor.fetchone()
+    return {"claims": claims, "per_claim": size, "claim_ms": ms}
+
+
 #: The limits of the "never reached" drain, by ``--never-reached``.
 NEVER_REACHED = {
     "both": {"concurrency": 10_000, "rate": "1000000/s"},
@@ -185,10 +203,17 @@ def run(messages: int, runs: int, minute: bool, server: str, name: str, kind: st
     try:
         _setup(db.with_database(server, name))
         plain, limited = [], []
+        stats: dict[str, list[dict[str, float]]] = {"plain": [], "limited": []}
         for _ in range(runs):  # alternating, so load changes hit both alike
             plain.append(drain(messages, limited=False))
+            stats["plain"].append(claim_statements("bench.noop"))
             limited.append(drain(messages, limited=True, kind=kind))
+            stats["limited"].append(claim_statements("bench.noop"))
         results: dict[str, Any] = {
+            "claims": {
+                k: {f: statistics.median(s[f] for s in v) for f in ("claims", "per_claim", "claim_ms")}
+                for k, v in stats.items()
+            },
             "drain_plain": statistics.median(plain),
             "drain_limited": statistics.median(limited),
             "drain_runs": {"plain": plain, "limited": limited},
@@ -215,6 +240,11 @@ def report(r: dict[str, Any]) -> str:
             f"| drain, no limit (2 workers x 4 threads, no-op) | {r['drain_plain']:,.0f} msg/s |",
             f"| drain, a limit never reached ({r['never_reached']}) | {r['drain_limited']:,.0f} msg/s |",
             f"| ratio limited / no limit (issue: >= 0.90) | {r['drain_ratio']:.2f} |",
+            *(
+                f"| claims, {k}: per drain; messages each; ms each (first to last audit row) | "
+                f"{c['claims']:.0f}; {c['per_claim']:.0f}; {c['claim_ms']:.1f} |"
+                for k, c in r["claims"].items()
+            ),
             f"| concurrency {f['limit']}: most in flight (sampled every 20 ms) | {f['max']} |",
             f"| concurrency {f['limit']}: mean in flight while the backlog lasts | {f['mean']:.2f} |",
             f"| rate {rate['rate']:g}/s: claims, over | {rate['claims']} in {rate['span_s']:.1f} s |",

@@ -175,6 +175,28 @@ def test_limits_from_settings_apply_and_an_override_wins_until_cleared(settings)
     assert (state.processing, state.pending) == (3, 3)
 
 
+@pytest.mark.postgres_only  # SQLite's lock is a write (it takes the database's write lock)
+def test_a_concurrency_claim_locks_the_row_without_writing_it(settings):
+    """The row is created at the queue's first claim (a limit from the settings alone); after
+    that a claim locks it (SELECT ... FOR UPDATE): no new row version, no WAL per claim."""
+    settings.ZEROLOSS = {"QUEUES": {"q": {"concurrency": 3}}}
+    service = ZeroLossMessageService()
+    send(service, "q", 6)
+    assert not QueueControl.objects.filter(queue_name="q").exists()
+
+    def version() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT xmin::text FROM {CTL} WHERE queue_name = %s", ["q"])
+            return cursor.fetchone()[0]
+
+    assert len(service.claim_next("q", limit=1)) == 1  # creates the row
+    created = version()
+    assert len(service.claim_next("q", limit=1)) == 1
+    assert len(service.claim_next("q", limit=10)) == 1  # the limit still counts: 3 in flight
+    assert service.claim_next("q", limit=10) == []
+    assert version() == created
+
+
 def test_a_redrive_goes_through_the_limit():
     service = ZeroLossMessageService(max_attempts=1)
     send(service, "q", 3)

@@ -153,6 +153,14 @@ class QueueControlling(LedgerBase):
 
     # -- enforcement ----------------------------------------------------------------------
 
+    def _claims_lock(self, queue_name: str) -> bool:
+        """Whether a claim of the queue locks its control row (a limit, as far as this process
+        knows)."""
+        declared = self.settings.QUEUES.get(queue_name)
+        if declared is not None and (declared.concurrency is not None or declared.rate is not None):
+            return True
+        return queue_name in self._controlled_queues()[1]
+
     def _is_controlled(self, queue_name: str) -> bool:
         """Whether a claim of the queue must go through :meth:`_claim_controlled`: the hot path's
         question, answered without a statement (but twice a second per process)."""
@@ -192,10 +200,7 @@ class QueueControlling(LedgerBase):
         """Claim through ``claim(n)`` at most what the queue's control allows, atomically.
         ``claim_counting(n, concurrency)``: a claim that counts what is processing itself (one
         statement less while the row is locked)."""
-        declared = self.settings.QUEUES.get(queue_name)
-        if queue_name not in self._controlled_queues()[1] and not (
-            declared is not None and (declared.concurrency is not None or declared.rate is not None)
-        ):
+        if not self._claims_lock(queue_name):
             # Paused only, as far as this process knows: an unlocked read decides (no row lock
             # for every poll of a paused queue); a limit set meanwhile is found there too.
             rows, _ = self._run("CONTROL_READ", [queue_name])
@@ -209,7 +214,9 @@ class QueueControlling(LedgerBase):
         # one more round trip while the row is locked. A failure here fails that transaction.
         with transaction.atomic(using=self.using, savepoint=False):
             # The row lock: the claims of this queue, one after another (SQLite: the write lock).
-            rows, _ = self._run("CONTROL_LOCK", [queue_name])
+            rows = self._run("CONTROL_LOCK", [queue_name])[0] if engine.lock_row else []
+            if not rows:  # SQLite, or the queue's first claim
+                rows, _ = self._run("CONTROL_LOCK_UPSERT", [queue_name])
             paused, concurrency, rate, tokens, refilled_at, clock = rows[0]
             limits = self.queue_limits(queue_name, concurrency, rate)
             if paused:

@@ -91,6 +91,8 @@ class Engine:
     jsonb: ClassVar[str] = ""
     skip_locked: ClassVar[str] = ""
     for_update: ClassVar[str] = ""
+    #: Lock one selected row until commit; "" where a claim locks by writing (SQLite).
+    lock_row: ClassVar[str] = ""
     #: Lock the ledger's rows of a join, skipping those locked elsewhere.
     skip_locked_of: ClassVar[str] = ""
     #: How ``id`` is matched against a locking subquery.
@@ -126,6 +128,7 @@ class Engine:
             jsonb=self.jsonb,
             skip_locked=self.skip_locked,
             for_update=self.for_update,
+            lock_row=self.lock_row,
             skip_locked_of=self.skip_locked_of,
             in_open=self.in_open,
             in_close=self.in_close,

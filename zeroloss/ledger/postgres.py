@@ -112,6 +112,7 @@ class PostgresEngine(Engine):
     jsonb = "::jsonb"
     skip_locked = " FOR UPDATE SKIP LOCKED"
     for_update = f" FOR UPDATE OF {MSG}"
+    lock_row = " FOR UPDATE"
     skip_locked_of = f" FOR UPDATE OF {MSG} SKIP LOCKED"
     # ARRAY(...) evaluates the locking subquery exactly once; a plain IN (...) may be re-planned
     # as a join that re-runs it and locks more rows than its LIMIT.

@@ -16,11 +16,18 @@ CONTROLLED_QUEUES = (
 )
 #: A queue's operator part, unlocked: a paused queue is not claimed, whatever its limits.
 CONTROL_READ = "SELECT paused, concurrency, rate FROM {ctl} WHERE queue_name = %s"
-#: A claim of a limited queue starts by locking its row (created at its first claim: a limit
-#: may come from the settings alone). Every such claim of the queue waits here for the one
-#: before it to commit, so each counts what the others claimed; the clock is read after the
-#: wait (``{clock}``), and times the rate's bucket.
+#: A claim of a limited queue starts by locking its row. Every such claim of the queue waits
+#: here for the one before it to commit, so each counts what the others claimed; the clock is
+#: read after the wait (``{clock}`` in the outer query: the inner one's projection runs below its
+#: lock), and times the rate's bucket. PostgreSQL: a row lock, no new row version (no WAL); no
+#: row yet (a limit from the settings alone), CONTROL_LOCK_UPSERT creates it.
 CONTROL_LOCK = (
+    "SELECT paused, concurrency, rate, tokens, refilled_at, {clock} FROM (SELECT paused, concurrency, rate, "
+    "tokens, refilled_at FROM {ctl} WHERE queue_name = %s{lock_row}) locked"
+)
+#: The lock that creates the row at the queue's first claim; SQLite's every lock (a write, so
+#: the claim holds the database's write lock from its start: no snapshot read before it).
+CONTROL_LOCK_UPSERT = (
     "INSERT INTO {ctl} (" + _CONTROL_COLUMNS + ") VALUES (%s, false, NULL, '', 0, NULL, '', {now}) "
     "ON CONFLICT (queue_name) DO UPDATE SET tokens = {ctl}.tokens "
     "RETURNING paused, concurrency, rate, tokens, refilled_at, {clock}"

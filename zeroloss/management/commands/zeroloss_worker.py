@@ -195,6 +195,8 @@ class Command(ZeroLossCommand):
                 health_file,
                 json,
                 verbosity,
+                pool,
+                max_tasks_per_child,
                 options,
             )
         finally:
@@ -246,6 +248,8 @@ class Command(ZeroLossCommand):
         health_file: str | None,
         json: bool,
         verbosity: int,
+        pool: str,
+        max_tasks_per_child: int | None,
         options: dict[str, Any],
     ) -> None:
         if options["database"] is not None:
