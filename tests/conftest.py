@@ -116,6 +116,7 @@ TIERS: dict[str, str] = {
     "test_tiers.py": "unit",
     "test_time_limits.py": "ledger",
     "test_translations.py": "ledger",
+    "test_translations_control.py": "ledger",
     "test_transport.py": "process",
     "test_worker_routing.py": "process",
 }

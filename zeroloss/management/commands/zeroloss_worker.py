@@ -195,8 +195,6 @@ class Command(ZeroLossCommand):
                 health_file,
                 json,
                 verbosity,
-                pool,
-                max_tasks_per_child,
                 options,
             )
         finally:
@@ -248,8 +246,6 @@ class Command(ZeroLossCommand):
         health_file: str | None,
         json: bool,
         verbosity: int,
-        pool: str,
-        max_tasks_per_child: int | None,
         options: dict[str, Any],
     ) -> None:
         if options["database"] is not None:
