@@ -14,6 +14,8 @@ replaced after ``--max-tasks-per-child`` messages, killed and replaced at a hand
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -138,18 +140,8 @@ class Command(ZeroLossCommand):
         concurrency: int,
         pool: str,
         max_tasks_per_child: int | None,
-        batch_size: int,
-        poll_interval: float,
-        burst: bool,
-        max_messages: int | None,
-        no_sweep: bool,
-        no_schedule: bool,
-        no_listen: bool,
-        health_file: str | None,
         metrics_port: int | None,
         metrics_addr: str,
-        json: bool,
-        verbosity: int,
         **options: Any,
     ) -> None:
         known = registered_queues()
@@ -177,34 +169,17 @@ class Command(ZeroLossCommand):
                 },
                 returncode=2,
             )
-        server = self._metrics_server(metrics_port, metrics_addr) if metrics_port is not None else None
-        try:
-            self._run(
-                queues,
-                known,
-                concurrency,
-                pool,
-                max_tasks_per_child,
-                batch_size,
-                poll_interval,
-                burst,
-                max_messages,
-                no_sweep,
-                no_schedule,
-                no_listen,
-                health_file,
-                json,
-                verbosity,
-                options,
-            )
-        finally:
-            if server is not None:
-                server.shutdown()
-                server.server_close()
+        with self._metrics_served(metrics_port, metrics_addr):
+            self._run_worker(queues, known, concurrency, pool, max_tasks_per_child, options)
 
     @staticmethod
-    def _metrics_server(port: int, addr: str) -> Any:
-        """The event metrics over HTTP, before any message runs (a bad port fails at once)."""
+    @contextlib.contextmanager
+    def _metrics_served(port: int | None, addr: str) -> Iterator[None]:
+        """The event metrics over HTTP while the worker runs, served before any message runs
+        (a bad port fails at once); nothing without ``--metrics-port``."""
+        if port is None:
+            yield
+            return
         if not 0 < port < 65536:
             raise CommandError(
                 _("--metrics-port must be 1-65535, got %(port)s.") % {"port": port}, returncode=2
@@ -227,27 +202,25 @@ class Command(ZeroLossCommand):
                 % {"port": port, "addr": addr, "error": exc},
                 returncode=2,
             ) from exc
-        return server
+        try:
+            yield
+        finally:
+            server.shutdown()
+            server.server_close()
 
-    def _run(
+    def _run_worker(
         self,
         queues: list[str] | None,
         known: list[str],
         concurrency: int,
         pool: str,
         max_tasks_per_child: int | None,
-        batch_size: int,
-        poll_interval: float,
-        burst: bool,
-        max_messages: int | None,
-        no_sweep: bool,
-        no_schedule: bool,
-        no_listen: bool,
-        health_file: str | None,
-        json: bool,
-        verbosity: int,
         options: dict[str, Any],
     ) -> None:
+        batch_size, poll_interval, burst = options["batch_size"], options["poll_interval"], options["burst"]
+        max_messages, health_file = options["max_messages"], options["health_file"]
+        no_sweep, no_schedule, no_listen = options["no_sweep"], options["no_schedule"], options["no_listen"]
+        json, verbosity = options["json"], options["verbosity"]
         if options["database"] is not None:
             self.service(options)  # an unknown alias is a usage error before anything else
         options["database"], queues = self._database_and_queues(options["database"], queues, known)
