@@ -44,6 +44,7 @@ def outcomes_recorded(
         **dict.fromkeys(report.dead_lettered, "dead"),
         **dict.fromkeys(report.refused, "lease_lost"),
     }
+    counts: dict[tuple[str, str], int] = {}
     for c in batch:
         lease = c.lease
         mid = lease.message_id
@@ -72,7 +73,8 @@ def outcomes_recorded(
                 telemetry.dead_lettered(lease.queue_name, mid, lease.attempt, "worker", lease.headers)
         outcome = outcome_of.get(mid)
         if measured and outcome is not None:
-            telemetry.finished(lease, outcome)
+            key = (lease.queue_name, outcome)
+            counts[key] = counts.get(key, 0) + 1
         if finished and outcome is not None:
             signals.send(
                 signals.message_finished,
@@ -85,6 +87,8 @@ def outcomes_recorded(
                 worker=worker,
                 using=using,
             )
+    if counts:
+        telemetry.finished_many(counts)
 
 
 _HELD_BY = ("lease held by ", " expired")
