@@ -13,7 +13,9 @@ the side's median over off's. The issue's target: at most 10% cost (ratio >= 0.9
 from __future__ import annotations
 
 import json
+import os
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from . import db
@@ -34,7 +36,16 @@ VARIANTS: tuple[tuple[str, str, str | None], ...] = (
 HANDLERS = (("noop", "bench.noop", "no-op handler"), ("1ms", "bench.pressure", "1 ms handler"))
 
 
-def _drain(suite: Any, queue: str, procs: int, mode: str | None) -> tuple[float, dict[str, bool]]:
+def _cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _drain(suite: Any, queue: str, procs: int, mode: str | None) -> tuple[float, float, dict[str, bool]]:
+    """Messages per second (the database's clock) and the workers' CPU microseconds per
+    message: CPU time is what another process's load cannot inflate much, where throughput on
+    a shared host swings by tens of percent from drain to drain."""
     with tempfile.TemporaryDirectory(prefix="zl-prom-", dir=suite.workdir) as prom:
         if mode is not None:
             env = child_env(
@@ -61,6 +72,7 @@ def _drain(suite: Any, queue: str, procs: int, mode: str | None) -> tuple[float,
         try:
             for w in workers:
                 w.wait_ready()
+            cpu = sum(_cpu_seconds(w.pid) for w in workers)
             db.reset(suite.conn)
             suite.load_pending(queue, suite.sizes.drain)
             with suite.conn.transaction():
@@ -73,11 +85,12 @@ def _drain(suite: Any, queue: str, procs: int, mode: str | None) -> tuple[float,
                     [queue],
                 )
             suite.wait_drained(queue, suite.sizes.drain)
+            cpu = sum(_cpu_seconds(w.pid) for w in workers) - cpu
             window, checks = suite.drain_window(queue)
         finally:
             for w in workers:
                 w.stop()
-    return suite.sizes.drain / window, checks
+    return suite.sizes.drain / window, cpu * 1e6 / suite.sizes.drain, checks
 
 
 def run_in_suite(suite: Any) -> None:
@@ -100,21 +113,37 @@ def run_in_suite(suite: Any) -> None:
                     }
                 ),
             )
-    checks = dict.fromkeys(figs, True)
+            figs[f"{handler}.{key}{procs}.cpu"] = suite.figure(
+                f"telemetry.{handler}.{key}{procs}.cpu",
+                f"worker CPU, {handler_label}, {label}, {procs} process{plural}",
+                "µs/msg",
+                higher_is_better=False,
+                **(
+                    {}
+                    if mode is None
+                    else {"ratio_to": f"telemetry.{handler}.off{procs}.cpu", "ratio_label": "off"}
+                ),
+            )
+    checks = {key: True for key in figs if not key.endswith(".cpu")}
     for run in range(suite.runs):
         for (handler, queue, _), procs in cells:
             # Rotate which side goes first, so a drift in the machine's load favours none.
             shift = run % len(VARIANTS)
             for key, _, mode in VARIANTS[shift:] + VARIANTS[:shift]:
-                rate, ok = _drain(suite, queue, procs, mode)
+                rate, cpu, ok = _drain(suite, queue, procs, mode)
                 figs[f"{handler}.{key}{procs}"].values.append(rate)
+                figs[f"{handler}.{key}{procs}.cpu"].values.append(cpu)
                 checks[f"{handler}.{key}{procs}"] &= all(ok.values())
             _log(
                 f"telemetry run {run + 1}, {handler}, {procs} proc: "
                 + ", ".join(
                     f"{key} {figs[f'{handler}.{key}{procs}'].values[-1]:,.0f}" for key, _, _ in VARIANTS
                 )
-                + " msg/s"
+                + " msg/s; CPU "
+                + ", ".join(
+                    f"{key} {figs[f'{handler}.{key}{procs}.cpu'].values[-1]:,.0f}" for key, _, _ in VARIANTS
+                )
+                + " µs/msg"
             )
     for key, passed in checks.items():
         figs[key].checks["exactly once"] = passed
