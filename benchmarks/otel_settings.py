@@ -30,6 +30,16 @@ if MODE == "prom":
 if MODE == "api":
     sys.modules.setdefault("prometheus_client", None)  # type: ignore[arg-type]
 
+# The backends' packages imported now, before the worker is ready: zeroloss imports them on the
+# first event, and their one-off import (the propagators' entry points, prometheus_client) would
+# otherwise land in the drain's CPU figure (~0.1 s a process: 50 us a message over 2,000).
+if MODE != "prom":
+    import opentelemetry.metrics
+    import opentelemetry.propagate
+    import opentelemetry.trace  # noqa: F401
+if MODE != "api":
+    import prometheus_client  # noqa: F401
+
 if MODE in ("traces", "sampled", "all"):
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
