@@ -35,13 +35,14 @@ WORKLOADS = [
     "tasks_sigkill",
 ]
 #: Issue 12 and 16 workloads (benchmarks/throughput.py); run with ``--only``, and in the full profile.
-MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered", "telemetry"]
+MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered"]
 #: Run only when named in --only: minutes each (benchmarks/retention.py: on a private server;
 #: benchmarks/pressure.py: the pressure cells of issue 24, 36 minutes in the full profile;
 #: benchmarks/pool.py: the process pool's drain against the thread pool's, issue 27;
 #: benchmarks/limits.py: queue limits' cost and accuracy, issue 27;
-#: benchmarks/abort.py: abort latency on both databases, its own databases, a minute).
-OPT_IN = ["retention", "pressure", "pool", "limits", "abort"]
+#: benchmarks/abort.py: abort latency on both databases, its own databases, a minute;
+#: benchmarks/telemetry.py: each telemetry backend against off, 24 drains, minutes a run).
+OPT_IN = ["retention", "pressure", "pool", "limits", "abort", "telemetry"]
 #: Run only when named: the fault suite's soak (minutes; its own servers; benchmarks/faults.py).
 ON_REQUEST = ["faults"]
 

@@ -196,3 +196,85 @@ def test_asend_and_a_task_enqueue_make_producer_spans(spans):
     result = tf.echo.enqueue(1)
     [enqueued] = [s for s in spans.get_finished_spans() if s.name == "send demo.tasks"]
     assert enqueued.attributes["messaging.message.id"] == result.id
+
+
+@pytest.mark.process
+def test_with_the_api_but_no_sdk_provider_nothing_is_built_until_one_is_set():
+    # zeroloss[otel] installed, OpenTelemetry not configured: no span, no header, no metric
+    # instrument (the cost is a type check per event); a provider set later is followed.
+    script = textwrap.dedent(
+        """
+        import sys
+        import django
+        django.setup()
+        import zeroloss
+        from zeroloss.models import Message
+        from zeroloss.telemetry import otel_metrics, tracing
+        from zeroloss.testing import drain
+        zeroloss.send("demo.record", {}, message_id="no-sdk")
+        assert drain("demo.record").outcomes == {"no-sdk": "completed"}
+        assert Message.objects.get(message_id="no-sdk").headers is None
+        assert tracing.live() is None and otel_metrics._i() is None
+        assert tracing._tracer is None and otel_metrics._instruments is None
+        assert not [m for m in sys.modules if m.startswith("opentelemetry.sdk")]
+
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        zeroloss.send("demo.record", {}, message_id="sdk")
+        assert "traceparent" in Message.objects.get(message_id="sdk").headers
+        drain("demo.record")
+        names = sorted(s.name for s in exporter.get_finished_spans())
+        assert names == ["process demo.record", "send demo.record", "settle demo.record"], names
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=child_env(DJANGO_SETTINGS_MODULE="project.settings"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_messages_of_one_batch_keep_their_own_producers_context(spans):
+    # The extracted context is cached per header value: equal headers share it, others do not.
+    a = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    b = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    for mid, parent in (("a1", a), ("a2", a), ("b1", b)):
+        zeroloss.send("demo.record", {}, message_id=mid, headers={"traceparent": parent})
+    drain("demo.record")
+    finished = spans.get_finished_spans()
+    parents = {
+        s.attributes["messaging.message.id"]: (
+            format(s.context.trace_id, "032x"),
+            format(s.parent.span_id, "016x"),
+        )
+        for s in finished
+        if s.name == "process demo.record"
+    }
+    assert parents == {
+        "a1": ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"),
+        "a2": ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"),
+        "b1": ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"),
+    }
+    linked = {
+        (format(link.context.trace_id, "032x"), link.attributes["messaging.message.id"])
+        for s in finished
+        if s.name == "settle demo.record"
+        for link in s.links
+    }
+    assert linked == {
+        ("4bf92f3577b34da6a3ce929d0e0e4736", "a1"),
+        ("4bf92f3577b34da6a3ce929d0e0e4736", "a2"),
+        ("0af7651916cd43dd8448eb211c80319c", "b1"),
+    }

@@ -45,6 +45,7 @@ def outcomes_recorded(
         **dict.fromkeys(report.refused, "lease_lost"),
         **dict.fromkeys(report.cancelled, "cancelled"),
     }
+    counts: dict[tuple[str, str], int] = {}
     for c in batch:
         lease = c.lease
         mid = lease.message_id
@@ -73,7 +74,8 @@ def outcomes_recorded(
                 telemetry.dead_lettered(lease.queue_name, mid, lease.attempt, "worker", lease.headers)
         outcome = outcome_of.get(mid)
         if measured and outcome is not None:
-            telemetry.finished(lease, outcome)
+            key = (lease.queue_name, outcome)
+            counts[key] = counts.get(key, 0) + 1
             if outcome == "cancelled":
                 telemetry.cancelled(lease.queue_name, mid, "worker")
         if finished and outcome is not None:
@@ -88,6 +90,8 @@ def outcomes_recorded(
                 worker=worker,
                 using=using,
             )
+    if counts:
+        telemetry.finished_many(counts)
 
 
 _HELD_BY = ("lease held by ", " expired")

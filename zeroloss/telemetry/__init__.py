@@ -33,6 +33,7 @@ __all__ = [
     "claimed",
     "dead_lettered",
     "finished",
+    "finished_many",
     "operation",
     "process",
     "recovered",
@@ -119,7 +120,7 @@ def send_span(queue_name: str, count: int) -> Iterator[Any]:
         yield _NO_SPAN
         return
     with tracing.send_span(queue_name, count) as span:
-        yield span
+        yield _NO_SPAN if span is None else span
 
 
 def sent(queue_names: Sequence[str]) -> None:
@@ -203,8 +204,15 @@ def settle_span(batch: Sequence[Completion]) -> Iterator[None]:
 def finished(lease: Lease, outcome: str) -> None:
     """An attempt's outcome is committed: ``completed``, ``failed`` (retried later), ``dead``
     or ``lease_lost`` (the same ``outcome`` as the ``message_finished`` signal)."""
+    finished_many({(lease.queue_name, outcome): 1})
+
+
+def finished_many(counts: dict[tuple[str, str], int]) -> None:
+    """A batch of outcomes is committed: ``counts[(queue, outcome)]`` attempts each (one
+    counter update per queue and outcome per batch, not one per message)."""
     for meter in backends().meters:
-        meter.finished(lease.queue_name, outcome)
+        for (queue, outcome), n in counts.items():
+            meter.finished(queue, outcome, n)
 
 
 def dead_lettered(

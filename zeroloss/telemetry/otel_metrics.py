@@ -3,7 +3,7 @@
 Names follow the messaging semantic conventions where they define one
 (``messaging.client.sent.messages``, ``messaging.client.consumed.messages``,
 ``messaging.process.duration``); zeroloss's own events are under ``zeroloss.``. Without a
-meter provider set, the API's proxy instruments record nothing.
+meter provider set nothing is built or called (:func:`_i`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,17 @@ from .buckets import version
 SYSTEM = "zeroloss"
 
 
+try:  # the API's stand-ins until a provider is set: recording to them would record nothing
+    from opentelemetry.metrics import _internal as _api
+
+    _NO_SDK: tuple[type, ...] = (metrics.NoOpMeterProvider, _api._ProxyMeterProvider)
+except (ImportError, AttributeError):  # another API version: only the explicit no-op
+    _NO_SDK = (metrics.NoOpMeterProvider,)
+
+
 class _Instruments:
-    def __init__(self) -> None:
-        meter = metrics.get_meter("zeroloss", version())
+    def __init__(self, provider: Any) -> None:
+        meter = provider.get_meter("zeroloss", version())
         self.sent = meter.create_counter(
             "messaging.client.sent.messages", "{message}", "Messages stored by a send (committed)."
         )
@@ -59,12 +67,18 @@ class _Instruments:
 
 
 _instruments: _Instruments | None = None
+_from: object = None
 
 
-def _i() -> _Instruments:
-    global _instruments
-    if _instruments is None:
-        _instruments = _Instruments()
+def _i() -> _Instruments | None:
+    """The instruments of the global meter provider; None while none is set (the API alone:
+    then nothing is built or called). Checked per call: a provider may be set later."""
+    global _instruments, _from
+    provider = metrics.get_meter_provider()
+    if provider is _from:
+        return _instruments
+    _from = provider
+    _instruments = None if isinstance(provider, _NO_SDK) else _Instruments(provider)
     return _instruments
 
 
@@ -84,16 +98,21 @@ def _attrs(queue: str, operation: str = "process") -> dict[str, Any]:
 
 
 def sent(queue: str, n: int) -> None:
-    _i().sent.add(n, _attrs(queue, "send"))
+    i = _i()
+    if i is not None:
+        i.sent.add(n, _attrs(queue, "send"))
 
 
 def claimed(queue: str, n: int) -> None:
-    if n:
-        _i().batch.record(n, _attrs(queue, "receive"))
+    i = _i()
+    if i is not None and n:
+        i.batch.record(n, _attrs(queue, "receive"))
 
 
 def started(queue: str, waited: float | None) -> None:
     i = _i()
+    if i is None:
+        return
     attrs = _attrs(queue)
     i.consumed.add(1, attrs)
     if waited is not None:
@@ -101,26 +120,38 @@ def started(queue: str, waited: float | None) -> None:
 
 
 def handled(queue: str, seconds: float, error_type: str | None) -> None:
+    i = _i()
+    if i is None:
+        return
     attrs = _attrs(queue)
     if error_type is not None:
         attrs = {**attrs, "error.type": error_type}
-    _i().process.record(seconds, attrs)
+    i.process.record(seconds, attrs)
 
 
-def finished(queue: str, outcome: str) -> None:
-    name = {"dead": "failed"}.get(outcome, outcome)
-    counter = _i().outcomes.get(name)
+_OUTCOME_NAMES = {"dead": "failed"}
+
+
+def finished(queue: str, outcome: str, n: int = 1) -> None:
+    i = _i()
+    counter = None if i is None else i.outcomes.get(_OUTCOME_NAMES.get(outcome, outcome))
     if counter is not None:
-        counter.add(1, _attrs(queue))
+        counter.add(n, _attrs(queue))
 
 
 def dead_lettered(queue: str, by: str) -> None:
-    _i().outcomes["dead_lettered"].add(1, {**_attrs(queue), "zeroloss.by": by})
+    i = _i()
+    if i is not None:
+        i.outcomes["dead_lettered"].add(1, {**_attrs(queue), "zeroloss.by": by})
 
 
 def recovered(queue: str) -> None:
-    _i().outcomes["recovered"].add(1, _attrs(queue))
+    i = _i()
+    if i is not None:
+        i.outcomes["recovered"].add(1, _attrs(queue))
 
 
 def cancelled(queue: str) -> None:
-    _i().outcomes["cancelled"].add(1, _attrs(queue))
+    i = _i()
+    if i is not None:
+        i.outcomes["cancelled"].add(1, _attrs(queue))

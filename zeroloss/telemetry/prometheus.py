@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import Metric
@@ -87,44 +88,59 @@ NAMES = tuple(
 )
 
 
+_children: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+
+def _child(metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, looked up once: ``labels()`` takes a lock and builds its
+    key on every call, and the hot path asks for the same few children per message."""
+    key = (metric, labels)
+    found = _children.get(key)
+    if found is None:
+        if len(_children) > 4096:  # queue names are few; never grow without bound
+            _children.clear()
+        found = _children[key] = metric.labels(*labels)
+    return found
+
+
 def sent(queue: str, n: int) -> None:
-    SENT.labels(queue).inc(n)
+    _child(SENT, queue).inc(n)
 
 
 def claimed(queue: str, n: int) -> None:
     if n:
-        BATCH.labels(queue).observe(n)
+        _child(BATCH, queue).observe(n)
 
 
 def started(queue: str, waited: float | None) -> None:
-    STARTED.labels(queue).inc()
+    _child(STARTED, queue).inc()
     if waited is not None:
-        PICKUP.labels(queue).observe(waited)
+        _child(PICKUP, queue).observe(waited)
 
 
 def handled(queue: str, seconds: float, error_type: str | None) -> None:
-    DURATION.labels(queue, "ok" if error_type is None else "error").observe(seconds)
+    _child(DURATION, queue, "ok" if error_type is None else "error").observe(seconds)
 
 
 _OUTCOMES = {"completed": COMPLETED, "failed": FAILED, "dead": FAILED, "lease_lost": LOST}
 
 
-def finished(queue: str, outcome: str) -> None:
+def finished(queue: str, outcome: str, n: int = 1) -> None:
     counter = _OUTCOMES.get(outcome)
     if counter is not None:
-        counter.labels(queue).inc()
+        _child(counter, queue).inc(n)
 
 
 def dead_lettered(queue: str, by: str) -> None:
-    DEAD.labels(queue, by).inc()
+    _child(DEAD, queue, by).inc()
 
 
 def recovered(queue: str) -> None:
-    RECOVERED.labels(queue).inc()
+    _child(RECOVERED, queue).inc()
 
 
 def cancelled(queue: str) -> None:
-    CANCELLED.labels(queue).inc()
+    _child(CANCELLED, queue).inc()
 
 
 def multiprocess_dir() -> str | None:

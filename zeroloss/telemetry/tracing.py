@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, NoOpTracerProvider, ProxyTracerProvider, SpanKind, Status, StatusCode
 
 if TYPE_CHECKING:
     from ..delivery import Delivery
@@ -22,25 +22,53 @@ if TYPE_CHECKING:
 from .buckets import version
 
 SYSTEM = "zeroloss"
-#: The headers the propagator writes (W3C trace context by default; others add their own).
+#: The tracer spans are made with: from the global provider (or set directly, as the tests do).
 _tracer: trace.Tracer | None = None
+#: The global provider :data:`_tracer` came from; None when it was set directly.
+_from: object = None
+_NO_SDK = (ProxyTracerProvider, NoOpTracerProvider)
 
 
-def tracer() -> trace.Tracer:
-    # The API's proxy tracer follows a provider set later (the SDK configured after import).
-    global _tracer
-    if _tracer is None:
-        _tracer = trace.get_tracer("zeroloss", version())
+def live() -> trace.Tracer | None:
+    """The tracer, or None while no SDK provider is set: with only the API installed nothing
+    would record, so nothing is built (checked per call: a provider may be set later)."""
+    global _tracer, _from
+    found = _tracer
+    if found is not None:
+        if _from is None:
+            return found
+        provider = trace.get_tracer_provider()
+        if provider is _from:
+            return found
+    else:
+        provider = trace.get_tracer_provider()
+    if isinstance(provider, _NO_SDK):
+        return None
+    _tracer, _from = provider.get_tracer("zeroloss", version()), provider
     return _tracer
 
 
+def tracer() -> trace.Tracer:
+    return live() or trace.get_tracer("zeroloss", version())
+
+
+_bases: dict[tuple[str, str], dict[str, Any]] = {}
+
+
 def _base(operation: str, kind: str, queue: str) -> dict[str, Any]:
-    return {
-        "messaging.system": SYSTEM,
-        "messaging.operation.name": operation,
-        "messaging.operation.type": kind,
-        "messaging.destination.name": queue,
-    }
+    """A fresh copy of the attributes every span of this operation and queue has (the
+    template built once; the SDK copies what it is given anyway)."""
+    found = _bases.get((operation, queue))
+    if found is None:
+        if len(_bases) > 4096:  # queue names are few; never grow without bound
+            _bases.clear()
+        found = _bases[(operation, queue)] = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.name": operation,
+            "messaging.operation.type": kind,
+            "messaging.destination.name": queue,
+        }
+    return dict(found)
 
 
 class SendSpan:
@@ -68,23 +96,42 @@ class SendSpan:
 
 
 @contextlib.contextmanager
-def send_span(queue: str, count: int) -> Iterator[SendSpan]:
+def send_span(queue: str, count: int) -> Iterator[Any]:
+    tracer = live()
+    if tracer is None:
+        yield None
+        return
     attributes = _base("send", "send", queue)
     if count != 1:
         attributes["messaging.batch.message_count"] = count
-    with tracer().start_as_current_span(
-        f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes
-    ) as span:
+    with tracer.start_as_current_span(f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes) as span:
         yield SendSpan(span)
 
 
 _ROOT = otel_context.Context()
 
 
+_extracted: dict[tuple[Any, ...], otel_context.Context] = {}
+_fields: tuple[Any, tuple[str, ...]] = (None, ())
+
+
 def _extract(headers: dict[str, Any] | None) -> otel_context.Context | None:
+    """The producer's context in ``headers``, extracted once per distinct value of the
+    propagator's fields: the messages of one ``send_many`` (one claim batch, usually) share it."""
+    global _fields
     if not headers or "traceparent" not in headers:
         return None
-    return propagate.extract({k: v for k, v in headers.items() if isinstance(v, str)})
+    propagator = propagate.get_global_textmap()
+    if _fields[0] is not propagator:
+        _fields = (propagator, tuple(sorted(propagator.fields)))
+        _extracted.clear()
+    key = tuple(headers.get(name) for name in _fields[1])
+    found = _extracted.get(key)
+    if found is None:
+        if len(_extracted) > 1024:
+            _extracted.clear()
+        found = _extracted[key] = propagate.extract({k: v for k, v in headers.items() if isinstance(v, str)})
+    return found
 
 
 class ProcessSpan:
@@ -123,7 +170,11 @@ def _description(exc: BaseException | None) -> str:
         return type(exc).__name__
 
 
-def process(delivery: Delivery, worker: str) -> ProcessSpan:
+def process(delivery: Delivery, worker: str) -> ProcessSpan | None:
+    """The handler run's CONSUMER span; None with no SDK provider set."""
+    tracer = live()
+    if tracer is None:
+        return None
     lease = delivery.lease
     parent = _extract(delivery.headers)
     attributes = _base("process", "process", lease.queue_name)
@@ -133,7 +184,7 @@ def process(delivery: Delivery, worker: str) -> ProcessSpan:
         attributes["messaging.client.id"] = worker
     # One message, one trace: the producer's context is the parent (no link: it would say the
     # same, at a cost per message). A message sent without one starts a trace of its own.
-    span = tracer().start_span(
+    span = tracer.start_span(
         f"process {lease.queue_name}",
         context=parent if parent is not None else _ROOT,
         kind=SpanKind.CONSUMER,
@@ -144,6 +195,10 @@ def process(delivery: Delivery, worker: str) -> ProcessSpan:
 
 @contextlib.contextmanager
 def settle_span(batch: Sequence[Completion]) -> Iterator[None]:
+    tracer = live()
+    if tracer is None:
+        yield
+        return
     queues = {c.lease.queue_name for c in batch}
     queue = next(iter(queues)) if len(queues) == 1 else ""
     attributes: dict[str, Any] = _base("settle", "settle", queue) if queue else {"messaging.system": SYSTEM}
@@ -154,7 +209,7 @@ def settle_span(batch: Sequence[Completion]) -> Iterator[None]:
         if parent is not None:
             ctx = trace.get_current_span(parent).get_span_context()
             links.append(Link(ctx, {"messaging.message.id": c.lease.message_id}))
-    with tracer().start_as_current_span(
+    with tracer.start_as_current_span(
         f"settle {queue}".strip(), kind=SpanKind.CLIENT, attributes=attributes, links=links
     ):
         yield
@@ -170,6 +225,9 @@ def event(
 ) -> None:
     """A dead-letter, recovery or cancel: an event on the current span (the sweep's, an
     operator action's) or, with none, a span of its own in the message's trace."""
+    tracer = live()
+    if tracer is None:
+        return
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
         "messaging.destination.name": queue,
@@ -183,7 +241,7 @@ def event(
     if parent is None and current.is_recording():
         current.add_event(f"zeroloss.{name}", attributes)
         return
-    with tracer().start_as_current_span(
+    with tracer.start_as_current_span(
         f"{name} {queue}", context=parent, kind=SpanKind.INTERNAL, attributes=attributes
     ):
         pass
@@ -191,8 +249,12 @@ def event(
 
 @contextlib.contextmanager
 def operation(name: str, attributes: dict[str, Any]) -> Iterator[None]:
+    tracer = live()
+    if tracer is None:
+        yield
+        return
     attrs = {"messaging.system": SYSTEM, **{f"zeroloss.{k}": v for k, v in attributes.items()}}
-    with tracer().start_as_current_span(f"zeroloss {name}", kind=SpanKind.INTERNAL, attributes=attrs):
+    with tracer.start_as_current_span(f"zeroloss {name}", kind=SpanKind.INTERNAL, attributes=attrs):
         yield
 
 
