@@ -101,12 +101,20 @@ def test_a_rate_of_10_per_second_never_starts_more_than_12_in_any_second():
         assert wait_until(lambda: completed("r") == 60, timeout=180), [w.text[-2000:] for w in workers]
     finally:
         stop(workers)
-    starts = sorted(OrderedRun.objects.filter(message_id__startswith="r").values_list("started", flat=True))
-    assert len(starts) == 60
+    # Started: claimed, as the ledger's clock recorded it at the claim (``started_at``, read after
+    # the queue's lock). The handlers' own start times add the host's scheduling delay, which the
+    # limiter does not control: on a loaded host one late thread makes a cluster of them.
+    starts = sorted(
+        m.timestamp()
+        for m in Message.objects.filter(message_id__startswith="r").values_list("started_at", flat=True)
+        if m is not None
+    )
+    assert len(starts) == 60 and OrderedRun.objects.filter(message_id__startswith="r").count() == 60
     in_any_second = max(sum(1 for t in starts[i:] if t < s + 1.0) for i, s in enumerate(starts))
     assert in_any_second <= 12, in_any_second
-    # and it is a rate, not a stall: 60 at 10/s take about 6 s (a bucket of 1 starts at once)
-    assert 4.5 <= starts[-1] - starts[0] <= 30, starts[-1] - starts[0]
+    # and it is a rate, not a stall: 60 at 10/s take about 6 s (a bucket of 1 starts at once).
+    # Idle claimers woken together once took one token per poll interval between them (2/s).
+    assert 4.5 <= starts[-1] - starts[0] <= 20, starts[-1] - starts[0]
 
 
 def test_pause_holds_every_message_and_resume_releases_them_within_1s():

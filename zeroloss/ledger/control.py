@@ -35,6 +35,10 @@ REFRESH = 0.5
 #: database alias -> (when read, monotonic; the queues with a paused flag or an override; those
 #: with an override, whose claims go straight to the lock).
 _CONTROLLED: dict[str, tuple[float, frozenset[str], frozenset[str]]] = {}
+#: (database alias, queue) -> seconds until the queue's next token, as the last claim of this
+#: process that found none computed it (a worker waits that long, not its whole poll interval:
+#: idle claimers woken together would otherwise take one token per poll between them).
+_NEXT_TOKEN: dict[tuple[str, str], float] = {}
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,11 @@ class QueueControlling(LedgerBase):
 
     # -- enforcement ----------------------------------------------------------------------
 
+    def next_token_in(self, queue_name: str) -> float | None:
+        """Seconds until the queue's rate allows its next claim, if this process's last claim of
+        it found no token (None otherwise); read once."""
+        return _NEXT_TOKEN.pop((self.using, queue_name), None)
+
     def _claims_lock(self, queue_name: str) -> bool:
         """Whether a claim of the queue locks its control row (a limit, as far as this process
         knows)."""
@@ -233,6 +242,8 @@ class QueueControlling(LedgerBase):
                     elapsed = max(0.0, (engine.at(clock) - engine.at(refilled_at)).total_seconds())
                     available = min(available, tokens + elapsed * limits.rate.per_second)
                 room = min(room, math.floor(available + 1e-9))
+            if limits.rate is not None and available < 1:
+                _NEXT_TOKEN[(self.using, queue_name)] = (1 - available) / limits.rate.per_second
             if room <= 0:
                 return []
             if limits.concurrency is not None and claim_counting is not None:

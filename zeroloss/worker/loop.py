@@ -182,7 +182,11 @@ class ClaimLoop:
                 if worker.burst and idle_rounds >= 2 and worker.all_idle():
                     return
                 if not worker.stop:
-                    worker.wakeup.wait(worker.poll_interval)
+                    # A rate-limited queue is claimed again when its next token is due.
+                    due = self.service.next_token_in(queue)
+                    worker.wakeup.wait(
+                        worker.poll_interval if due is None else min(worker.poll_interval, due)
+                    )
                 continue
             idle_rounds = 0
             spec = get_handler(queue)
