@@ -105,6 +105,7 @@ def main(conn: Connection, parent_pid: int, abort: Event, worker: str) -> None:
                 lease = conn.recv()
             except EOFError:
                 return  # the parent closed the pipe: recycled, or stopping
+            conn.send(("got",))  # the receipt: from here on, a death fails this message
             abort.clear()
             close_old_connections()
             spec = specs.get(lease.queue_name)

@@ -148,6 +148,20 @@ class ChildSlot:
 
     # -- one message ------------------------------------------------------------------------
 
+    def _hand_over(self, lease: Lease) -> bool:
+        """Send the lease and wait for the child's receipt: False if the child is gone first."""
+        assert self.process is not None and self.conn is not None
+        try:
+            self.conn.send(lease)
+            while True:
+                ready = wait([self.conn, self.process.sentinel], STARTUP_TIMEOUT)
+                if self.conn in ready:
+                    return bool(self.conn.recv() == ("got",))
+                if self.process.sentinel in ready or not ready:
+                    return False
+        except (OSError, EOFError):
+            return False
+
     def run(self, spec: HandlerSpec, lease: Lease, aborted: Callable[[], bool] | None = None) -> HandlerRun:
         """Run ``lease``'s handler in the child; never raises for what the handler or the child did.
 
@@ -156,14 +170,14 @@ class ChildSlot:
         if self.process is None or not self.process.is_alive():
             self._kill()
             self.start()
-        assert self.process is not None and self.conn is not None
-        try:
-            self.conn.send(lease)
-        except OSError:  # it died idle, just now: the handler has not started, a new child runs it
+        if not self._hand_over(lease):
+            # It died idle, just now (a child still exiting looks alive, and may even take the
+            # message into its pipe): the handler has not started; a new child runs it.
             self._kill()
             self.start()
-            assert self.conn is not None
-            self.conn.send(lease)
+            if not self._hand_over(lease):
+                died = ChildDied("two child processes in a row died before taking the message")
+                return HandlerRun(False, 0.0, error=describe_error(died))
         assert self.process is not None and self.conn is not None
         process, conn = self.process, self.conn
         started = time.monotonic()
@@ -185,7 +199,7 @@ class ChildSlot:
             if conn in ready:
                 try:
                     answer = conn.recv()
-                except EOFError:
+                except (EOFError, OSError):  # it died: EOF, or a reset of the pipe
                     answer = None
                 if answer is not None:
                     _kind, ok, seconds, result, error = answer
