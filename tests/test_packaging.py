@@ -145,7 +145,8 @@ def _ci_matrix() -> tuple[set[str], set[str]]:
     text = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     pythons, djangos = set(), set()
     for line in text.splitlines():
-        if not line.startswith("make test "):
+        line = line.strip()  # a step may be indented (a continued command, a background step)
+        if line.startswith("#") or not line.startswith("make test "):
             continue
         interpreter = re.search(r"PYTHON=\"?(?:python|\$py)(3\.?1\d)", line)
         django = re.search(r"DJANGO='Django>=(\d+\.\d+)", line)
