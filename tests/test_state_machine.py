@@ -740,3 +740,28 @@ def test_service_matches_the_model() -> None:
     assert OBSERVED["duplicate_absorbed"], OBSERVED
     assert OBSERVED["abort_requested"], OBSERVED
     print(f"state machine run: {sorted(OBSERVED.items(), key=str)}")
+
+
+def test_every_moving_statement_declares_edges_of_the_table_and_every_edge_has_one() -> None:
+    """The catalogue's declarations and TRANSITIONS are one table: each declared edge (with who
+    runs it) is an allowed transition or annotation, and each transition has a statement."""
+    from zeroloss.ledger.statements import MOVES
+    from zeroloss.states import ANNOTATIONS, statements_of
+
+    tabled = {(t.source, t.target, t.reason.value, t.actor) for t in TRANSITIONS}
+    annotations = {r.value for r in ANNOTATIONS}
+    for name, declared in MOVES.items():
+        for source, target, reason in declared.edges:
+            annotation = reason in annotations and source == target
+            assert annotation or (source, target, reason, declared.by) in tabled, (
+                f"{name} declares ({source!r}, {target!r}, {reason!r}) by {declared.by}, "
+                "which is not in zeroloss.states.TRANSITIONS"
+            )
+    unperformed = [t for t in TRANSITIONS if not statements_of(t)]
+    assert not unperformed, f"transitions no statement of the catalogue declares: {unperformed}"
+    # Each declaration is of a statement of the catalogue, which every engine renders.
+    from zeroloss.ledger.postgres import PostgresEngine
+    from zeroloss.ledger.sqlite import SqliteEngine
+
+    for engine in (PostgresEngine(), SqliteEngine()):
+        assert set(MOVES) <= set(engine.sql), sorted(set(MOVES) - set(engine.sql))

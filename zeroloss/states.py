@@ -1,8 +1,9 @@
 """The ledger's state machine, as data: statuses, reasons, and the one table of allowed transitions.
 
-The code that moves messages (:mod:`zeroloss.ledger`), the docs (``docs/concepts.md``) and
-``zeroloss_verify`` (which flags any audit row whose edge is not in :data:`TRANSITIONS`) all
-read this table; nothing else decides which moves exist.
+Each moving statement of the ledger's catalogue declares the edges it performs
+(``zeroloss.ledger.statements.MOVES``); a test holds them equal to :data:`TRANSITIONS`, both
+ways. The docs (``docs/concepts.md``) and ``zeroloss_verify`` (which flags any audit row whose
+edge is not in :data:`TRANSITIONS`) read this table; nothing else decides which moves exist.
 
 ::
 
@@ -73,29 +74,27 @@ class Transition:
     reason: Reason
     #: Who makes it: ``producer``, ``worker`` (the lease holder), ``sweep`` or ``operator``.
     actor: str
-    #: The service method (and so the named statement) that performs it.
-    via: str
 
 
 P, R, C, D, X = Status.PENDING, Status.PROCESSING, Status.COMPLETED, Status.DEAD, Status.CANCELLED
 
 #: Every edge of the state machine. Nothing moves a message along an edge not listed here.
 TRANSITIONS: tuple[Transition, ...] = (
-    Transition("", P, Reason.PERSISTED, "producer", "persist_messages"),
-    Transition(P, R, Reason.CLAIMED, "worker", "claim_next / mark_processing"),
-    Transition(R, C, Reason.ACKNOWLEDGED, "worker", "acknowledge / complete"),
-    Transition(R, P, Reason.FAILED, "worker", "mark_failed / complete"),
-    Transition(R, D, Reason.DEAD_LETTERED, "worker", "mark_failed / complete"),
-    Transition(R, P, Reason.RELEASED, "worker", "release_lease / complete"),
-    Transition(R, P, Reason.LEASE_EXPIRED, "sweep", "recover_orphaned_messages"),
-    Transition(R, D, Reason.DEAD_LETTERED, "sweep", "recover_orphaned_messages"),
-    Transition(R, P, Reason.REQUEUED_BY_OPERATOR, "operator", "requeue_messages"),
-    Transition(D, P, Reason.REDRIVEN_BY_OPERATOR, "operator", "redrive_messages"),
-    Transition(P, D, Reason.DEAD_LETTERED_BY_OPERATOR, "operator", "dead_letter_messages"),
-    Transition(R, D, Reason.DEAD_LETTERED_BY_OPERATOR, "operator", "dead_letter_messages"),
-    Transition(P, X, Reason.CANCELLED_BY_OPERATOR, "operator", "cancel_messages"),
-    Transition(R, X, Reason.ABORTED, "worker", "complete / acknowledge"),
-    Transition(R, X, Reason.ABORTED, "sweep", "recover_orphaned_messages"),
+    Transition("", P, Reason.PERSISTED, "producer"),
+    Transition(P, R, Reason.CLAIMED, "worker"),
+    Transition(R, C, Reason.ACKNOWLEDGED, "worker"),
+    Transition(R, P, Reason.FAILED, "worker"),
+    Transition(R, D, Reason.DEAD_LETTERED, "worker"),
+    Transition(R, P, Reason.RELEASED, "worker"),
+    Transition(R, P, Reason.LEASE_EXPIRED, "sweep"),
+    Transition(R, D, Reason.DEAD_LETTERED, "sweep"),
+    Transition(R, P, Reason.REQUEUED_BY_OPERATOR, "operator"),
+    Transition(D, P, Reason.REDRIVEN_BY_OPERATOR, "operator"),
+    Transition(P, D, Reason.DEAD_LETTERED_BY_OPERATOR, "operator"),
+    Transition(R, D, Reason.DEAD_LETTERED_BY_OPERATOR, "operator"),
+    Transition(P, X, Reason.CANCELLED_BY_OPERATOR, "operator"),
+    Transition(R, X, Reason.ABORTED, "worker"),
+    Transition(R, X, Reason.ABORTED, "sweep"),
 )
 
 #: Audit rows that record an event but move nothing (``from_status == to_status``).
@@ -111,9 +110,18 @@ def is_allowed(source: str, target: str, reason: str) -> bool:
     return (source, target, reason) in ALLOWED_EDGES
 
 
+def statements_of(transition: Transition) -> list[str]:
+    """The names of the catalogue's statements that perform ``transition`` (by its actor)."""
+    from .ledger.statements import MOVES  # the catalogue imports this module
+
+    edge = (transition.source, transition.target, transition.reason.value)
+    return sorted(name for name, m in MOVES.items() if m.by == transition.actor and edge in m.edges)
+
+
 def transition_table_markdown() -> str:
     """The table as Markdown (``docs/concepts.md`` embeds it; a test keeps them equal)."""
-    lines = ["| from | to | reason | by | service method |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| from | to | reason | by | statements |", "| --- | --- | --- | --- | --- |"]
     for t in TRANSITIONS:
-        lines.append(f"| {t.source or '(new)'} | {t.target} | `{t.reason.value}` | {t.actor} | `{t.via}` |")
+        via = ", ".join(f"`{name}`" for name in statements_of(t))
+        lines.append(f"| {t.source or '(new)'} | {t.target} | `{t.reason.value}` | {t.actor} | {via} |")
     return "\n".join(lines)

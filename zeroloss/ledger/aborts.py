@@ -41,13 +41,5 @@ class Aborting(LedgerBase):
         """Record ``cancelled`` for those of the leases whose abort was requested (the others are
         left as they are: the caller's outcome statements skipped them for another reason)."""
         name = "CANCEL_ABORTED_LOCKED" if locked else "CANCEL_ABORTED"
-        rows = self._move(
-            name,
-            self._rows(name, ids, tokens),
-            source="processing",
-            reason="aborted",
-            detail=_ABORTED_DETAIL,
-            promote=True,
-            prepare=False,
-        )
+        rows = self._move(name, self._rows(name, ids, tokens), detail=_ABORTED_DETAIL)
         return [r[1] for r in rows]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -36,18 +35,6 @@ def engine_for(connection: BaseDatabaseWrapper) -> Engine:
             f"zeroloss supports PostgreSQL and SQLite; database {connection.alias!r} is {connection.vendor}."
         )
     return engine
-
-
-@functools.lru_cache(maxsize=256)
-def _moved(source: str, reason: str, last_error: bool, detail_sql: str | None) -> str:
-    """The RETURNING columns of a move (see :meth:`LedgerBase._move`), rendered once per shape."""
-    if detail_sql is None:
-        detail_sql = "last_error" if last_error else "CAST(%s AS TEXT)"
-    return statements.MOVED.format(
-        from_status=f"CAST('{source}' AS TEXT)",
-        reason=reason if " " in reason else f"'{reason}'",
-        detail=detail_sql,
-    )
 
 
 class LedgerBase:
@@ -91,7 +78,7 @@ class LedgerBase:
             self.connection,
             engine.sql[name],
             params,
-            prepare=prepare,
+            prepare=prepare and self.settings.PREPARED_STATEMENTS,
             reuse_plan=name not in statements.PLANNED_PER_CALL,
         )
 
@@ -104,42 +91,33 @@ class LedgerBase:
         name: str,
         params: Sequence[Any],
         *,
-        source: str,
-        reason: str,
-        detail: str | None = "",
-        detail_sql: str | None = None,
+        detail: str = "",
         actor: str | None = None,
-        extra: str = "",
-        promote: bool = False,
-        prepare: bool = True,
-        result: tuple[str, ...] | None = None,
+        keyed: bool = True,
         conn: BaseDatabaseWrapper | None = None,
     ) -> Rows:
         """Run the named moving statement with its audit rows; returns the moved rows.
 
-        ``reason`` is an SQL expression when it is not a plain word. The audit detail is the
-        constant ``detail`` (a parameter), or the SQL expression ``detail_sql``, or with
-        ``detail=None`` the row's new ``last_error``. ``conn``: the caller's lookup of
-        :attr:`connection`, when it has one.
+        What it moves, from which status and why is its declaration's (``statements.MOVES``).
+        ``detail``: the audit detail, for a statement whose declaration takes it as a parameter.
+        ``keyed=False``: none of the moved messages has an ordering key (no promotion to run).
+        ``conn``: the caller's lookup of :attr:`connection`, when it has one.
         """
         if actor is not None and actor != self.instance_id:  # the instance id was checked once
             validate_message_id(actor, "actor")
         conn = self.connection if conn is None else conn
         engine = engine_for(conn)
-        if detail_sql is None and detail is not None:
+        declared = engine.moves[name]
+        if declared.takes_detail:
             params = [*params, detail]
         return engine.transition(
             conn,
             Move(
-                engine.sql[name],
+                name,
                 params,
-                _moved(source, reason, detail is None, detail_sql),
                 actor or self.instance_id,
-                extra,
-                promote,
-                prepare,
-                name not in statements.PLANNED_PER_CALL,
-                result,
+                keyed and declared.finishes,
+                declared.prepare and self.settings.PREPARED_STATEMENTS,
             ),
         )
 

@@ -26,6 +26,8 @@ from django.db.models.base import ModelState
 
 from ..exceptions import InvalidMessage, PayloadTooLarge
 from ..models import Message, Status
+from .statements import MOVES
+from .statements_moves import audit_row
 from .validation import (
     canonical_json,
     encode_headers,
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
     from .persist import Persisting
 
 NULL = "\\N"  # COPY's text format
+#: The edge of every message a COPY stores (the statement it stands in for: INSERT_STAGED).
+INSERT_STAGED_EDGE = MOVES["INSERT_STAGED"].edges[0]
 #: Rows per ``COPY`` write (about a megabyte of text for small payloads).
 _COPY_CHUNK = 5000
 
@@ -305,7 +309,9 @@ def _copy(
             )
             start += len(chunk)
 
-    event = f"\t\tpending\tpersisted\t{_text(actor)}\t0\t\t{at}\n"
+    # Every row of the batch has the same audit row but for its message: derived once.
+    _, *rest = audit_row(INSERT_STAGED_EDGE, None, 0, at, actor, "")
+    event = "\t" + "\t".join(_text(str(v)) for v in rest) + "\n"
     engine.copy_in(conn, engine.sql["COPY_MESSAGES"], messages())
     engine.copy_in(conn, engine.sql["COPY_EVENTS"], (f"{pk}{event}" for pk in pks))
     return {p.message_id: int(pk) for p, pk in zip(batch.prepared, pks, strict=True)}, created
@@ -318,15 +324,7 @@ def _staged(
     engine, conn = ledger.engine, ledger.connection
     engine.execute(conn, engine.sql["STAGE_CREATE"], [])
     engine.copy_in(conn, engine.sql["STAGE_COPY"], _lines(prepared))
-    rows = ledger._move(
-        "INSERT_STAGED",
-        [delay_s, dispatched],
-        source="",
-        reason="persisted",
-        actor=actor,
-        result=("id", "message_id"),
-        prepare=False,  # it names a table each batch creates again
-    )
+    rows = ledger._move("INSERT_STAGED", [delay_s, dispatched], actor=actor)
     engine.execute(conn, engine.sql["STAGE_DROP"], [])
     if not rows:
         return {}, None

@@ -20,6 +20,7 @@ from django.utils.dateparse import parse_datetime
 
 from ..models import DedupKey, Message, MessageEvent, QueueControl
 from . import statements
+from .statements_moves import AUDIT_COLUMNS, MOVED_NAMES, Moving
 
 MSG = Message._meta.db_table
 EVT = MessageEvent._meta.db_table
@@ -27,8 +28,6 @@ DEDUP = DedupKey._meta.db_table
 CTL = QueueControl._meta.db_table
 
 Rows = list[tuple[Any, ...]]
-
-_EVENT_COLUMNS = "message_id, from_status, to_status, reason, actor, attempt, detail, created_at"
 
 
 @functools.lru_cache(maxsize=64)
@@ -39,43 +38,20 @@ def from_epoch(value: float) -> dt.datetime:
 
 
 class Move(NamedTuple):
-    """One moving statement, ready to run with its audit rows (see :meth:`Engine.transition`).
+    """One run of a moving statement of the catalogue (see :meth:`Engine.transition`): its
+    declaration (``statements.MOVES[name]``) says everything else.
 
     A named tuple: one is built for every transition, and a frozen dataclass took about 1.5 us
     of client CPU to build (measured)."""
 
-    sql: str
+    name: str
     params: Sequence[Any]
-    #: The RETURNING columns: :data:`statements.MOVED` filled in, then ``extra`` ones.
-    moved: str
     actor: str
-    extra: str = ""
-    #: When a message of an ordering key finished (completed or dead), release the next one of
-    #: its key in the same transaction.
+    #: When a message of an ordering key finished (completed, dead or cancelled), release the
+    #: next one of its key in the same transaction.
     promote: bool = False
     #: A hot path: run on the connection's reused psycopg cursor, prepared once (PostgreSQL).
     prepare: bool = True
-    #: ``False``: planned for each call with its parameters, not prepared (a batch whose size a
-    #: generic plan cannot know: ``statements.PLANNED_PER_CALL``).
-    reuse_plan: bool = True
-    #: The columns handed back, by name (``MOVED`` ones, then ``extra`` ones); ``None``: all.
-    #: The audit rows are written whatever it says; fewer columns, less to convert.
-    result: tuple[str, ...] | None = None
-
-
-#: The names of the :data:`statements.MOVED` columns, in order.
-MOVED_NAMES = (
-    "id",
-    "message_id",
-    "status",
-    "attempts",
-    "updated_at",
-    "from_status",
-    "reason",
-    "detail",
-    "queue_name",
-    "ordering_key",
-)
 
 
 class Engine:
@@ -103,14 +79,34 @@ class Engine:
     #: Batches of at least this many messages are stored through ``copy_in`` (``INSERT_STAGED``);
     #: 0: never (they go as ``{rows}`` batches of ``INSERT_MANY``).
     stage_from: ClassVar[int] = 0
+    #: Whether its indexes keep the dead versions of rows a claim or sweep moved until nothing
+    #: holds the xmin horizon (PostgreSQL): claims and sweeps then resume where the previous one
+    #: ended rather than read every such version from the head.
+    keeps_dead_index_entries: ClassVar[bool] = False
+    #: Whether a write takes the whole database's one write lock (SQLite): the sweep then looks
+    #: for work with a read first.
+    single_writer: ClassVar[bool] = False
+    #: Whether a move and its audit rows are one statement (PostgreSQL's CTE), atomic without a
+    #: transaction around it; otherwise :meth:`transition` opens one.
+    moves_in_one_statement: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.sql: dict[str, str] = {}
         for name in dir(statements):
             template = getattr(statements, name)
             named = name.isupper() and not name.startswith("_")  # _FRAGMENTS only build statements
-            if named and isinstance(template, str) and name not in ("MOVED", "INSERT_COLUMNS"):
+            if named and isinstance(template, str) and name != "INSERT_COLUMNS":
                 self.sql[name] = self.render(name, template)
+        #: Each moving statement's declaration, and its RETURNING columns rendered.
+        self.moves: dict[str, Moving] = statements.MOVES
+        self.returning = {name: self.render(name, m.returning_sql()) for name, m in self.moves.items()}
+        #: The positions of each declaration's ``result`` columns in its RETURNING columns.
+        self.picks: dict[str, tuple[int, ...] | None] = {}
+        for name, m in self.moves.items():
+            extra = m.returning.replace("{notify}", "").split(",")
+            names = [*MOVED_NAMES, *(x.strip() for x in extra if x.strip())]
+            self.picks[name] = None if m.result is None else tuple(names.index(c) for c in m.result)
+        self.planned_per_call = statements.PLANNED_PER_CALL
         self._composed: dict[tuple[Any, ...], str] = {}
 
     def render(self, name: str, template: str) -> str:
@@ -268,8 +264,8 @@ class Engine:
 
     @staticmethod
     def event_insert(source: str) -> str:
-        """INSERT of audit rows from a row source with the first eight :data:`MOVED` columns."""
+        """INSERT of audit rows from a row source with the first eight ``MOVED`` columns."""
         return (
-            f"INSERT INTO {EVT} ({_EVENT_COLUMNS}) "
+            f"INSERT INTO {EVT} ({AUDIT_COLUMNS}) "
             f"SELECT id, from_status, status, reason, %s, attempts, detail, updated_at FROM {source}"
         )

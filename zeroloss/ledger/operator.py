@@ -36,49 +36,19 @@ class OperatorActions(LedgerBase):
         return ids
 
     def _by_ids(
-        self,
-        name: str,
-        ids: Sequence[str],
-        *,
-        before: Sequence[Any] = (),
-        after: Sequence[Any] = (),
-        source: str,
-        reason: str,
-        detail: str,
-        actor: str | None,
-        promote: bool = False,
+        self, name: str, ids: Sequence[str], *, before: Sequence[Any] = (), detail: str, actor: str | None
     ) -> list[tuple[str, str, str]]:
         """Move ``ids`` with the named statement, in chunks; ``(id, queue, ordering_key)`` moved."""
+        reason = self.engine.moves[name].reasons[0]
         with telemetry.operation(reason, messages=len(ids), actor=actor or ""):  # an operator action's span
-            return self._move_ids(name, ids, before, after, source, reason, detail, actor, promote)
-
-    def _move_ids(
-        self,
-        name: str,
-        ids: Sequence[str],
-        before: Sequence[Any],
-        after: Sequence[Any],
-        source: str,
-        reason: str,
-        detail: str,
-        actor: str | None,
-        promote: bool,
-    ) -> list[tuple[str, str, str]]:
-        moved: list[tuple[str, str, str]] = []
-        for start in range(0, len(ids), CHUNK):
-            chunk = ids[start : start + CHUNK]
-            rows = self._move(
-                name,
-                [*before, *self._rows(name, chunk), *after],
-                source=source,
-                reason=reason,
-                detail=clean_text(detail),
-                actor=actor,
-                promote=promote,
-                prepare=False,
-            )
-            moved += [(r[1], r[8], r[9]) for r in rows]
-        return moved
+            moved: list[tuple[str, str, str]] = []
+            for start in range(0, len(ids), CHUNK):
+                chunk = ids[start : start + CHUNK]
+                rows = self._move(
+                    name, [*before, *self._rows(name, chunk)], detail=clean_text(detail), actor=actor
+                )
+                moved += [(r[1], r[8], r[9]) for r in rows]
+            return moved
 
     def requeue_messages(
         self, message_ids: Sequence[str], *, actor: str | None = None, force: bool = False, detail: str = ""
@@ -92,8 +62,6 @@ class OperatorActions(LedgerBase):
         moved = self._by_ids(
             "REQUEUE" if force else "REQUEUE_STUCK",
             ids,
-            source=Status.PROCESSING,
-            reason="requeued_by_operator",
             detail=detail or ("live lease revoked" if force else "expired lease requeued"),
             actor=actor,
         )
@@ -110,8 +78,6 @@ class OperatorActions(LedgerBase):
         moved = self._by_ids(
             "REDRIVE",
             ids,
-            source=Status.DEAD,
-            reason="redriven_by_operator",
             detail=detail or "dead letter redriven",
             actor=actor,
         )
@@ -139,18 +105,8 @@ class OperatorActions(LedgerBase):
         text = clean_text(reason)
         moved: list[tuple[str, str, str]] = []
         with transaction.atomic(using=self.using):
-            for source in (Status.PENDING, Status.PROCESSING):
-                moved += self._by_ids(
-                    "DEAD_LETTER",
-                    ids,
-                    before=[text],
-                    after=[source.value],
-                    source=source,
-                    reason="dead_lettered_by_operator",
-                    detail=text,
-                    actor=actor,
-                    promote=True,
-                )
+            for name in ("DEAD_LETTER_PENDING", "DEAD_LETTER_PROCESSING"):
+                moved += self._by_ids(name, ids, before=[text], detail=text, actor=actor)
         keys = {(queue, key) for _, queue, key in moved if key}
         if keys:
             self._promote_after_commit(keys, [m[0] for m in moved if m[2]])
@@ -172,23 +128,13 @@ class OperatorActions(LedgerBase):
         text = clean_text(detail or "cancelled by an operator")
         outcomes: dict[str, CancelOutcome] = {}
         with transaction.atomic(using=self.using):
-            moved = self._by_ids(
-                "CANCEL",
-                ids,
-                source=Status.PENDING,
-                reason="cancelled_by_operator",
-                detail=text,
-                actor=actor,
-                promote=True,
-            )
+            moved = self._by_ids("CANCEL", ids, detail=text, actor=actor)
             outcomes.update(dict.fromkeys((m[0] for m in moved), CancelOutcome.CANCELLED))
             rest = [m for m in ids if m not in outcomes]
             if abort and rest:
                 asked = self._by_ids(
                     "ABORT_REQUEST",
                     rest,
-                    source=Status.PROCESSING,
-                    reason="abort_requested",
                     detail=clean_text(detail or "abort requested by an operator"),
                     actor=actor,
                 )

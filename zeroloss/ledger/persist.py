@@ -32,9 +32,6 @@ from .validation import (
 #: What ``persist_message`` returns: the stored row.
 PersistedMessage = Message
 
-_INSERT_RETURNING = ", available_at"
-#: What one insert hands back (PostgreSQL sends the times as epoch seconds: cheaper to load).
-_INSERT_ONE_RESULT = ("id", "updated_at", "available_at")
 _MANY_CHUNK = 5000
 #: Queue names already found valid (the same few names come with every message).
 _CHECKED_QUEUES: set[str] = set()
@@ -121,8 +118,8 @@ class Persisting(LedgerBase):
             # What persist_messages does for one item, without its batch bookkeeping. The
             # connection is looked up once (each lookup is a thread-local read: about 1 us).
             conn = self.connection
-            if conn.vendor == "postgresql":
-                # One statement, autocommit: the fastest durable write PostgreSQL offers.
+            if engine_for(conn).moves_in_one_statement:
+                # One statement, autocommit: the fastest durable write.
                 message = self._store_one(prepared, delay_s, actor, dispatched, conn)
             else:
                 with transaction.atomic(using=self.using):
@@ -195,8 +192,8 @@ class Persisting(LedgerBase):
             seen.add(p.message_id)
         delay_s = self._delay(delay, prepared[0].ordering_key)
         actor = actor or self.instance_id
-        if len(prepared) == 1 and self.engine.vendor == "postgresql":
-            # One statement, autocommit: the fastest durable write PostgreSQL offers.
+        if len(prepared) == 1 and self.engine.moves_in_one_statement:
+            # One statement, autocommit: the fastest durable write.
             result = self._store(prepared, delay_s, actor, dispatched)
         else:
             with transaction.atomic(using=self.using):
@@ -243,15 +240,7 @@ class Persisting(LedgerBase):
             if any(p.headers is not None for p in chunk):
                 name = "INSERT_MANY_HEADERS"
                 columns.append([p.headers for p in chunk])
-            rows = self._move(
-                name,
-                [delay_s, dispatched, *self._rows(name, *columns)],
-                source="",
-                reason="persisted",
-                actor=actor,
-                extra=_INSERT_RETURNING + engine.notify,
-                result=("id", "message_id"),
-            )
+            rows = self._move(name, [delay_s, dispatched, *self._rows(name, *columns)], actor=actor)
             if not rows:
                 continue
             # One statement, one clock reading: every row it stored has the same times.
@@ -296,17 +285,7 @@ class Persisting(LedgerBase):
         if p.headers is not None:  # (a statement of its own: without headers, nothing changes)
             name = "INSERT_ONE_HEADERS"
             params.append(p.headers)
-        rows = self._move(
-            name,
-            params,
-            source="",
-            reason="persisted",
-            detail_sql="''",
-            actor=actor,
-            extra=_INSERT_RETURNING + engine.notify,
-            result=_INSERT_ONE_RESULT,
-            conn=conn,
-        )
+        rows = self._move(name, params, actor=actor, conn=conn)
         if not rows:  # the id existed
             return self._existing(p)
         pk, created, available = rows[0]

@@ -10,23 +10,7 @@ from typing import Any, NoReturn
 from django.db import InternalError, OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..conf import get_settings
 from .engine import MSG, Engine, Move, Rows, from_epoch
-
-# After a message of an ordering key finished (completed, dead or cancelled) in ``t``, release the next
-# one of its key, unless the key still has a head outside ``t``. Rows of ``t`` are excluded:
-# the statement's snapshot still shows them as they were.
-_PROMOTE_CTE = (
-    f", pr AS (UPDATE {MSG} SET available_at = statement_timestamp(), updated_at = statement_timestamp() "
-    f"WHERE id IN (SELECT (SELECT min(w.id) FROM {MSG} w WHERE w.queue_name = t.queue_name "
-    "AND w.ordering_key = t.ordering_key AND w.status = 'pending' AND w.available_at IS NULL "
-    "AND w.id NOT IN (SELECT id FROM t)) FROM t WHERE t.ordering_key <> '' "
-    f"AND t.status IN ('completed', 'dead', 'cancelled') AND NOT EXISTS (SELECT 1 FROM {MSG} h "
-    "WHERE h.queue_name = t.queue_name AND h.ordering_key = t.ordering_key "
-    "AND h.ordering_key <> '' AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL "
-    "AND h.id NOT IN (SELECT id FROM t))) RETURNING pg_notify('zeroloss_wakeup', queue_name))"
-)
-
 
 # Timestamps handed back as epoch seconds: a float loads far cheaper than a timestamptz through
 # Django's time-zone-aware loader (measured: 15% of a no-op worker's time went there).
@@ -123,6 +107,8 @@ class PostgresEngine(Engine):
     # Below this, the unnest batch costs less than creating, filling and dropping a temporary
     # table; above it, COPY saves psycopg's array dumping (about 20 us of client CPU a message).
     stage_from = 1000
+    keeps_dead_index_entries = True
+    moves_in_one_statement = True
 
     def after(self, seconds_sql: str, *, clock: bool = False) -> str:
         return f"({self.clock if clock else self.now} + {seconds_sql} * interval '1 second')"
@@ -148,7 +134,9 @@ class PostgresEngine(Engine):
         )
 
     def bound_transaction(self, conn: BaseDatabaseWrapper, seconds: float) -> None:
-        self.execute(conn, self.sql["BOUND_TRANSACTION"], [str(int(seconds * 1000))], prepare=True)
+        # Unprepared: once a transaction, and the engine does not know whether this connection
+        # may prepare (PREPARED_STATEMENTS is the ledger's setting).
+        self.execute(conn, self.sql["BOUND_TRANSACTION"], [str(int(seconds * 1000))])
 
     def open_batch(self, conn: BaseDatabaseWrapper, bound_ms: int) -> int | None:
         bound = str(bound_ms)
@@ -201,7 +189,7 @@ class PostgresEngine(Engine):
         ``connection.execute_wrappers`` (APM and query-inspection hooks), and while Django logs
         queries (``DEBUG``, ``CaptureQueriesContext``) they take Django's logging cursor.
         """
-        if not prepare or conn.queries_logged or not get_settings().PREPARED_STATEMENTS or not _is_psycopg3():
+        if not prepare or conn.queries_logged or not _is_psycopg3():
             # psycopg2 cannot prepare a statement: Django's own cursor, planned per call.
             try:
                 return super().execute(conn, sql, params)
@@ -289,16 +277,25 @@ class PostgresEngine(Engine):
             _refused_write(exc)
 
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
-        key = (move.sql, move.moved, move.extra, move.promote, move.result)
+        # The audit rows: one CTE inserting them from the moved rows (``event_insert``).
+        key = (move.name, move.promote)
         full = self._composed.get(key) or self.composed(
-            key,
-            lambda: (
-                f"WITH t AS ({move.sql} RETURNING {move.moved}{move.extra}), ev AS ({self.event_insert('t')})"
-                f"{_PROMOTE_CTE if move.promote else ''} SELECT "
-                f"{', '.join(_EPOCH.get(c, c) for c in move.result) if move.result else '*'} FROM t"
-            ),
+            key, lambda: self._with_audit(move.name, move.promote)
         )
         rows, _ = self.execute(
-            conn, full, [*move.params, move.actor], prepare=move.prepare, reuse_plan=move.reuse_plan
+            conn,
+            full,
+            [*move.params, move.actor],
+            prepare=move.prepare,
+            reuse_plan=move.name not in self.planned_per_call,
         )
         return rows
+
+    def _with_audit(self, name: str, promote: bool) -> str:
+        result = self.moves[name].result
+        returned = ", ".join(_EPOCH.get(c, c) for c in result) if result else "*"
+        promoted = f", pr AS ({self.sql['PROMOTE_FINISHED']})" if promote else ""
+        return (
+            f"WITH t AS ({self.sql[name]} RETURNING {self.returning[name]}), ev AS ({self.event_insert('t')})"
+            f"{promoted} SELECT {returned} FROM t"
+        )

@@ -15,7 +15,8 @@ from typing import Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .engine import MOVED_NAMES, Engine, Move, Rows
+from .engine import EVT, Engine, Move, Rows
+from .statements_moves import AUDIT_COLUMNS, FINISHED, audit_row
 
 _CLOCK = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'"
 
@@ -30,6 +31,7 @@ class SqliteEngine(Engine):
     now = _CLOCK + ")"
     clock = now  # one writer at a time: a statement never waits for a row of another
     new_token = "lower(hex(randomblob(16)))"
+    single_writer = True
 
     def after(self, seconds_sql: str, *, clock: bool = False) -> str:
         return f"{_CLOCK}, printf('%%+.6f seconds', {seconds_sql}))"
@@ -65,31 +67,28 @@ class SqliteEngine(Engine):
         return value.hex  # Django stores UUIDs on SQLite as 32 hex digits
 
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
-        full = self.composed(
-            (move.sql, move.moved, move.extra), lambda: f"{move.sql} RETURNING {move.moved}{move.extra}"
-        )
-        events = self.composed(
-            ("events",),
-            lambda: self.event_insert(
-                "(SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS from_status, "
-                "json_extract(value, '$[2]') AS status, json_extract(value, '$[3]') AS reason, "
-                "json_extract(value, '$[4]') AS attempts, json_extract(value, '$[5]') AS detail, "
-                "json_extract(value, '$[6]') AS updated_at FROM json_each(%s))"
-            ),
-        )
+        # The audit rows: derived from each moved row's edge here, then one INSERT of them all.
+        name = move.name
+        declared = self.moves[name]
+        full = self.composed((name,), lambda: f"{self.sql[name]} RETURNING {self.returning[name]}")
+        events = self.composed(("events",), self._audit_insert)
         with transaction.atomic(using=conn.alias):
             rows, _ = self.execute(conn, full, move.params)
             if rows:
                 # id, message_id, status, attempts, updated_at, from_status, reason, detail
-                audit = [[r[0], r[5], r[2], r[6], r[3], r[7], r[4]] for r in rows]
-                self.execute(conn, events, [move.actor, json.dumps(audit, default=str)])
+                audit = [audit_row(declared.edge_to(r[2]), r[0], r[3], r[4], move.actor, r[7]) for r in rows]
+                self.execute(conn, events, [json.dumps(audit, default=str)])
                 if move.promote:
-                    keys = {(r[8], r[9]) for r in rows if r[9] and r[2] in ("completed", "dead", "cancelled")}
+                    keys = {(r[8], r[9]) for r in rows if r[9] and r[2] in FINISHED}
                     if keys:
                         q, k = zip(*sorted(keys), strict=True)
                         self.execute(conn, self.sql["PROMOTE"], self.row_params("PROMOTE", [q, k]))
-        if move.result:
-            names = [*MOVED_NAMES, *(x.strip() for x in move.extra.split(",") if x.strip())]
-            picks = [names.index(name) for name in move.result]
+        picks = self.picks[name]
+        if picks is not None:
             rows = [tuple(r[i] for i in picks) for r in rows]
         return rows
+
+    @staticmethod
+    def _audit_insert() -> str:
+        values = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(len(AUDIT_COLUMNS.split(","))))
+        return f"INSERT INTO {EVT} ({AUDIT_COLUMNS}) SELECT {values} FROM json_each(%s)"

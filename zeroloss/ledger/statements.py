@@ -9,15 +9,17 @@ JSON array), and row locking. Lease times always come from the database's clock:
 set and checked with ``{clock}``, so a statement that waited for a lock neither hands out a
 lease that has already run out nor accepts one that ran out while it waited.
 
-Statements that move a message end in ``RETURNING {moved}``: the columns its audit row is
-built from. The engine's ``transition()`` writes that row in the same statement
-(PostgreSQL) or transaction (SQLite). Which edge of the state machine each one performs is
-listed in :data:`zeroloss.states.TRANSITIONS`.
+Statements that move a message declare the edges of the state machine they perform in the
+``MOVES`` table of their module (:mod:`.statements_moves`); the engine's ``transition()`` adds
+their RETURNING columns and writes their audit rows, derived from those edges, in the same
+statement (PostgreSQL) or transaction (SQLite).
 """
 
 from __future__ import annotations
 
-from . import statements_cancel
+from ..states import Reason
+from ..states import Status as S
+from . import statements_cancel, statements_leases
 from .statements_cancel import (  # noqa: F401  (named statements of the catalogue)
     ABORT_REQUEST,
     ABORTS_REQUESTED,
@@ -26,14 +28,9 @@ from .statements_cancel import (  # noqa: F401  (named statements of the catalog
     CANCEL_ABORTED_LOCKED,
     STATUS_OF,
 )
-from .statements_cancel import NOT_ABORTED as _NOT_ABORTED
-
-# The columns every moving statement returns (the audit row needs the first eight).
-MOVED = (
-    "id, message_id, status, attempts, updated_at, {from_status} AS from_status, {reason} AS reason, "
-    "{detail} AS detail, queue_name, ordering_key"
-)
-MOVED_COUNT = 10
+from .statements_leases import *  # noqa: F403  (named statements of the catalogue)
+from .statements_leases import LEASE_COLUMNS, PLANNED_PER_CALL  # noqa: F401
+from .statements_moves import Moving, edge
 
 INSERT_COLUMNS = (
     "message_id, queue_name, payload, checksum, status, attempts, max_attempts, priority, ordering_key, "
@@ -112,13 +109,41 @@ ABSORBED = (
 
 # Release the next message of each listed key that has no head (nothing claimable or
 # processing). Run after every commit that may have left a key without one.
-PROMOTE = (
-    "UPDATE {msg} SET available_at = {now}, updated_at = {now} WHERE id IN (SELECT (SELECT min(w.id) "
-    "FROM {msg} w WHERE w.queue_name = b.q AND w.ordering_key = b.k "
-    "AND w.status = 'pending' AND w.available_at IS NULL) FROM {rows} WHERE NOT EXISTS (SELECT 1 FROM {msg} h "
-    "WHERE h.queue_name = b.q AND h.ordering_key = b.k "
-    "AND h.ordering_key <> '' AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL)) "
-    "RETURNING message_id, queue_name{notify}"
+
+
+def head_of_key(alias: str = "") -> str:
+    """The predicate of a key's head (its one claimable or processing message), of ``alias``."""
+    return (
+        f"{alias}ordering_key <> '' AND {alias}status IN ('pending', 'processing') "
+        f"AND {alias}available_at IS NOT NULL"
+    )
+
+
+def _promote(queue: str, key: str, source: str, finished: str = "", excluded: str = "") -> str:
+    """Release the next waiting message of each key of ``source`` that has no head; ``excluded``
+    rows are left out of both looks (a CTE's rows, still seen as they were)."""
+    return (
+        "UPDATE {msg} SET available_at = {now}, updated_at = {now} WHERE id IN (SELECT (SELECT min(w.id) "
+        f"FROM {{msg}} w WHERE w.queue_name = {queue} AND w.ordering_key = {key} "
+        f"AND w.status = 'pending' AND w.available_at IS NULL{excluded.format('w')}) FROM {source} "
+        f"WHERE {finished}NOT EXISTS (SELECT 1 FROM {{msg}} h WHERE h.queue_name = {queue} "
+        f"AND h.ordering_key = {key} AND {head_of_key('h.')}{excluded.format('h')})) "
+    )
+
+
+# Release the next message of each listed key that has no head (nothing claimable or
+# processing). Run after every commit that may have left a key without one.
+PROMOTE = _promote("b.q", "b.k", "{rows}") + "RETURNING message_id, queue_name{notify}"
+# The same inside a move (PostgreSQL, a CTE after its ``t``): the keys of the messages it finished.
+PROMOTE_FINISHED = (
+    _promote(
+        "t.queue_name",
+        "t.ordering_key",
+        "t",
+        "t.ordering_key <> '' AND t.status IN ('completed', 'dead', 'cancelled') AND ",
+        " AND {}.id NOT IN (SELECT id FROM t)",
+    )
+    + "RETURNING message_id{notify}"
 )
 # The sweep's safety net: keys whose head finished while no promotion could see their next
 # message (a process died between commit and promotion). Waiting rows younger than %s
@@ -126,8 +151,9 @@ PROMOTE = (
 REPAIR_KEYS = (
     "SELECT DISTINCT w.queue_name, w.ordering_key FROM {msg} w WHERE w.status = 'pending' "
     "AND w.available_at IS NULL AND w.updated_at < {after} AND NOT EXISTS (SELECT 1 FROM {msg} h "
-    "WHERE h.queue_name = w.queue_name AND h.ordering_key = w.ordering_key "
-    "AND h.ordering_key <> '' AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL) LIMIT %s"
+    "WHERE h.queue_name = w.queue_name AND h.ordering_key = w.ordering_key AND "
+    + head_of_key("h.")
+    + ") LIMIT %s"
 )
 
 # What blocks a key: for each (queue, key) with messages waiting behind a head, that head (if it
@@ -139,8 +165,8 @@ _KEY_COLUMNS = (
     "h.last_error, {now} FROM "
 )
 _KEY_HEAD_JOIN = (
-    " LEFT JOIN {msg} h ON h.queue_name = w.queue_name AND h.ordering_key = w.ordering_key "
-    "AND h.ordering_key <> '' AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL"
+    " LEFT JOIN {msg} h ON h.queue_name = w.queue_name AND h.ordering_key = w.ordering_key AND "
+    + head_of_key("h.")
 )
 _WAITING_KEYS = (
     "(SELECT queue_name, ordering_key, count(*) AS waiting, min(updated_at) AS waiting_since FROM {msg} "
@@ -170,176 +196,11 @@ KEY_HEAD = (
 )
 # The head of one key, locked until the operator's move on it commits (PostgreSQL).
 KEY_HEAD_LOCK = (
-    "SELECT message_id, status FROM {msg} WHERE queue_name = %s AND ordering_key = %s AND ordering_key <> '' "
-    "AND status IN ('pending', 'processing') AND available_at IS NOT NULL{for_update}"
+    "SELECT message_id, status FROM {msg} WHERE queue_name = %s AND ordering_key = %s AND "
+    + head_of_key()
+    + "{for_update}"
 )
 
-# -- leases ---------------------------------------------------------------------------
-
-_CLAIM_SET = (
-    "UPDATE {msg} SET status = 'processing', attempts = attempts + 1, lease_token = {new_token}, "
-    "lease_expires_at = {clock_after}, claimed_by = %s, started_at = {clock}, updated_at = {clock} WHERE "
-)
-CLAIM_RETURNING = ", lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at"
-# The claim index holds every version a claim moved out of it (one per message): while anything
-# holds the xmin horizon back (an idle transaction, a long report), none is removed, and a claim
-# that starts at the head of the queue visits them all, oldest first: at 800 msg/s, 48,000 a
-# minute, each a heap visit (measured: 51 ms a claim after 90 s). So a claimer starts where its
-# previous claim ended: three ranges of the claim index, read in its order, each only as far as
-# the claim's LIMIT needs: higher priorities than the remembered one from their head (exact
-# priority order), the remembered priority from its remembered ``available_at`` (rewound a little,
-# for messages whose sending transaction committed after a later one was claimed), then lower
-# priorities from their head. A priority below -100 (none is) makes the first range the whole
-# queue: the claim from the head, which every claimer also makes every few seconds for what
-# committed further behind (leases.CLAIM_FROM_HEAD_EVERY).
-_CLAIMABLE = "SELECT id FROM {msg} WHERE status = 'pending' AND queue_name = %s AND available_at <= {now}"
-_CLAIM_ORDER = " ORDER BY priority DESC, available_at, id LIMIT %s{skip_locked}"
-_HIGHER = "(" + _CLAIMABLE + " AND priority > %s" + _CLAIM_ORDER + ") a"
-_AFTER = "(" + _CLAIMABLE + " AND priority = %s AND available_at >= %s" + _CLAIM_ORDER + ") r"
-_LOWER = "(" + _CLAIMABLE + " AND priority < %s" + _CLAIM_ORDER + ") z"
-CLAIM = (
-    _CLAIM_SET
-    + "{in_open}SELECT id FROM (SELECT id FROM "
-    + _HIGHER
-    + " UNION ALL SELECT id FROM "
-    + _AFTER
-    + " UNION ALL SELECT id FROM "
-    + _LOWER
-    + ") c LIMIT %s{in_close} AND status = 'pending'"
-)
-# A claim of a queue under a concurrency limit, inside the transaction that locked the queue's
-# control row (control.py): CLAIM, claiming at most the limit less what is processing, counted
-# in this statement (it starts after the lock was granted, so it sees every earlier claim).
-CLAIM_LIMITED = CLAIM.replace(
-    ") c LIMIT %s{in_close}",
-    ") c LIMIT (SELECT CASE WHEN r < 0 THEN 0 WHEN r > %s THEN %s ELSE r END FROM (SELECT %s - count(*) "
-    "AS r FROM {msg} WHERE queue_name = %s AND status = 'processing') room){in_close}",
-)
-CLAIM_BY_ID = (
-    _CLAIM_SET + "{in_open}SELECT id FROM {msg} WHERE message_id = %s AND status = 'pending' "
-    "AND available_at <= {now}{skip_locked}{in_close} AND status = 'pending'"
-)
-# The attempt a lease holder is on (its failure's backoff depends on it).
-LEASED_ATTEMPT = (
-    "SELECT attempts FROM {msg} WHERE message_id = %s AND lease_token = %s AND status = 'processing'"
-)
-# Every lease-holder statement is fenced: the current token, still processing, lease unexpired.
-# (An aborted message's outcome is recorded by CANCEL_ABORTED only: NOT_ABORTED.)
-_FENCE = (
-    "FROM {rows} WHERE {msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
-    + _NOT_ABORTED
-)
-_UNEXPIRED = " AND {msg}.lease_expires_at > {clock}"
-_FENCED_LEASE = (
-    "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'" + _UNEXPIRED
-)
-# The keeper's renewal never waits for a row lock: a row locked elsewhere (a transactional
-# batch recording its outcome, an operator's move) is skipped, and RENEW_BUSY tells it apart
-# from a lease that is lost.
-RENEW = (
-    "UPDATE {msg} SET lease_expires_at = {clock_after}, updated_at = {clock} WHERE {in_open}SELECT {msg}.id "
-    "FROM {msg}, {rows} WHERE " + _FENCED_LEASE + "{skip_locked_of}{in_close} AND status = 'processing' "
-    "AND lease_expires_at > {clock} RETURNING message_id"
-)
-RENEW_BUSY = "SELECT {msg}.message_id FROM {msg}, {rows} WHERE " + _FENCED_LEASE
-# The acknowledged state; ``{{result}}`` is the stored result (a batch column or a parameter).
-_ACK_SET = (
-    "UPDATE {{msg}} SET status = 'completed', completed_at = {{now}}, last_error = '', result = {result}{{jsonb}}, "
-    "lease_token = NULL, lease_expires_at = NULL, updated_at = {{now}} "
-)
-_ACK = _ACK_SET.format(result="b.res") + _FENCE
-ACK = _ACK + _UNEXPIRED
-# One acknowledgement (acknowledge_message): scalar parameters, no batch to unpack.
-ACK_ONE = (
-    _ACK_SET.format(result="%s")
-    + "WHERE message_id = %s AND lease_token = %s AND status = 'processing'"
-    + _NOT_ABORTED
-    + _UNEXPIRED
-)
-# Inside a transactional batch whose rows this transaction locked after a fenced check
-# (LOCK_HELD): nobody else can have moved them since, whatever the clock says now.
-ACK_LOCKED = _ACK
-_SPENT = "{msg}.attempts >= {msg}.max_attempts"
-_FAIL = (
-    "UPDATE {msg} SET status = CASE WHEN " + _SPENT + " THEN 'dead' ELSE 'pending' END, "
-    "dead_at = CASE WHEN " + _SPENT + " THEN {now} END, "
-    "available_at = CASE WHEN " + _SPENT + " THEN {msg}.available_at ELSE {after_delay} END, "
-    "last_error = b.err, lease_token = NULL, lease_expires_at = NULL, updated_at = {now} " + _FENCE
-)
-FAIL = _FAIL + _UNEXPIRED
-FAIL_LOCKED = _FAIL
-RELEASE = (
-    "UPDATE {msg} SET status = 'pending', attempts = {msg}.attempts - 1, available_at = {now}, "
-    "lease_token = NULL, lease_expires_at = NULL, started_at = NULL, updated_at = {now} "
-    + _FENCE
-    + _UNEXPIRED
-)
-# A transactional batch locks its rows, fenced, before running any handler.
-LOCK_HELD = (
-    "SELECT {msg}.message_id FROM {msg}, {rows} WHERE {msg}.message_id = b.mid "
-    "AND {msg}.lease_token = b.tok AND {msg}.status = 'processing' AND {msg}.lease_expires_at > {clock} "
-    "ORDER BY {msg}.id{for_update}"
-)
-# A transactional batch's transaction: opened with a guard row that only zeroloss's own commit
-# may commit (a handler's raw COMMIT fails on it), and with the server-side bounds derived from
-# HANDLER_TIMEOUT (``%s`` milliseconds, 0: none); closed by BATCH_CLOSE, which authorises the
-# commit and says whether the transaction is still the one BATCH_OPEN began (a handler's raw
-# ROLLBACK or COMMIT ended it otherwise). PostgreSQL only; SQLite tells from its client.
-BATCH_OPEN = (
-    "INSERT INTO zeroloss_batch_guard (txid) VALUES (txid_current()) RETURNING txid, pg_backend_pid(), "
-    "CASE WHEN %s > 0 THEN set_config('idle_in_transaction_session_timeout', %s, true) END, "
-    "CASE WHEN %s > 0 THEN set_config('statement_timeout', %s, true) END"
-)
-# Bounds an idle gap of one of zeroloss's own multi-statement transactions (milliseconds).
-BOUND_TRANSACTION = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
-BATCH_CLOSE = (
-    "WITH d AS (DELETE FROM zeroloss_batch_guard WHERE txid = txid_current() RETURNING txid) "
-    "SELECT (SELECT txid FROM d), set_config('zeroloss.batch_commit', txid_current()::text, true)"
-)
-# A claim whose commit outcome was lost with its connection: give back whatever this claimer
-# holds that it does not know about (the attempt is not counted).
-RELEASE_UNKNOWN = (
-    "UPDATE {msg} SET status = 'pending', attempts = attempts - 1, available_at = {now}, lease_token = NULL, "
-    "lease_expires_at = NULL, started_at = NULL, updated_at = {now} WHERE status = 'processing' "
-    "AND claimed_by = %s AND lease_expires_at > {now} AND NOT EXISTS (SELECT 1 FROM {rows} "
-    "WHERE b.tok = lease_token)"
-)
-# A session of ours that may still be running a statement whose outcome we lost (a network
-# cut: the server has not noticed). End it, and wait until it is gone, before acting on what
-# it may have committed.
-END_SESSION = "SELECT pg_terminate_backend(%s)"
-SESSION_ALIVE = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
-# Did this actor's transition land? (asked after a commit whose outcome was lost)
-OWN_EVENTS = (
-    "SELECT m.message_id, e.reason FROM {evt} e JOIN {msg} m ON m.id = e.message_id JOIN {rows} "
-    "ON m.message_id = b.mid AND e.attempt = b.att WHERE e.actor = %s "
-    "AND e.reason IN ('acknowledged', 'failed', 'dead_lettered', 'released', 'aborted')"
-)
-
-# -- the recovery sweep ---------------------------------------------------------------
-
-_SWEEP_SPENT = "attempts >= max_attempts"
-# The lease index keeps the processing version of every message acknowledged since the xmin
-# horizon was last free (at 800 msg/s, 48,000 a minute): a probe from the head of expired leases
-# visits them all. So a sweep examines the leases that expired since a little before its
-# previous complete sweep (``lease_expires_at >= %s``), and every sweep.SWEEP_FROM_HEAD_EVERY
-# seconds all of them (the bound: the start of time). The bound is repeated outside: PostgreSQL
-# may find the chosen ids through the lease index too (a bitmap of every expired entry).
-# An aborted message whose worker died is cancelled, not run again (statements_cancel).
-SWEEP = (
-    "UPDATE {msg} SET status = CASE WHEN abort_requested_at IS NOT NULL THEN 'cancelled' WHEN "
-    + _SWEEP_SPENT
-    + " THEN 'dead' ELSE 'pending' END, "
-    "dead_at = CASE WHEN abort_requested_at IS NULL AND "
-    + _SWEEP_SPENT
-    + " THEN {now} END, available_at = {now}, "
-    "last_error = 'Lease expired: ' || claimed_by || ' neither acknowledged nor renewed it', "
-    "lease_token = NULL, lease_expires_at = NULL, updated_at = {now} "
-    "WHERE {in_open}SELECT id FROM {msg} WHERE status = 'processing' AND lease_expires_at < {now} "
-    "AND lease_expires_at >= %s ORDER BY lease_expires_at LIMIT %s{skip_locked}{in_close} AND status = 'processing' "
-    "AND lease_expires_at < {now} AND lease_expires_at >= %s"
-)
-ANY_EXPIRED = "SELECT 1 FROM {msg} WHERE status = 'processing' AND lease_expires_at < {now} LIMIT 1"
 
 # -- operator actions (chunks of message ids) -----------------------------------------
 
@@ -357,10 +218,13 @@ REDRIVE = (
     "available_at = CASE WHEN ordering_key <> '' THEN NULL ELSE {now} END, dead_at = NULL, "
     "abort_requested_at = NULL, updated_at = {now} " + _BY_IDS + " AND status = 'dead'"
 )
-DEAD_LETTER = (
+_DEAD_LETTER = (
     "UPDATE {msg} SET status = 'dead', dead_at = {now}, lease_token = NULL, lease_expires_at = NULL, "
-    "last_error = %s, updated_at = {now} " + _BY_IDS + " AND status = %s"
+    "last_error = %s, updated_at = {now} " + _BY_IDS
 )
+# One statement per source status: each declares its own edge.
+DEAD_LETTER_PENDING = _DEAD_LETTER + " AND status = 'pending'"
+DEAD_LETTER_PROCESSING = _DEAD_LETTER + " AND status = 'processing'"
 KNOWN_IDS = "SELECT message_id FROM {msg} " + _BY_IDS
 
 # -- dispatch bookkeeping (Celery transport) ------------------------------------------
@@ -377,14 +241,6 @@ MARK_UNDISPATCHED = "UPDATE {msg} SET dispatched_at = NULL " + _BY_IDS
 
 NOW = "SELECT {now}"
 CREATED_AT = "SELECT created_at FROM {msg} WHERE id = %s"
-
-#: Fenced statements that join a batch (``unnest`` of its ids and tokens) to the ledger: they
-#: run on the hot path's cursor but are planned for each call, never prepared. A prepared
-#: statement's generic plan takes the batch for 10 rows and the partial lease index for 1, and
-#: nests a loop that unpacks the whole batch again for every leased row of the table
-#: (O(batch x leases held); measured: 2.8 of 4.1 ms an acknowledgement of 100, more with every
-#: worker). Planned with the batch in hand, PostgreSQL hashes it once (0.2 ms of planning).
-PLANNED_PER_CALL = frozenset({"ACK", "ACK_LOCKED", "FAIL", "FAIL_LOCKED", "RELEASE", "RENEW", "RENEW_BUSY"})
 
 #: The batch each statement's ``{rows}`` carries, as ``b(column, ...)`` with PostgreSQL types.
 #: PostgreSQL passes one array per column (``unnest``); SQLite one JSON array of rows.
@@ -409,24 +265,51 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
         ("headers", "text"),
     ),
     "PROMOTE": (("q", "text"), ("k", "text")),
-    "RENEW": (("mid", "text"), ("tok", "uuid")),
-    "RENEW_BUSY": (("mid", "text"), ("tok", "uuid")),
-    "ACK": (("mid", "text"), ("tok", "uuid"), ("res", "text")),
-    "ACK_LOCKED": (("mid", "text"), ("tok", "uuid"), ("res", "text")),
-    "FAIL": (("mid", "text"), ("tok", "uuid"), ("err", "text"), ("delay", "float8")),
-    "FAIL_LOCKED": (("mid", "text"), ("tok", "uuid"), ("err", "text"), ("delay", "float8")),
-    "RELEASE": (("mid", "text"), ("tok", "uuid")),
-    "LOCK_HELD": (("mid", "text"), ("tok", "uuid")),
-    "RELEASE_UNKNOWN": (("tok", "uuid"),),
-    "OWN_EVENTS": (("mid", "text"), ("att", "int")),
     "REQUEUE": (("mid", "text"),),
     "REQUEUE_STUCK": (("mid", "text"),),
     "REDRIVE": (("mid", "text"),),
-    "DEAD_LETTER": (("mid", "text"),),
+    "DEAD_LETTER_PENDING": (("mid", "text"),),
+    "DEAD_LETTER_PROCESSING": (("mid", "text"),),
     "KNOWN_IDS": (("mid", "text"),),
     "MARK_DISPATCHED": (("mid", "text"),),
     "MARK_UNDISPATCHED": (("mid", "text"),),
+    **statements_leases.LEASE_ROWS,
     **statements_cancel.ROWS,
+}
+
+# Persisting hands back each new row's ``available_at`` (and wakes idle workers, PostgreSQL).
+_PERSISTED = (edge("", S.PENDING, Reason.PERSISTED),)
+_STORED = Moving("producer", _PERSISTED, returning=", available_at{notify}", result=("id", "message_id"))
+# One message: its audit detail is no parameter (one less to send).
+_STORED_ONE = Moving(
+    "producer",
+    _PERSISTED,
+    detail="''",
+    returning=", available_at{notify}",
+    result=("id", "updated_at", "available_at"),
+)
+_REQUEUED = Moving("operator", (edge(S.PROCESSING, S.PENDING, Reason.REQUEUED_BY_OPERATOR),), prepare=False)
+
+
+def _dead_lettered(source: S) -> Moving:
+    return Moving("operator", (edge(source, S.DEAD, Reason.DEAD_LETTERED_BY_OPERATOR),), prepare=False)
+
+
+#: Every moving statement of the catalogue, by name, with the edges it performs.
+MOVES: dict[str, Moving] = {
+    "INSERT_ONE": _STORED_ONE,
+    "INSERT_ONE_HEADERS": _STORED_ONE,
+    "INSERT_MANY": _STORED,
+    "INSERT_MANY_HEADERS": _STORED,
+    # It names a table each batch creates again: never prepared.
+    "INSERT_STAGED": Moving("producer", _PERSISTED, result=("id", "message_id"), prepare=False),
+    "REQUEUE": _REQUEUED,
+    "REQUEUE_STUCK": _REQUEUED,
+    "REDRIVE": Moving("operator", (edge(S.DEAD, S.PENDING, Reason.REDRIVEN_BY_OPERATOR),), prepare=False),
+    "DEAD_LETTER_PENDING": _dead_lettered(S.PENDING),
+    "DEAD_LETTER_PROCESSING": _dead_lettered(S.PROCESSING),
+    **statements_leases.LEASE_MOVES,
+    **statements_cancel.MOVES,
 }
 
 # Queue control's statements (kept in their own module, rendered with these).

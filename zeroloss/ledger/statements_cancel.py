@@ -10,6 +10,10 @@ records it cancelled instead of requeueing it.
 
 from __future__ import annotations
 
+from ..states import Reason
+from ..states import Status as S
+from .statements_moves import Moving, edge
+
 _BY_IDS = "WHERE message_id IN (SELECT b.mid FROM {rows})"
 _HELD = "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
 
@@ -47,4 +51,18 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "ABORTS_REQUESTED": (("mid", "text"), ("tok", "uuid")),
     "CANCEL_ABORTED": (("mid", "text"), ("tok", "uuid")),
     "CANCEL_ABORTED_LOCKED": (("mid", "text"), ("tok", "uuid")),
+}
+
+#: The edges each moving statement of this module performs (see :mod:`.statements_moves`).
+_ABORTED = Moving("worker", (edge(S.PROCESSING, S.CANCELLED, Reason.ABORTED),), prepare=False)
+MOVES: dict[str, Moving] = {
+    "CANCEL": Moving(
+        "operator", (edge(S.PENDING, S.CANCELLED, Reason.CANCELLED_BY_OPERATOR),), prepare=False
+    ),
+    # An annotation: the message stays processing (states.ANNOTATIONS).
+    "ABORT_REQUEST": Moving(
+        "operator", (edge(S.PROCESSING, S.PROCESSING, Reason.ABORT_REQUESTED),), prepare=False
+    ),
+    "CANCEL_ABORTED": _ABORTED,
+    "CANCEL_ABORTED_LOCKED": _ABORTED,
 }

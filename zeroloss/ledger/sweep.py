@@ -13,11 +13,6 @@ from .base import LedgerBase
 from .types import RecoveryReport
 from .validation import validate_count
 
-_SWEEP_REASON = (
-    "CASE WHEN status = 'cancelled' THEN 'aborted' WHEN status = 'dead' THEN 'dead_lettered' "
-    "ELSE 'lease_expired' END"
-)
-_SWEEP_DETAIL = "'lease held by ' || claimed_by || ' expired'"
 #: A waiting message this old whose key has no head was missed by its promotion (a process
 #: died between commit and promotion); younger ones are left to their own sender.
 REPAIR_AFTER = 5.0
@@ -59,20 +54,12 @@ class Sweeping(LedgerBase):
         since, began, from_head = self._sweep_bound()
         complete = False
         while limit is None or len(requeued) + len(dead) + len(cancelled) < limit:
-            if self.engine.vendor == "sqlite" and not self._run("ANY_EXPIRED", [])[0]:
-                # SQLite: a read needs no lock in WAL mode; the write below takes the database's
+            if self.engine.single_writer and not self._run("ANY_EXPIRED", [])[0]:
+                # A read needs no lock (SQLite in WAL mode); the write below takes the database's
                 # only write lock, so take it only when there is work.
                 break
             size = batch if limit is None else min(batch, limit - len(requeued) - len(dead) - len(cancelled))
-            rows = self._move(
-                "SWEEP",
-                [since, size, since],
-                source="processing",
-                reason=_SWEEP_REASON,
-                detail_sql=_SWEEP_DETAIL,
-                actor=actor,
-                promote=True,
-            )
+            rows = self._move("SWEEP", [since, size, since], actor=actor)
             batches += 1
             if rows:
                 self._after_commit(functools.partial(notices.swept, type(self), self.using, rows))
@@ -100,7 +87,7 @@ class Sweeping(LedgerBase):
         """The oldest lease expiry this sweep examines, when it began (database clock), and
         whether it is a sweep from the head. SQLite keeps no dead versions in its indexes: every
         sweep there examines every expired lease."""
-        if self.engine.vendor != "postgresql":
+        if not self.engine.keeps_dead_index_entries:
             return "0001-01-01 00:00:00", None, True
         swept_from, head_at = self._sweep_state()
         began = self.database_now()

@@ -1,0 +1,216 @@
+"""The lease holder's outcomes (acknowledge, fail, release), fenced, one at a time or in batches.
+
+Every outcome needs the current lease token, a message still ``processing`` and an unexpired
+lease (database clock): a worker that lost its lease cannot record anything. Outcomes can be
+recorded one at a time or in batches (:meth:`Outcomes.complete`): one statement per kind of
+outcome for any number of messages, each row fenced on its own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import transaction
+
+from ..exceptions import InvalidMessage
+from . import notices
+from .aborts import Aborting
+from .types import Completion, CompletionReport, Lease, Verdict
+from .validation import canonical_json, clean_text, validate_message_id
+
+
+class Outcomes(Aborting):
+    # -- one outcome at a time --------------------------------------------------------------
+
+    def acknowledge_message(
+        self, message_id: str, lease_token: uuid.UUID | str, *, result: Any = None
+    ) -> bool:
+        """Complete the message, only for the holder of the current, unexpired lease (fencing)."""
+        validate_message_id(message_id)
+        token = self._token(lease_token)
+        encoded = None if result is None else canonical_json(result)
+        # ACK for one row, with scalar parameters (arrays cost client CPU to dump).
+        rows = self._move("ACK_ONE", [encoded, message_id, token])
+        if not rows:  # refused: an aborted message is recorded cancelled instead
+            self._cancel_aborted([message_id], [token])
+        return bool(rows)
+
+    def mark_failed(self, message_id: str, lease_token: uuid.UUID | str, error: str) -> bool:
+        """Record a failed attempt: back to pending after a backoff, or dead when attempts are spent.
+
+        ``False`` (and nothing written) when the caller no longer holds a live lease.
+        """
+        validate_message_id(message_id)
+        token = self._token(lease_token)
+        rows, _ = self._run(
+            "LEASED_ATTEMPT",
+            [message_id, token],
+            prepare=True,
+        )
+        if not rows:
+            return False
+        delay = self.settings.RETRY_BACKOFF.delay_for(rows[0][0])
+        if self._fail("FAIL", [message_id], [token], [clean_text(error)], [delay]):
+            return True
+        self._cancel_aborted([message_id], [token])  # refused: an aborted message is cancelled
+        return False
+
+    def release_lease(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
+        """Give back a claimed message that was never started (clean shutdown).
+
+        Back to pending at once, and the unused attempt is not counted.
+        """
+        validate_message_id(message_id)
+        token = self._token(lease_token)
+        if self._release([message_id], [token], "released unstarted at worker shutdown"):
+            return True
+        self._cancel_aborted([message_id], [token])  # refused: an aborted message is cancelled
+        return False
+
+    # -- many outcomes at once ------------------------------------------------------------
+
+    def complete(self, completions: Iterable[Completion], *, locked: bool = False) -> CompletionReport:
+        """Record many outcomes: one fenced statement per kind, all in one transaction.
+
+        A row whose lease is no longer held is left untouched and reported in ``refused``,
+        exactly as a single acknowledgement returns ``False``. ``locked=True`` only inside
+        the transaction of :meth:`lock_held`, whose row locks fence the batch instead of the
+        clock. Raises :class:`InvalidPayload` (nothing written) if a result is not JSON.
+        """
+        batch = list(completions)
+        if not batch:
+            return CompletionReport()
+        engine = self.engine
+        by_kind: dict[Verdict, list[Completion]] = {v: [] for v in Verdict}
+        for c in batch:
+            if c.verdict not in by_kind:
+                raise InvalidMessage(f"Unknown verdict {c.verdict!r}: use zeroloss.ledger.types.Verdict.")
+            by_kind[c.verdict].append(c)
+        acks, fails, releases = by_kind[Verdict.ACKNOWLEDGE], by_kind[Verdict.FAIL], by_kind[Verdict.RELEASE]
+        results = [None if c.result is None else canonical_json(c.result) for c in acks]
+        report = CompletionReport()
+        with transaction.atomic(using=self.using, savepoint=False):
+            if acks:
+                done = self._ack(
+                    "ACK_LOCKED" if locked else "ACK",
+                    [c.lease.message_id for c in acks],
+                    [engine.token(c.lease.token) for c in acks],
+                    results,
+                    promote=any(c.lease.ordering_key for c in acks),
+                )
+                report.acknowledged.extend(done)
+            if fails:
+                delays = [self.settings.RETRY_BACKOFF.delay_for(c.lease.attempt) for c in fails]
+                moved = self._fail(
+                    "FAIL_LOCKED" if locked else "FAIL",
+                    [c.lease.message_id for c in fails],
+                    [engine.token(c.lease.token) for c in fails],
+                    [clean_text(c.error) for c in fails],
+                    delays,
+                    statuses=True,
+                    promote=any(c.lease.ordering_key for c in fails),
+                )
+                for mid, status in moved:
+                    (report.dead_lettered if status == "dead" else report.retrying).append(mid)
+            if releases:
+                detail = clean_text(releases[0].error or "released unstarted")
+                report.released.extend(
+                    self._release(
+                        [c.lease.message_id for c in releases],
+                        [engine.token(c.lease.token) for c in releases],
+                        detail,
+                    )
+                )
+            recorded = {*report.acknowledged, *report.retrying, *report.dead_lettered, *report.released}
+            if len(recorded) < len(batch):  # aborted ones are refused every outcome but this
+                left = [c.lease for c in batch if c.lease.message_id not in recorded]
+                tokens = [engine.token(x.token) for x in left]
+                report.cancelled.extend(
+                    self._cancel_aborted([x.message_id for x in left], tokens, locked=locked)
+                )
+                recorded.update(report.cancelled)
+        report.refused.extend(c.lease.message_id for c in batch if c.lease.message_id not in recorded)
+        finished = {
+            (c.lease.queue_name, c.lease.ordering_key)
+            for c in batch
+            if c.lease.ordering_key
+            and c.lease.message_id in recorded
+            and c.lease.message_id not in report.retrying
+            and c.lease.message_id not in report.released
+        }
+        if finished:
+            # The statements released each key's next message; this catches one stored
+            # concurrently, which they could not see (docs/ordering.md).
+            self._promote_after_commit(
+                finished, sorted(c.lease.message_id for c in batch if c.lease.ordering_key)
+            )
+        if notices.wanted_after_outcomes(report):
+            # Dead letters logged, signals sent, once the outcomes are durable (never for a rollback).
+            self._after_commit(
+                lambda: notices.outcomes_recorded(type(self), self.using, self.instance_id, batch, report)
+            )
+        return report
+
+    def lock_held(self, leases: Sequence[Lease]) -> set[str]:
+        """Inside ``transaction.atomic``: lock the rows of ``leases`` still held (fenced, unexpired).
+
+        Until the transaction ends nobody else can move them (the sweep skips locked rows), so
+        :meth:`complete` with ``locked=True`` may record their outcomes however long it ran, and
+        the caller must bound the transaction itself. The built-in worker does not use this: its
+        transactional batches are held by their leases (docs/guarantees.md).
+        """
+        if not self.connection.in_atomic_block:
+            raise InvalidMessage("lock_held() must run inside transaction.atomic().")
+        engine = self.engine
+        rows, _ = self._run(
+            "LOCK_HELD",
+            self._rows("LOCK_HELD", [x.message_id for x in leases], [engine.token(x.token) for x in leases]),
+        )
+        return {r[0] for r in rows}
+
+    def own_outcomes(self, leases: Sequence[Lease]) -> dict[str, str]:
+        """Which of these leases' outcomes this instance recorded (message id -> reason).
+
+        Asked after a commit whose outcome was lost: a refused retry of an outcome that did land
+        is then told apart from a lease that was really lost.
+        """
+        if not leases:
+            return {}
+        rows, _ = self._run(
+            "OWN_EVENTS",
+            [
+                *self._rows("OWN_EVENTS", [x.message_id for x in leases], [x.attempt for x in leases]),
+                self.instance_id,
+            ],
+        )
+        return {r[0]: r[1] for r in rows}
+
+    # -- the statements ---------------------------------------------------------------------
+
+    def _ack(
+        self, name: str, ids: list[str], tokens: list[Any], results: list[str | None], *, promote: bool = True
+    ) -> list[str]:
+        # ``promote``: the statement also releases the next message of each finished ordering
+        # key; a batch whose leases carry no key leaves that part out (a smaller plan to run).
+        rows = self._move(name, self._rows(name, ids, tokens, results), keyed=promote)
+        return [r[1] for r in rows]
+
+    def _fail(
+        self,
+        name: str,
+        ids: list[str],
+        tokens: list[Any],
+        errors: list[str],
+        delays: list[float],
+        *,
+        statuses: bool = False,
+        promote: bool = True,
+    ) -> list[Any]:
+        rows = self._move(name, self._rows(name, ids, tokens, errors, delays), keyed=promote)
+        return [(r[0], r[1]) for r in rows] if statuses else [r[0] for r in rows]
+
+    def _release(self, ids: list[str], tokens: list[Any], detail: str) -> list[str]:
+        rows = self._move("RELEASE", self._rows("RELEASE", ids, tokens), detail=detail)
+        return [r[1] for r in rows]

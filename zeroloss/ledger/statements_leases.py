@@ -1,0 +1,259 @@
+"""The statements of leases (part of the catalogue: :mod:`.statements` imports them): claims,
+renewals, the lease holder's outcomes, and the recovery sweep of expired leases."""
+
+from __future__ import annotations
+
+from ..states import Reason
+from ..states import Status as S
+from .statements_cancel import NOT_ABORTED as _NOT_ABORTED
+from .statements_moves import Moving, edge
+
+# -- leases ---------------------------------------------------------------------------
+
+_CLAIM_SET = (
+    "UPDATE {msg} SET status = 'processing', attempts = attempts + 1, lease_token = {new_token}, "
+    "lease_expires_at = {clock_after}, claimed_by = %s, started_at = {clock}, updated_at = {clock} WHERE "
+)
+CLAIM_RETURNING = ", lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at"
+# The claim index holds every version a claim moved out of it (one per message): while anything
+# holds the xmin horizon back (an idle transaction, a long report), none is removed, and a claim
+# that starts at the head of the queue visits them all, oldest first: at 800 msg/s, 48,000 a
+# minute, each a heap visit (measured: 51 ms a claim after 90 s). So a claimer starts where its
+# previous claim ended: three ranges of the claim index, read in its order, each only as far as
+# the claim's LIMIT needs: higher priorities than the remembered one from their head (exact
+# priority order), the remembered priority from its remembered ``available_at`` (rewound a little,
+# for messages whose sending transaction committed after a later one was claimed), then lower
+# priorities from their head. A priority below -100 (none is) makes the first range the whole
+# queue: the claim from the head, which every claimer also makes every few seconds for what
+# committed further behind (leases.CLAIM_FROM_HEAD_EVERY).
+_CLAIMABLE = "SELECT id FROM {msg} WHERE status = 'pending' AND queue_name = %s AND available_at <= {now}"
+_CLAIM_ORDER = " ORDER BY priority DESC, available_at, id LIMIT %s{skip_locked}"
+_HIGHER = "(" + _CLAIMABLE + " AND priority > %s" + _CLAIM_ORDER + ") a"
+_AFTER = "(" + _CLAIMABLE + " AND priority = %s AND available_at >= %s" + _CLAIM_ORDER + ") r"
+_LOWER = "(" + _CLAIMABLE + " AND priority < %s" + _CLAIM_ORDER + ") z"
+CLAIM = (
+    _CLAIM_SET
+    + "{in_open}SELECT id FROM (SELECT id FROM "
+    + _HIGHER
+    + " UNION ALL SELECT id FROM "
+    + _AFTER
+    + " UNION ALL SELECT id FROM "
+    + _LOWER
+    + ") c LIMIT %s{in_close} AND status = 'pending'"
+)
+# A claim of a queue under a concurrency limit, inside the transaction that locked the queue's
+# control row (control.py): CLAIM, claiming at most the limit less what is processing, counted
+# in this statement (it starts after the lock was granted, so it sees every earlier claim).
+CLAIM_LIMITED = CLAIM.replace(
+    ") c LIMIT %s{in_close}",
+    ") c LIMIT (SELECT CASE WHEN r < 0 THEN 0 WHEN r > %s THEN %s ELSE r END FROM (SELECT %s - count(*) "
+    "AS r FROM {msg} WHERE queue_name = %s AND status = 'processing') room){in_close}",
+)
+CLAIM_BY_ID = (
+    _CLAIM_SET + "{in_open}SELECT id FROM {msg} WHERE message_id = %s AND status = 'pending' "
+    "AND available_at <= {now}{skip_locked}{in_close} AND status = 'pending'"
+)
+# The attempt a lease holder is on (its failure's backoff depends on it).
+LEASED_ATTEMPT = (
+    "SELECT attempts FROM {msg} WHERE message_id = %s AND lease_token = %s AND status = 'processing'"
+)
+# Every lease-holder statement is fenced: the current token, still processing, lease unexpired.
+# (An aborted message's outcome is recorded by CANCEL_ABORTED only: NOT_ABORTED.)
+_FENCE = (
+    "FROM {rows} WHERE {msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
+    + _NOT_ABORTED
+)
+_UNEXPIRED = " AND {msg}.lease_expires_at > {clock}"
+_FENCED_LEASE = (
+    "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'" + _UNEXPIRED
+)
+# The keeper's renewal never waits for a row lock: a row locked elsewhere (a transactional
+# batch recording its outcome, an operator's move) is skipped, and RENEW_BUSY tells it apart
+# from a lease that is lost.
+RENEW = (
+    "UPDATE {msg} SET lease_expires_at = {clock_after}, updated_at = {clock} WHERE {in_open}SELECT {msg}.id "
+    "FROM {msg}, {rows} WHERE " + _FENCED_LEASE + "{skip_locked_of}{in_close} AND status = 'processing' "
+    "AND lease_expires_at > {clock} RETURNING message_id"
+)
+RENEW_BUSY = "SELECT {msg}.message_id FROM {msg}, {rows} WHERE " + _FENCED_LEASE
+# The acknowledged state; ``{{result}}`` is the stored result (a batch column or a parameter).
+_ACK_SET = (
+    "UPDATE {{msg}} SET status = 'completed', completed_at = {{now}}, last_error = '', result = {result}{{jsonb}}, "
+    "lease_token = NULL, lease_expires_at = NULL, updated_at = {{now}} "
+)
+_ACK = _ACK_SET.format(result="b.res") + _FENCE
+ACK = _ACK + _UNEXPIRED
+# One acknowledgement (acknowledge_message): scalar parameters, no batch to unpack.
+ACK_ONE = (
+    _ACK_SET.format(result="%s")
+    + "WHERE message_id = %s AND lease_token = %s AND status = 'processing'"
+    + _NOT_ABORTED
+    + _UNEXPIRED
+)
+# Inside a transactional batch whose rows this transaction locked after a fenced check
+# (LOCK_HELD): nobody else can have moved them since, whatever the clock says now.
+ACK_LOCKED = _ACK
+_SPENT = "{msg}.attempts >= {msg}.max_attempts"
+_FAIL = (
+    "UPDATE {msg} SET status = CASE WHEN " + _SPENT + " THEN 'dead' ELSE 'pending' END, "
+    "dead_at = CASE WHEN " + _SPENT + " THEN {now} END, "
+    "available_at = CASE WHEN " + _SPENT + " THEN {msg}.available_at ELSE {after_delay} END, "
+    "last_error = b.err, lease_token = NULL, lease_expires_at = NULL, updated_at = {now} " + _FENCE
+)
+FAIL = _FAIL + _UNEXPIRED
+FAIL_LOCKED = _FAIL
+RELEASE = (
+    "UPDATE {msg} SET status = 'pending', attempts = {msg}.attempts - 1, available_at = {now}, "
+    "lease_token = NULL, lease_expires_at = NULL, started_at = NULL, updated_at = {now} "
+    + _FENCE
+    + _UNEXPIRED
+)
+# A transactional batch locks its rows, fenced, before running any handler.
+LOCK_HELD = (
+    "SELECT {msg}.message_id FROM {msg}, {rows} WHERE {msg}.message_id = b.mid "
+    "AND {msg}.lease_token = b.tok AND {msg}.status = 'processing' AND {msg}.lease_expires_at > {clock} "
+    "ORDER BY {msg}.id{for_update}"
+)
+# A transactional batch's transaction: opened with a guard row that only zeroloss's own commit
+# may commit (a handler's raw COMMIT fails on it), and with the server-side bounds derived from
+# HANDLER_TIMEOUT (``%s`` milliseconds, 0: none); closed by BATCH_CLOSE, which authorises the
+# commit and says whether the transaction is still the one BATCH_OPEN began (a handler's raw
+# ROLLBACK or COMMIT ended it otherwise). PostgreSQL only; SQLite tells from its client.
+BATCH_OPEN = (
+    "INSERT INTO zeroloss_batch_guard (txid) VALUES (txid_current()) RETURNING txid, pg_backend_pid(), "
+    "CASE WHEN %s > 0 THEN set_config('idle_in_transaction_session_timeout', %s, true) END, "
+    "CASE WHEN %s > 0 THEN set_config('statement_timeout', %s, true) END"
+)
+# Bounds an idle gap of one of zeroloss's own multi-statement transactions (milliseconds).
+BOUND_TRANSACTION = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
+BATCH_CLOSE = (
+    "WITH d AS (DELETE FROM zeroloss_batch_guard WHERE txid = txid_current() RETURNING txid) "
+    "SELECT (SELECT txid FROM d), set_config('zeroloss.batch_commit', txid_current()::text, true)"
+)
+# A claim whose commit outcome was lost with its connection: give back whatever this claimer
+# holds that it does not know about (the attempt is not counted).
+RELEASE_UNKNOWN = (
+    "UPDATE {msg} SET status = 'pending', attempts = attempts - 1, available_at = {now}, lease_token = NULL, "
+    "lease_expires_at = NULL, started_at = NULL, updated_at = {now} WHERE status = 'processing' "
+    "AND claimed_by = %s AND lease_expires_at > {now} AND NOT EXISTS (SELECT 1 FROM {rows} "
+    "WHERE b.tok = lease_token)"
+)
+# A session of ours that may still be running a statement whose outcome we lost (a network
+# cut: the server has not noticed). End it, and wait until it is gone, before acting on what
+# it may have committed.
+END_SESSION = "SELECT pg_terminate_backend(%s)"
+SESSION_ALIVE = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
+# Did this actor's transition land? (asked after a commit whose outcome was lost)
+OWN_EVENTS = (
+    "SELECT m.message_id, e.reason FROM {evt} e JOIN {msg} m ON m.id = e.message_id JOIN {rows} "
+    "ON m.message_id = b.mid AND e.attempt = b.att WHERE e.actor = %s "
+    "AND e.reason IN ('acknowledged', 'failed', 'dead_lettered', 'released', 'aborted')"
+)
+
+# -- the recovery sweep ---------------------------------------------------------------
+
+_SWEEP_SPENT = "attempts >= max_attempts"
+# The lease index keeps the processing version of every message acknowledged since the xmin
+# horizon was last free (at 800 msg/s, 48,000 a minute): a probe from the head of expired leases
+# visits them all. So a sweep examines the leases that expired since a little before its
+# previous complete sweep (``lease_expires_at >= %s``), and every sweep.SWEEP_FROM_HEAD_EVERY
+# seconds all of them (the bound: the start of time). The bound is repeated outside: PostgreSQL
+# may find the chosen ids through the lease index too (a bitmap of every expired entry).
+# An aborted message whose worker died is cancelled, not run again (statements_cancel).
+SWEEP = (
+    "UPDATE {msg} SET status = CASE WHEN abort_requested_at IS NOT NULL THEN 'cancelled' WHEN "
+    + _SWEEP_SPENT
+    + " THEN 'dead' ELSE 'pending' END, "
+    "dead_at = CASE WHEN abort_requested_at IS NULL AND "
+    + _SWEEP_SPENT
+    + " THEN {now} END, available_at = {now}, "
+    "last_error = 'Lease expired: ' || claimed_by || ' neither acknowledged nor renewed it', "
+    "lease_token = NULL, lease_expires_at = NULL, updated_at = {now} "
+    "WHERE {in_open}SELECT id FROM {msg} WHERE status = 'processing' AND lease_expires_at < {now} "
+    "AND lease_expires_at >= %s ORDER BY lease_expires_at LIMIT %s{skip_locked}{in_close} AND status = 'processing' "
+    "AND lease_expires_at < {now} AND lease_expires_at >= %s"
+)
+ANY_EXPIRED = "SELECT 1 FROM {msg} WHERE status = 'processing' AND lease_expires_at < {now} LIMIT 1"
+
+
+#: Fenced statements that join a batch (``unnest`` of its ids and tokens) to the ledger: they
+#: run on the hot path's cursor but are planned for each call, never prepared. A prepared
+#: statement's generic plan takes the batch for 10 rows and the partial lease index for 1, and
+#: nests a loop that unpacks the whole batch again for every leased row of the table
+#: (O(batch x leases held); measured: 2.8 of 4.1 ms an acknowledgement of 100, more with every
+#: worker). Planned with the batch in hand, PostgreSQL hashes it once (0.2 ms of planning).
+PLANNED_PER_CALL = frozenset({"ACK", "ACK_LOCKED", "FAIL", "FAIL_LOCKED", "RELEASE", "RENEW", "RENEW_BUSY"})
+
+_MID_TOK = (("mid", "text"), ("tok", "uuid"))
+_ACK_ROWS = (*_MID_TOK, ("res", "text"))
+_FAIL_ROWS = (*_MID_TOK, ("err", "text"), ("delay", "float8"))
+LEASE_ROWS: dict[str, tuple[tuple[str, str], ...]] = {
+    "RENEW": _MID_TOK,
+    "RENEW_BUSY": _MID_TOK,
+    "ACK": _ACK_ROWS,
+    "ACK_LOCKED": _ACK_ROWS,
+    "FAIL": _FAIL_ROWS,
+    "FAIL_LOCKED": _FAIL_ROWS,
+    "RELEASE": _MID_TOK,
+    "LOCK_HELD": _MID_TOK,
+    "RELEASE_UNKNOWN": (("tok", "uuid"),),
+    "OWN_EVENTS": (("mid", "text"), ("att", "int")),
+}
+
+#: What a claim hands back to build its leases (no audit-only columns: less to convert).
+LEASE_COLUMNS = (
+    "id",
+    "message_id",
+    "attempts",
+    "queue_name",
+    "ordering_key",
+    "lease_token",
+    "lease_expires_at",
+    "payload",
+    "max_attempts",
+    "priority",
+    "headers",
+    "available_at",
+)
+_CLAIMED = Moving(
+    "worker",
+    (edge(S.PENDING, S.PROCESSING, Reason.CLAIMED),),
+    returning=CLAIM_RETURNING,
+    result=LEASE_COLUMNS,
+)
+_ACKED = (edge(S.PROCESSING, S.COMPLETED, Reason.ACKNOWLEDGED),)
+# The dead-letter edge first: the reason is chosen by the new status (statements_moves).
+_FAILED = Moving(
+    "worker",
+    (
+        edge(S.PROCESSING, S.DEAD, Reason.DEAD_LETTERED),
+        edge(S.PROCESSING, S.PENDING, Reason.FAILED),
+    ),
+    detail="last_error",
+    result=("message_id", "status"),
+)
+_RELEASED = Moving("worker", (edge(S.PROCESSING, S.PENDING, Reason.RELEASED),))
+
+#: The edges each moving statement of this module performs (see :mod:`.statements_moves`).
+LEASE_MOVES: dict[str, Moving] = {
+    "CLAIM": _CLAIMED,
+    "CLAIM_LIMITED": _CLAIMED,
+    "CLAIM_BY_ID": _CLAIMED,
+    # One acknowledgement: only whether it moved a row matters.
+    "ACK_ONE": Moving("worker", _ACKED, result=("message_id",)),
+    "ACK": Moving("worker", _ACKED),
+    "ACK_LOCKED": Moving("worker", _ACKED),
+    "FAIL": _FAILED,
+    "FAIL_LOCKED": _FAILED,
+    "RELEASE": _RELEASED,
+    "RELEASE_UNKNOWN": _RELEASED,
+    "SWEEP": Moving(
+        "sweep",
+        (
+            edge(S.PROCESSING, S.CANCELLED, Reason.ABORTED),
+            edge(S.PROCESSING, S.DEAD, Reason.DEAD_LETTERED),
+            edge(S.PROCESSING, S.PENDING, Reason.LEASE_EXPIRED),
+        ),
+        detail="'lease held by ' || claimed_by || ' expired'",
+    ),
+}

@@ -1,0 +1,129 @@
+"""How a moving statement of the catalogue declares the edges of the state machine it performs.
+
+Each statement that changes a message's status (or annotates it) has a :class:`Moving`
+declaration beside its SQL, in the ``MOVES`` table of its catalogue module: who runs it and
+its edges ``(from, to, reason)``, each one of :data:`zeroloss.states.TRANSITIONS` (or an
+annotation). Everything its audit rows say is derived from that declaration: the source status,
+the reason (one per target status), and so the columns the engines write the rows from
+(:func:`audit_row`, :data:`MOVED`). A move is then called by the statement's name alone
+(``LedgerBase._move``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ..states import Status
+
+#: The columns every moving statement returns, in this order (the audit row needs the first
+#: eight; callers read ``queue_name`` and ``ordering_key`` too).
+MOVED = (
+    "id, message_id, status, attempts, updated_at, {from_status} AS from_status, {reason} AS reason, "
+    "{detail} AS detail, queue_name, ordering_key"
+)
+#: The names of the :data:`MOVED` columns, in order.
+MOVED_NAMES = (
+    "id",
+    "message_id",
+    "status",
+    "attempts",
+    "updated_at",
+    "from_status",
+    "reason",
+    "detail",
+    "queue_name",
+    "ordering_key",
+)
+#: The audit detail when it is a parameter of the move (its value passed by the caller).
+DETAIL_PARAMETER = "CAST(%s AS TEXT)"
+#: Statuses a message finishes in: a move into one may release its ordering key's next message.
+FINISHED = frozenset({Status.COMPLETED.value, Status.DEAD.value, Status.CANCELLED.value})
+
+
+class Edge(NamedTuple):
+    """One edge of the state machine; ``source`` is ``""`` for a message's first row."""
+
+    source: str
+    target: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Moving:
+    """The declaration of one moving statement (its SQL is the catalogue entry of that name)."""
+
+    #: Who runs it: ``producer``, ``worker`` (the lease holder), ``sweep`` or ``operator``.
+    by: str
+    #: Every edge it may perform: one source status, and one edge per target status.
+    edges: tuple[Edge, ...]
+    #: The audit detail: a parameter (the caller's value), or an SQL expression of the row.
+    detail: str = DETAIL_PARAMETER
+    #: More RETURNING columns after :data:`MOVED` (may use the engine's ``{notify}``).
+    returning: str = ""
+    #: The columns handed back, by name; ``None``: all.
+    result: tuple[str, ...] | None = None
+    #: A hot path: prepared once per connection (PostgreSQL).
+    prepare: bool = True
+    _by_target: dict[str, Edge] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sources = {e.source for e in self.edges}
+        targets = [e.target for e in self.edges]
+        if len(sources) != 1 or len(set(targets)) != len(targets):
+            raise ValueError(f"a moving statement has one source and one edge per target: {self.edges}")
+        object.__setattr__(self, "_by_target", {e.target: e for e in self.edges})
+
+    @property
+    def source(self) -> str:
+        return self.edges[0].source
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(e.reason for e in self.edges))
+
+    @property
+    def finishes(self) -> bool:
+        """Whether it can finish a message (and so leave its ordering key without a head)."""
+        return any(e.target in FINISHED for e in self.edges)
+
+    @property
+    def takes_detail(self) -> bool:
+        return self.detail == DETAIL_PARAMETER
+
+    def edge_to(self, status: str) -> Edge:
+        """The edge a moved row took, by the status it now has."""
+        return self._by_target[status]
+
+    def reason_sql(self) -> str:
+        """The audit reason as SQL of the moved row's new ``status`` (a literal for one edge)."""
+        *cases, last = self.edges
+        if not cases:
+            return f"'{last.reason}'"
+        whens = " ".join(f"WHEN status = '{e.target}' THEN '{e.reason}'" for e in cases)
+        return f"CASE {whens} ELSE '{last.reason}' END"
+
+    def returning_sql(self) -> str:
+        """Its RETURNING columns (a template: the engine renders ``{notify}``)."""
+        moved = MOVED.format(
+            from_status=f"CAST('{self.source}' AS TEXT)", reason=self.reason_sql(), detail=self.detail
+        )
+        return moved.replace("{", "{{").replace("}", "}}") + self.returning
+
+
+def audit_row(
+    edge: Edge, message_pk: Any, attempt: int, at: dt.datetime | str, actor: str, detail: str
+) -> tuple[Any, ...]:
+    """The values of one audit row (``MessageEvent``'s columns in order) for a message moved along
+    ``edge``: the one derivation the engines' client-side writers and the bulk COPY share."""
+    return (message_pk, edge.source, edge.target, edge.reason, actor, attempt, detail, at)
+
+
+#: ``MessageEvent``'s columns, in the order of :func:`audit_row`.
+AUDIT_COLUMNS = "message_id, from_status, to_status, reason, actor, attempt, detail, created_at"
+
+
+def edge(source: Any, target: Any, reason: Any) -> Edge:
+    """An edge from statuses and a reason (enum members or their values)."""
+    return Edge(*(str(getattr(v, "value", v)) for v in (source, target, reason)))
