@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .engine import EVT, Engine, Move, Rows
-from .statements_moves import AUDIT_COLUMNS, FINISHED, audit_row
+from .statements_moves import AUDIT_COLUMNS, FINISHED, Edge, audit_row
 
 _CLOCK = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'"
 
@@ -69,14 +69,14 @@ class SqliteEngine(Engine):
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
         # The audit rows: derived from each moved row's edge here, then one INSERT of them all.
         name = move.name
-        declared = self.moves[name]
         full = self.composed((name,), lambda: f"{self.sql[name]} RETURNING {self.returning[name]}")
         events = self.composed(("events",), self._audit_insert)
         with transaction.atomic(using=conn.alias):
             rows, _ = self.execute(conn, full, move.params)
             if rows:
-                # id, message_id, status, attempts, updated_at, from_status, reason, detail
-                audit = [audit_row(declared.edge_to(r[2]), r[0], r[3], r[4], move.actor, r[7]) for r in rows]
+                # id, message_id, status, attempts, updated_at, from_status, reason, detail: the
+                # edge's source and reason as the declaration's RETURNING columns computed them.
+                audit = [audit_row(Edge(r[5], r[2], r[6]), r[0], r[3], r[4], move.actor, r[7]) for r in rows]
                 self.execute(conn, events, [json.dumps(audit, default=str)])
                 if move.promote:
                     keys = {(r[8], r[9]) for r in rows if r[9] and r[2] in FINISHED}

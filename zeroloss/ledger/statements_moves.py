@@ -12,7 +12,7 @@ the reason (one per target status), and so the columns the engines write the row
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..states import Status
@@ -66,14 +66,12 @@ class Moving:
     result: tuple[str, ...] | None = None
     #: A hot path: prepared once per connection (PostgreSQL).
     prepare: bool = True
-    _by_target: dict[str, Edge] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         sources = {e.source for e in self.edges}
         targets = [e.target for e in self.edges]
         if len(sources) != 1 or len(set(targets)) != len(targets):
             raise ValueError(f"a moving statement has one source and one edge per target: {self.edges}")
-        object.__setattr__(self, "_by_target", {e.target: e for e in self.edges})
 
     @property
     def source(self) -> str:
@@ -91,10 +89,6 @@ class Moving:
     @property
     def takes_detail(self) -> bool:
         return self.detail == DETAIL_PARAMETER
-
-    def edge_to(self, status: str) -> Edge:
-        """The edge a moved row took, by the status it now has."""
-        return self._by_target[status]
 
     def reason_sql(self) -> str:
         """The audit reason as SQL of the moved row's new ``status`` (a literal for one edge)."""
