@@ -21,7 +21,7 @@ logger = logging.getLogger("zeroloss")
 
 
 def wanted_after_outcomes(report: CompletionReport) -> bool:
-    """The cheap check :meth:`Leasing.complete` makes on every batch."""
+    """The cheap check :meth:`.outcomes.Outcomes.complete` makes on every batch."""
     return bool(
         report.dead_lettered
         or signals.message_finished.receivers
@@ -100,7 +100,7 @@ _HELD_BY = ("lease held by ", " expired")
 def swept(sender: type, using: str, rows: Rows) -> None:
     """After a sweep batch: each message put back (WARNING) or dead-lettered (ERROR).
 
-    ``rows`` are the sweep's moved rows (:data:`statements.MOVED`: ``message_id`` at 1,
+    ``rows`` are the sweep's moved rows (:data:`.statements_moves.MOVED`: ``message_id`` at 1,
     ``status`` 2, ``attempts`` 3, ``detail`` 7, ``queue_name`` 8).
     """
     measured = telemetry.active()
