@@ -277,7 +277,7 @@ def test_samples_run(path, settings):
 
 
 def test_the_transition_table_in_the_docs_is_the_one_the_code_uses():
-    from zeroloss.states import transition_table_markdown
+    from zeroloss.ledger.statements import transition_table_markdown
 
     text = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
     between = text.split("<!-- transitions:start -->\n", 1)[1].split("\n<!-- transitions:end -->", 1)[0]

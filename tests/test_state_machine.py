@@ -745,8 +745,8 @@ def test_service_matches_the_model() -> None:
 def test_every_moving_statement_declares_edges_of_the_table_and_every_edge_has_one() -> None:
     """The catalogue's declarations and TRANSITIONS are one table: each declared edge (with who
     runs it) is an allowed transition or annotation, and each transition has a statement."""
-    from zeroloss.ledger.statements import MOVES
-    from zeroloss.states import ANNOTATIONS, statements_of
+    from zeroloss.ledger.statements import MOVES, statements_of
+    from zeroloss.states import ANNOTATIONS
 
     tabled = {(t.source, t.target, t.reason.value, t.actor) for t in TRANSITIONS}
     annotations = {r.value for r in ANNOTATIONS}

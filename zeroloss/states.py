@@ -2,7 +2,8 @@
 
 Each moving statement of the ledger's catalogue declares the edges it performs
 (``zeroloss.ledger.statements.MOVES``); a test holds them equal to :data:`TRANSITIONS`, both
-ways. The docs (``docs/concepts.md``) and ``zeroloss_verify`` (which flags any audit row whose
+ways, and the docs' table (``docs/concepts.md``) is generated from both
+(``zeroloss.ledger.statements.transition_table_markdown``). ``zeroloss_verify`` (which flags any audit row whose
 edge is not in :data:`TRANSITIONS`) read this table; nothing else decides which moves exist.
 
 ::
@@ -108,20 +109,3 @@ ALLOWED_EDGES: frozenset[tuple[str, str, str]] = frozenset(
 
 def is_allowed(source: str, target: str, reason: str) -> bool:
     return (source, target, reason) in ALLOWED_EDGES
-
-
-def statements_of(transition: Transition) -> list[str]:
-    """The names of the catalogue's statements that perform ``transition`` (by its actor)."""
-    from .ledger.statements import MOVES  # the catalogue imports this module
-
-    edge = (transition.source, transition.target, transition.reason.value)
-    return sorted(name for name, m in MOVES.items() if m.by == transition.actor and edge in m.edges)
-
-
-def transition_table_markdown() -> str:
-    """The table as Markdown (``docs/concepts.md`` embeds it; a test keeps them equal)."""
-    lines = ["| from | to | reason | by | statements |", "| --- | --- | --- | --- | --- |"]
-    for t in TRANSITIONS:
-        via = ", ".join(f"`{name}`" for name in statements_of(t))
-        lines.append(f"| {t.source or '(new)'} | {t.target} | `{t.reason.value}` | {t.actor} | {via} |")
-    return "\n".join(lines)

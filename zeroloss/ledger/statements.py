@@ -17,7 +17,7 @@ statement (PostgreSQL) or transaction (SQLite).
 
 from __future__ import annotations
 
-from ..states import Reason
+from ..states import TRANSITIONS, Reason, Transition
 from ..states import Status as S
 from . import statements_cancel, statements_leases
 from .statements_cancel import (  # noqa: F401  (named statements of the catalogue)
@@ -311,6 +311,23 @@ MOVES: dict[str, Moving] = {
     **statements_leases.LEASE_MOVES,
     **statements_cancel.MOVES,
 }
+
+
+def statements_of(transition: Transition) -> list[str]:
+    """The names of the moving statements that perform ``transition`` (run by its actor)."""
+    edge = (transition.source, transition.target, transition.reason.value)
+    return sorted(name for name, m in MOVES.items() if m.by == transition.actor and edge in m.edges)
+
+
+def transition_table_markdown() -> str:
+    """:data:`zeroloss.states.TRANSITIONS` with their statements, as Markdown (``docs/concepts.md``
+    embeds it; a test keeps them equal)."""
+    lines = ["| from | to | reason | by | statements |", "| --- | --- | --- | --- | --- |"]
+    for t in TRANSITIONS:
+        via = ", ".join(f"`{name}`" for name in statements_of(t))
+        lines.append(f"| {t.source or '(new)'} | {t.target} | `{t.reason.value}` | {t.actor} | {via} |")
+    return "\n".join(lines)
+
 
 # Queue control's statements (kept in their own module, rendered with these).
 from .statements_control import *  # noqa: E402, F403
