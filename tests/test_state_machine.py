@@ -765,3 +765,28 @@ def test_every_moving_statement_declares_edges_of_the_table_and_every_edge_has_o
 
     for engine in (PostgresEngine(), SqliteEngine()):
         assert set(MOVES) <= set(engine.sql), sorted(set(MOVES) - set(engine.sql))
+
+
+def test_a_declaration_derives_its_audit_columns_and_refuses_an_ambiguous_edge() -> None:
+    """The reason comes from the moved row's new status; one source and one edge per target."""
+    from zeroloss.ledger.statements import MOVES
+    from zeroloss.ledger.statements_moves import Moving, audit_row, edge
+
+    fail = MOVES["FAIL"]
+    assert fail.reason_sql() == "CASE WHEN status = 'dead' THEN 'dead_lettered' ELSE 'failed' END"
+    assert MOVES["ACK"].reason_sql() == "'acknowledged'" and MOVES["ACK"].finishes
+    assert not MOVES["RELEASE"].finishes and MOVES["CLAIM"].source == "pending"
+    assert audit_row(MOVES["INSERT_STAGED"].edges[0], 7, 0, "t", "me", "") == (
+        7,
+        "",
+        "pending",
+        "persisted",
+        "me",
+        0,
+        "",
+        "t",
+    )
+    with pytest.raises(ValueError, match="one source"):
+        Moving("operator", (edge("pending", "dead", "x"), edge("processing", "dead", "x")))
+    with pytest.raises(ValueError, match="one edge per target"):
+        Moving("worker", (edge("processing", "dead", "x"), edge("processing", "dead", "y")))
