@@ -302,3 +302,12 @@ class PostgresEngine(Engine):
             conn, full, [*move.params, move.actor], prepare=move.prepare, reuse_plan=move.reuse_plan
         )
         return rows
+
+    # -- what this database can do (see Engine) -------------------------------------------
+
+    supports_replication = True
+    has_statistics = True
+    has_listen_notify = True
+    is_server = True
+    # The JSON text in bytes: PostgreSQL detoasts it server-side, nothing is sent.
+    payload_size = "octet_length(payload::text)"

@@ -93,3 +93,7 @@ class SqliteEngine(Engine):
             picks = [names.index(name) for name in move.result]
             rows = [tuple(r[i] for i in picks) for r in rows]
         return rows
+
+    # -- what this database can do (see Engine) -------------------------------------------
+
+    single_writer = True
