@@ -71,9 +71,12 @@ def scan(root: Path = PACKAGE) -> tuple[dict[str, list[int]], dict[str, list[int
                 text = _text(node)
                 if text and _SQL.match(text) and not any(h.search(rel) for h in SQL_HOMES):
                     sql.setdefault(rel, []).append(node.lineno)
-            if isinstance(node, ast.Compare) and not any(h.search(rel) for h in VENDOR_HOMES):
-                if any(_is_vendor(n) for n in (node.left, *node.comparators)):
-                    vendor.setdefault(rel, []).append(node.lineno)
+            if (
+                isinstance(node, ast.Compare)
+                and any(_is_vendor(n) for n in (node.left, *node.comparators))
+                and not any(h.search(rel) for h in VENDOR_HOMES)
+            ):
+                vendor.setdefault(rel, []).append(node.lineno)
     return sql, vendor
 
 

@@ -33,8 +33,8 @@ from ..exceptions import InvalidMessage, MessageConflict
 from ..loops import StopFlag
 from ..service import ZeroLossMessageService
 from .models import Schedule, ScheduleState
-from .state_rows import create_states, lock_states, read_clock, save_states
 from .spec import ScheduleError, ScheduleSpec, parse_schedule, resolve_task, settings_schedules
+from .state_rows import create_states, lock_states, read_clock, save_states
 from .ticks import latest_ticks, next_tick, next_ticks
 
 logger = logging.getLogger("zeroloss")

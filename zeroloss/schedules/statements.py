@@ -12,9 +12,7 @@ _SCHEDULE = Schedule._meta.db_table
 _STATE = ScheduleState._meta.db_table
 
 #: The database clock and the version of the database schedules (their count and latest change).
-CLOCK = (
-    f"SELECT {{clock}}, (SELECT count(*) FROM {_SCHEDULE}), (SELECT max(updated_at) FROM {_SCHEDULE})"
-)
+CLOCK = f"SELECT {{clock}}, (SELECT count(*) FROM {_SCHEDULE}), (SELECT max(updated_at) FROM {_SCHEDULE})"
 CREATE_STATES = (
     f"INSERT INTO {_STATE} (name, updated_at) SELECT b.name, {{now}} FROM {{rows}} "
     "WHERE true ON CONFLICT (name) DO NOTHING"
