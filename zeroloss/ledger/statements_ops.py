@@ -40,3 +40,13 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "PURGE_MESSAGES": (("id", "bigint"),),
     "PAYLOAD_SIZES_OF": (("id", "bigint"),),
 }
+
+# -- sessions: idle workers' wake-up, dead peers (PostgreSQL) ---------------------------------
+
+#: The channel the ledger's ``{notify}`` fragment sends a queue's name on.
+LISTEN = "LISTEN zeroloss_wakeup"
+#: TCP keepalive idle, interval and count, and the user timeout (ms), for this session.
+KEEPALIVES = (
+    "SELECT set_config('tcp_keepalives_idle', %s, false), set_config('tcp_keepalives_interval', %s, false), "
+    "set_config('tcp_keepalives_count', %s, false), set_config('tcp_user_timeout', %s, false)"
+)

@@ -56,3 +56,13 @@ CONSERVATION_OF_QUEUE = (
         "(SELECT COUNT(*) FROM {msg} WHERE status = %s AND queue_name = %s)" for _ in CONSERVATION_STATUSES
     )
 )
+
+# -- liveness, and the system checks' readings (PostgreSQL) ----------------------------------
+
+PING = "SELECT 1"
+#: The process id of the backend that runs this query (a pooler hands out another one).
+BACKEND_PID = "SELECT pg_backend_pid()"
+SERVER_SETTINGS = (
+    "SELECT current_setting('server_version_num')::int, current_setting('fsync'), "
+    "current_setting('synchronous_commit')"
+)

@@ -179,10 +179,12 @@ class Verification:
         for status in statements_reads.CONSERVATION_STATUSES:
             params += [status, *queue_params]
         name = "CONSERVATION_OF_QUEUE" if queue else "CONSERVATION"
-        [row], _ = engine_for(conn).run(conn, statements_reads, name, params)
+        [(persisted_events, purged, *per_status)], _ = engine_for(conn).run(
+            conn, statements_reads, name, params
+        )
+        persisted_events, purged = int(persisted_events), int(purged)
         statuses = statements_reads.CONSERVATION_STATUSES
-        persisted_events, purged = int(row[0]), int(row[1])
-        by_status = {s: int(n) for s, n in zip(statuses, row[2:], strict=True)}
+        by_status = {s: int(n) for s, n in zip(statuses, per_status, strict=True)}
         persisted = persisted_events + purged
         accounted = sum(by_status.values()) + purged
         if persisted != accounted:

@@ -60,7 +60,7 @@ def save_states(using: str, changed: list[ScheduleState]) -> None:
     conn = connections[using]
     engine = engine_for(conn)
     stored = conn.ops.adapt_datetimefield_value
-    columns = [
+    columns: list[list[Any]] = [
         [s.name for s in changed],
         [stored(s.last_tick) for s in changed],
         [stored(s.last_sent) for s in changed],
