@@ -70,8 +70,11 @@ def scan(root: Path = PACKAGE) -> tuple[dict[str, list[int]], dict[str, list[int
             and (body := node.body)
             and isinstance(body[0], ast.Expr)
         }
+        # The literal pieces of an f-string are read as part of it.
+        pieces = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+        skipped = docstrings | pieces
         for node in ast.walk(tree):
-            if isinstance(node, ast.JoinedStr | ast.Constant) and id(node) not in docstrings:
+            if isinstance(node, ast.JoinedStr | ast.Constant) and id(node) not in skipped:
                 text = _text(node)
                 if text and _SQL.match(text) and not any(h.search(rel) for h in SQL_HOMES):
                     sql.setdefault(rel, []).append(node.lineno)
