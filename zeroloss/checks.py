@@ -64,7 +64,6 @@ from .checks_server import (  # noqa: F401  (each check's public names stay impo
     postgres_readings,
 )
 from .conf import SettingError, ZeroLossSettings, parse_settings
-from .ledger.base import engine_for
 from .ledger.engine import Engine
 from .ledger.postgres import PostgresEngine
 from .ledger.sqlite import SqliteEngine
@@ -139,7 +138,8 @@ def check_database(
 
     messages: list[CheckMessage] = []
     for alias in databases:
-        if not engine_for(connections[alias]).is_server:
+        engine = ENGINES.get(connections[alias].vendor)
+        if engine is None or not engine.is_server:  # an unsupported database is E004's
             continue
         messages += postgres_messages(alias, *postgres_readings(alias))
         if cfg is None:
