@@ -55,6 +55,7 @@ TIERS: dict[str, str] = {
     "test_checks.py": "ledger",
     "test_checks_postgres.py": "ledger",
     "test_claim_cursor.py": "ledger",
+    "test_code_shape.py": "unit",
     "test_declared_queues.py": "ledger",
     "test_demo.py": "process",
     "test_doc_claims.py": "docs",

@@ -16,7 +16,7 @@ from tests.conftest import child_env
 from tests.support import expire_leases
 from tests.workers import Proc
 from zeroloss.models import Message
-from zeroloss.schedules.scheduler import _aware, _clock_sql
+from zeroloss.schedules.state_rows import read_clock
 
 # PostgreSQL only: SQLite is embedded, so its clock is the host's and every process sharing its
 # file shares the host; skewed clocks between hosts are a server database's case.
@@ -26,9 +26,7 @@ EVERY = 2
 
 
 def db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute(_clock_sql(connection.vendor))
-        return _aware(cursor.fetchone()[0])
+    return read_clock(connection.alias)[0]
 
 
 def wait_db_clock(until: dt.datetime, procs: list[Proc]) -> None:

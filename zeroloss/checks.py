@@ -55,7 +55,21 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from .checks_server import (  # noqa: F401  (each check's public names stay importable from here)
+    MIN_POSTGRES_VERSION_NUM,
+    PGBOUNCER_DEFAULT_PORT,
+    behind_pooler,
+    pooler_messages,
+    postgres_messages,
+    postgres_readings,
+)
 from .conf import SettingError, ZeroLossSettings, parse_settings
+from .ledger.engine import Engine
+from .ledger.postgres import PostgresEngine
+from .ledger.sqlite import SqliteEngine
+
+#: The engine of each database zeroloss supports, by Django's vendor name.
+ENGINES: dict[str, type[Engine]] = {engine.vendor: engine for engine in (PostgresEngine, SqliteEngine)}
 
 
 def _settings() -> tuple[ZeroLossSettings | None, list[CheckMessage]]:
@@ -124,7 +138,8 @@ def check_database(
 
     messages: list[CheckMessage] = []
     for alias in databases:
-        if connections[alias].vendor != "postgresql":
+        engine = ENGINES.get(connections[alias].vendor)
+        if engine is None or not engine.is_server:  # an unsupported database is E004's
             continue
         messages += postgres_messages(alias, *postgres_readings(alias))
         if cfg is None:
@@ -145,148 +160,6 @@ def check_database(
     return messages
 
 
-# -- connection poolers (docs/scaling.md, "Behind PgBouncer") ---------------------------------
-
-#: PgBouncer's default listen port. PostgreSQL itself listens on 5432 unless told otherwise.
-PGBOUNCER_DEFAULT_PORT = 6432
-
-
-def behind_pooler(alias: str) -> bool:
-    """Whether a protocol-level pooler (PgBouncer, ...) sits between Django and PostgreSQL.
-
-    At connection start PostgreSQL sends the client its backend's process id (BackendKeyData);
-    PgBouncer sends a random one of its own instead, since the client will be served by
-    whichever server connection is free. So the pid the connection was given differs from the
-    pid of the backend that runs our query. A TCP proxy or a port mapping forwards the real one.
-    """
-    conn = connections[alias]
-    conn.ensure_connection()
-    with conn.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        (backend_pid,) = cursor.fetchone()
-    return bool(conn.connection.info.backend_pid != backend_pid)
-
-
-def _ports(value: Any) -> list[str]:
-    return [p.strip() for p in str(value or "").split(",") if p.strip()]
-
-
-def pooler_messages(
-    alias: str, measured: bool | None, settings_dict: dict[str, Any], cfg: ZeroLossSettings
-) -> list[CheckMessage]:
-    """W030 (``measured`` None: from the configured port only), W031 and W032 (measured)."""
-    messages: list[CheckMessage] = []
-    prepared = cfg.PREPARED_STATEMENTS
-    if measured is None:
-        if prepared and str(PGBOUNCER_DEFAULT_PORT) in _ports(settings_dict.get("PORT")):
-            messages.append(
-                Warning(
-                    f"Database {alias!r} uses port {PGBOUNCER_DEFAULT_PORT}, PgBouncer's default, and "
-                    "ZEROLOSS['PREPARED_STATEMENTS'] is True: behind PgBouncer before 1.21 in transaction "
-                    "mode, zeroloss's prepared statements fail ('prepared statement \"_pg3_0\" already "
-                    "exists' / 'does not exist').",
-                    hint="Behind a transaction-pooling PgBouncer set ZEROLOSS['PREPARED_STATEMENTS'] = False "
-                    "(and run zeroloss_worker with --no-listen). If port 6432 is PostgreSQL itself or a "
-                    "session-pooling PgBouncer, add 'zeroloss.W030' to SILENCED_SYSTEM_CHECKS.",
-                    obj="settings.DATABASES",
-                    id="zeroloss.W030",
-                )
-            )
-        return messages
-    if not measured:
-        return messages
-    if prepared:
-        messages.append(
-            Warning(
-                f"Database {alias!r} is reached through a connection pooler (the backend pid differs from "
-                "the one the connection was given) and ZEROLOSS['PREPARED_STATEMENTS'] is True: in "
-                "transaction pooling mode (PgBouncer before 1.21, or without max_prepared_statements) "
-                "zeroloss's prepared statements fail.",
-                hint="Set ZEROLOSS['PREPARED_STATEMENTS'] = False and run zeroloss_worker with --no-listen. "
-                "Session pooling, or PgBouncer >= 1.21 with max_prepared_statements > 0, keeps prepared "
-                "statements: then add 'zeroloss.W031' to SILENCED_SYSTEM_CHECKS.",
-                obj="settings.ZEROLOSS",
-                id="zeroloss.W031",
-            )
-        )
-    if not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
-        messages.append(
-            Warning(
-                f"Database {alias!r} is reached through a connection pooler and Django's server-side "
-                "cursors are on: in transaction pooling mode a QuerySet.iterator() outside a transaction "
-                "(zeroloss_verify uses one) declares a cursor on one server connection and fetches from "
-                "another.",
-                hint=f"Set DATABASES[{alias!r}]['DISABLE_SERVER_SIDE_CURSORS'] = True. Under session pooling "
-                "add 'zeroloss.W032' to SILENCED_SYSTEM_CHECKS.",
-                obj="settings.DATABASES",
-                id="zeroloss.W032",
-            )
-        )
-    return messages
-
-
-# -- PostgreSQL's own settings (docs/production.md) -------------------------------------------
-
-#: The oldest PostgreSQL the ledger's SQL runs on: ``gen_random_uuid()`` is built in from 13
-#: (a contrib extension before), like ``pg_current_xact_id_if_assigned()``.
-MIN_POSTGRES_VERSION_NUM = 130000
-
-
-def postgres_readings(alias: str) -> tuple[int, str, str]:
-    """``server_version_num``, ``fsync`` and ``synchronous_commit`` as this alias's connection sees them
-    (``synchronous_commit`` may be set per role, database or connection ``OPTIONS``)."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            "SELECT current_setting('server_version_num')::int, current_setting('fsync'), "
-            "current_setting('synchronous_commit')"
-        )
-        version, fsync, synchronous_commit = cursor.fetchone()
-    return int(version), str(fsync), str(synchronous_commit)
-
-
-def postgres_messages(
-    alias: str, version_num: int, fsync: str, synchronous_commit: str
-) -> list[CheckMessage]:
-    """E040/W040/W041 from what a PostgreSQL server reported."""
-    messages: list[CheckMessage] = []
-    if version_num < MIN_POSTGRES_VERSION_NUM:
-        major = str(version_num // 10000)
-        if version_num < 100000:  # 9.6 is 90600: its major version has two parts
-            major += f".{version_num // 100 % 100}"
-        messages.append(
-            Error(
-                f"Database {alias!r} is PostgreSQL {major} (server_version_num {version_num}); zeroloss "
-                "needs PostgreSQL 13 or newer (gen_random_uuid(), pg_current_xact_id_if_assigned()).",
-                hint="Upgrade the server to PostgreSQL 13 or newer.",
-                obj="settings.DATABASES",
-                id="zeroloss.E040",
-            )
-        )
-    if fsync.lower() == "off":
-        messages.append(
-            Warning(
-                f"Database {alias!r} runs with fsync = off: a crash of the server or its host can lose or "
-                'corrupt committed messages, so "durable" is not.',
-                hint="Set fsync = on in postgresql.conf (docs/production.md).",
-                obj="settings.DATABASES",
-                id="zeroloss.W040",
-            )
-        )
-    if synchronous_commit.lower() == "off":
-        messages.append(
-            Warning(
-                f"Database {alias!r}: synchronous_commit = off for zeroloss's connection: a commit returns "
-                "before it is flushed, so a server crash can lose messages send() already returned, and "
-                "acknowledgements (handlers then run again).",
-                hint="Use synchronous_commit = on (or local, remote_write, remote_apply) for the role, the "
-                "database and the connection OPTIONS zeroloss uses (docs/production.md).",
-                obj="settings.DATABASES",
-                id="zeroloss.W041",
-            )
-        )
-    return messages
-
-
 @register()
 def check_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Checks that only need the configured backend, not a connection."""
@@ -296,7 +169,8 @@ def check_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
         if alias in settings.DATABASES:
             conn = connections[alias]
             messages += backend_messages(alias, conn.vendor, conn.settings_dict.get("OPTIONS") or {}, cfg)
-            if conn.vendor == "postgresql" and cfg is not None:
+            engine = ENGINES.get(conn.vendor)
+            if engine is not None and engine.is_server and cfg is not None:
                 messages += pooler_messages(alias, None, conn.settings_dict, cfg)
                 messages += driver_messages(alias, cfg)
     return messages
@@ -324,7 +198,8 @@ def driver_messages(alias: str, cfg: ZeroLossSettings) -> list[CheckMessage]:
 def backend_messages(
     alias: str, vendor: str, options: dict[str, Any], cfg: ZeroLossSettings | None
 ) -> list[CheckMessage]:
-    if vendor not in ("postgresql", "sqlite"):
+    engine = ENGINES.get(vendor)
+    if engine is None:
         return [
             Error(
                 f"Database {alias!r} is {vendor}; zeroloss supports PostgreSQL and SQLite.",
@@ -333,9 +208,9 @@ def backend_messages(
             )
         ]
     messages: list[CheckMessage] = []
-    if vendor != "sqlite":
+    if engine.supports_replication:
         return messages
-    if str(options.get("transaction_mode")).upper() != "IMMEDIATE":
+    if engine.single_writer and str(options.get("transaction_mode")).upper() != "IMMEDIATE":
         messages.append(
             Warning(
                 f"SQLite database {alias!r} does not use transaction_mode='IMMEDIATE': concurrent "

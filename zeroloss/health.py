@@ -31,6 +31,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
+from .ledger import statements_reads
+from .ledger.base import engine_for
 from .outage import OutageMonitor, close_connection, is_outage
 from .service import ZeroLossMessageService
 from .snapshot import get_snapshot
@@ -137,9 +139,8 @@ def readiness(aliases: list[str] | None = None) -> tuple[bool, dict[str, dict[st
     for alias in aliases or list(dict.fromkeys([DEFAULT_DB_ALIAS, *ledger_aliases()])):
         monitor = OutageMonitor.for_alias(alias)
         try:
-            with connections[alias].cursor() as cursor:
-                cursor.execute("SELECT 1")
-                cursor.fetchone()
+            conn = connections[alias]
+            engine_for(conn).run(conn, statements_reads, "PING")
         except Exception as exc:
             if is_outage(exc):
                 monitor.failed("the readiness check", exc)  # one log line per outage

@@ -44,6 +44,7 @@ from django.db.models import Count, Min, Q
 
 from . import replication
 from .durations import format_duration
+from .ledger import statements_reads
 from .models import Message, MessageEvent, Status
 from .service import ZeroLossMessageService
 from .snapshot_types import QueueSnapshot, ReplicationSnapshot, Snapshot, zero_counts
@@ -76,21 +77,6 @@ MAX_QUEUES = 10_000
 MAX_BLOCKED_KEYS = 100
 
 MSG = Message._meta.db_table
-_TABLE_ROWS_SQL = (
-    "SELECT CASE WHEN c.relpages > 0 AND c.reltuples >= 0 THEN c.reltuples / c.relpages * "
-    "(pg_relation_size(c.oid) / current_setting('block_size')::bigint) END FROM pg_class c WHERE c.oid = %s::regclass"
-)
-_QUEUE_SHARES_SQL = (
-    "SELECT s.most_common_vals::text::text[], s.most_common_freqs, s.n_distinct, s.null_frac FROM pg_stats s "
-    "JOIN pg_class c ON c.relname = s.tablename JOIN pg_namespace n ON n.oid = c.relnamespace "
-    "AND n.nspname = s.schemaname WHERE c.oid = %s::regclass AND s.attname = 'queue_name'"
-)
-# Each step is one descent of the (queue_name, status) index: cost follows the number of queues.
-_QUEUE_NAMES_SQL = (
-    f"WITH RECURSIVE q(name) AS (SELECT min(queue_name) FROM {MSG} UNION ALL "
-    f"SELECT (SELECT min(m.queue_name) FROM {MSG} m WHERE m.queue_name > q.name) FROM q WHERE q.name IS NOT NULL) "
-    "SELECT name FROM q WHERE name IS NOT NULL LIMIT %s"
-)
 
 
 def cache_key(service: ZeroLossMessageService) -> str:
@@ -144,17 +130,18 @@ def _estimated_completed(service: ZeroLossMessageService, live: dict[str, int]) 
     None when the table is small enough to count (or has never been analysed, which
     autovacuum fixes within minutes of its first few thousand rows).
     """
-    with service.connection.cursor() as cursor:
-        cursor.execute(_TABLE_ROWS_SQL, [MSG])
-        rows = cursor.fetchone()[0]
-        if rows is None or rows <= EXACT_COMPLETED_ROWS:
-            return None
-        cursor.execute(_QUEUE_SHARES_SQL, [MSG])
-        stats = cursor.fetchone()
-        if stats is None:
-            return None
-        cursor.execute(_QUEUE_NAMES_SQL, [MAX_QUEUES])
-        names = [r[0] for r in cursor.fetchall()]
+    conn = service.connection
+    engine = service.engine
+    [(rows,)], _ = engine.run(conn, statements_reads, "TABLE_ROWS", [MSG])
+    if rows is None or rows <= EXACT_COMPLETED_ROWS:
+        return None
+    found, _ = engine.run(conn, statements_reads, "QUEUE_SHARES", [MSG])
+    if not found:
+        return None
+    [stats] = found
+    # Each step is one descent of the (queue_name, status) index: cost follows the number of queues.
+    walked, _ = engine.execute(conn, statements_reads.distinct_walk(MSG, "queue_name"), [MAX_QUEUES])
+    names = [r[0] for r in walked]
     common_names, common_freqs, n_distinct, null_frac = stats
     shares = dict(zip(common_names or [], common_freqs or [], strict=True))
     distinct = -n_distinct * rows if n_distinct < 0 else n_distinct
@@ -201,7 +188,7 @@ def compute_snapshot(service: ZeroLossMessageService) -> Snapshot:
         if row["stuck"]:
             stuck[row["queue_name"]] = row["stuck"]
     estimated = None
-    if service.connection.vendor == "postgresql":
+    if service.engine.has_statistics:
         estimated = _estimated_completed(service, {q: sum(c.values()) for q, c in counts.items()})
     completed = estimated
     if completed is None:

@@ -16,11 +16,11 @@ from typing import Any
 
 from django.db import connections
 
+from .ledger import statements_ops
+from .ledger.base import engine_for
 from .outage import Backoff, OutageMonitor
 
 logger = logging.getLogger("zeroloss")
-
-CHANNEL = "zeroloss_wakeup"
 
 
 class Wakeup:
@@ -34,7 +34,9 @@ class Wakeup:
         self.enabled = listen
 
     def start(self) -> Wakeup:
-        if self.enabled and connections[self.using].vendor == "postgresql":
+        engine = engine_for(connections[self.using])
+        if self.enabled and engine.has_listen_notify:
+            self._listen_sql = engine.catalogue(statements_ops)["LISTEN"]
             self._thread = threading.Thread(target=self._listen, name="zeroloss-listen", daemon=True)
             self._thread.start()
         return self
@@ -77,7 +79,7 @@ class Wakeup:
         import psycopg
 
         with psycopg.connect(**params, autocommit=True) as conn:
-            conn.execute(f"LISTEN {CHANNEL}")
+            conn.execute(self._listen_sql)
             listening()
             while not self._stop.is_set():
                 for note in conn.notifies(timeout=0.5):
@@ -93,7 +95,7 @@ class Wakeup:
         try:
             conn.autocommit = True
             with conn.cursor() as cursor:
-                cursor.execute(f"LISTEN {CHANNEL}")
+                cursor.execute(self._listen_sql)
             listening()
             while not self._stop.is_set():
                 if select.select([conn], [], [], 0.5)[0]:

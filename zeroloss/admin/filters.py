@@ -12,6 +12,8 @@ from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
+from ..ledger import statements_reads
+from ..ledger.base import engine_for
 from ..models import Message, MessageEvent, Status
 from .base import cache_get, cache_set, get_service
 
@@ -99,16 +101,9 @@ def distinct_values(model: type[Model], field: str, limit: int) -> list[str]:
     column_name = model._meta.get_field(field).column  # type: ignore[union-attr]
     assert column_name is not None
     table, column = quote(model._meta.db_table), quote(column_name)
-    sql = (
-        f"WITH RECURSIVE walk(value, n) AS ("
-        f"SELECT MIN({column}), 1 FROM {table} "
-        f"UNION ALL SELECT (SELECT MIN({column}) FROM {table} WHERE {column} > walk.value), n + 1 "
-        f"FROM walk WHERE walk.value IS NOT NULL AND n < %s"
-        f") SELECT value FROM walk WHERE value IS NOT NULL"
-    )
-    with connections[db].cursor() as cursor:
-        cursor.execute(sql, [limit])
-        return [row[0] for row in cursor.fetchall()]
+    conn = connections[db]
+    rows, _ = engine_for(conn).execute(conn, statements_reads.distinct_walk(table, column), [limit])
+    return [row[0] for row in rows]
 
 
 class CachedValuesFilter(admin.SimpleListFilter):

@@ -7,6 +7,9 @@ from django.db import connections
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
 
+from ..ledger import statements_reads
+from ..ledger.base import engine_for
+
 #: Above this many rows an unfiltered changelist shows PostgreSQL's estimate, not COUNT(*).
 ESTIMATE_ABOVE = 100_000
 #: Filtered changelists count at most this many rows ("10 000+" pages beyond are not offered).
@@ -29,13 +32,12 @@ class LedgerPaginator(Paginator):
         if not isinstance(qs, QuerySet):
             return len(qs)
         connection = connections[qs.db]
-        if not qs.query.where and connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)",
-                    [qs.model._meta.db_table],
-                )
-                row = cursor.fetchone()
+        engine = engine_for(connection)
+        if not qs.query.where and engine.has_statistics:
+            found, _ = engine.run(
+                connection, statements_reads, "TABLE_ROWS_ANALYSED", [qs.model._meta.db_table]
+            )
+            row = found[0] if found else None
             estimate = int(row[0]) if row and row[0] is not None else -1
             if estimate >= ESTIMATE_ABOVE:
                 self.estimated = True

@@ -13,6 +13,7 @@ import functools
 import json
 import uuid
 from collections.abc import Iterable, Sequence
+from types import ModuleType
 from typing import Any, ClassVar, NamedTuple
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -84,7 +85,8 @@ class Engine:
     #: ended rather than read every such version from the head.
     keeps_dead_index_entries: ClassVar[bool] = False
     #: Whether a write takes the whole database's one write lock (SQLite): the sweep then looks
-    #: for work with a read first.
+    #: for work with a read first, and transactions must take the lock when they begin (or
+    #: concurrent workers fail with "database is locked").
     single_writer: ClassVar[bool] = False
     #: Whether a move and its audit rows are one statement (PostgreSQL's CTE), atomic without a
     #: transaction around it; otherwise :meth:`transition` opens one.
@@ -269,3 +271,44 @@ class Engine:
             f"INSERT INTO {EVT} ({AUDIT_COLUMNS}) "
             f"SELECT id, from_status, status, reason, %s, attempts, detail, updated_at FROM {source}"
         )
+
+    # -- the other areas' catalogues, and what a database can do --------------------------
+
+    def catalogue(self, module: ModuleType) -> dict[str, str]:
+        """An area's statement catalogue (a module of named templates, as :mod:`.statements`,
+        with its batch columns in ``ROWS``), rendered once for this database."""
+        cache: dict[str, dict[str, str]] = self.__dict__.setdefault("_catalogues", {})
+        rendered = cache.get(module.__name__)
+        if rendered is None:
+            batches: dict[str, Sequence[tuple[str, str]]] = getattr(module, "ROWS", {})
+            rendered = cache[module.__name__] = {
+                name: self.render(
+                    name,
+                    template.replace("{rows}", self.rows(batches.get(name, ()))).replace(
+                        "{payload_size}", self.payload_size
+                    ),
+                )
+                for name, template in vars(module).items()
+                if name.isupper() and not name.startswith("_") and isinstance(template, str)
+            }
+        return rendered
+
+    def run(
+        self, conn: BaseDatabaseWrapper, module: ModuleType, name: str, params: Sequence[Any] = ()
+    ) -> tuple[Rows, int]:
+        """Run the named statement of an area's catalogue; its rows (if any) and its row count."""
+        return self.execute(conn, self.catalogue(module)[name], list(params))
+
+    #: Whether it can keep synchronous replicas (``REPLICATION_FACTOR`` above 1) and has
+    #: standbys to discover.
+    supports_replication: ClassVar[bool] = False
+    #: Whether it keeps planner statistics that estimate a table's rows and a column's values
+    #: (the admin's and the snapshot's cheap counts).
+    has_statistics: ClassVar[bool] = False
+    #: Whether it can wake idle workers at commit (``LISTEN``/``NOTIFY``).
+    has_listen_notify: ClassVar[bool] = False
+    #: Whether the database is a server apart from this process (its own settings, sessions
+    #: with TCP keepalives, poolers in between); False: it runs inside this process.
+    is_server: ClassVar[bool] = False
+    #: SQL for the size of a stored row's payload (its JSON text), in bytes: ``{payload_size}``.
+    payload_size: ClassVar[str] = "length(CAST(payload AS BLOB))"

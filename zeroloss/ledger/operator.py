@@ -11,8 +11,8 @@ from django.db import transaction
 from .. import telemetry
 from ..exceptions import InvalidMessage, MessageNotFound
 from ..models import PurgeRecord, Status
+from . import statements_ops
 from .base import LedgerBase
-from .engine import EVT, MSG
 from .types import CancelOutcome, CancelResult
 from .validation import clean_text, seconds, validate_count, validate_message_id, validate_queue_name
 
@@ -189,27 +189,20 @@ class OperatorActions(LedgerBase):
             validate_count(limit, "limit")
         if queue_name is not None:
             validate_queue_name(queue_name)
-        engine = self.engine
-        # A cancelled message's last move is its cancellation: nothing moves it after.
-        stamp = {"completed": "completed_at", "dead": "dead_at"}.get(str(status), "updated_at")
-        queue_sql, queue_params = (" AND queue_name = %s", [queue_name]) if queue_name else ("", [])
-        select = (
-            f"SELECT id, queue_name FROM {MSG} WHERE status = %s AND {stamp} < {engine.after('%s')}{queue_sql} "
-            f"ORDER BY {stamp} LIMIT %s{engine.skip_locked}"
-        )
+        engine, conn = self.engine, self.connection
+        pick = f"PURGE_PICK_{str(status).upper()}" + ("_OF_QUEUE" if queue_name else "")
+        queue_params = [queue_name] if queue_name else []
         actor = validate_message_id(actor, "actor") if actor is not None else self.instance_id
         purged = 0
         while limit is None or purged < limit:
             size = batch_size if limit is None else min(batch_size, limit - purged)
-            with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
-                cursor.execute(select, [status, -age, *queue_params, size])
-                rows = cursor.fetchall()
+            with transaction.atomic(using=self.using):
+                rows, _ = engine.run(conn, statements_ops, pick, [status, -age, *queue_params, size])
                 if not rows:
                     break
-                ids = [r[0] for r in rows]
-                marks = ",".join(["%s"] * len(ids))
-                cursor.execute(f"DELETE FROM {EVT} WHERE message_id IN ({marks})", ids)
-                cursor.execute(f"DELETE FROM {MSG} WHERE id IN ({marks})", ids)
+                ids = engine.row_params("PURGE_EVENTS", [[r[0] for r in rows]])
+                engine.run(conn, statements_ops, "PURGE_EVENTS", ids)
+                engine.run(conn, statements_ops, "PURGE_MESSAGES", ids)
                 counts: dict[str, int] = {}
                 for _, queue in rows:
                     counts[queue] = counts.get(queue, 0) + 1

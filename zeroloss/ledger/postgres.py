@@ -299,3 +299,12 @@ class PostgresEngine(Engine):
             f"WITH t AS ({self.sql[name]} RETURNING {self.returning[name]}), ev AS ({self.event_insert('t')})"
             f"{promoted} SELECT {returned} FROM t"
         )
+
+    # -- what this database can do (see Engine) -------------------------------------------
+
+    supports_replication = True
+    has_statistics = True
+    has_listen_notify = True
+    is_server = True
+    # The JSON text in bytes: PostgreSQL detoasts it server-side, nothing is sent.
+    payload_size = "octet_length(payload::text)"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from django.db import connections
-
+from ..ledger import statements_ops
+from ..ledger.base import engine_for
 from ..models import Message
 from ..service import ZeroLossMessageService
 
@@ -23,8 +23,6 @@ BATCH_PAYLOAD_BYTES = 32 * 1024 * 1024
 BATCH_ROWS = 2000
 #: Ids and sizes read per page (no payloads).
 SIZE_PAGE = 10_000
-
-MSG = Message._meta.db_table
 
 
 class PayloadBatches:
@@ -36,21 +34,18 @@ class PayloadBatches:
         #: Batches fetched, and the payload bytes of the largest one.
         self.count = 0
         self.largest = 0
-        # The payload's JSON text in bytes: PostgreSQL detoasts it server-side, nothing is sent.
-        if service.connection.vendor == "postgresql":
-            self.size_sql = "octet_length(payload::text)"
-        else:
-            self.size_sql = "length(CAST(payload AS BLOB))"
 
     def all_sizes(self, queue: str | None = None) -> Iterator[tuple[int, int]]:
         """(id, payload bytes) of every message (of ``queue``) in id order, a page at a time."""
-        where = " AND queue_name = %s" if queue is not None else ""
-        sql = f"SELECT id, {self.size_sql} FROM {MSG} WHERE id > %s{where} ORDER BY id LIMIT %s"
+        conn = self.service.connection
+        engine = engine_for(conn)
+        name = "PAYLOAD_SIZES_OF_QUEUE" if queue is not None else "PAYLOAD_SIZES"
         last = 0
         while True:
-            with connections[self.service.using].cursor() as cursor:
-                cursor.execute(sql, [last, *([queue] if queue is not None else []), SIZE_PAGE])
-                page = [(int(pk), int(size or 0)) for pk, size in cursor.fetchall()]
+            rows, _ = engine.run(
+                conn, statements_ops, name, [last, *([queue] if queue is not None else []), SIZE_PAGE]
+            )
+            page = [(int(pk), int(size or 0)) for pk, size in rows]
             yield from page
             if len(page) < SIZE_PAGE:
                 return
@@ -58,14 +53,12 @@ class PayloadBatches:
 
     def sizes_of(self, pks: list[int]) -> Iterator[tuple[int, int]]:
         """(id, payload bytes) of the messages ``pks`` (sorted ascending), a page at a time."""
+        conn = self.service.connection
+        engine = engine_for(conn)
         for start in range(0, len(pks), 1000):
-            chunk = pks[start : start + 1000]
-            marks = ", ".join(["%s"] * len(chunk))
-            with connections[self.service.using].cursor() as cursor:
-                cursor.execute(
-                    f"SELECT id, {self.size_sql} FROM {MSG} WHERE id IN ({marks}) ORDER BY id", chunk
-                )
-                yield from ((int(pk), int(size or 0)) for pk, size in cursor.fetchall())
+            ids = engine.row_params("PAYLOAD_SIZES_OF", [pks[start : start + 1000]])
+            rows, _ = engine.run(conn, statements_ops, "PAYLOAD_SIZES_OF", ids)
+            yield from ((int(pk), int(size or 0)) for pk, size in rows)
 
     def batches(self, sizes: Iterable[tuple[int, int]]) -> Iterator[list[Message]]:
         """Full rows in id order; a message deleted meanwhile (a purge) is simply absent."""

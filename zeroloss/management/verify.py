@@ -19,16 +19,14 @@ from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from ..models import Message, MessageEvent, PurgeRecord, Status
+from ..ledger import statements_reads
+from ..ledger.base import engine_for
+from ..models import Message, MessageEvent
 from ..replication import requirement as replication_requirement
 from ..service import IntegrityFinding, ZeroLossMessageService
 from ..states import ANNOTATIONS, is_allowed
 from .base import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, Progress
 from .batches import PayloadBatches
-
-MSG = Message._meta.db_table
-EVT = MessageEvent._meta.db_table
-PURGE = PurgeRecord._meta.db_table
 
 CRITICAL = "critical"
 WARNING = "warning"
@@ -175,27 +173,18 @@ class Verification:
         """The set-based counts over the ledger (or the queue); ``sample_pks`` narrows the status check."""
         service, queue = self.service, self.queue
         alias = service.using
-        # One statement, one snapshot: a transition commits its message row and its audit
-        # row together, so these counts are mutually consistent even under load.
-        qfilter = " AND queue_name = %s" if queue else ""
-        qparams = [queue] if queue else []
-        persisted_sql = (
-            f"SELECT COUNT(*) FROM {EVT} WHERE reason = 'persisted'"
-            if not queue
-            else f"SELECT COUNT(*) FROM {EVT} e JOIN {MSG} m ON m.id = e.message_id "
-            "WHERE e.reason = 'persisted' AND m.queue_name = %s"
+        conn = connections[alias]
+        queue_params = [queue] if queue else []
+        params: list[Any] = [*queue_params, *queue_params]
+        for status in statements_reads.CONSERVATION_STATUSES:
+            params += [status, *queue_params]
+        name = "CONSERVATION_OF_QUEUE" if queue else "CONSERVATION"
+        [(persisted_events, purged, *per_status)], _ = engine_for(conn).run(
+            conn, statements_reads, name, params
         )
-        parts = [f"({persisted_sql})", f"(SELECT COALESCE(SUM(count), 0) FROM {PURGE} WHERE 1 = 1{qfilter})"]
-        params: list[Any] = [*qparams, *qparams]
-        statuses = [s.value for s in Status]
-        for status in statuses:
-            parts.append(f"(SELECT COUNT(*) FROM {MSG} WHERE status = %s{qfilter})")
-            params += [status, *qparams]
-        with connections[alias].cursor() as cursor:
-            cursor.execute("SELECT " + ", ".join(parts), params)
-            row = cursor.fetchone()
-        persisted_events, purged = int(row[0]), int(row[1])
-        by_status = {s: int(n) for s, n in zip(statuses, row[2:], strict=True)}
+        persisted_events, purged = int(persisted_events), int(purged)
+        statuses = statements_reads.CONSERVATION_STATUSES
+        by_status = {s: int(n) for s, n in zip(statuses, per_status, strict=True)}
         persisted = persisted_events + purged
         accounted = sum(by_status.values()) + purged
         if persisted != accounted:

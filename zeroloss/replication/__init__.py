@@ -21,12 +21,13 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
 from ..exceptions import ReplicationTimeout
 from ..models import Message, NodeRole, ReplicationNode
+from . import statements
 from .nodes import heartbeat, is_live, live_cutoff, live_nodes, node_counts, register_node, unregister_node
 
 if TYPE_CHECKING:
@@ -56,8 +57,6 @@ __all__ = [
 
 logger = logging.getLogger("zeroloss")
 
-NODE = ReplicationNode._meta.db_table
-MSG = Message._meta.db_table
 
 #: WAL page headers (PostgreSQL's SizeOfXLogShortPHD / SizeOfXLogLongPHD on 64-bit builds).
 _SHORT_PAGE_HEADER = 24
@@ -122,36 +121,30 @@ def format_lsn(lsn: int | None) -> str:
 # -- measuring --------------------------------------------------------------------------
 
 
-def _is_postgres(service: ZeroLossMessageService) -> bool:
-    return service.connection.vendor == "postgresql"
+def _replicates(service: ZeroLossMessageService) -> bool:
+    return service.engine.supports_replication
+
+
+def _run(service: ZeroLossMessageService, name: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """The rows of the named statement of :mod:`.statements`, run on ``service``'s connection."""
+    return service.engine.run(service.connection, statements, name, params)[0]
 
 
 def in_recovery(service: ZeroLossMessageService) -> bool:
     """True when the connection points at a standby rather than the primary."""
-    if not _is_postgres(service):
+    if not _replicates(service):
         return False
-    with service.connection.cursor() as cursor:
-        cursor.execute("SELECT pg_is_in_recovery()")
-        return bool(cursor.fetchone()[0])
+    return bool(_run(service, "IN_RECOVERY")[0][0])
 
 
 def streaming_standbys(service: ZeroLossMessageService) -> list[Standby]:
     """The primary's view of its walsenders. Empty on SQLite and on a lone PostgreSQL."""
-    if not _is_postgres(service):
+    if not _replicates(service):
         return []
-    with service.connection.cursor() as cursor:
-        # Physical walsenders are not connected to a database; logical ones are.
-        cursor.execute(
-            "SELECT r.application_name, COALESCE(host(r.client_addr), 'local'), r.state, r.sync_state, "
-            "(r.flush_lsn - '0/0'::pg_lsn)::bigint, (r.replay_lsn - '0/0'::pg_lsn)::bigint, "
-            "a.datid IS NULL, r.state IS NOT NULL "
-            "FROM pg_stat_replication r LEFT JOIN pg_stat_activity a ON a.pid = r.pid "
-            "ORDER BY r.application_name, r.pid"
-        )
-        return [
-            Standby(r[0] or "", r[1], r[2] or "", r[3] or "", r[4], r[5], bool(r[6]), bool(r[7]))
-            for r in cursor.fetchall()
-        ]
+    return [
+        Standby(r[0] or "", r[1], r[2] or "", r[3] or "", r[4], r[5], bool(r[6]), bool(r[7]))
+        for r in _run(service, "STANDBYS")
+    ]
 
 
 def _visibility_problem(standbys: Sequence[Standby]) -> str:
@@ -170,7 +163,7 @@ def requirement(service: ZeroLossMessageService, standbys: Sequence[Standby] | N
     required = cfg.REPLICATION_FACTOR - 1
     if required == 0:
         return Requirement(0, 0, True)
-    if not _is_postgres(service):
+    if not _replicates(service):
         return Requirement(
             required,
             0,
@@ -211,19 +204,12 @@ def _normalise(lsn: int, block_size: int, segment_size: int) -> int:
 
 def _insert_lsn(service: ZeroLossMessageService) -> int:
     """A WAL position at or after the end of every commit visible now (normalised)."""
-    with service.connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint, "
-            "current_setting('wal_block_size')::bigint, pg_size_bytes(current_setting('wal_segment_size'))"
-        )
-        lsn, block, segment = cursor.fetchone()
+    [(lsn, block, segment)] = _run(service, "INSERT_LSN")
     return _normalise(int(lsn), int(block), int(segment))
 
 
 def _has_written(service: ZeroLossMessageService) -> bool:
-    with service.connection.cursor() as cursor:
-        cursor.execute("SELECT pg_current_xact_id_if_assigned() IS NOT NULL")
-        return bool(cursor.fetchone()[0])
+    return bool(_run(service, "HAS_WRITTEN")[0][0])
 
 
 def current_lsn(service: ZeroLossMessageService) -> int:
@@ -239,20 +225,15 @@ def record_commit(service: ZeroLossMessageService, messages: Sequence[Message], 
     this commit, which lies after the target. Returns the target position.
     """
     pks = [m.pk for m in messages]
-    with transaction.atomic(using=service.using), service.connection.cursor() as cursor:
-        cursor.execute("SET LOCAL synchronous_commit TO remote_apply")
+    with transaction.atomic(using=service.using):
         # If the primary has synchronous_standby_names, COMMIT waits for them: bound it.
-        cursor.execute(f"SET LOCAL statement_timeout TO {max(int(timeout * 1000), 1)}")
+        _run(service, "REPORT_REPLAY", [str(max(int(timeout * 1000), 1))])
         target = _insert_lsn(service)
         if pks:
-            cursor.execute(
-                f"UPDATE {MSG} SET commit_lsn = %s WHERE id = ANY(%s) AND commit_lsn IS NULL",
-                [target, pks],
-            )
-        cursor.execute("SELECT pg_current_xact_id()")  # a commit record even when nothing changed
+            _run(service, "RECORD_LSN", [target, pks])
+        _run(service, "WRITE_COMMIT")
         if pks:
-            cursor.execute(f"SELECT id, commit_lsn FROM {MSG} WHERE id = ANY(%s)", [pks])
-            recorded = dict(cursor.fetchall())
+            recorded = dict(_run(service, "RECORDED_LSNS", [pks]))
             for m in messages:
                 m.commit_lsn = recorded.get(m.pk, target)
     return target
@@ -269,8 +250,8 @@ def measure(
     count fewer copies than a recorded bound would; read-only pages use it.
     """
     required = service.settings.REPLICATION_FACTOR
-    vendor = service.connection.vendor
-    if vendor != "postgresql":
+    if not _replicates(service):
+        vendor = service.connection.vendor
         return ReplicationStatus(1, required, True, f"{vendor} keeps a single copy: it cannot replicate")
     if in_recovery(service):
         return ReplicationStatus(
@@ -325,7 +306,7 @@ def confirm(service: ZeroLossMessageService, messages: Sequence[Message]) -> Non
         pending = list(messages)
         transaction.on_commit(lambda: confirm(service, pending), using=service.using)
         return
-    if conn.vendor != "postgresql":
+    if not _replicates(service):
         raise ReplicationTimeout(messages[0].message_id, 1, cfg.REPLICATION_FACTOR, 0)
     deadline = time.monotonic() + cfg.REPLICATION_TIMEOUT
     target = record_commit(service, messages, cfg.REPLICATION_TIMEOUT)

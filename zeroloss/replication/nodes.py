@@ -9,11 +9,10 @@ from typing import TYPE_CHECKING, Any
 from ..exceptions import InvalidMessage
 from ..ledger.validation import canonical_json, validate_message_id
 from ..models import NodeRole, ReplicationNode
+from . import statements
 
 if TYPE_CHECKING:
     from ..ledger.base import LedgerBase as ZeroLossMessageService
-
-NODE = ReplicationNode._meta.db_table
 
 
 def _check_node_id(node_id: Any) -> str:
@@ -59,24 +58,19 @@ def register_node(
         raise InvalidMessage(f"role must be one of {NodeRole.values}, got {role!r}.")
     _check_address(address)
     encoded = _encode_metadata(metadata)
-    e = service.engine
-    with service.connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {NODE} (node_id, address, role, metadata, state, sync_state, flush_lsn, replay_lsn, "
-            f"registered_at, last_seen_at) VALUES (%s, %s, %s, %s{e.jsonb}, %s, %s, %s, %s, {e.now}, {e.now}) "
-            "ON CONFLICT (node_id) DO UPDATE SET address = EXCLUDED.address, role = EXCLUDED.role, "
-            "metadata = EXCLUDED.metadata, state = EXCLUDED.state, sync_state = EXCLUDED.sync_state, "
-            "flush_lsn = EXCLUDED.flush_lsn, replay_lsn = EXCLUDED.replay_lsn, last_seen_at = EXCLUDED.last_seen_at",
-            [node_id, address, role, encoded, state, sync_state, flush_lsn, replay_lsn],
-        )
+    service.engine.run(
+        service.connection,
+        statements,
+        "REGISTER_NODE",
+        [node_id, address, role, encoded, state, sync_state, flush_lsn, replay_lsn],
+    )
     return ReplicationNode.objects.using(service.using).get(node_id=node_id)
 
 
 def heartbeat(service: ZeroLossMessageService, node_id: str) -> bool:
     _check_node_id(node_id)
-    with service.connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {NODE} SET last_seen_at = {service.engine.now} WHERE node_id = %s", [node_id])
-        return cursor.rowcount == 1
+    _, count = service.engine.run(service.connection, statements, "HEARTBEAT", [node_id])
+    return count == 1
 
 
 def unregister_node(service: ZeroLossMessageService, node_id: str) -> bool:

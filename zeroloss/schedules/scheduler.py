@@ -27,14 +27,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connections, transaction
-from django.utils.dateparse import parse_datetime
+from django.db import transaction
 
 from ..exceptions import InvalidMessage, MessageConflict
 from ..loops import StopFlag
 from ..service import ZeroLossMessageService
 from .models import Schedule, ScheduleState
 from .spec import ScheduleError, ScheduleSpec, parse_schedule, resolve_task, settings_schedules
+from .state_rows import create_states, lock_states, read_clock, save_states
 from .ticks import latest_ticks, next_tick, next_ticks
 
 logger = logging.getLogger("zeroloss")
@@ -56,21 +56,6 @@ class RoundReport:
     skipped_overlap: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     queries: int = 0
-
-
-def _clock_sql(vendor: str) -> str:
-    table = Schedule._meta.db_table
-    clock = "clock_timestamp()" if vendor == "postgresql" else "strftime('%Y-%m-%d %H:%M:%f', 'now')"
-    return f"SELECT {clock}, (SELECT count(*) FROM {table}), (SELECT max(updated_at) FROM {table})"
-
-
-def _aware(value: Any) -> dt.datetime:
-    if isinstance(value, str):
-        parsed = parse_datetime(value)
-        assert parsed is not None, value
-        value = parsed
-    assert isinstance(value, dt.datetime)
-    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
 
 
 def load_schedules(using: str = "default", *, check_targets: bool = True) -> dict[str, ScheduleSpec]:
@@ -135,11 +120,8 @@ class Scheduler:
 
     def read_clock(self) -> tuple[dt.datetime, tuple[Any, ...]]:
         """The database clock and the database schedules' version, in one query."""
-        conn = connections[self.using]
-        with conn.cursor() as cursor:
-            cursor.execute(_clock_sql(conn.vendor))
-            now, count, latest = cursor.fetchone()
-        return (self.clock() if self.clock else _aware(now)), (count, str(latest))
+        now, version = read_clock(self.using)
+        return (self.clock() if self.clock else now), version
 
     def _reload(self, now: dt.datetime) -> None:
         from ..transports import database_for
@@ -232,9 +214,11 @@ class Scheduler:
         with transaction.atomic(using=self.using):
             missing = [n for n in names if n not in self._have_state]
             if missing:
-                self._create_states(missing)
+                create_states(self.using, missing)
+                # Known to exist once this transaction commits (run_once forgets them if it does not).
+                self._have_state.update(missing)
                 report.queries += 1
-            states = self._lock_states(names)
+            states = lock_states(self.using, names)
             report.queries += 1
             plans: dict[str, list[dt.datetime]] = {}
             for spec in due:
@@ -282,93 +266,12 @@ class Scheduler:
                 report.queries += 1
             changed = [states[n] for n in plans]
             if changed:
-                self._save_states(changed)
+                save_states(self.using, changed)
                 report.queries += 1
             if stored:
                 service = self.service
                 transaction.on_commit(
                     lambda: get_transport(service).after_commit(service, stored), using=self.using
-                )
-
-    def _create_states(self, names: list[str]) -> None:
-        table = ScheduleState._meta.db_table
-        conn = connections[self.using]
-        with conn.cursor() as cursor:
-            if conn.vendor == "postgresql":
-                cursor.execute(
-                    f"INSERT INTO {table} (name, updated_at) SELECT n, statement_timestamp() "
-                    "FROM unnest(%s::text[]) AS n ON CONFLICT (name) DO NOTHING",
-                    [names],
-                )
-            else:
-                cursor.executemany(
-                    f"INSERT OR IGNORE INTO {table} (name, updated_at) "
-                    "VALUES (%s, strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'))",
-                    [(n,) for n in names],
-                )
-        # Known to exist once this transaction commits (run_once forgets them if it does not).
-        self._have_state.update(names)
-
-    def _lock_states(self, names: list[str]) -> dict[str, ScheduleState]:
-        """The state rows of ``names``, locked in name order: schedulers running the same round
-        queue up behind each other, never deadlock. Plain rows, not ORM loads (10,000 a burst)."""
-        table = ScheduleState._meta.db_table
-        conn = connections[self.using]
-        with conn.cursor() as cursor:
-            if conn.vendor == "postgresql":
-                cursor.execute(
-                    f"SELECT name, last_tick, last_sent FROM {table} WHERE name = ANY(%s) ORDER BY name FOR UPDATE",
-                    [names],
-                )
-                rows = cursor.fetchall()
-            else:
-                rows = []
-                for start in range(0, len(names), 500):  # SQLite's bound-parameter limit
-                    chunk = names[start : start + 500]
-                    marks = ", ".join(["%s"] * len(chunk))
-                    cursor.execute(
-                        f"SELECT name, last_tick, last_sent FROM {table} WHERE name IN ({marks})", chunk
-                    )
-                    rows += cursor.fetchall()
-        return {
-            name: ScheduleState(
-                name=name,
-                last_tick=None if last_tick is None else _aware(last_tick),
-                last_sent=None if last_sent is None else _aware(last_sent),
-            )
-            for name, last_tick, last_sent in rows
-        }
-
-    def _save_states(self, changed: list[ScheduleState]) -> None:
-        """One statement for every state row (Django's ``bulk_update`` builds a CASE per row:
-        seconds of client time for a 10,000-schedule burst)."""
-        table = ScheduleState._meta.db_table
-        conn = connections[self.using]
-        with conn.cursor() as cursor:
-            if conn.vendor == "postgresql":
-                cursor.execute(
-                    f"UPDATE {table} AS s SET last_tick = v.last_tick, last_sent = v.last_sent, "
-                    "updated_at = statement_timestamp() FROM unnest(%s::text[], %s::timestamptz[], "
-                    "%s::timestamptz[]) AS v(name, last_tick, last_sent) WHERE s.name = v.name",
-                    [
-                        [s.name for s in changed],
-                        [s.last_tick for s in changed],
-                        [s.last_sent for s in changed],
-                    ],
-                )
-            else:
-                ops = conn.ops
-                cursor.executemany(
-                    f"UPDATE {table} SET last_tick = %s, last_sent = %s, "
-                    "updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') WHERE name = %s",
-                    [
-                        (
-                            ops.adapt_datetimefield_value(s.last_tick),
-                            ops.adapt_datetimefield_value(s.last_sent),
-                            s.name,
-                        )
-                        for s in changed
-                    ],
                 )
 
     def _busy(self, specs: Iterable[ScheduleSpec], states: dict[str, ScheduleState]) -> set[str] | None:

@@ -136,7 +136,7 @@ def after_sweep_hooks(service: ZeroLossMessageService) -> list[Any]:
     from ..loops import discover_standbys
 
     hooks: list[Any] = [get_transport(service).after_sweep]
-    if service.engine.vendor == "postgresql":
+    if service.engine.supports_replication:
         hooks.append(discover_standbys)
     return hooks
 

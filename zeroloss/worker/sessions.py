@@ -24,6 +24,9 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
+from ..ledger import statements_ops
+from ..ledger.base import engine_for
+
 #: libpq's connection parameters that say how a dead server is detected.
 CLIENT_KEEPALIVE_OPTIONS = (
     "keepalives",
@@ -45,21 +48,21 @@ def keepalive_values(timeout: float) -> dict[str, int]:
     return {"idle": idle, "interval": interval, "count": 3, "user_timeout_ms": int(timeout * 1000)}
 
 
-def _server_sql(values: dict[str, int]) -> tuple[str, list[str]]:
-    return (
-        "SELECT set_config('tcp_keepalives_idle', %s, false), set_config('tcp_keepalives_interval', %s, false), "
-        "set_config('tcp_keepalives_count', %s, false), set_config('tcp_user_timeout', %s, false)",
-        [str(values["idle"]), str(values["interval"]), str(values["count"]), str(values["user_timeout_ms"])],
-    )
-
-
 def _on_connection_created(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
     timeout = _hardened.get(connection.alias)
-    if timeout is None or connection.vendor != "postgresql":
+    if timeout is None:
         return
-    sql, params = _server_sql(keepalive_values(timeout))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    engine = engine_for(connection)
+    if not engine.is_server:
+        return
+    values = keepalive_values(timeout)
+    params = [
+        str(values["idle"]),
+        str(values["interval"]),
+        str(values["count"]),
+        str(values["user_timeout_ms"]),
+    ]
+    engine.run(connection, statements_ops, "KEEPALIVES", params)
 
 
 def harden_sessions(aliases: Iterable[str], timeout: float | None) -> None:

@@ -1,0 +1,52 @@
+"""The operator's bulk statements outside the moves, by name (rendered by the engine, as
+:mod:`.statements`): the purge, and the payload sizes that bound management batches."""
+
+from __future__ import annotations
+
+# -- the purge ------------------------------------------------------------------------------
+
+# The oldest finished messages of a status, by the time of their last move (a cancelled
+# message's last move is its cancellation: nothing moves it after). Parameters: status,
+# minus the age in seconds, [queue,] batch size.
+_PURGE_PICK = (
+    "SELECT id, queue_name FROM {msg} WHERE status = %s AND {stamp} < {after}{queue} "
+    "ORDER BY {stamp} LIMIT %s{skip_locked}"
+)
+_STAMPS = {"COMPLETED": "completed_at", "DEAD": "dead_at", "CANCELLED": "updated_at"}
+_PICK = {
+    f"PURGE_PICK_{status}{suffix}": _PURGE_PICK.replace("{stamp}", stamp).replace("{queue}", queue)
+    for status, stamp in _STAMPS.items()
+    for suffix, queue in (("", ""), ("_OF_QUEUE", " AND queue_name = %s"))
+}
+PURGE_PICK_COMPLETED = _PICK["PURGE_PICK_COMPLETED"]
+PURGE_PICK_COMPLETED_OF_QUEUE = _PICK["PURGE_PICK_COMPLETED_OF_QUEUE"]
+PURGE_PICK_DEAD = _PICK["PURGE_PICK_DEAD"]
+PURGE_PICK_DEAD_OF_QUEUE = _PICK["PURGE_PICK_DEAD_OF_QUEUE"]
+PURGE_PICK_CANCELLED = _PICK["PURGE_PICK_CANCELLED"]
+PURGE_PICK_CANCELLED_OF_QUEUE = _PICK["PURGE_PICK_CANCELLED_OF_QUEUE"]
+PURGE_EVENTS = "DELETE FROM {evt} WHERE message_id IN (SELECT b.id FROM {rows})"
+PURGE_MESSAGES = "DELETE FROM {msg} WHERE id IN (SELECT b.id FROM {rows})"
+
+# -- payload sizes, for byte-bounded batches --------------------------------------------------
+
+PAYLOAD_SIZES = "SELECT id, {payload_size} FROM {msg} WHERE id > %s ORDER BY id LIMIT %s"
+PAYLOAD_SIZES_OF_QUEUE = (
+    "SELECT id, {payload_size} FROM {msg} WHERE id > %s AND queue_name = %s ORDER BY id LIMIT %s"
+)
+PAYLOAD_SIZES_OF = "SELECT id, {payload_size} FROM {msg} WHERE id IN (SELECT b.id FROM {rows}) ORDER BY id"
+
+ROWS: dict[str, tuple[tuple[str, str], ...]] = {
+    "PURGE_EVENTS": (("id", "bigint"),),
+    "PURGE_MESSAGES": (("id", "bigint"),),
+    "PAYLOAD_SIZES_OF": (("id", "bigint"),),
+}
+
+# -- sessions: idle workers' wake-up, dead peers (PostgreSQL) ---------------------------------
+
+#: The channel the ledger's ``{notify}`` fragment sends a queue's name on.
+LISTEN = "LISTEN zeroloss_wakeup"
+#: TCP keepalive idle, interval and count, and the user timeout (ms), for this session.
+KEEPALIVES = (
+    "SELECT set_config('tcp_keepalives_idle', %s, false), set_config('tcp_keepalives_interval', %s, false), "
+    "set_config('tcp_keepalives_count', %s, false), set_config('tcp_user_timeout', %s, false)"
+)

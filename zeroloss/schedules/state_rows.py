@@ -1,0 +1,68 @@
+"""The scheduler's rows: the database clock it reads, and the state rows it locks and advances.
+
+Plain rows through the schedules' statement catalogue (:mod:`.statements`), not ORM loads: a
+burst may touch 10,000 schedules, and Django's ``bulk_update`` builds a CASE per row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db import connections
+from django.utils.dateparse import parse_datetime
+
+from ..ledger.base import engine_for
+from . import statements
+from .models import ScheduleState
+
+
+def aware(value: Any) -> dt.datetime:
+    """A timestamp the database handed back, as an aware UTC datetime."""
+    if isinstance(value, str):
+        parsed = parse_datetime(value)
+        assert parsed is not None, value
+        value = parsed
+    assert isinstance(value, dt.datetime)
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+def read_clock(using: str) -> tuple[dt.datetime, tuple[Any, ...]]:
+    """The database clock and the database schedules' version, in one query."""
+    conn = connections[using]
+    [(now, count, latest)], _ = engine_for(conn).run(conn, statements, "CLOCK")
+    return aware(now), (count, str(latest))
+
+
+def create_states(using: str, names: list[str]) -> None:
+    conn = connections[using]
+    engine = engine_for(conn)
+    engine.run(conn, statements, "CREATE_STATES", engine.row_params("CREATE_STATES", [names]))
+
+
+def lock_states(using: str, names: list[str]) -> dict[str, ScheduleState]:
+    """The state rows of ``names``, locked in name order until commit."""
+    conn = connections[using]
+    engine = engine_for(conn)
+    rows, _ = engine.run(conn, statements, "LOCK_STATES", engine.row_params("LOCK_STATES", [names]))
+    return {
+        name: ScheduleState(
+            name=name,
+            last_tick=None if last_tick is None else aware(last_tick),
+            last_sent=None if last_sent is None else aware(last_sent),
+        )
+        for name, last_tick, last_sent in rows
+    }
+
+
+def save_states(using: str, changed: list[ScheduleState]) -> None:
+    """One statement for every changed state row."""
+    conn = connections[using]
+    engine = engine_for(conn)
+    stored = conn.ops.adapt_datetimefield_value
+    columns: list[list[Any]] = [
+        [s.name for s in changed],
+        [stored(s.last_tick) for s in changed],
+        [stored(s.last_sent) for s in changed],
+    ]
+    engine.run(conn, statements, "SAVE_STATES", engine.row_params("SAVE_STATES", columns))
