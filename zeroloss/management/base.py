@@ -405,10 +405,6 @@ class ZeroLossCommand(BaseCommand):
         if self.verbosity >= level:
             self.stderr.write(message)
 
-    @staticmethod
-    def is_tty() -> bool:
-        return sys.stdout.isatty()
-
     def progress(self, total: int, label: str, options: dict[str, Any]) -> Progress:
         """A progress bar on stdout when it is a terminal (never with ``--json`` or ``-v 0``)."""
         enabled = self.stdout.isatty() and not options.get("json") and self.verbosity >= 1
