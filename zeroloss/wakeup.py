@@ -33,9 +33,15 @@ class Wakeup:
         self.listening = threading.Event()
         self.enabled = listen
 
+    @property
+    def listens(self) -> bool:
+        """Whether :meth:`listen` has anything to do (enabled, on PostgreSQL)."""
+        return self.enabled and connections[self.using].vendor == "postgresql"
+
     def start(self) -> Wakeup:
-        if self.enabled and connections[self.using].vendor == "postgresql":
-            self._thread = threading.Thread(target=self._listen, name="zeroloss-listen", daemon=True)
+        """Run :meth:`listen` on a thread of its own (outside a worker's supervisor)."""
+        if self.listens:
+            self._thread = threading.Thread(target=self.listen, name="zeroloss-listener", daemon=True)
             self._thread.start()
         return self
 
@@ -44,7 +50,8 @@ class Wakeup:
         self.event.clear()
         return woke
 
-    def _listen(self) -> None:
+    def listen(self) -> None:
+        """LISTEN until stopped, reconnecting after a backoff when the connection fails."""
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
         params = connections[self.using].get_connection_params()

@@ -145,4 +145,3 @@ def deliver(message_id: str, using: str = "default") -> Outcome:
     if lease is None:
         return Outcome.ABSORBED
     return DeliveryRuntime.get(using).process(lease)
-

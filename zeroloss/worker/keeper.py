@@ -133,11 +133,12 @@ class LeaseKeeper(AbortWatch):
         self._watched: dict[int, TransactionWatch] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="zeroloss-heartbeat", daemon=True)
+        self._thread = threading.Thread(target=self._run_recorded, name="zeroloss-keeper", daemon=True)
 
     # -- what the workers tell it -----------------------------------------------------------
 
     def start(self) -> LeaseKeeper:
+        """Run :meth:`run` on a thread of its own (outside a worker's supervisor)."""
         self._thread.start()
         return self
 
@@ -369,7 +370,9 @@ class LeaseKeeper(AbortWatch):
                 # (still in hand: renewed until the release lands)
         return ended
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Renew, release and watch until stopped; raises what ends it (a bug, or
+        :class:`~zeroloss.outage.OutageTooLong` past ``DB_OUTAGE_TOLERANCE``)."""
         backoff = Backoff()
 
         def tick() -> None:
@@ -389,9 +392,8 @@ class LeaseKeeper(AbortWatch):
                     continue
                 renew_at = time.monotonic() + self.interval
                 if not self._has_work():
-                    # Nothing to renew or release, so no statement: a tick that succeeds without
-                    # the database must not tell the outage monitor the database is back (that
-                    # logged "reachable again" every tick and restarted DB_OUTAGE_TOLERANCE).
+                    # No statement to run: a tick that succeeds without the database must not
+                    # tell the outage monitor the database is back.
                     continue
                 self.monitor.attempt(
                     tick,
@@ -400,11 +402,15 @@ class LeaseKeeper(AbortWatch):
                     wait=self._stop.wait,
                     tolerance=self.tolerance,
                 )
-        except BaseException as exc:  # a bug, or the outage outlasted DB_OUTAGE_TOLERANCE
-            self.gave_up = exc
-            logger.exception("lease keeper stopped: %s", exc)
         finally:
             connections.close_all()
+
+    def _run_recorded(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:
+            self.gave_up = exc
+            logger.exception("lease keeper stopped: %s", exc)
 
     @property
     def alive(self) -> bool:
