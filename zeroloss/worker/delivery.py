@@ -20,8 +20,9 @@ from ..handlers import HandlerSpec, get_handler
 from ..ledger.types import Completion, CompletionReport, Lease, Verdict
 from ..processing import Delivery, Outcome, run_handler
 from ..service import ZeroLossMessageService
+from .batch import Batch
 from .completer import Completer
-from .keeper import Batch, LeaseKeeper
+from .keeper import LeaseKeeper
 from .sessions import harden_sessions
 from .transactional import TransactionalBatches
 

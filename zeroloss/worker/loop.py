@@ -23,9 +23,10 @@ from ..outage import Backoff, OutageMonitor
 from ..processing import Delivery, Outcome, run_handler
 from ..service import ZeroLossMessageService
 from ..wakeup import Wakeup
+from .batch import Batch
 from .completer import Completer, verdict_counts
 from .coroutines import AsyncBatchRunner
-from .keeper import Batch, LeaseKeeper
+from .keeper import LeaseKeeper
 from .pool import ChildSlot
 from .supervisor import CLAIMER
 from .transactional import TransactionalBatches
