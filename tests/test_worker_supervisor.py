@@ -155,3 +155,15 @@ def test_a_round_that_fails_is_tried_again_after_a_backoff(tmp_path):
         assert thread.is_alive() and not worker.stats.crashed
     finally:
         finish(worker, thread)
+
+
+def test_a_worker_that_ends_leaves_no_part_failed(tmp_path):
+    """A burst worker ends without its stop flag: the parts it stops then (the listener on
+    PostgreSQL) are done, not failed, and nothing is restarted."""
+    path = tmp_path / "health.json"
+    ZeroLossMessageService().persist_message("b1", QUEUE, {})
+    stats = Worker([QUEUE], burst=True, poll_interval=0.05, health_file=path).run()
+    assert stats.handled == 1 and not stats.crashed and stats.exit_part == ""
+    parts = health(path)["parts"]
+    assert {"claimer-0", "keeper", "sweep", "scheduler", "health-file"} <= set(parts)
+    assert all(p["failures"] == 0 and p["restarts"] == 0 for p in parts.values()), parts

@@ -243,6 +243,7 @@ class Worker:
                     if c.thread is not None:
                         c.thread.join(timeout=0.05)
         finally:
+            self.supervisor.shutting_down()
             self.keeper.stop()
             self.wakeup.stop()
             self.supervisor.join(timeout=30)

@@ -156,6 +156,8 @@ class Supervisor:
         self.parts: list[Supervised] = []
         #: The part whose death ended the worker, and why; None while none did.
         self.exit_cause: tuple[Supervised, BaseException] | None = None
+        #: Set by :meth:`shutting_down`: the worker ends (burst done too, not only on a stop flag).
+        self.ending = False
         self._lock = threading.Lock()
 
     def add(self, part: Part, body: Callable[[], None], *, name: str | None = None) -> Supervised:
@@ -193,7 +195,7 @@ class Supervisor:
         except BaseException as exc:
             self.failed(unit, exc)
             return
-        if unit.part.policy is Policy.RESTART and not self.stop:
+        if unit.part.policy is Policy.RESTART and not (self.stop or self.ending):
             # Only a stop ends a restartable part: returning early is a failure like any other.
             self.failed(unit, RuntimeError("its thread returned while the worker runs"))
 
@@ -242,9 +244,13 @@ class Supervisor:
         """A round may run now: not waiting out a failure's backoff."""
         return unit.down_until is None or time.monotonic() >= unit.down_until
 
+    def shutting_down(self) -> None:
+        """The worker ends: parts that return from now on are done, not failed."""
+        self.ending = True
+
     def check(self) -> None:
         """Restart the ``RESTART`` threads that died once their backoff has passed."""
-        if self.stop:
+        if self.stop or self.ending:
             return
         now = time.monotonic()
         for unit in self.parts:
