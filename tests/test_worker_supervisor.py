@@ -167,3 +167,29 @@ def test_a_worker_that_ends_leaves_no_part_failed(tmp_path):
     parts = health(path)["parts"]
     assert {"claimer-0", "keeper", "sweep", "scheduler", "health-file"} <= set(parts)
     assert all(p["failures"] == 0 and p["restarts"] == 0 for p in parts.values()), parts
+
+
+def test_a_watched_thread_that_ends_ends_the_worker():
+    """As --metrics-port's server thread: started elsewhere, it cannot be restarted."""
+    from zeroloss.worker.supervisor import METRICS
+
+    serving = threading.Event()
+    server = threading.Thread(target=serving.wait, args=(60,), daemon=True)
+    server.start()
+    worker = Worker([QUEUE], stop=StopFlag(), poll_interval=0.05)
+    worker.supervisor.watch(METRICS, server)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        ZeroLossMessageService().persist_message("w1", QUEUE, {})
+        assert wait_until(lambda: completed() == 1, timeout=30)
+        assert thread.is_alive()
+        serving.set()  # the server's thread ends
+        thread.join(60)
+        assert not thread.is_alive(), "the worker did not stop after the watched thread ended"
+    finally:
+        serving.set()
+        worker.stop.set("test")
+        thread.join(60)
+    assert worker.stats.crashed and worker.stats.exit_part == "metrics"
+    assert worker.stop.signal_name == "crash"
