@@ -2,7 +2,8 @@
 
 One process runs ``concurrency`` claim threads (:mod:`.loop`), one lease keeper
 (:mod:`.keeper`), the LISTEN wake-up (PostgreSQL), and, unless told otherwise, the recovery
-sweep, so a lone worker recovers from crashes without any other process. Every one of them
+sweep, so a lone worker recovers from crashes without any other process. Which parts it runs
+and what a part's failure does are one table, :data:`.supervisor.PARTS`. Every one of them
 rides out a database outage on its own (:mod:`zeroloss.outage`): the process keeps running and
 drains again when the database is back.
 """
