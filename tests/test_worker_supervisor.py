@@ -44,6 +44,27 @@ def completed() -> int:
     return Message.objects.filter(queue_name=QUEUE, status="completed").count()
 
 
+def runs_until_the_part_dies(worker: Worker, message_id: str, ends: threading.Event) -> None:
+    """Run ``worker`` until one message is done, then set ``ends`` (its part dies) and wait,
+    bounded, for the worker to stop of it."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        ZeroLossMessageService().persist_message(message_id, QUEUE, {})
+        assert wait_until(lambda: completed() == 1, timeout=30)
+        assert wait_until(
+            lambda: worker.health_file is None or health(worker.health_file).get("status") == "ok", 30
+        )
+        assert thread.is_alive()
+        ends.set()
+        thread.join(60)
+        assert not thread.is_alive(), "the worker did not stop after its part died"
+    finally:
+        ends.set()
+        worker.stop.set("test")
+        thread.join(60)
+
+
 def test_the_table_names_every_part_once_with_a_policy():
     names = [p.name for p in PARTS]
     assert len(names) == len(set(names))
@@ -114,19 +135,7 @@ def test_a_part_whose_policy_is_exit_ends_the_worker_and_the_health_file_says_wh
 
     worker = Worker([QUEUE], stop=StopFlag(), poll_interval=0.05, health_file=path)
     worker.supervisor.add(Part("probe", Policy.EXIT, own_thread=True), fatal)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        ZeroLossMessageService().persist_message("e1", QUEUE, {})
-        assert wait_until(lambda: completed() == 1, timeout=30)
-        assert wait_until(lambda: health(path).get("status") == "ok", timeout=30)
-        dying.set()
-        thread.join(60)
-        assert not thread.is_alive(), "the worker did not stop after its part died"
-    finally:
-        dying.set()
-        worker.stop.set("test")
-        thread.join(60)
+    runs_until_the_part_dies(worker, "e1", dying)
     assert worker.stats.crashed and not worker.stats.gave_up
     assert worker.stats.exit_part == "probe"
     final = health(path)
@@ -178,18 +187,6 @@ def test_a_watched_thread_that_ends_ends_the_worker():
     server.start()
     worker = Worker([QUEUE], stop=StopFlag(), poll_interval=0.05)
     worker.supervisor.watch(METRICS, server)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        ZeroLossMessageService().persist_message("w1", QUEUE, {})
-        assert wait_until(lambda: completed() == 1, timeout=30)
-        assert thread.is_alive()
-        serving.set()  # the server's thread ends
-        thread.join(60)
-        assert not thread.is_alive(), "the worker did not stop after the watched thread ended"
-    finally:
-        serving.set()
-        worker.stop.set("test")
-        thread.join(60)
+    runs_until_the_part_dies(worker, "w1", serving)  # setting it ends the server's thread
     assert worker.stats.crashed and worker.stats.exit_part == "metrics"
     assert worker.stop.signal_name == "crash"
