@@ -120,6 +120,7 @@ TIERS: dict[str, str] = {
     "test_translations_control.py": "ledger",
     "test_transport.py": "process",
     "test_worker_routing.py": "process",
+    "test_worker_supervisor.py": "ledger",
 }
 _TIER = pytest.StashKey[str]()
 

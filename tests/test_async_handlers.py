@@ -20,7 +20,7 @@ from zeroloss.handlers import HandlerSpec
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.processing import Delivery, describe_error, run_handler
 from zeroloss.service import ZeroLossMessageService, wait_until
-from zeroloss.worker.delivery import DeliveryRuntime, deliver
+from zeroloss.worker.transport_runtime import DeliveryRuntime, deliver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -33,7 +33,7 @@ from django.core.management.base import CommandError
 
 from zeroloss import handlers
 from zeroloss.conf import ZeroLossSettings, parse_settings
-from zeroloss.worker.delivery import DeliveryRuntime
+from zeroloss.worker.transport_runtime import DeliveryRuntime
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -172,7 +172,7 @@ def test_the_admin_detail_page_shows_the_headers():
 
 def test_the_celery_delivery_path_hands_the_headers_too():
     from zeroloss.processing import Outcome
-    from zeroloss.worker.delivery import DeliveryRuntime, deliver
+    from zeroloss.worker.transport_runtime import DeliveryRuntime, deliver
 
     zeroloss.send(QUEUE, {"n": 1}, message_id="celery-1", headers=TRACE)
     zeroloss.send("test.headers_tx", {"n": 2}, message_id="celery-2", headers={"tx": True})

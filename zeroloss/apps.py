@@ -12,11 +12,17 @@ class ZeroLossConfig(AppConfig):
 
         from django.conf import settings
 
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            replication,
+        )
         from .handlers import add_queue_source, autodiscover
+        from .ledger.hooks import install_replication
         from .logs import LOGGER, TraceIds
         from .tasks_backend.runner import TASK_QUEUES
 
+        # The ledger calls replication through its hooks, never by import.
+        install_replication(replication.hooks())
         logger = logging.getLogger(LOGGER)
         if not any(isinstance(f, TraceIds) for f in logger.filters):
             logger.addFilter(TraceIds())

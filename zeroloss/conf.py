@@ -12,19 +12,27 @@ are reported by ``manage.py check`` with stable ids (see :mod:`zeroloss.checks`)
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from .conf_values import (
+    INT_FIELDS,
+    NUMBER_FIELDS,
+    QUEUE_OPTIONS,
+    SettingError,
+    is_printable,
+    parse_integer,
+    parse_json_encoder,
+    parse_number,
+)
+from .conf_values import MAX_SECONDS as MAX_SECONDS  # public: the longest duration a setting may name
 from .ledger import validation as _validation
-from .rates import Rate, parse_concurrency, parse_rate
+from .rates import Rate
 
 PERSISTENCE_LEVELS = ("durable", "replicated")
 TRANSPORTS = ("database", "celery")
@@ -71,23 +79,6 @@ class QueueSettings:
     concurrency: int | None = None
     #: At most this many claims started per period, across every worker.
     rate: Rate | None = None
-
-
-def _limit(parse: Any) -> Any:
-    """A :data:`QUEUE_OPTIONS` parser from a :mod:`zeroloss.rates` one (E007 on bad input)."""
-
-    def parser(key: str, value: Any) -> Any:
-        try:
-            return parse(value)
-        except ValueError as exc:
-            raise SettingError(key, str(exc), "zeroloss.E007") from None
-
-    return parser
-
-
-#: The options a declared queue accepts: name -> parser(key, value) returning the typed value
-#: (raising :class:`SettingError`).
-QUEUE_OPTIONS: dict[str, Any] = {"concurrency": _limit(parse_concurrency), "rate": _limit(parse_rate)}
 
 
 @dataclass(frozen=True)
@@ -188,83 +179,6 @@ class ZeroLossSettings:
         return self.HEARTBEAT_INTERVAL if self.HEARTBEAT_INTERVAL is not None else self.ACK_TIMEOUT / 3
 
 
-class SettingError(ImproperlyConfigured):
-    """One invalid ``ZEROLOSS`` entry. ``check_id`` is the stable id ``manage.py check`` reports."""
-
-    def __init__(self, key: str, message: str, check_id: str = "zeroloss.E003") -> None:
-        super().__init__(f"ZEROLOSS[{key!r}]: {message}")
-        self.key = key
-        self.check_id = check_id
-        self.hint = message
-
-
-_NUMBER_FIELDS = {
-    "ACK_TIMEOUT": (False, 0.0),
-    "REPLICATION_TIMEOUT": (False, 0.0),
-    "NODE_TTL": (False, 0.0),
-    "SWEEP_INTERVAL": (False, 0.0),
-    "REDISPATCH_AFTER": (False, 0.0),
-    "COMPLETED_RETENTION": (False, 0.0),
-    "DEDUP_WINDOW": (False, 0.0),
-    "PUBLISH_TIMEOUT": (False, 0.0),
-    "ACK_FLUSH_INTERVAL": (True, 0.0),
-    "CACHE_TIMEOUT": (True, 0.0),
-    "SCHEDULE_INTERVAL": (False, 0.0),
-}
-_INT_FIELDS = {
-    "MAX_ATTEMPTS": 1,
-    "REPLICATION_FACTOR": 1,
-    "SWEEP_BATCH_SIZE": 1,
-    "ACK_BATCH_SIZE": 1,
-    "ASYNC_CONCURRENCY": 1,
-    "MAX_PAYLOAD_BYTES": 1,
-    "MAX_HEADERS_BYTES": 1,
-    "HEALTH_MAX_STUCK": 0,
-    "HEALTH_MAX_DEAD": 0,
-}
-
-
-#: Longest duration any setting may name (100 years): both databases can add it to "now".
-MAX_SECONDS = 100 * 365 * 24 * 3600.0
-#: Upper bounds of the integer settings (the database columns are 32-bit; payloads must fit jsonb).
-_INT_MAX = {
-    "MAX_ATTEMPTS": 1_000_000,
-    "MAX_PAYLOAD_BYTES": 256 * 1024 * 1024,
-    "MAX_HEADERS_BYTES": 1024 * 1024,
-}
-_DEFAULT_INT_MAX = 2**31 - 1
-
-
-def _number(key: str, value: Any, *, allow_zero: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SettingError(key, f"must be a number of seconds, got {value!r}.")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise SettingError(key, f"must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}.")
-    if value > MAX_SECONDS:
-        raise SettingError(key, f"must be at most 100 years ({MAX_SECONDS:g} seconds), got {value!r}.")
-    return float(value)
-
-
-def _printable(text: str) -> bool:
-    """No control characters (a trailing newline from an environment variable) and valid UTF-8."""
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _integer(key: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SettingError(key, f"must be an integer, got {value!r}.")
-    maximum = _INT_MAX.get(key, _DEFAULT_INT_MAX)
-    if not minimum <= value <= maximum:
-        raise SettingError(key, f"must be from {minimum} to {maximum}, got {value!r}.")
-    return value
-
-
 def parse_settings(raw: Any) -> ZeroLossSettings:
     """Validate a raw ``ZEROLOSS`` value; raise :class:`SettingError` on the first bad entry."""
     if raw is None:
@@ -279,12 +193,12 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
         )
     values: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in _NUMBER_FIELDS:
-            values[key] = _number(key, value, allow_zero=_NUMBER_FIELDS[key][0])
-        elif key in _INT_FIELDS:
-            values[key] = _integer(key, value, _INT_FIELDS[key])
+        if key in NUMBER_FIELDS:
+            values[key] = parse_number(key, value, allow_zero=NUMBER_FIELDS[key][0])
+        elif key in INT_FIELDS:
+            values[key] = parse_integer(key, value, INT_FIELDS[key])
         elif key in ("HEARTBEAT_INTERVAL", "DB_OUTAGE_TOLERANCE", "HANDLER_TIMEOUT", "DEAD_PEER_TIMEOUT"):
-            values[key] = None if value is None else _number(key, value, allow_zero=False)
+            values[key] = None if value is None else parse_number(key, value, allow_zero=False)
         elif key == "QUEUE_DATABASES":
             if not isinstance(value, dict) or not all(
                 isinstance(q, str) and q and isinstance(a, str) and a for q, a in value.items()
@@ -307,7 +221,7 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             values[key] = tuple(value)
         elif key == "SWEEP_QUEUE":
             if value is not None and (
-                not isinstance(value, str) or not value.strip() or not _printable(value) or len(value) > 255
+                not isinstance(value, str) or not value.strip() or not is_printable(value) or len(value) > 255
             ):
                 raise SettingError(
                     key,
@@ -330,7 +244,7 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             values[key] = _queues(value)
         elif key == "JSON_ENCODER":
             if value is not None:
-                _json_encoder(key, value)  # importable, and an encoder: E005 otherwise
+                parse_json_encoder(key, value)  # importable, and an encoder: E005 otherwise
             values[key] = value
         elif key == "SCHEDULES":
             values[key] = value  # each schedule's fields are checked by zeroloss.schedules
@@ -342,8 +256,8 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             jitter = value.get("JITTER", RetryBackoff.JITTER)
             if not isinstance(jitter, bool):
                 raise SettingError(f"{key}.JITTER", f"must be True or False, got {jitter!r}.")
-            base = _number(f"{key}.BASE", value.get("BASE", RetryBackoff.BASE), allow_zero=True)
-            cap = _number(f"{key}.MAX", value.get("MAX", RetryBackoff.MAX), allow_zero=True)
+            base = parse_number(f"{key}.BASE", value.get("BASE", RetryBackoff.BASE), allow_zero=True)
+            cap = parse_number(f"{key}.MAX", value.get("MAX", RetryBackoff.MAX), allow_zero=True)
             if cap < base:
                 raise SettingError(key, f"MAX ({cap}) must be >= BASE ({base}).")
             values[key] = RetryBackoff(BASE=base, MAX=cap, JITTER=jitter)
@@ -383,26 +297,6 @@ def _queues(value: Any) -> dict[str, QueueSettings]:
     return queues
 
 
-def _json_encoder(key: str, value: Any) -> type[json.JSONEncoder]:
-    """The ``json.JSONEncoder`` subclass a dotted path names, or :class:`SettingError` (E005)."""
-    from django.utils.module_loading import import_string
-
-    if not isinstance(value, str) or "." not in value:
-        raise SettingError(
-            key,
-            f"must be the dotted path of a json.JSONEncoder subclass, e.g. "
-            f'"django.core.serializers.json.DjangoJSONEncoder", got {value!r}.',
-            "zeroloss.E005",
-        )
-    try:
-        found = import_string(value)
-    except ImportError as exc:
-        raise SettingError(key, f"{value!r} cannot be imported: {exc}", "zeroloss.E005") from None
-    if not (isinstance(found, type) and issubclass(found, json.JSONEncoder)):
-        raise SettingError(key, f"{value!r} is not a json.JSONEncoder subclass.", "zeroloss.E005")
-    return found
-
-
 _cached: ZeroLossSettings | None = None
 #: ``JSON_ENCODER().default``, once looked up: (found, callable or None).
 _json_default: tuple[bool, Any] = (False, None)
@@ -414,7 +308,7 @@ def json_default() -> Any:
     found, default = _json_default
     if not found:
         path = get_settings().JSON_ENCODER
-        default = None if path is None else _json_encoder("JSON_ENCODER", path)().default
+        default = None if path is None else parse_json_encoder("JSON_ENCODER", path)().default
         _json_default = (True, default)
     return default
 

@@ -29,8 +29,8 @@ class StopFlag:
     it): messages in hand are then left to their leases and the sweep, and outcomes not yet
     recorded run again. Deliberately lock-free: a signal handler runs in the main thread between
     two bytecodes, possibly while that thread is inside ``threading.Event.wait`` holding the
-    event's internal lock, and a handler calling ``Event.set`` would then wait forever (a
-    ``zeroloss_sweep --loop`` once hung exactly so). Setting a plain attribute cannot block.
+    event's internal lock, and a handler calling ``Event.set`` would then wait forever.
+    Setting a plain attribute cannot block.
     """
 
     #: Longest a waiting loop takes to notice the flag.

@@ -30,10 +30,6 @@ class MessageQuerySet(models.QuerySet["Message"]):
         """Pending and claimable now (database clock)."""
         return self.filter(status=Status.PENDING, available_at__lte=Now())
 
-    def waiting_for_key(self) -> MessageQuerySet:
-        """Pending behind an earlier message of the same ordering key (not claimable yet)."""
-        return self.filter(status=Status.PENDING, available_at__isnull=True)
-
     def processing(self) -> MessageQuerySet:
         return self.filter(status=Status.PROCESSING)
 

@@ -1,4 +1,6 @@
-"""Celery tasks. The project's Celery app discovers them (``app.autodiscover_tasks()``).
+"""Celery tasks. The project's Celery app discovers them (``app.autodiscover_tasks()``), which
+looks for exactly this module name (``<app>.tasks``), so it keeps it; Django's own task
+framework (django.tasks) is served by :mod:`zeroloss.tasks_backend`, a different thing.
 
 ``zeroloss.deliver`` runs one message; ``zeroloss.sweep`` runs the recovery sweep over every
 ledger database. Beat schedules the sweep on its own queue (``SWEEP_QUEUE``), so deliveries
@@ -34,7 +36,7 @@ def deliver_message(self: Task, message_id: str, using: str = "default") -> str:
     With the database unreachable the task is retried (one log line per outage, jittered
     backoff up to 5 s); the message is safe in the ledger meanwhile.
     """
-    from .worker.delivery import deliver
+    from .worker.transport_runtime import deliver
 
     try:
         return str(deliver(message_id, using))
@@ -89,6 +91,6 @@ def schedule() -> dict[str, Any]:
 def _record_waiting_outcomes(**kwargs: Any) -> None:
     """A prefork child that stops (warm shutdown, ``--max-tasks-per-child``) records the outcomes
     still waiting for their batch first; pool children do not run ``atexit`` handlers."""
-    from .worker.delivery import DeliveryRuntime
+    from .worker.transport_runtime import DeliveryRuntime
 
     DeliveryRuntime.close_all()

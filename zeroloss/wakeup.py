@@ -33,11 +33,19 @@ class Wakeup:
         self.listening = threading.Event()
         self.enabled = listen
 
+    @property
+    def listens(self) -> bool:
+        """Whether :meth:`listen` has anything to do (enabled, on PostgreSQL)."""
+        return self.enabled and engine_for(connections[self.using]).has_listen_notify
+
+    @property
+    def _listen_sql(self) -> str:
+        return engine_for(connections[self.using]).catalogue(statements_ops)["LISTEN"]
+
     def start(self) -> Wakeup:
-        engine = engine_for(connections[self.using])
-        if self.enabled and engine.has_listen_notify:
-            self._listen_sql = engine.catalogue(statements_ops)["LISTEN"]
-            self._thread = threading.Thread(target=self._listen, name="zeroloss-listen", daemon=True)
+        """Run :meth:`listen` on a thread of its own (outside a worker's supervisor)."""
+        if self.listens:
+            self._thread = threading.Thread(target=self.listen, name="zeroloss-listener", daemon=True)
             self._thread.start()
         return self
 
@@ -46,7 +54,8 @@ class Wakeup:
         self.event.clear()
         return woke
 
-    def _listen(self) -> None:
+    def listen(self) -> None:
+        """LISTEN until stopped, reconnecting after a backoff when the connection fails."""
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
         params = connections[self.using].get_connection_params()

@@ -4,7 +4,7 @@ Each action is a function ``(modeladmin, request, queryset)`` decorated with
 ``@admin.action(permissions=[...], description=...)``: Django offers it only to operators who
 hold the permission, and checks it again on POST. Destructive actions first answer with a
 confirmation page and act on the confirming POST (``post=yes``; :mod:`zeroloss.admin.confirm`).
-Moving actions apply a :class:`~zeroloss.admin.transitions.Transition` to the selection
+Moving actions apply a :class:`~zeroloss.admin.transitions.AdminMove` to the selection
 (:mod:`zeroloss.admin.transitions`): every change goes through
 :class:`~zeroloss.service.ZeroLossMessageService`, which writes the transition and its audit
 row (``actor`` = the operator) atomically; feedback is pluralised with ``ngettext``.

@@ -1,6 +1,6 @@
 """How an admin action moves its selection: the service call, chunk by chunk, and the feedback.
 
-A :class:`Transition` names the service call that moves messages and what to tell the operator
+An :class:`AdminMove` names the service call that moves messages and what to tell the operator
 after; :func:`apply_transition` runs it over a selection of any size (keyset chunks of
 :data:`CHUNK_SIZE`), leaves out messages purged meanwhile and says what moved, what vanished
 and what was left alone. Every change goes through
@@ -32,7 +32,7 @@ NAMED_VANISHED = 10
 
 
 @dataclass(frozen=True)
-class Transition:
+class AdminMove:
     """One operator transition: the service call that moves messages, and what to say after.
 
     ``move(service, message_ids, actor)`` returns the ids it moved. ``done`` is an
@@ -44,14 +44,14 @@ class Transition:
     left_alone: Any
 
 
-REQUEUE_STUCK = Transition(
+REQUEUE_STUCK = AdminMove(
     move=lambda service, ids, who: service.requeue_messages(ids, actor=who),
     done=ngettext_lazy(
         "%(count)d stuck message was requeued.", "%(count)d stuck messages were requeued.", "count"
     ),
     left_alone=_("not stuck (no expired lease); use force-requeue for a live one"),
 )
-FORCE_REQUEUE = Transition(
+FORCE_REQUEUE = AdminMove(
     move=lambda service, ids, who: service.requeue_messages(
         ids, actor=who, force=True, detail="live lease revoked by operator"
     ),
@@ -62,7 +62,7 @@ FORCE_REQUEUE = Transition(
     ),
     left_alone=_("not processing"),
 )
-REDRIVE = Transition(
+REDRIVE = AdminMove(
     move=lambda service, ids, who: service.redrive_messages(ids, actor=who),
     done=ngettext_lazy(
         "%(count)d dead letter was redriven to pending (attempts reset).",
@@ -78,14 +78,14 @@ def _cancelled(service: ZeroLossMessageService, ids: list[str], who: str, *, abo
     return [r.message_id for r in service.cancel_messages(ids, abort=abort, actor=who) if r.ok]
 
 
-CANCEL = Transition(
+CANCEL = AdminMove(
     move=lambda service, ids, who: _cancelled(service, ids, who, abort=False),
     done=ngettext_lazy(
         "%(count)d pending message was cancelled.", "%(count)d pending messages were cancelled.", "count"
     ),
     left_alone=_("not pending (a processing message needs Abort; finished ones stay as they are)"),
 )
-ABORT = Transition(
+ABORT = AdminMove(
     move=lambda service, ids, who: _cancelled(service, ids, who, abort=True),
     done=ngettext_lazy(
         "%(count)d message was cancelled or asked to stop (cancelled when its handler ends).",
@@ -96,8 +96,8 @@ ABORT = Transition(
 )
 
 
-def dead_letter_transition(reason: str) -> Transition:
-    return Transition(
+def dead_letter_transition(reason: str) -> AdminMove:
+    return AdminMove(
         move=lambda service, ids, who: service.dead_letter_messages(ids, reason=reason, actor=who),
         done=ngettext_lazy(
             "%(count)d message was dead-lettered.", "%(count)d messages were dead-lettered.", "count"
@@ -124,8 +124,8 @@ def _on_key_heads(
     return [mid for mid, queue, key in rows if move(queue, key, mid)]
 
 
-def skip_key_head_transition(reason: str) -> Transition:
-    return Transition(
+def skip_key_head_transition(reason: str) -> AdminMove:
+    return AdminMove(
         move=lambda service, ids, who: _on_key_heads(
             service,
             ids,
@@ -142,7 +142,7 @@ def skip_key_head_transition(reason: str) -> Transition:
     )
 
 
-REQUEUE_KEY_HEAD = Transition(
+REQUEUE_KEY_HEAD = AdminMove(
     move=lambda service, ids, who: _on_key_heads(
         service, ids, lambda queue, key, mid: service.requeue_key_head(queue, key, actor=who, message_id=mid)
     ),
@@ -177,7 +177,7 @@ def message_id_chunks(queryset: QuerySet[Message], size: int = CHUNK_SIZE) -> It
 
 
 def _move_chunk(
-    service: ZeroLossMessageService, transition: Transition, ids: list[str], who: str
+    service: ZeroLossMessageService, transition: AdminMove, ids: list[str], who: str
 ) -> tuple[int, list[str]]:
     """Move one chunk: ``(how many moved, ids that no longer exist)``.
 
@@ -202,7 +202,7 @@ def _move_chunk(
 
 
 def apply_transition(
-    modeladmin: ReadOnlyAdmin, request: HttpRequest, queryset: QuerySet[Message], transition: Transition
+    modeladmin: ReadOnlyAdmin, request: HttpRequest, queryset: QuerySet[Message], transition: AdminMove
 ) -> None:
     """The body of every moving action: move the selection chunk by chunk, then say what happened."""
     service = get_service()

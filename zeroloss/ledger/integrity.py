@@ -113,6 +113,6 @@ class Integrity(LedgerBase):
     def replication_status(self, message: Message | None = None, *, record: bool = True) -> Any:
         """Measured copies of ``message`` (a :class:`~zeroloss.replication.ReplicationStatus`);
         ``record=False`` never writes (see :func:`zeroloss.replication.measure`)."""
-        from ..replication import measure
+        from .hooks import replication
 
-        return measure(self, message, record=record)
+        return replication().measure(self, message, record=record)

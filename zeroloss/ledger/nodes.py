@@ -6,6 +6,7 @@ from typing import Any
 
 from ..models import ReplicationNode
 from .base import LedgerBase
+from .hooks import replication
 
 
 class Nodes(LedgerBase):
@@ -13,22 +14,14 @@ class Nodes(LedgerBase):
         self, node_id: str, address: str = "", *, role: str = "node", metadata: dict[str, Any] | None = None
     ) -> ReplicationNode:
         """Register a node, or refresh it (idempotent upsert); counts as a heartbeat."""
-        from ..replication import register_node
-
-        return register_node(self, node_id, address=address, role=role, metadata=metadata)
+        return replication().register_node(self, node_id, address=address, role=role, metadata=metadata)
 
     def heartbeat_node(self, node_id: str) -> bool:
-        from ..replication import heartbeat
-
-        return heartbeat(self, node_id)
+        return replication().heartbeat(self, node_id)
 
     def unregister_replication_node(self, node_id: str) -> bool:
-        from ..replication import unregister_node
-
-        return unregister_node(self, node_id)
+        return replication().unregister_node(self, node_id)
 
     def get_replication_targets(self) -> list[ReplicationNode]:
         """Live nodes, ordered by node id, at most ``REPLICATION_FACTOR`` of them."""
-        from ..replication import live_nodes
-
-        return live_nodes(self)[: self.settings.REPLICATION_FACTOR]
+        return replication().live_nodes(self)[: self.settings.REPLICATION_FACTOR]

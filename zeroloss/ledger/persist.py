@@ -212,9 +212,9 @@ class Persisting(LedgerBase):
 
     def _confirm(self, messages: Sequence[Message]) -> None:
         if self.settings.PERSISTENCE_LEVEL == "replicated":
-            from .. import replication
+            from .hooks import replication
 
-            replication.confirm(self, messages)
+            replication().confirm(self, messages)
 
     def _store(
         self, prepared: Sequence[_Prepared], delay_s: float, actor: str, dispatched: bool

@@ -22,7 +22,6 @@ from ..exceptions import HeadersTooLarge, InvalidHeaders, InvalidMessage, Invali
 
 MAX_MESSAGE_ID_LENGTH = 255
 MAX_QUEUE_NAME_LENGTH = 100
-MAX_KEY_LENGTH = 255
 MAX_ERROR_LENGTH = 10_000
 #: Attempts fit the database's 32-bit column with room for the counter to move.
 MAX_ATTEMPTS_LIMIT = 1_000_000

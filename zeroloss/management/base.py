@@ -36,20 +36,15 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import os
-import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from django.core.management.base import (
     BaseCommand,
-    CommandError,
     CommandParser,
-    DjangoHelpFormatter,
     OutputWrapper,
 )
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
@@ -60,167 +55,34 @@ from ..exceptions import InvalidMessage
 from ..ledger.validation import validate_queue_name
 from ..models import Message
 from ..service import ZeroLossMessageService, default_instance_id
-
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-#: The longest duration a command accepts: 1,000 years, far beyond any retention, and small
-#: enough that "now minus it" is a date both Python and the database can represent.
-MAX_DURATION_DAYS = 365_000
-
-EXIT_OK = 0
-EXIT_WARNING = 1
-EXIT_USAGE = 2
-EXIT_CRITICAL = 2
-EXIT_NOT_CONFIRMED = 3
-EXIT_UNREACHABLE = 4
-EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE
+from .arguments import (
+    MAX_COUNT,
+    MAX_DURATION_DAYS,
+    DefaultsHelpFormatter,
+    UsageError,
+    ZeroLossParser,
+    parse_duration,
+    positive_float,
+    positive_int,
+)
+from .exits import (
+    EXIT_BROKEN_PIPE,
+    EXIT_CRITICAL,
+    EXIT_NOT_CONFIRMED,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    EXIT_WARNING,
+    CommandExit,
+    CriticalFound,
+    Incomplete,
+    LedgerUnreachable,
+    NotConfirmed,
+    WarningFound,
+)
 
 #: Above this many rows an explicit ID list asks for confirmation (set-based selections always do).
 CONFIRM_THRESHOLD = 100
-
-
-def parse_duration(text: str) -> float:
-    """``90s``, ``15m``, ``2h``, ``7d`` -> seconds. Raises ``argparse.ArgumentTypeError``."""
-    match = _DURATION_RE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(
-            _("invalid duration %(text)s: use a number and a unit, like 90s, 15m, 2h, 7d")
-            % {"text": repr(text)}
-        )
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if not seconds <= MAX_DURATION_DAYS * 86400:  # also rejects inf, from a very long number
-        raise argparse.ArgumentTypeError(
-            _("invalid duration %(text)s: at most %(days)sd (1,000 years)")
-            % {"text": repr(text), "days": MAX_DURATION_DAYS}
-        )
-    return seconds
-
-
-#: The largest count a command takes (the database's 32-bit integers).
-MAX_COUNT = 2**31 - 1
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            _("invalid number %(text)s: expected a whole number >= 1") % {"text": repr(text)}
-        ) from None
-    if not 1 <= value <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(
-            _("invalid number %(text)s: expected a whole number from 1 to %(max)s")
-            % {"text": repr(text), "max": MAX_COUNT}
-        )
-    return value
-
-
-def positive_float(text: str) -> float:
-    """Seconds > 0 and finite: ``inf`` and ``nan`` are refused (a wait must end)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            _("invalid number %(text)s: expected seconds > 0") % {"text": repr(text)}
-        ) from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(
-            _("invalid number %(text)s: expected finite seconds > 0") % {"text": repr(text)}
-        )
-    return value
-
-
-class CommandExit(CommandError):
-    """A command finished with a documented non-zero exit code.
-
-    On the command line Django prints ``<ClassName>: <message>`` on stderr and exits with
-    ``returncode``; ``call_command`` raises it, so Python callers can read ``returncode``.
-    """
-
-    code = EXIT_WARNING
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, returncode=self.code)
-
-
-class Incomplete(CommandExit):
-    """Some selected messages were not changed (exit code 1)."""
-
-    code = EXIT_WARNING
-
-
-class WarningFound(CommandExit):
-    code = EXIT_WARNING
-
-
-class CriticalFound(CommandExit):
-    code = EXIT_CRITICAL
-
-
-class NotConfirmed(CommandExit):
-    """The confirmation prompt was refused or could not be asked; nothing changed (exit code 3)."""
-
-    code = EXIT_NOT_CONFIRMED
-
-
-class LedgerUnreachable(CommandExit):
-    """The database could not be reached or failed a statement (exit code 4)."""
-
-    code = EXIT_UNREACHABLE
-
-
-class UsageError(CommandError):
-    """Bad arguments from ``call_command`` (exit code 2); the command line gets argparse's output."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(_("Error: %(message)s") % {"message": message}, returncode=EXIT_USAGE)
-
-
-class ZeroLossParser(CommandParser):
-    """Django's parser, but bad arguments are exit code 2 from ``call_command`` too."""
-
-    def error(self, message: str) -> NoReturn:
-        if self.called_from_command_line:
-            super().error(message)  # usage + "error: ..." on stderr, exit code 2
-        raise UsageError(message)
-
-
-class DefaultsHelpFormatter(DjangoHelpFormatter):
-    """Django's help layout, every option's help ending with its default (unless it says it)."""
-
-    #: Django's options whose ``None`` default means "from the environment": nothing to show.
-    _FROM_ENVIRONMENT = frozenset({"settings", "pythonpath"})
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help
-        # A help text that states its default itself, in English or in the active language.
-        says_default = "default" in (text or "").lower() or _says_default(text or "")
-        if not text or text == argparse.SUPPRESS or not action.option_strings or says_default:
-            return text
-        if action.required:
-            return _("%(help)s (required)") % {"help": text.rstrip()}
-        if action.nargs == 0:  # a flag: store_true, store_const, version, help
-            if action.dest in ("help", "version"):
-                return text
-            shown = (
-                pgettext("an option's default: a flag", "on")
-                if action.default
-                else pgettext("an option's default: a flag", "off")
-            )
-        elif action.default in (None, "") or action.default == argparse.SUPPRESS:
-            if action.dest in self._FROM_ENVIRONMENT:
-                return text
-            shown = pgettext("an option's default: no value", "none")
-        else:
-            shown = "%(default)s"
-        # argparse fills %(default)s in afterwards; a literal % in ``shown`` cannot occur.
-        return _("%(help)s (default: %(shown)s)") % {"help": text.rstrip(), "shown": shown}
-
-
-def _says_default(text: str) -> bool:
-    """Whether ``text`` names its default in the active language ("default" in the catalog)."""
-    word = pgettext("the word an option's help uses to state its default", "default").lower()
-    return word in text.lower()
 
 
 class Progress:
@@ -405,10 +267,6 @@ class ZeroLossCommand(BaseCommand):
         if self.verbosity >= level:
             self.stderr.write(message)
 
-    @staticmethod
-    def is_tty() -> bool:
-        return sys.stdout.isatty()
-
     def progress(self, total: int, label: str, options: dict[str, Any]) -> Progress:
         """A progress bar on stdout when it is a terminal (never with ``--json`` or ``-v 0``)."""
         enabled = self.stdout.isatty() and not options.get("json") and self.verbosity >= 1
@@ -437,3 +295,31 @@ class ZeroLossCommand(BaseCommand):
         # "yes" in the active language is accepted too (the prompt asks for it).
         if answer not in ("y", "yes", pgettext("the answer that confirms a prompt", "yes").lower()):
             raise NotConfirmed(_("Not confirmed; nothing was changed."))
+
+
+__all__ = [
+    "CONFIRM_THRESHOLD",
+    "EXIT_BROKEN_PIPE",
+    "EXIT_CRITICAL",
+    "EXIT_NOT_CONFIRMED",
+    "EXIT_OK",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "EXIT_WARNING",
+    "MAX_COUNT",
+    "MAX_DURATION_DAYS",
+    "CommandExit",
+    "CriticalFound",
+    "DefaultsHelpFormatter",
+    "Incomplete",
+    "LedgerUnreachable",
+    "NotConfirmed",
+    "Progress",
+    "UsageError",
+    "WarningFound",
+    "ZeroLossCommand",
+    "ZeroLossParser",
+    "parse_duration",
+    "positive_float",
+    "positive_int",
+]

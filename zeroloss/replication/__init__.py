@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from ..exceptions import ReplicationTimeout
+from ..ledger.hooks import ReplicationHooks
 from ..models import Message, NodeRole, ReplicationNode
 from . import statements
 from .nodes import heartbeat, is_live, live_cutoff, live_nodes, node_counts, register_node, unregister_node
@@ -42,6 +43,7 @@ __all__ = [
     "discover",
     "format_lsn",
     "heartbeat",
+    "hooks",
     "in_recovery",
     "is_live",
     "live_cutoff",
@@ -347,3 +349,15 @@ def discover(service: ZeroLossMessageService) -> list[ReplicationNode]:
             )
         )
     return nodes
+
+
+def hooks() -> ReplicationHooks:
+    """These functions as the ledger's replication hooks (installed by the app's ``ready()``)."""
+    return ReplicationHooks(
+        confirm=confirm,
+        measure=measure,
+        register_node=register_node,
+        heartbeat=heartbeat,
+        unregister_node=unregister_node,
+        live_nodes=live_nodes,
+    )

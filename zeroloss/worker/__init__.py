@@ -2,7 +2,8 @@
 
 One process runs ``concurrency`` claim threads (:mod:`.loop`), one lease keeper
 (:mod:`.keeper`), the LISTEN wake-up (PostgreSQL), and, unless told otherwise, the recovery
-sweep, so a lone worker recovers from crashes without any other process. Every one of them
+sweep, so a lone worker recovers from crashes without any other process. Which parts it runs
+and what a part's failure does are one table, :data:`.supervisor.PARTS`. Every one of them
 rides out a database outage on its own (:mod:`zeroloss.outage`): the process keeps running and
 drains again when the database is back.
 """
@@ -15,7 +16,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from .keeper import LeaseKeeper
 from .loop import ClaimLoop
 from .pool import ChildSlot, refuse_transactional
 from .sessions import harden_sessions
+from .supervisor import CLAIMER, HEALTH_FILE, KEEPER, LISTENER, SCHEDULER, SWEEP, Supervised, Supervisor
 
 logger = logging.getLogger("zeroloss")
 
@@ -43,10 +45,12 @@ class WorkerStats:
     outcomes: Counter[str] = field(default_factory=Counter)
     sweeps: int = 0
     recovered: int = 0
-    #: A thread died of a bug (not an outage): the process exits 1.
+    #: A part whose policy is EXIT died of a bug (not an outage): the process exits 1.
     crashed: bool = False
     #: The database stayed unreachable past DB_OUTAGE_TOLERANCE: the process exits 4.
     gave_up: bool = False
+    #: The part (:data:`~.supervisor.PARTS`) whose death ended the worker, if one did.
+    exit_part: str = ""
 
     @property
     def handled(self) -> int:
@@ -102,6 +106,12 @@ class Worker:
         self.using = using
         self.instance_id = instance_id
         self.stop = stop if stop is not None else StopFlag()
+        self.supervisor = Supervisor(self.stop)
+        self._sweep_round: Supervised | None = None
+        self._schedule_round: Supervised | None = None
+        self._health_round: Supervised | None = None
+        self._sweep_backoff = Backoff()
+        self._next_sweep = 0.0
         self.health_file = Path(health_file) if health_file else None
         self.stats = WorkerStats()
         self._lock = threading.Lock()
@@ -111,24 +121,24 @@ class Worker:
         self.monitor = OutageMonitor.for_alias(using)
         self.wakeup = Wakeup(using, self.queues, listen=settings.LISTEN)
         self.keeper = LeaseKeeper(
-            self.service_for(-2),
+            self.service_for(KEEPER.actor),
             settings.heartbeat_interval,
             tolerance=settings.DB_OUTAGE_TOLERANCE,
             handler_timeout=settings.HANDLER_TIMEOUT,
             on_released=lambda n: self.count(Outcome.RELEASED, n),
         )
 
-    def service_for(self, n: int) -> ZeroLossMessageService:
-        """Each thread its own service (and so its own actor name in the audit trail)."""
-        suffix = {-1: "/sweep", -2: "/keeper"}.get(n, f"/t{n}")
-        return ZeroLossMessageService(using=self.using, instance_id=f"{self.base.instance_id}{suffix}")
+    def service_for(self, actor: str) -> ZeroLossMessageService:
+        """Each part its own service (and so its own actor name in the audit trail):
+        ``<instance>/<actor>``, the actor from :data:`~.supervisor.PARTS` (``t0``, ``sweep``, ...)."""
+        return ZeroLossMessageService(using=self.using, instance_id=f"{self.base.instance_id}/{actor}")
 
     def child_slot(self, n: int) -> ChildSlot | None:
         if self.pool != "process":
             return None
         return ChildSlot(
             n,
-            worker=f"{self.base.instance_id}/t{n}",
+            worker=f"{self.base.instance_id}/{CLAIMER.actor.format(n=n)}",
             handler_timeout=self.base.settings.HANDLER_TIMEOUT,
             max_tasks=self.max_tasks_per_child,
         )
@@ -158,91 +168,109 @@ class Worker:
 
     # -- running ----------------------------------------------------------------------------
 
-    def _thread_main(self, loop: ClaimLoop, n: int) -> None:
-        from ..processing import close_thread_event_loop
+    def _claimer(self, n: int) -> Callable[[], None]:
+        loop = ClaimLoop(self, n)
 
-        try:
+        def run() -> None:
+            from ..processing import close_thread_event_loop
+
             try:
                 loop.run()
             finally:
                 close_thread_event_loop()  # the async handlers' loop, if this thread made one
-        except OutageTooLong as exc:
-            logger.error("worker thread %d: %s; stopping", n, exc)
-            self.stats.gave_up = True
-            self.stop.set("db-outage")
-        except BaseException:
-            logger.exception("worker thread %d crashed; its unstarted messages were released", n)
-            self.stats.crashed = True
-            self.stop.set("crash")
+
+        return run
+
+    def _declare_parts(self) -> list[Supervised]:
+        """The threads and rounds of this process, by :data:`~.supervisor.PARTS`."""
+        sup = self.supervisor
+        claimers = [
+            sup.add(CLAIMER, self._claimer(n), name=f"{CLAIMER.name}-{n}") for n in range(self.concurrency)
+        ]
+        sup.add(KEEPER, self.keeper.run)
+        if self.wakeup.listens:
+            sup.add(LISTENER, self.wakeup.listen)
+        if self.sweep:
+            sweeper = self._sweeper()
+            self._sweep_round = sup.add(SWEEP, lambda: self._sweep_once(sweeper))
+        if self.schedule:
+            scheduler = self._scheduler()
+            self._schedule_round = sup.add(SCHEDULER, lambda: self._schedule_once(scheduler))
+        if self.health_file is not None:
+            self._health_round = sup.add(HEALTH_FILE, self._write_health)
+        return claimers
+
+    def _sweep_once(self, sweeper: SweepLoop) -> None:
+        ok, report = self.monitor.attempt(
+            sweeper.run_once,
+            who="the sweep",
+            backoff=self._sweep_backoff,
+            wait=self.stop.wait,
+            tolerance=self.base.settings.DB_OUTAGE_TOLERANCE,
+        )
+        if ok and report is not None:
+            self.stats.sweeps += 1
+            self.stats.recovered += report.total
+        self._next_sweep = time.monotonic() + sweeper.interval
+
+    def _schedule_once(self, scheduler: Scheduler) -> None:
+        if not scheduler.round_if_due(self.monitor, self.base.settings.DB_OUTAGE_TOLERANCE):
+            raise OutageTooLong("the scheduler: the database stayed unreachable past DB_OUTAGE_TOLERANCE")
+
+    def _round(self, unit: Supervised | None, due: bool = True) -> None:
+        """One round of a part on this loop, its failure handled by its policy."""
+        if unit is None or not due or self.stop or not self.supervisor.due(unit):
+            return
+        assert unit.body is not None
+        try:
+            unit.body()
+        except Exception as exc:
+            self.supervisor.failed(unit, exc)
+        else:
+            self.supervisor.succeeded(unit)
 
     def run(self) -> WorkerStats:
-        loops = [ClaimLoop(self, n) for n in range(self.concurrency)]
-        threads = [
-            threading.Thread(
-                target=self._thread_main, args=(loop, n), name=f"zeroloss-worker-{n}", daemon=True
-            )
-            for n, loop in enumerate(loops)
-        ]
-        self.keeper.start()
-        self.wakeup.start()
-        for t in threads:
-            t.start()
-        sweeper = self._sweeper() if self.sweep else None
-        backoff = Backoff()
-        next_sweep = time.monotonic()
-        tolerance = self.base.settings.DB_OUTAGE_TOLERANCE
-        scheduler = self._scheduler() if self.schedule else None
+        claimers = self._declare_parts()
+        self.supervisor.start()
         try:
-            while any(t.is_alive() for t in threads):
-                if (
-                    scheduler is not None
-                    and not self.stop
-                    and not scheduler.round_if_due(self.monitor, tolerance)
-                ):
-                    self.stats.gave_up = True
-                    self.stop.set("db-outage")
-                if sweeper is not None and time.monotonic() >= next_sweep and not self.stop:
-                    try:
-                        ok, report = self.monitor.attempt(
-                            sweeper.run_once,
-                            who="the sweep",
-                            backoff=backoff,
-                            wait=self.stop.wait,
-                            tolerance=tolerance,
-                        )
-                    except OutageTooLong as exc:
-                        logger.error("%s; stopping", exc)
-                        self.stats.gave_up = True
-                        self.stop.set("db-outage")
-                        ok, report = False, None
-                    if ok and report is not None:
-                        self.stats.sweeps += 1
-                        self.stats.recovered += report.total
-                    next_sweep = time.monotonic() + sweeper.interval
-                if self.keeper.gave_up is not None and not self.stop:
-                    self.stats.gave_up = isinstance(self.keeper.gave_up, OutageTooLong)
-                    self.stats.crashed = not self.stats.gave_up
-                    self.stop.set("db-outage" if self.stats.gave_up else "crash")
+            while any(c.alive for c in claimers):
+                self._round(self._schedule_round)
+                self._round(self._sweep_round, due=time.monotonic() >= self._next_sweep)
+                self.supervisor.check()
                 if self.stop:
                     self.wakeup.event.set()  # idle threads notice the stop at once
-                self._write_health()
-                for t in threads:
-                    t.join(timeout=0.05)
+                self._round(self._health_round)
+                for c in claimers:
+                    if c.thread is not None:
+                        c.thread.join(timeout=0.05)
         finally:
+            self.supervisor.shutting_down()
             self.keeper.stop()
             self.wakeup.stop()
-            self._write_health(stopped=True)
+            self.supervisor.join(timeout=30)
+            self._record_exit()
+            try:
+                self._write_health(stopped=True)
+            except OSError as exc:
+                logger.error("worker health-file: its last write failed: %s", exc)
             connections.close_all()
         return self.stats
+
+    def _record_exit(self) -> None:
+        cause = self.supervisor.exit_cause
+        if cause is not None:
+            self.stats.gave_up = isinstance(cause[1], OutageTooLong)
+            self.stats.crashed = not self.stats.gave_up
+            self.stats.exit_part = cause[0].name
 
     def _sweeper(self) -> SweepLoop:
         from ..transports import after_sweep_hooks
 
-        service = self.service_for(-1)
+        service = self.service_for(SWEEP.actor)
         return SweepLoop(service, stop=self.stop, after_sweep=after_sweep_hooks(service))
 
     def _scheduler(self) -> Scheduler:
-        return Scheduler(self.using, instance_id=f"{self.base.instance_id}/schedule", stop=self.stop)
+        return Scheduler(self.using, instance_id=f"{self.base.instance_id}/{SCHEDULER.actor}", stop=self.stop)
 
     def _write_health(self, *, stopped: bool = False) -> None:
         """``--health-file``: a small JSON a liveness probe can read (rewritten about every second)."""
@@ -251,11 +279,12 @@ class Worker:
         now = time.time()
         if not stopped and now - getattr(self, "_health_at", 0.0) < 1.0:
             return
-        self._health_at = now
         outage = self.monitor.status()
         data = {
-            "status": "stopped" if stopped else ("degraded" if outage else "ok"),
+            "status": "stopped" if stopped else ("degraded" if outage or self.supervisor.degraded else "ok"),
             "database": outage or "reachable",
+            "parts": self.supervisor.status(),
+            "stopped_on": self.stop.signal_name if stopped else "",
             "pid": os.getpid(),
             "updated_at": now,
             "queues": self.queues,
@@ -264,3 +293,4 @@ class Worker:
         tmp = self.health_file.with_suffix(self.health_file.suffix + ".tmp")
         tmp.write_text(json.dumps(data, sort_keys=True))
         tmp.replace(self.health_file)
+        self._health_at = now  # after the write: a failed one is tried again at its next round

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from ..handlers import HandlerSpec
 from ..ledger.types import Completion, Lease, Verdict
 from ..processing import Delivery, HandlerRun, Outcome, run_async_handler, thread_event_loop
+from .batch import Batch
 from .completer import Completer
-from .keeper import Batch, LeaseKeeper
+from .keeper import LeaseKeeper
 
 SHUTDOWN = "released unstarted at worker shutdown"
 

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -32,50 +31,9 @@ from ..ledger.types import Completion, Lease, Verdict
 from ..outage import Backoff, OutageMonitor
 from ..service import ZeroLossMessageService
 from .aborts import AbortWatch
+from .batch import Batch
 
 logger = logging.getLogger("zeroloss")
-
-
-class Batch:
-    """The claimed messages of one worker thread, taken one at a time (thread-safe)."""
-
-    def __init__(self, leases: Iterable[Lease]) -> None:
-        self._lock = threading.Lock()
-        self._waiting: deque[Lease] = deque(leases)
-        self.running: Lease | None = None
-        self.running_since = 0.0
-
-    def next(self) -> Lease | None:
-        with self._lock:
-            self.running = self._waiting.popleft() if self._waiting else None
-            self.running_since = time.monotonic()
-            return self.running
-
-    def start(self, lease: Lease) -> None:
-        """``lease``'s handler starts now (one taken earlier, run again)."""
-        with self._lock:
-            self.running = lease
-            self.running_since = time.monotonic()
-
-    def done(self) -> None:
-        with self._lock:
-            self.running = None
-
-    @property
-    def has_more(self) -> bool:
-        return bool(self._waiting)
-
-    def take_unstarted(self, *, if_running_longer_than: float | None = None) -> list[Lease]:
-        """Remove and return the messages not started yet (all, or only when the one running
-        has run longer than the given seconds)."""
-        with self._lock:
-            if if_running_longer_than is not None and (
-                self.running is None or time.monotonic() - self.running_since < if_running_longer_than
-            ):
-                return []
-            taken = list(self._waiting)
-            self._waiting.clear()
-            return taken
 
 
 @dataclass
@@ -133,11 +91,12 @@ class LeaseKeeper(AbortWatch):
         self._watched: dict[int, TransactionWatch] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="zeroloss-heartbeat", daemon=True)
+        self._thread = threading.Thread(target=self._run_recorded, name="zeroloss-keeper", daemon=True)
 
     # -- what the workers tell it -----------------------------------------------------------
 
     def start(self) -> LeaseKeeper:
+        """Run :meth:`run` on a thread of its own (outside a worker's supervisor)."""
         self._thread.start()
         return self
 
@@ -369,7 +328,9 @@ class LeaseKeeper(AbortWatch):
                 # (still in hand: renewed until the release lands)
         return ended
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Renew, release and watch until stopped; raises what ends it (a bug, or
+        :class:`~zeroloss.outage.OutageTooLong` past ``DB_OUTAGE_TOLERANCE``)."""
         backoff = Backoff()
 
         def tick() -> None:
@@ -389,9 +350,8 @@ class LeaseKeeper(AbortWatch):
                     continue
                 renew_at = time.monotonic() + self.interval
                 if not self._has_work():
-                    # Nothing to renew or release, so no statement: a tick that succeeds without
-                    # the database must not tell the outage monitor the database is back (that
-                    # logged "reachable again" every tick and restarted DB_OUTAGE_TOLERANCE).
+                    # No statement to run: a tick that succeeds without the database must not
+                    # tell the outage monitor the database is back.
                     continue
                 self.monitor.attempt(
                     tick,
@@ -400,11 +360,15 @@ class LeaseKeeper(AbortWatch):
                     wait=self._stop.wait,
                     tolerance=self.tolerance,
                 )
-        except BaseException as exc:  # a bug, or the outage outlasted DB_OUTAGE_TOLERANCE
-            self.gave_up = exc
-            logger.exception("lease keeper stopped: %s", exc)
         finally:
             connections.close_all()
+
+    def _run_recorded(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:
+            self.gave_up = exc
+            logger.exception("lease keeper stopped: %s", exc)
 
     @property
     def alive(self) -> bool:

@@ -23,10 +23,12 @@ from ..outage import Backoff, OutageMonitor
 from ..processing import Delivery, Outcome, run_handler
 from ..service import ZeroLossMessageService
 from ..wakeup import Wakeup
+from .batch import Batch
 from .completer import Completer, verdict_counts
 from .coroutines import AsyncBatchRunner
-from .keeper import Batch, LeaseKeeper
+from .keeper import LeaseKeeper
 from .pool import ChildSlot
+from .supervisor import CLAIMER
 from .transactional import TransactionalBatches
 
 logger = logging.getLogger("zeroloss")
@@ -70,7 +72,7 @@ class WorkerContext(Protocol):
     stop: StopFlag
     wakeup: Wakeup
 
-    def service_for(self, n: int) -> ZeroLossMessageService: ...
+    def service_for(self, actor: str) -> ZeroLossMessageService: ...
 
     def count(self, outcome: str, n: int = 1) -> None: ...
 
@@ -84,7 +86,7 @@ class WorkerContext(Protocol):
 class ClaimLoop:
     def __init__(self, worker: WorkerContext, n: int) -> None:
         self.worker = worker
-        self.service: ZeroLossMessageService = worker.service_for(n)
+        self.service: ZeroLossMessageService = worker.service_for(CLAIMER.actor.format(n=n))
         settings = self.service.settings
         self.paces = {
             q: Pace(worker.batch_size, max(settings.ACK_FLUSH_INTERVAL, 0.05), settings.ACK_TIMEOUT)

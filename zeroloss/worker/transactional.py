@@ -39,7 +39,8 @@ from ..handlers import HandlerSpec
 from ..ledger.types import Completion, CompletionReport, Lease, Verdict
 from ..processing import LEFT_TRANSACTION_FAILED, Delivery, HandlerRun, run_handler, run_in_savepoint
 from ..service import ZeroLossMessageService
-from .keeper import Batch, LeaseKeeper, TransactionWatch
+from .batch import Batch
+from .keeper import LeaseKeeper, TransactionWatch
 
 #: Batches of a queue that run with savepoints after one of its batches had to run again.
 CAREFUL_BATCHES = 20

@@ -1,7 +1,8 @@
 """``manage.py zeroloss_worker``: process messages straight from the database (no broker).
 
-Exit codes: 0 stopped cleanly (signal, ``--burst``, ``--max-messages``); 1 a worker thread
-crashed (a bug: see the log), so a supervisor restarts it; 2 bad arguments; 4 the database
+Exit codes: 0 stopped cleanly (signal, ``--burst``, ``--max-messages``); 1 a part whose policy
+is to end the worker died (a bug: see the log; :data:`zeroloss.worker.supervisor.PARTS`), so the
+process manager restarts it; 2 bad arguments; 4 the database
 stayed unreachable longer than ``DB_OUTAGE_TOLERANCE`` (by default it never gives up: it
 rides out outages and drains again when the database is back). A second SIGTERM/SIGINT exits
 at once with 128 + the signal number.
@@ -15,6 +16,7 @@ replaced after ``--max-tasks-per-child`` messages, killed and replaced at a hand
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +32,7 @@ from ...loops import StopFlag
 from ...testing import refuse_inside_a_transaction
 from ...worker import Worker
 from ...worker.pool import refuse_transactional
+from ...worker.supervisor import METRICS
 from ..base import LedgerUnreachable, ZeroLossCommand, positive_float, positive_int
 
 EXIT_CRASHED = 1
@@ -169,16 +172,17 @@ class Command(ZeroLossCommand):
                 },
                 returncode=2,
             )
-        with self._metrics_served(metrics_port, metrics_addr):
+        with self._metrics_served(metrics_port, metrics_addr) as metrics_thread:
+            options["metrics_thread"] = metrics_thread
             self._run_worker(queues, known, concurrency, pool, max_tasks_per_child, options)
 
     @staticmethod
     @contextlib.contextmanager
-    def _metrics_served(port: int | None, addr: str) -> Iterator[None]:
+    def _metrics_served(port: int | None, addr: str) -> Iterator[threading.Thread | None]:
         """The event metrics over HTTP while the worker runs, served before any message runs
-        (a bad port fails at once); nothing without ``--metrics-port``."""
+        (a bad port fails at once); nothing without ``--metrics-port``. Yields the server's thread."""
         if port is None:
-            yield
+            yield None
             return
         if not 0 < port < 65536:
             raise CommandError(
@@ -195,7 +199,7 @@ class Command(ZeroLossCommand):
         registry = CollectorRegistry(auto_describe=True)
         registry.register(EventsCollector())
         try:
-            server, _thread = start_http_server(port, addr=addr, registry=registry)
+            server, thread = start_http_server(port, addr=addr, registry=registry)
         except OSError as exc:
             raise CommandError(
                 _("--metrics-port %(port)s on %(addr)s: %(error)s")
@@ -203,7 +207,7 @@ class Command(ZeroLossCommand):
                 returncode=2,
             ) from exc
         try:
-            yield
+            yield thread
         finally:
             server.shutdown()
             server.server_close()
@@ -252,6 +256,8 @@ class Command(ZeroLossCommand):
         )
         if no_listen:
             worker.wakeup.enabled = False
+        if options["metrics_thread"] is not None:
+            worker.supervisor.watch(METRICS, options["metrics_thread"])
         if verbosity:
             self.log(
                 _("zeroloss_worker: queues %(queues)s on database %(alias)s, %(threads)s thread(s)")
@@ -266,6 +272,7 @@ class Command(ZeroLossCommand):
             "sweeps": stats.sweeps,
             "recovered": stats.recovered,
             "stopped_on": stop.signal_name,
+            "exit_part": stats.exit_part,
         }
         if verbosity:
             self.log(
@@ -285,7 +292,11 @@ class Command(ZeroLossCommand):
                 returncode=EXIT_UNREACHABLE,
             )
         if stats.crashed:
-            raise CommandError(_("a worker thread crashed; see the log above"), returncode=EXIT_CRASHED)
+            raise CommandError(
+                _("the worker's %(part)s died (its policy: exit); see the log above")
+                % {"part": stats.exit_part or _("thread")},
+                returncode=EXIT_CRASHED,
+            )
 
     def unreachable(self, exc: Exception, options: dict[str, Any]) -> LedgerUnreachable:
         # The database the worker polled, which the routing chose (options has what was typed).

@@ -18,11 +18,11 @@ from django.db import close_old_connections, connections
 from ..exceptions import UnknownQueue
 from ..handlers import HandlerSpec, get_handler
 from ..ledger.types import Completion, CompletionReport, Lease, Verdict
-from ..outage import OutageMonitor
 from ..processing import Delivery, Outcome, run_handler
 from ..service import ZeroLossMessageService
+from .batch import Batch
 from .completer import Completer
-from .keeper import Batch, LeaseKeeper
+from .keeper import LeaseKeeper
 from .sessions import harden_sessions
 from .transactional import TransactionalBatches
 
@@ -146,7 +146,3 @@ def deliver(message_id: str, using: str = "default") -> Outcome:
     if lease is None:
         return Outcome.ABSORBED
     return DeliveryRuntime.get(using).process(lease)
-
-
-def outage_status(using: str = "default") -> str:
-    return OutageMonitor.for_alias(using).status()

@@ -1,0 +1,132 @@
+"""The validators of single ``ZEROLOSS`` values, each raising :class:`SettingError` with its check id.
+
+:mod:`zeroloss.conf` composes them into :func:`~zeroloss.conf.parse_settings` (and re-exports
+the public names: import them from there).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .rates import parse_concurrency, parse_rate
+
+
+class SettingError(ImproperlyConfigured):
+    """One invalid ``ZEROLOSS`` entry. ``check_id`` is the stable id ``manage.py check`` reports."""
+
+    def __init__(self, key: str, message: str, check_id: str = "zeroloss.E003") -> None:
+        super().__init__(f"ZEROLOSS[{key!r}]: {message}")
+        self.key = key
+        self.check_id = check_id
+        self.hint = message
+
+
+NUMBER_FIELDS = {
+    "ACK_TIMEOUT": (False, 0.0),
+    "REPLICATION_TIMEOUT": (False, 0.0),
+    "NODE_TTL": (False, 0.0),
+    "SWEEP_INTERVAL": (False, 0.0),
+    "REDISPATCH_AFTER": (False, 0.0),
+    "COMPLETED_RETENTION": (False, 0.0),
+    "DEDUP_WINDOW": (False, 0.0),
+    "PUBLISH_TIMEOUT": (False, 0.0),
+    "ACK_FLUSH_INTERVAL": (True, 0.0),
+    "CACHE_TIMEOUT": (True, 0.0),
+    "SCHEDULE_INTERVAL": (False, 0.0),
+}
+INT_FIELDS = {
+    "MAX_ATTEMPTS": 1,
+    "REPLICATION_FACTOR": 1,
+    "SWEEP_BATCH_SIZE": 1,
+    "ACK_BATCH_SIZE": 1,
+    "ASYNC_CONCURRENCY": 1,
+    "MAX_PAYLOAD_BYTES": 1,
+    "MAX_HEADERS_BYTES": 1,
+    "HEALTH_MAX_STUCK": 0,
+    "HEALTH_MAX_DEAD": 0,
+}
+
+
+#: Longest duration any setting may name (100 years): both databases can add it to "now".
+MAX_SECONDS = 100 * 365 * 24 * 3600.0
+#: Upper bounds of the integer settings (the database columns are 32-bit; payloads must fit jsonb).
+INT_MAX = {
+    "MAX_ATTEMPTS": 1_000_000,
+    "MAX_PAYLOAD_BYTES": 256 * 1024 * 1024,
+    "MAX_HEADERS_BYTES": 1024 * 1024,
+}
+DEFAULT_INT_MAX = 2**31 - 1
+
+
+def parse_number(key: str, value: Any, *, allow_zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SettingError(key, f"must be a number of seconds, got {value!r}.")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise SettingError(key, f"must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}.")
+    if value > MAX_SECONDS:
+        raise SettingError(key, f"must be at most 100 years ({MAX_SECONDS:g} seconds), got {value!r}.")
+    return float(value)
+
+
+def is_printable(text: str) -> bool:
+    """No control characters (a trailing newline from an environment variable) and valid UTF-8."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def parse_integer(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingError(key, f"must be an integer, got {value!r}.")
+    maximum = INT_MAX.get(key, DEFAULT_INT_MAX)
+    if not minimum <= value <= maximum:
+        raise SettingError(key, f"must be from {minimum} to {maximum}, got {value!r}.")
+    return value
+
+
+def limit_parser(parse: Any) -> Any:
+    """A :data:`QUEUE_OPTIONS` parser from a :mod:`zeroloss.rates` one (E007 on bad input)."""
+
+    def parser(key: str, value: Any) -> Any:
+        try:
+            return parse(value)
+        except ValueError as exc:
+            raise SettingError(key, str(exc), "zeroloss.E007") from None
+
+    return parser
+
+
+#: The options a declared queue accepts: name -> parser(key, value) returning the typed value
+#: (raising :class:`SettingError`).
+QUEUE_OPTIONS: dict[str, Any] = {
+    "concurrency": limit_parser(parse_concurrency),
+    "rate": limit_parser(parse_rate),
+}
+
+
+def parse_json_encoder(key: str, value: Any) -> type[json.JSONEncoder]:
+    """The ``json.JSONEncoder`` subclass a dotted path names, or :class:`SettingError` (E005)."""
+    from django.utils.module_loading import import_string
+
+    if not isinstance(value, str) or "." not in value:
+        raise SettingError(
+            key,
+            f"must be the dotted path of a json.JSONEncoder subclass, e.g. "
+            f'"django.core.serializers.json.DjangoJSONEncoder", got {value!r}.',
+            "zeroloss.E005",
+        )
+    try:
+        found = import_string(value)
+    except ImportError as exc:
+        raise SettingError(key, f"{value!r} cannot be imported: {exc}", "zeroloss.E005") from None
+    if not (isinstance(found, type) and issubclass(found, json.JSONEncoder)):
+        raise SettingError(key, f"{value!r} is not a json.JSONEncoder subclass.", "zeroloss.E005")
+    return found
