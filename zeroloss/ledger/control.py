@@ -116,6 +116,7 @@ class QueueControlling(LedgerBase):
         with transaction.atomic(using=self.using):
             self._lock_slots(queue_name)
             self._run("CONTROL_LIMIT", [queue_name, concurrency, text, who])
+            self._release_held(queue_name)
         self._changed(queue_name, who, f"limits concurrency={concurrency} rate={text or None}")
 
     def clear_queue_limits(self, queue_name: str, *, actor: str | None = None) -> None:
@@ -161,6 +162,8 @@ class QueueControlling(LedgerBase):
         with transaction.atomic(using=self.using):
             self._lock_slots(queue_name)
             self._run("CONTROL_PAUSE", [queue_name, paused, who])
+            if not paused:
+                self._release_held(queue_name)
         self._changed(queue_name, who, "paused" if paused else "resumed")
         if not paused:
             # Wake idle workers now, not at their next poll (PostgreSQL; SQLite workers poll).
@@ -171,6 +174,24 @@ class QueueControlling(LedgerBase):
         transaction commits (an operator's change, an exact claim)."""
         if self.engine.lock_row:
             self._run("CONTROL_SLOTS_ALL", [queue_name, SLOTS])
+
+    def _release_held(self, queue_name: str) -> None:
+        """The Celery transport: publish the queue's waiting messages again right after the
+        change commits (their tasks were absorbed while it held them), not ``REDISPATCH_AFTER``
+        later; by the redispatch the sweep runs, so what it cannot publish the sweep does."""
+        if self.settings.TRANSPORT != "celery":
+            return
+        self._run("CONTROL_UNDISPATCH", [queue_name])
+
+        def redispatch_now() -> None:
+            from ..transports.celery import redispatch
+
+            try:
+                redispatch(self)  # type: ignore[arg-type]
+            except Exception as exc:  # the ledger is unreachable: the sweep publishes them
+                logger.warning("could not publish queue %s's waiting messages: %s", queue_name, exc)
+
+        transaction.on_commit(redispatch_now, using=self.using)
 
     def _actor(self, actor: str | None) -> str:
         return self.instance_id if actor is None else validate_message_id(actor, "actor")

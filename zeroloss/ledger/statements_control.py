@@ -84,3 +84,10 @@ CONTROL_SLOT_SPEND = (
     "greatest(0, extract(epoch FROM c.t - refilled_at)::float8) * %s END) - %s, "
     "refilled_at = greatest(coalesce(refilled_at, c.t), c.t) FROM (SELECT {clock} AS t) c WHERE queue_name = %s"
 )
+#: The Celery transport at a resume or a limit change: the queue's waiting messages were
+#: published and their tasks absorbed (paused, at a limit); no broker message carries them any
+#: more, so they are marked for the redispatch that follows the change's commit.
+CONTROL_UNDISPATCH = (
+    "UPDATE {msg} SET dispatched_at = NULL WHERE queue_name = %s AND status = 'pending' "
+    "AND available_at <= {now} AND dispatched_at IS NOT NULL"
+)
