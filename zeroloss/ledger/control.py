@@ -304,14 +304,17 @@ class QueueControlling(LedgerBase):
         self, queue_name: str, limit: int, claim: Callable[[int], list[Lease]]
     ) -> list[Lease] | None:
         """PostgreSQL's concurrent path: claim holding one of the queue's :data:`SLOTS` advisory
-        locks, at most :func:`slot_share` of each limit and only while even every other slot's
-        claim at its most stays within it. ``None``: no slot (or no row) was taken, the exact
-        path decides. Holding a slot, this never waits for the exact path's lock (which waits
+        locks (waiting for one if all are taken), at most :func:`slot_share` of each limit and
+        only while even every other slot's claim at its most stays within it. ``None``: the
+        queue has no row yet, the exact path creates it. Holding a slot, this never waits for the exact path's lock (which waits
         for the slots): near a limit it claims nothing and sends this process's next claims of
         the queue to the exact path for :data:`REFRESH` seconds."""
-        rows, _ = self._run("CONTROL_SLOT", [SLOTS, queue_name, random.randrange(SLOTS), SLOTS, queue_name])
-        if not rows or rows[0][3] is None:
+        first = random.randrange(SLOTS)
+        rows, _ = self._run("CONTROL_SLOT", [SLOTS, queue_name, first, SLOTS, queue_name])
+        if not rows:  # no row yet: the exact path creates it
             return None
+        if rows[0][3] is None:
+            self._run("CONTROL_SLOT_WAIT", [first, queue_name, first])
         rows, _ = self._run("CONTROL_SLOT_READ", [queue_name, queue_name])
         paused, concurrency, rate, tokens, refilled_at, clock, processing = rows[0]
         if paused:

@@ -68,6 +68,9 @@ CONTROL_SLOT = (
     "pg_try_advisory_xact_lock(hashtext('zeroloss.limit:' || %s), (s + %s::int) %% %s::int) LIMIT 1) "
     "FROM {ctl} WHERE queue_name = %s"
 )
+#: Every slot was taken: wait for one (never for the exact path's lock, which waits for the
+#: slots; queueing there would turn one exact claim into a convoy of them).
+CONTROL_SLOT_WAIT = "SELECT %s FROM pg_advisory_xact_lock(hashtext('zeroloss.limit:' || %s), %s)"
 #: Read after the slot was granted (a statement of its own, so its snapshot sees every claim that
 #: committed before): the row and what of the queue is processing.
 CONTROL_SLOT_READ = (
