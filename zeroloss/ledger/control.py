@@ -306,9 +306,10 @@ class QueueControlling(LedgerBase):
         """PostgreSQL's concurrent path: claim holding one of the queue's :data:`SLOTS` advisory
         locks (waiting for one if all are taken), at most :func:`slot_share` of each limit and
         only while even every other slot's claim at its most stays within it. ``None``: the
-        queue has no row yet, the exact path creates it. Holding a slot, this never waits for the exact path's lock (which waits
-        for the slots): near a limit it claims nothing and sends this process's next claims of
-        the queue to the exact path for :data:`REFRESH` seconds."""
+        queue has no row yet, the exact path creates it. Holding a slot, this never waits for
+        the exact path's lock (which waits for the slots): near a limit it claims nothing and
+        sends this process's next claims of the queue to the exact path for :data:`REFRESH`
+        seconds."""
         first = random.randrange(SLOTS)
         rows, _ = self._run("CONTROL_SLOT", [SLOTS, queue_name, first, SLOTS, queue_name])
         if not rows:  # no row yet: the exact path creates it
