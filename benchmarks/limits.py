@@ -8,9 +8,10 @@ Workers are real ``zeroloss_worker --burst`` processes (``benchmarks.settings``)
 together and timed from the first to the last claim of the ledger's audit rows (database clock).
 
 1. **Drain cost of a limit never reached**: ``N`` no-op messages drained by 2 workers x 4
-   threads with no limit, then with ``concurrency 10000, rate 1000000/s`` (every claim locks the
-   control row and counts what is in flight, but none is held back); runs alternate, the ratio
-   is of the medians (issue: <= 10% cost, i.e. ratio >= 0.90).
+   threads with no limit, then with ``concurrency 10000, rate 1000000/s`` (every claim counts
+   what is in flight and takes tokens, on PostgreSQL in one of the queue's advisory slots, but
+   none is held back); runs alternate, the ratio is of the medians (issue: <= 10% cost, i.e.
+   ratio >= 0.90).
 2. **A limit of N gives N in flight**: 3 workers x 4 threads drain 50 ms messages under
    ``concurrency 4``; the processing count sampled every 20 ms (max, and the mean while the
    backlog lasts).

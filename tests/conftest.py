@@ -93,6 +93,7 @@ TIERS: dict[str, str] = {
     "test_psycopg2.py": "ledger",
     "test_queue_command.py": "ledger",
     "test_queue_control.py": "ledger",
+    "test_queue_control_race.py": "ledger",
     "test_queue_limits_processes.py": "process",
     "test_replication.py": "process",
     "test_replication_local.py": "ledger",

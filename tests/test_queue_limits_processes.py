@@ -12,13 +12,16 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection
 
+import zeroloss
 from project.demo.models import OrderedRun
 from tests.support import expire_leases
 from zeroloss.ledger import control
 from zeroloss.models import Message, MessageEvent
 from zeroloss.service import ZeroLossMessageService, wait_until
 
-from .workers import Proc, db_worker
+from .test_transport import REDIS_URL
+from .test_transport import broker as broker  # the real Redis broker, TRANSPORT "celery"
+from .workers import Proc, celery_worker, db_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.postgres_only]
 
@@ -195,3 +198,26 @@ def test_a_killed_workers_limited_slots_come_back_with_the_sweep_exactly_once():
         assert peak == 2
     finally:
         heir.terminate(timeout=60)
+
+
+def test_resume_releases_a_paused_queues_celery_tasks_at_once_not_after_redispatch_after(broker):
+    """The Celery path: tasks of a paused queue are absorbed (their messages stay pending); the
+    resume publishes them again after its commit, long before ``REDISPATCH_AFTER`` (30 s)."""
+    service = ZeroLossMessageService()
+    service.pause_queue(QUEUE)
+    worker = celery_worker(REDIS_URL)  # no sweep runs: only the resume can publish them again
+    try:
+        time.sleep(control.REFRESH * 2)  # every process has seen the pause
+        absorbed = 5 + worker.text.count("succeeded")
+        for i in range(5):
+            zeroloss.send(QUEUE, {}, message_id=f"c{i}")  # published to the broker after commit
+        assert wait_until(lambda: worker.text.count("succeeded") >= absorbed, timeout=60), worker.text[-3000:]
+        time.sleep(1.5)  # older than the redispatch's grace (1 s): published again at once
+        assert Message.objects.filter(message_id__startswith="c", status="pending").count() == 5
+        resumed = time.time()
+        service.resume_queue(QUEUE)
+        assert wait_until(lambda: completed("c") == 5, timeout=60), worker.text[-3000:]
+    finally:
+        worker.terminate(timeout=15)
+    first = min(OrderedRun.objects.filter(message_id__startswith="c").values_list("started", flat=True))
+    assert first - resumed < 3.0, first - resumed

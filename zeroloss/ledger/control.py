@@ -2,10 +2,16 @@
 
 A queue's control row (:class:`zeroloss.models.QueueControl`) holds what an operator set
 (paused, limit overrides, who and when) and the rate limiter's token bucket. Enforcement is
-where messages are claimed, in the claim's transaction: a claim of a limited queue locks the
-queue's row, counts what of the queue is processing, takes tokens from the bucket (timed by the
-database clock, read after the lock) and claims at most what is left. Every claim path goes
-through :meth:`QueueControlling._claim_controlled` (``claim_next``, ``mark_processing``).
+where messages are claimed, in the claim's transaction. Every claim path goes through
+:meth:`QueueControlling._claim_controlled` (``claim_next``, ``mark_processing``), which claims
+one of two ways:
+
+- the exact path (SQLite always; PostgreSQL near a limit): lock the queue's row (and, on
+  PostgreSQL, all of its advisory slots), count what of the queue is processing, take tokens
+  from the bucket (timed by the database clock, read after the lock), claim at most what is left;
+- the slot path (PostgreSQL, far from the limits): hold one of the queue's ``SLOTS`` advisory
+  locks, count, and claim at most a share of each limit small enough that every slot claiming
+  its share at once, unseen, still stays within it; claims in different slots run side by side.
 
 A queue with nothing to enforce costs no statement: each process reads which queues have a
 control (:data:`REFRESH` seconds at most old) and claims any other queue as before.
@@ -16,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +46,15 @@ _CONTROLLED: dict[str, tuple[float, frozenset[str], frozenset[str]]] = {}
 #: process that found none computed it (a worker waits that long, not its whole poll interval:
 #: idle claimers woken together would otherwise take one token per poll between them).
 _NEXT_TOKEN: dict[tuple[str, str], float] = {}
+#: How many advisory slots a limited queue has on PostgreSQL: how many of its claims may run
+#: side by side while far from its limits (docs/control.md).
+SLOTS = 8
+#: (database alias, queue) -> until when (monotonic) this process claims the queue by the exact
+#: path: a slot claim found it near a limit.
+_EXACT: dict[tuple[str, str], float] = {}
+#: (database alias, queue) -> whether its limits, as this process last read them, are large
+#: enough for slot claims (unknown: the exact path, which reads them).
+_SLOTTED: dict[tuple[str, str], bool] = {}
 
 
 @dataclass(frozen=True)
@@ -98,7 +114,9 @@ class QueueControlling(LedgerBase):
         text = "" if rate is None else (rate.text if isinstance(rate, Rate) else parse_rate(rate).text)
         who = self._actor(actor)
         with transaction.atomic(using=self.using):
+            self._lock_slots(queue_name)
             self._run("CONTROL_LIMIT", [queue_name, concurrency, text, who])
+            self._release_held(queue_name)
         self._changed(queue_name, who, f"limits concurrency={concurrency} rate={text or None}")
 
     def clear_queue_limits(self, queue_name: str, *, actor: str | None = None) -> None:
@@ -142,11 +160,38 @@ class QueueControlling(LedgerBase):
         validate_queue_name(queue_name)
         who = self._actor(actor)
         with transaction.atomic(using=self.using):
+            self._lock_slots(queue_name)
             self._run("CONTROL_PAUSE", [queue_name, paused, who])
+            if not paused:
+                self._release_held(queue_name)
         self._changed(queue_name, who, "paused" if paused else "resumed")
         if not paused:
             # Wake idle workers now, not at their next poll (PostgreSQL; SQLite workers poll).
             self.engine.wake(self.connection, [queue_name])
+
+    def _lock_slots(self, queue_name: str) -> None:
+        """PostgreSQL: wait for the queue's slot claims in flight, and start none until this
+        transaction commits (an operator's change, an exact claim)."""
+        if self.engine.lock_row:
+            self._run("CONTROL_SLOTS_ALL", [queue_name, SLOTS])
+
+    def _release_held(self, queue_name: str) -> None:
+        """The Celery transport: publish the queue's waiting messages again right after the
+        change commits (their tasks were absorbed while it held them), not ``REDISPATCH_AFTER``
+        later; by the redispatch the sweep runs, so what it cannot publish the sweep does."""
+        if self.settings.TRANSPORT != "celery":
+            return
+        self._run("CONTROL_UNDISPATCH", [queue_name])
+
+        def redispatch_now() -> None:
+            from ..transports.celery import redispatch
+
+            try:
+                redispatch(self)  # type: ignore[arg-type]
+            except Exception as exc:  # the ledger is unreachable: the sweep publishes them
+                logger.warning("could not publish queue %s's waiting messages: %s", queue_name, exc)
+
+        transaction.on_commit(redispatch_now, using=self.using)
 
     def _actor(self, actor: str | None) -> str:
         return self.instance_id if actor is None else validate_message_id(actor, "actor")
@@ -219,31 +264,32 @@ class QueueControlling(LedgerBase):
             if not self.queue_limits(queue_name, concurrency, rate).limited:
                 return claim(limit)
         engine = self.engine
+        slots = engine.lock_row != ""  # PostgreSQL: the concurrent path; SQLite: one writer anyway
         # No savepoint inside the worker's outcome-and-claim transaction: its release would be
         # one more round trip while the row is locked. A failure here fails that transaction.
         with transaction.atomic(using=self.using, savepoint=False):
+            key = (self.using, queue_name)
+            if slots and _SLOTTED.get(key) and _EXACT.get(key, 0.0) <= time.monotonic():
+                leases = self._claim_in_slot(queue_name, limit, claim)
+                if leases is not None:
+                    return leases
+            self._lock_slots(queue_name)
             # The row lock: the claims of this queue, one after another (SQLite: the write lock).
-            rows = self._run("CONTROL_LOCK", [queue_name])[0] if engine.lock_row else []
+            rows = self._run("CONTROL_LOCK", [queue_name])[0] if slots else []
             if not rows:  # SQLite, or the queue's first claim
                 rows, _ = self._run("CONTROL_LOCK_UPSERT", [queue_name])
             paused, concurrency, rate, tokens, refilled_at, clock = rows[0]
             limits = self.queue_limits(queue_name, concurrency, rate)
+            _SLOTTED[key] = slotted(limits)
             if paused:
                 return []
             room = limit
             if limits.concurrency is not None and claim_counting is None:
                 counted, _ = self._run("CONTROL_IN_FLIGHT", [queue_name])
                 room = min(room, limits.concurrency - counted[0][0])
-            available = 0.0
+            available = self._tokens(queue_name, limits, tokens, refilled_at, clock)
             if limits.rate is not None:
-                available = float(limits.rate.burst)
-                if refilled_at is not None:
-                    # The clock may step back (a failover, NTP): never a negative refill.
-                    elapsed = max(0.0, (engine.at(clock) - engine.at(refilled_at)).total_seconds())
-                    available = min(available, tokens + elapsed * limits.rate.per_second)
                 room = min(room, math.floor(available + 1e-9))
-            if limits.rate is not None and available < 1:
-                _NEXT_TOKEN[(self.using, queue_name)] = (1 - available) / limits.rate.per_second
             if room <= 0:
                 return []
             if limits.concurrency is not None and claim_counting is not None:
@@ -253,3 +299,79 @@ class QueueControlling(LedgerBase):
             if limits.rate is not None and leases:
                 self._run("CONTROL_SPEND", [available - len(leases), clock, queue_name])
             return leases
+
+    def _claim_in_slot(
+        self, queue_name: str, limit: int, claim: Callable[[int], list[Lease]]
+    ) -> list[Lease] | None:
+        """PostgreSQL's concurrent path: claim holding one of the queue's :data:`SLOTS` advisory
+        locks (waiting for one if all are taken), at most :func:`slot_share` of each limit and
+        only while even every other slot's claim at its most stays within it. ``None``: the
+        queue has no row yet, the exact path creates it. Holding a slot, this never waits for
+        the exact path's lock (which waits for the slots): near a limit it claims nothing and
+        sends this process's next claims of the queue to the exact path for :data:`REFRESH`
+        seconds."""
+        first = random.randrange(SLOTS)
+        rows, _ = self._run("CONTROL_SLOT", [SLOTS, queue_name, first, SLOTS, queue_name])
+        if not rows:  # no row yet: the exact path creates it
+            return None
+        if rows[0][3] is None:
+            self._run("CONTROL_SLOT_WAIT", [first, queue_name, first])
+        rows, _ = self._run("CONTROL_SLOT_READ", [queue_name, queue_name])
+        paused, concurrency, rate, tokens, refilled_at, clock, processing = rows[0]
+        if paused:
+            return []
+        limits = self.queue_limits(queue_name, concurrency, rate)
+        _SLOTTED[(self.using, queue_name)] = slotted(limits)
+        room = limit
+        if limits.concurrency is not None:
+            room = min(room, slot_room(limits.concurrency, processing))
+        available = self._tokens(queue_name, limits, tokens, refilled_at, clock)
+        if limits.rate is not None:
+            room = min(room, slot_room(limits.rate.burst, limits.rate.burst - available))
+        if room <= 0:
+            _EXACT[(self.using, queue_name)] = time.monotonic() + REFRESH
+            _NEXT_TOKEN[(self.using, queue_name)] = 0.0  # claim again at once, by the exact path
+            return []
+        leases = claim(room)
+        if limits.rate is not None and leases:
+            burst = limits.rate.burst
+            self._run("CONTROL_SLOT_SPEND", [burst, burst, limits.rate.per_second, len(leases), queue_name])
+        return leases
+
+    def _tokens(
+        self, queue_name: str, limits: QueueLimits, tokens: float, refilled_at: object, clock: object
+    ) -> float:
+        """What the rate's bucket holds at ``clock`` (0 without a rate); none whole: when the
+        next is due, for :meth:`next_token_in`."""
+        if limits.rate is None:
+            return 0.0
+        engine = self.engine
+        available = float(limits.rate.burst)
+        if refilled_at is not None:
+            # The clock may step back (a failover, NTP): never a negative refill.
+            elapsed = max(0.0, (engine.at(clock) - engine.at(refilled_at)).total_seconds())
+            available = min(available, tokens + elapsed * limits.rate.per_second)
+        if available < 1:
+            _NEXT_TOKEN[(self.using, queue_name)] = (1 - available) / limits.rate.per_second
+        return available
+
+
+def slotted(limits: QueueLimits) -> bool:
+    """Whether slot claims can take anything under these limits (each a share of at least 1)."""
+    return (limits.concurrency is None or slot_share(limits.concurrency) > 0) and (
+        limits.rate is None or slot_share(limits.rate.burst) > 0
+    )
+
+
+def slot_share(limit: int) -> int:
+    """The most one slot claim takes of a limit of ``limit`` (0: the limit is too small for
+    slot claims, every claim is exact)."""
+    return limit // (2 * SLOTS)
+
+
+def slot_room(limit: int, used: float) -> int:
+    """What one slot claim may take when ``used`` of ``limit`` is taken as far as it can see:
+    up to its share, and only so much that the other ``SLOTS - 1`` slots' claims, in flight
+    unseen, each at its share, still keep the total within the limit."""
+    share = slot_share(limit)
+    return max(0, min(share, math.floor(limit - used + 1e-9) - (SLOTS - 1) * share))

@@ -59,3 +59,38 @@ CONTROL_COUNTS = (
 )
 #: Which queue a message is in (a claim by id of a controlled ledger asks first).
 MESSAGE_QUEUE = "SELECT queue_name FROM {msg} WHERE message_id = %s"
+#: PostgreSQL's concurrent path (control.py, docs/control.md "How each guarantee holds"): a
+#: claim far from its queue's limits holds one of the queue's ``SLOTS`` advisory locks (the
+#: first it can take, from a random one; none: ``NULL``) instead of the row. The row is read
+#: unlocked, as a hint only: a missing row tries no slot.
+CONTROL_SLOT = (
+    "SELECT paused, concurrency, rate, (SELECT s FROM generate_series(0, %s::int - 1) s WHERE "
+    "pg_try_advisory_xact_lock(hashtext('zeroloss.limit:' || %s), (s + %s::int) %% %s::int) LIMIT 1) "
+    "FROM {ctl} WHERE queue_name = %s"
+)
+#: Every slot was taken: wait for one (never for the exact path's lock, which waits for the
+#: slots; queueing there would turn one exact claim into a convoy of them).
+CONTROL_SLOT_WAIT = "SELECT %s FROM pg_advisory_xact_lock(hashtext('zeroloss.limit:' || %s), %s)"
+#: Read after the slot was granted (a statement of its own, so its snapshot sees every claim that
+#: committed before): the row and what of the queue is processing.
+CONTROL_SLOT_READ = (
+    "SELECT paused, concurrency, rate, tokens, refilled_at, {clock}, (SELECT count(*) FROM {msg} "
+    "WHERE queue_name = %s AND status = 'processing') FROM {ctl} WHERE queue_name = %s"
+)
+#: The exact path's and the operator's lock: every slot of the queue, in order (so two of them
+#: never wait for each other), held to the commit; no slot claim runs meanwhile.
+CONTROL_SLOTS_ALL = "SELECT count(pg_advisory_xact_lock(hashtext('zeroloss.limit:' || %s), s)) FROM generate_series(0, %s::int - 1) s"
+#: A slot claim's tokens, taken from the bucket as it is now (other slot claims spend too):
+#: refilled to the clock (never backwards), capped at the burst, less what was claimed.
+CONTROL_SLOT_SPEND = (
+    "UPDATE {ctl} SET tokens = least(%s, CASE WHEN refilled_at IS NULL THEN %s ELSE tokens + "
+    "greatest(0, extract(epoch FROM c.t - refilled_at)::float8) * %s END) - %s, "
+    "refilled_at = greatest(coalesce(refilled_at, c.t), c.t) FROM (SELECT {clock} AS t) c WHERE queue_name = %s"
+)
+#: The Celery transport at a resume or a limit change: the queue's waiting messages were
+#: published and their tasks absorbed (paused, at a limit); no broker message carries them any
+#: more, so they are marked for the redispatch that follows the change's commit.
+CONTROL_UNDISPATCH = (
+    "UPDATE {msg} SET dispatched_at = NULL WHERE queue_name = %s AND status = 'pending' "
+    "AND available_at <= {now} AND dispatched_at IS NOT NULL"
+)

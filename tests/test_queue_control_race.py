@@ -1,0 +1,110 @@
+"""Queue limits under racing claimers on real PostgreSQL (docs/control.md, "How each guarantee
+holds"): the slot path and the exact path together never let more than the limit be processing.
+
+Sixteen threads, each with its own connection, claim a queue whose concurrency limit is large
+enough for slot claims (a share of 1 per slot) but far smaller than what they ask for together,
+hold what they claimed a moment, then acknowledge it: the limit is reached and released over
+and over, and claims switch between the two paths at its edge.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connections
+
+from zeroloss.ledger import control
+from zeroloss.ledger.types import Completion, Verdict
+from zeroloss.models import Message
+from zeroloss.service import ZeroLossMessageService
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only]
+
+LIMIT = 2 * control.SLOTS  # a slot claim's share: 1
+CLAIMERS = 16  # more than the slots: some claims find none and take the exact path
+ROUNDS = 25
+
+
+def max_overlap(spans: list[tuple[float, float]]) -> int:
+    """The most spans open at one instant (an end before a start at the same instant)."""
+    edges = sorted(
+        [(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans], key=lambda e: (e[0], e[1])
+    )
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.fixture(autouse=True)
+def _every_claim_tries_a_slot(monkeypatch):
+    # A slot claim that finds the queue near its limit sends this process's claims to the exact
+    # path for REFRESH seconds; with 0 every claim tries its slot first, at the edge too.
+    monkeypatch.setattr(control, "REFRESH", 0.0)
+    control._CONTROLLED.clear()
+    control._EXACT.clear()
+    control._SLOTTED.clear()
+    yield
+    control._CONTROLLED.clear()
+    control._EXACT.clear()
+    control._SLOTTED.clear()
+
+
+def test_slot_and_exact_claims_racing_at_the_limit_never_exceed_it(monkeypatch):
+    service = ZeroLossMessageService()
+    service.persist_messages([(f"m{i}", "q", {}) for i in range(CLAIMERS * ROUNDS * 3)])
+    service.limit_queue("q", concurrency=LIMIT)
+    assert control.slot_share(LIMIT) == 1
+
+    in_slot: list[int] = []
+    claim_in_slot = control.QueueControlling._claim_in_slot
+
+    def counted(self, queue_name, limit, claim):  # the real slot claim, counted
+        leases = claim_in_slot(self, queue_name, limit, claim)
+        if leases:
+            in_slot.append(len(leases))
+        return leases
+
+    monkeypatch.setattr(control.QueueControlling, "_claim_in_slot", counted)
+    spans: list[tuple[float, float]] = []
+    seen: list[int] = []
+    errors: list[BaseException] = []
+    go = threading.Barrier(CLAIMERS)
+
+    def claimer(n: int) -> None:
+        try:
+            mine = ZeroLossMessageService(instance_id=f"c{n}")
+            go.wait()
+            for _ in range(ROUNDS):
+                # Two claims before either outcome: each claimer holds up to two slot shares.
+                leases = mine.claim_next("q", limit=3) + mine.claim_next("q", limit=3)
+                if not leases:
+                    continue
+                # Between the claim's commit and the outcome's: inside the messages' processing.
+                started = time.monotonic()
+                seen.append(Message.objects.filter(queue_name="q", status="processing").count())
+                time.sleep(0.03)
+                ended = time.monotonic()
+                spans.extend((started, ended) for _ in leases)
+                mine.complete([Completion(lease, Verdict.ACKNOWLEDGE) for lease in leases])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(CLAIMERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors
+    assert max(seen) <= LIMIT, max(seen)
+    assert max_overlap(spans) <= LIMIT, max_overlap(spans)
+    # The race was real: the limit was reached, and slot claims took part in it.
+    assert max(max(seen), max_overlap(spans)) >= LIMIT - 4, (max(seen), max_overlap(spans))
+    assert sum(in_slot) > 0
+    assert Message.objects.filter(queue_name="q", status="processing").count() == 0
