@@ -17,12 +17,14 @@ class ZeroLossConfig(AppConfig):
             replication,
         )
         from .handlers import add_queue_source, autodiscover
-        from .ledger.hooks import install_replication
+        from .ledger.hooks import install_redispatch, install_replication
         from .logs import LOGGER, TraceIds
         from .tasks_backend.runner import TASK_QUEUES
+        from .transports.celery import redispatch
 
-        # The ledger calls replication through its hooks, never by import.
+        # The ledger calls replication and the transport through its hooks, never by import.
         install_replication(replication.hooks())
+        install_redispatch(redispatch)
         logger = logging.getLogger(LOGGER)
         if not any(isinstance(f, TraceIds) for f in logger.filters):
             logger.addFilter(TraceIds())

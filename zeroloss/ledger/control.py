@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from ..rates import Rate, parse_concurrency, parse_rate
+from . import hooks
 from .base import LedgerBase
 from .types import Lease
 from .validation import validate_message_id, validate_queue_name
@@ -184,10 +185,8 @@ class QueueControlling(LedgerBase):
         self._run("CONTROL_UNDISPATCH", [queue_name])
 
         def redispatch_now() -> None:
-            from ..transports.celery import redispatch
-
             try:
-                redispatch(self)  # type: ignore[arg-type]
+                hooks.redispatch(self)
             except Exception as exc:  # the ledger is unreachable: the sweep publishes them
                 logger.warning("could not publish queue %s's waiting messages: %s", queue_name, exc)
 

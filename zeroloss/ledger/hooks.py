@@ -1,8 +1,8 @@
-"""What the ledger calls out to without importing it: replication hangs here, not on imports.
+"""What the ledger calls out to without importing it: replication and transports hang here.
 
-The ledger knows only this registry. :mod:`zeroloss.replication` installs its functions here
-from the app's ``ready()`` (:mod:`zeroloss.apps`), so the dependency points one way: replication
-imports the ledger, never the reverse.
+The ledger knows only this registry. :mod:`zeroloss.replication` and the Celery transport
+install their functions here from the app's ``ready()`` (:mod:`zeroloss.apps`), so the
+dependency points one way: they import the ledger, never the reverse.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 if TYPE_CHECKING:
     from ..models import Message, ReplicationNode
 
-__all__ = ["ReplicationHooks", "install_replication", "replication"]
+__all__ = ["ReplicationHooks", "install_redispatch", "install_replication", "redispatch", "replication"]
 
 
 @dataclass(frozen=True)
@@ -49,3 +49,21 @@ def replication() -> ReplicationHooks:
             "call django.setup() before using the ledger (the app's ready() installs them)."
         )
     return _installed[0]
+
+
+_redispatch: list[Callable[[Any], list[str]]] = []
+
+
+def install_redispatch(publish_waiting: Callable[[Any], list[str]]) -> None:
+    """Install (or replace) the transport's "publish what no broker message carries"; ``ready()``."""
+    _redispatch[:] = [publish_waiting]
+
+
+def redispatch(service: Any) -> list[str]:
+    """Publish the service's undispatched pending messages through the installed transport."""
+    if not _redispatch:
+        raise ImproperlyConfigured(
+            "zeroloss's transport hooks are not installed: add 'zeroloss' to INSTALLED_APPS and "
+            "call django.setup() before using the ledger (the app's ready() installs them)."
+        )
+    return _redispatch[0](service)
