@@ -78,7 +78,6 @@ TIERS: dict[str, str] = {
     "test_ops_health.py": "ledger",
     "test_ops_metrics.py": "ledger",
     "test_ops_snapshot.py": "ledger",
-    "test_ops_support.py": "process",
     "test_ops_verify.py": "ledger",
     "test_ordering.py": "ledger",
     "test_ordering_processes.py": "process",

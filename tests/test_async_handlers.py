@@ -14,7 +14,7 @@ from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import connections
 
 import zeroloss
-from tests.test_processing import register, run_worker
+from tests.support import register, run_worker
 from zeroloss.exceptions import InvalidHandler
 from zeroloss.handlers import HandlerSpec
 from zeroloss.models import Message, MessageEvent, Status

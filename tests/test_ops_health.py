@@ -6,7 +6,7 @@ import pytest
 from django.test import override_settings
 from django.urls import reverse
 
-from tests.test_ops_support import clear_cache, make_completed, make_dead, make_stuck
+from tests.support.factories import clear_cache, make_completed, make_dead, make_stuck
 from zeroloss.exceptions import InvalidMessage
 from zeroloss.service import ZeroLossMessageService
 from zeroloss.snapshot import Snapshot, cache_key, compute_snapshot, get_snapshot, invalidate

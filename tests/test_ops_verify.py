@@ -13,7 +13,8 @@ import pytest
 from django.db import connection
 
 from tests.conftest import ROOT, child_env
-from tests.test_ops_support import clear_cache, ledger_state, make_stuck, run
+from tests.support.cli import run
+from tests.support.factories import clear_cache, ledger_state, make_stuck
 from zeroloss.management import verify as verify_checks
 from zeroloss.management.batches import BATCH_PAYLOAD_BYTES, PayloadBatches
 from zeroloss.models import Message

@@ -17,8 +17,7 @@ from django.core.checks import Error
 from django.db import connection
 
 import zeroloss
-from tests.support import finish, run_worker
-from tests.test_processing import register
+from tests.support import finish, register, run_worker
 from zeroloss import handlers
 from zeroloss.conf import get_settings
 from zeroloss.exceptions import InvalidHandler, SoftTimeLimitExceeded

@@ -10,7 +10,7 @@ that also run outside Django (``python -m tests.hacluster``, the fault suite).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import connections
@@ -64,6 +64,13 @@ def backdate(message_ids: Iterable[str], column: str, *, seconds_ago: float, usi
             [*params, *ids],
         )
         return cursor.rowcount
+
+
+def register(queue: str, func: Callable[..., Any], **kwargs: Any) -> None:
+    """Register ``func`` as the handler of ``queue`` (what ``@zeroloss.handler(queue)`` does)."""
+    import zeroloss
+
+    zeroloss.handler(queue, **kwargs)(func)
 
 
 def run_worker(queue: str, **kwargs: Any) -> tuple[Any, threading.Thread]:

@@ -1,0 +1,34 @@
+"""Bounded waits on readiness: the one poll loop the tests share.
+
+A test waits for what it needs to be true (a row in the ledger, a log line, a socket accepting, a
+process gone), never for a length of time; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.05) -> T | None:
+    """Poll ``predicate`` until it returns something truthy (returned) or ``timeout`` seconds pass
+    (``None``). Polls once more at the deadline, so a slow machine's last chance is not lost."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)  # the shared poll interval: what is polled has no event to wait on
+
+
+def wait_for(what: str, predicate: Callable[[], T], timeout: float, interval: float = 0.05) -> T:
+    """:func:`wait_until`, failing the test with ``what`` (what was expected) on timeout."""
+    value = wait_until(predicate, timeout, interval)
+    if not value:
+        raise AssertionError(f"{what}: not so after {timeout:g} s")
+    return value
