@@ -20,11 +20,11 @@ from django.db import connection
 import zeroloss
 from project.demo.models import HandledRecord
 from tests.support import expire_leases
+from tests.support.processes import celery_worker, db_worker
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
 
 from .test_transport import REDIS_URL, broker, procs  # noqa: F401  (the Celery fixtures)
-from .workers import celery_worker, db_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

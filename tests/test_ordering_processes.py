@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from project.demo.models import OrderedRun
+from tests.support.processes import db_worker
 from zeroloss.models import Message, Status
 from zeroloss.service import wait_until
-
-from .workers import db_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

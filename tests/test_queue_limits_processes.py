@@ -14,11 +14,10 @@ from django.db import connection
 
 from project.demo.models import OrderedRun
 from tests.support import expire_leases
+from tests.support.processes import Proc, db_worker
 from zeroloss.ledger import control
 from zeroloss.models import Message, MessageEvent
 from zeroloss.service import ZeroLossMessageService, wait_until
-
-from .workers import Proc, db_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.postgres_only]
 

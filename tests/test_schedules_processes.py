@@ -14,7 +14,7 @@ from django.db import connection
 
 from tests.conftest import child_env
 from tests.support import expire_leases
-from tests.workers import Proc
+from tests.support.processes import Proc
 from zeroloss.models import Message
 from zeroloss.schedules.scheduler import _aware, _clock_sql
 

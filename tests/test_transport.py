@@ -16,13 +16,13 @@ from django.db import connection, transaction
 import zeroloss
 from project.celery import app as celery_app
 from project.demo.models import HandledRecord
+from tests.support.processes import Proc, celery_beat, celery_worker, db_worker
 from zeroloss.exceptions import UnknownQueue
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
 from zeroloss.tasks import beat_schedule_entry, deliver_message
 
 from .support import expire_leases
-from .workers import Proc, celery_beat, celery_worker, db_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

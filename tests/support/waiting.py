@@ -26,9 +26,12 @@ def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.0
         time.sleep(interval)  # the shared poll interval: what is polled has no event to wait on
 
 
-def wait_for(what: str, predicate: Callable[[], T], timeout: float, interval: float = 0.05) -> T:
-    """:func:`wait_until`, failing the test with ``what`` (what was expected) on timeout."""
+def wait_for(
+    what: str | Callable[[], str], predicate: Callable[[], T], timeout: float, interval: float = 0.05
+) -> T:
+    """:func:`wait_until`, failing the test with ``what`` (what was expected; a callable is asked
+    at the deadline, for the state then) on timeout."""
     value = wait_until(predicate, timeout, interval)
     if not value:
-        raise AssertionError(f"{what}: not so after {timeout:g} s")
+        raise AssertionError(f"{what() if callable(what) else what}: not so after {timeout:g} s")
     return value
