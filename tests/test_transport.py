@@ -17,6 +17,7 @@ import zeroloss
 from project.celery import app as celery_app
 from project.demo.models import HandledRecord
 from tests.support.processes import Proc, celery_beat, celery_worker, db_worker
+from tests.support.waiting import wait_for
 from zeroloss.exceptions import UnknownQueue
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
@@ -95,7 +96,8 @@ def test_duplicate_delivery_runs_handler_once(broker, procs):
     deliver_message.apply_async(args=(message.message_id,))
     procs.append(celery_worker(REDIS_URL, concurrency=3))
     assert wait_until(lambda: all_completed(1), timeout=30)
-    time.sleep(1)  # let the duplicates arrive and be absorbed
+    # the duplicates arrive and are absorbed: every delivery's task has finished
+    wait_for(lambda: procs[0].text[-3000:], lambda: procs[0].text.count("succeeded") >= 3, 30)
     assert handled_counts("demo.record") == {"dup-1": 1}
     assert MessageEvent.objects.filter(reason="claimed").count() == 1
     assert procs[0].text.count("succeeded") >= 3  # all three deliveries ran; two were absorbed
@@ -275,7 +277,21 @@ def test_idle_db_worker_wakes_on_notify_not_on_poll(procs):
     worker = db_worker("--queue", "demo.record", "--poll-interval", "60", "--no-sweep")
     procs.append(worker)
     service = ZeroLossMessageService()
-    time.sleep(3)  # the worker is up, found nothing, and now sleeps up to 60 s between polls
+
+    def idle_and_listening() -> bool:
+        # Its LISTEN session is open, and a claim of it has run and found nothing: from here on
+        # it waits up to 60 s between polls.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT bool_or(query LIKE 'LISTEN %%'), bool_or(query LIKE '%%zeroloss_message%%' "
+                "AND state = 'idle') FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()"
+            )
+            listening, claimed = cursor.fetchone()
+        return bool(listening and claimed)
+
+    worker.wait_for("zeroloss_worker: queues", 60)
+    wait_for(lambda: f"the worker idle and listening:\n{worker.text}", idle_and_listening, 60)
     started = time.monotonic()
     service.persist_message("wake-1", "demo.record", {})
     assert wait_until(lambda: all_completed(1), timeout=20), worker.text

@@ -6,11 +6,30 @@ process gone), never for a length of time; every wait has a deadline.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+#: Never set: ``NEVER.wait(seconds)`` blocks the calling thread for ``seconds`` (``None``: until the
+#: process ends): the blocking call of a handler that must run into its time limit. An exception
+#: raised by a signal handler (a pool child's SIGUSR1) interrupts it, as it interrupts any blocking
+#: call.
+NEVER = threading.Event()
+
+
+async def never_done() -> None:
+    """An await nothing completes: only what is thrown into it (a cancellation, a time limit's
+    SoftTimeLimitExceeded) ends it."""
+    await asyncio.Event().wait()
+
+
+async def suspend() -> None:
+    """A real suspension point: control goes back to the event loop once; no time passes."""
+    await asyncio.sleep(0)  # asyncio's own spelling of "yield to the loop"
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.05) -> T | None:
