@@ -209,9 +209,7 @@ def _watch_lease(queue: str) -> tuple[dict[str, bool], threading.Event, threadin
             return
         seen["at_start"] = delivery.lease_lost
         started.set()
-        deadline = time.monotonic() + 30
-        while not delivery.lease_lost and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: delivery.lease_lost, 30, interval=0.02)
         seen["lost"] = delivery.lease_lost
         done.set()
 

@@ -6,6 +6,7 @@ import pytest
 from django.test import override_settings
 from django.urls import reverse
 
+from tests.support import backdate
 from tests.support.factories import clear_cache, make_completed, make_dead, make_stuck
 from zeroloss.exceptions import InvalidMessage
 from zeroloss.service import ZeroLossMessageService
@@ -195,9 +196,7 @@ class TestSnapshot:
         snap = compute_snapshot(service)
         assert snap.queues["q"].oldest_pending_age == 0.0
         service.persist_message("now", "r", {})
-        import time
-
-        time.sleep(0.2)
+        backdate(["now"], "available_at", seconds_ago=1)
         snap = compute_snapshot(service)
         assert snap.queues["r"].oldest_pending_age is not None
         assert snap.queues["r"].oldest_pending_age >= 0.2
