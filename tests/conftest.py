@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from tests.support.waiting import wait_for
 from zeroloss.service import ZeroLossMessageService
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -251,15 +251,15 @@ class Children:
     def start_together(start: Path, procs: list[subprocess.Popen[str]], timeout: float = 120) -> None:
         """Give ``start`` (a ``start_file``) once every child waits on it, connected: a fixed sleep
         would let a slow start-up on a loaded machine miss the overlap the test is about."""
-        deadline = time.monotonic() + timeout
         waiting = {f"{start}.ready.{p.pid}" for p in procs}
-        while not all(Path(name).exists() for name in waiting):
+
+        def ready() -> bool:
             for p in procs:
                 if p.poll() is not None:
                     raise AssertionError(f"child exited with {p.returncode} before the start: {_stderr(p)}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"children not ready to start after {timeout}s")
-            time.sleep(0.02)
+            return all(Path(name).exists() for name in waiting)
+
+        wait_for("the children ready to start", ready, timeout, interval=0.02)
         start.touch()
 
     @staticmethod

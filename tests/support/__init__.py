@@ -138,17 +138,18 @@ class PrivateRedis:
 
     def _wait_up(self, timeout: float = 20) -> None:
         import socket
-        import time
 
-        deadline = time.monotonic() + timeout
-        while True:
+        from tests.support.waiting import wait_for
+
+        def accepting() -> bool:
+            assert self.proc.poll() is None, "the private redis-server exited"
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
+                    return True
             except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise AssertionError("the private redis-server did not start") from None
-                time.sleep(0.05)
+                return False
+
+        wait_for("the private redis-server accepting connections", accepting, timeout)
 
     def freeze(self) -> None:
         import signal
