@@ -34,11 +34,11 @@ import psycopg
 import pytest
 
 from tests.hacluster import HaCluster
+from tests.support.cli import manage
 from tests.support.failover import (
     FILLER_MB,
     ROOT,
     ledger,
-    manage,
     producer,
     wait_reachable,
     worker,

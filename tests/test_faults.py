@@ -50,6 +50,7 @@ from tests.faults.partitions import report as partition_report
 from tests.faults.scenario import CI, measure_recovery, report, run_celery, run_database
 from tests.faults.workload import WorkerPool, child_env, producer
 from tests.netns import SUBNET_PREFIX, NetnsLab
+from tests.support.waiting import wait_until
 from zeroloss.ledger.types import Completion, CompletionReport, Lease, Verdict
 from zeroloss.models import Message, MessageEvent
 from zeroloss.outage import OutageMonitor, close_connection, is_outage
@@ -497,14 +498,14 @@ def test_recovery_after_restarts_with_default_settings(fault_cluster: FaultClust
 # -- partitions and dead hosts (issue 24) -------------------------------------------------
 
 _ECHO_SERVER = """
-import socket, sys, time
+import signal, socket, sys
 s = socket.create_server((sys.argv[1], 7000))
 print("listening", flush=True)
 conn, _ = s.accept()
 while data := conn.recv(100):
     conn.sendall(data)
 print("peer closed", flush=True)
-time.sleep(3600)
+signal.pause()  # until the test kills it
 """
 _CLIENT = """
 import socket, sys
@@ -640,9 +641,7 @@ def test_an_idle_worker_reports_the_outage_until_it_ends(fault_cluster: FaultClu
             if time.monotonic() > down_until - 8:  # after the worker noticed (its claims poll every 0.5 s)
                 health.append(_health_status(pool))
         fault_cluster.start_server()
-        deadline = time.monotonic() + 30
-        while "reachable again" not in pool.procs[0].log() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: "reachable again" in pool.procs[0].log(), 30, interval=0.2)
         pool.shutdown()
     finally:
         pool.kill_all()
@@ -681,20 +680,17 @@ def test_a_started_transactional_claim_is_never_released_as_unstarted_after_an_o
         args = {"seed": 1, "prefix": "m", "count": 1, "rate": 1.0, "queues": ["faults.tx"]}
         args.update(max_attempts=100, sleep_ms=1000, out=str(tmp_path / "sends.log"))
         sender = producer(env, tmp_path, args)
-        deadline = time.monotonic() + 60
-        while not read_runs(tmp_path) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert read_runs(tmp_path), "the handler never started"
+        assert wait_until(lambda: read_runs(tmp_path), 60, interval=0.02), "the handler never started"
         fault_cluster.restart("fast", down_for=4.0, dbname="zl_faults_released_started")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def completed() -> bool:
             with psycopg.connect(url, autocommit=True) as conn:
                 row = conn.execute(
                     "SELECT status FROM zeroloss_message WHERE message_id = 'm-000000'"
                 ).fetchone()
-            if row and row[0] == "completed":
-                break
-            time.sleep(0.2)
+            return bool(row and row[0] == "completed")
+
+        wait_until(completed, 60, interval=0.2)
         pool.shutdown()
     finally:
         pool.kill_all()
@@ -770,20 +766,25 @@ def test_release_unknown_claims_waits_for_a_claim_the_server_still_runs_after_a_
 
         thread = threading.Thread(target=claimer)
         thread.start()
-        deadline = time.monotonic() + 10
-        while not session and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.3)  # the claim is running on the server (in the trigger's sleep)
+        assert wait_until(lambda: session, 10, interval=0.01), "the claimer never connected"
+
+        def in_the_trigger() -> bool:  # the claim is running on the server, in the trigger's sleep
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [session[0][0]])
+                row = cursor.fetchone()
+            return bool(row and row[0] == "PgSleep")
+
+        assert wait_until(in_the_trigger, 10, interval=0.01), "the claim never reached the trigger's sleep"
         cut("network", *session[0])
         thread.join(timeout=30)
         # Wait until the orphaned session has finished (committed, then failed to answer).
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def orphan_gone() -> bool:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [session[0][0]])
-                if cursor.fetchone()[0] == 0:
-                    break
-            time.sleep(0.05)
+                return bool(cursor.fetchone()[0] == 0)
+
+        wait_until(orphan_gone, 30)
         assert "leases" not in outcome, "the cut did not make the claim raise"
         row = Message.objects.get(message_id="slow-1")
         assert (row.status, row.claimed_by) != ("processing", "bug-claimer"), (

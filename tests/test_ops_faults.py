@@ -62,15 +62,8 @@ def unreachable_url(request, tmp_path) -> str:
 
 
 def manage(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=child_env(**env),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """The command line with these environment variables on top of the test's."""
+    return cli(*args, timeout=timeout, env=child_env(**env))
 
 
 # -- an unreachable ledger ----------------------------------------------------------------

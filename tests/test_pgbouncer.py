@@ -38,7 +38,8 @@ from django.core.checks import Warning
 
 from tests.pgbouncer import PgBouncer
 from tests.pgcluster import PgCluster
-from tests.support.failover import QUEUE, ROOT, ledger, manage, wait_reachable, zeroloss_env
+from tests.support.cli import manage
+from tests.support.failover import QUEUE, ROOT, ledger, wait_reachable, zeroloss_env
 from tests.support.processes import Proc
 from zeroloss import checks
 from zeroloss.conf import ZeroLossSettings

@@ -22,7 +22,8 @@ import psycopg
 import pytest
 
 from tests.hacluster import HaCluster
-from tests.support.failover import FILLER_MB, manage, wait_reachable, worker, zeroloss_env
+from tests.support.cli import manage
+from tests.support.failover import FILLER_MB, wait_reachable, worker, zeroloss_env
 from tests.support.processes import Proc
 from tests.support.waiting import wait_for
 

@@ -16,7 +16,14 @@ from typing import Any
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from tests.conftest import ROOT, child_env
+from tests.support.processes import ROOT
+
+
+def _test_env() -> dict[str, str]:
+    # tests.conftest imports the models: a child that imports this module has no settings yet
+    from tests.conftest import child_env
+
+    return child_env()
 
 
 @dataclass
@@ -48,12 +55,15 @@ def run(name: str, *args: str, stdin: Any = None) -> Result:
     return Result(code, out.getvalue(), err.getvalue())
 
 
-def cli(*args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """The real command line against the test database (a separate OS process)."""
+def cli(
+    *args: str, input: str | None = None, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real command line (a separate OS process), against the test database unless ``env``
+    says otherwise."""
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
-        env=child_env(),
+        env=_test_env() if env is None else env,
         input=input,
         stdin=None if input is not None else subprocess.DEVNULL,
         capture_output=True,
@@ -68,7 +78,7 @@ def cli_tty(*args: str, answer: str | None = None, timeout: float = 60) -> tuple
     proc = subprocess.Popen(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
-        env=child_env(),
+        env=_test_env(),
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -96,3 +106,8 @@ def cli_tty(*args: str, answer: str | None = None, timeout: float = 60) -> tuple
     code = proc.wait(timeout=10)
     os.close(master)
     return code, b"".join(chunks).decode(errors="replace")
+
+
+def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """:func:`cli` in the environment ``env`` (another database, other settings)."""
+    return cli(*args, timeout=timeout, env=env)

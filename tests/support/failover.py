@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -46,17 +45,6 @@ def zeroloss_env(
     )
     env.update(extra)
     return env
-
-
-def manage(env: dict[str, str], *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *argv],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def worker(env: dict[str, str], *extra: str) -> Proc:
