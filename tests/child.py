@@ -60,7 +60,7 @@ def main() -> None:
             for lease in leases:
                 if lease and not service.renew_lease(lease.message_id, lease.token):
                     _emit(lost=lease.message_id)
-            time.sleep(args["renew_every"])
+            time.sleep(args["renew_every"])  # the renewal period: what the test measures
         _emit(done=True)
     elif role == "sweep":
         _wait_for(args.get("start_file"))

@@ -146,7 +146,7 @@ class Race:
         try:
             for n in range(rounds):
                 self.barrier.wait()
-                time.sleep(self.rng.uniform(0, delay_max))
+                time.sleep(self.rng.uniform(0, delay_max))  # the fault schedule: a cut at a random moment
                 cut(ways[n], self.pid, self.fd)
                 self.barrier.wait()
         except threading.BrokenBarrierError:
@@ -185,7 +185,7 @@ def _retry_outage(work: Callable[[], T], timeout: float = 30) -> T:
             close_connection("default")
             if time.monotonic() > deadline:
                 raise AssertionError(f"still failing after {timeout}s: {exc!r}") from exc
-            time.sleep(pause)
+            time.sleep(pause)  # backoff between retries through the outage
             pause = min(pause * 2, 0.5)
 
 
@@ -247,6 +247,7 @@ def test_outcome_flush_racing_a_cut_connection():
         keeper = LeaseKeeper(service, interval=60)  # not started: holds, and tells what is lost
         keeper.hold(leases)
         got: list[CompletionReport] = []
+        # the completer's retry backoff, kept short: the race is the subject, not the backoff
         completer = Completer(service, keeper, on_report=got.append, wait=lambda s: time.sleep(min(s, 0.02)))
         for lease in leases:
             completer.add(Completion(lease, Verdict.ACKNOWLEDGE))
@@ -632,12 +633,12 @@ def test_an_idle_worker_reports_the_outage_until_it_ends(fault_cluster: FaultClu
     pool = WorkerPool("zeroloss", 1, child_env(url, tmp_path), tmp_path)
     try:
         pool.start()
-        time.sleep(2)  # idle: nothing held, the keeper's ticks have nothing to renew
+        time.sleep(2)  # the keeper must tick while idle (nothing held): that tick is the subject
         fault_cluster.stop_server("fast")
         health: list[str] = []
         down_until = time.monotonic() + 10
         while time.monotonic() < down_until:
-            time.sleep(0.25)
+            time.sleep(0.25)  # sampling the health file through the whole outage
             if time.monotonic() > down_until - 8:  # after the worker noticed (its claims poll every 0.5 s)
                 health.append(_health_status(pool))
         fault_cluster.start_server()

@@ -132,7 +132,7 @@ def test_sweep_returns_nothing_while_lease_is_renewed_by_live_process(children, 
     deadline = time.monotonic() + 1.2
     while time.monotonic() < deadline:
         assert live_service.recover_orphaned_messages().total == 0
-        time.sleep(0.05)
+        time.sleep(0.05)  # sampling: the sweep must find nothing for the whole window
     [done] = children.finish(holder)
     assert done == {"done": True}  # every renewal succeeded
     moved = Message.objects.get().lease_expires_at

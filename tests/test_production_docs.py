@@ -271,7 +271,7 @@ def _peak_sessions(app_name: str, seconds: float) -> int:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         peak = max(peak, _sessions(app_name))
-        time.sleep(0.1)
+        time.sleep(0.1)  # sampling: the peak over a window of real time is what is measured
     return peak
 
 

@@ -113,60 +113,35 @@ def make_available(message_ids: Iterable[str], *, using: str = "default") -> int
 
 
 class PrivateRedis:
-    """A real ``redis-server`` of the test's own, on a free loopback port: it can be stopped,
-    frozen (SIGSTOP: it accepts connections and never answers) and thawed."""
+    """A real ``redis-server`` of the test's own, on a free loopback port (the fault suite's
+    :class:`~tests.faults.cluster.RedisServer`): it can be stopped, frozen (SIGSTOP: it accepts
+    connections and never answers) and thawed."""
 
     def __init__(self) -> None:
-        import shutil
-        import subprocess
-        import tempfile
+        from tests.faults.cluster import RedisServer
 
-        from tests.pgcluster import free_port
+        self.server = RedisServer()
+        self.server.start()
+        self.port = self.server.port
+        self.url = self.server.url()
 
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed (apt-get install redis-server)"
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="zl-redis-")
-        self.proc = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no"],
-            cwd=self.dir,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._wait_up()
-
-    def _wait_up(self, timeout: float = 20) -> None:
-        import socket
-
-        from tests.support.waiting import wait_for
-
-        def accepting() -> bool:
-            assert self.proc.poll() is None, "the private redis-server exited"
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return True
-            except OSError:
-                return False
-
-        wait_for("the private redis-server accepting connections", accepting, timeout)
+    def _signal(self, sig: int) -> None:
+        assert self.server.proc is not None, "the private redis-server is not running"
+        self.server.proc.send_signal(sig)
 
     def freeze(self) -> None:
         import signal
 
-        self.proc.send_signal(signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def thaw(self) -> None:
         import signal
 
-        self.proc.send_signal(signal.SIGCONT)
+        self._signal(signal.SIGCONT)
 
     def stop(self) -> None:
-        import shutil
         import signal
 
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.server.proc is not None and self.server.proc.poll() is None:
+            self._signal(signal.SIGCONT)
+        self.server.stop()

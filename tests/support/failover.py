@@ -115,7 +115,7 @@ def _produce(args: dict[str, Any]) -> None:
                 close_connection("default")
                 refused = True
                 _emit(id=message_id, outcome="refused", attempt=attempt, t=time.time(), error=str(exc)[:200])
-                time.sleep(0.1)
+                time.sleep(0.1)  # a refused send is retried at a pace, as an application would
                 continue
             port = connection.connection.info.port if connection.connection is not None else None
             _emit(
@@ -127,7 +127,7 @@ def _produce(args: dict[str, Any]) -> None:
                 port=port,
             )
             break
-        time.sleep(args.get("pace", 0.01))
+        time.sleep(args.get("pace", 0.01))  # the send rate: traffic flows through the failover
     _emit(done=True, sent=n)
 
 
