@@ -352,3 +352,21 @@ def spans():
     finally:
         tracing._tracer = None
         provider.shutdown()
+
+
+@pytest.fixture
+def broker(settings: Any) -> Iterator[Any]:
+    """Celery over the real Redis broker, on ``ZEROLOSS_TEST_REDIS_URL`` (emptied before and after)."""
+    from tests.support.celery import celery_over_redis
+
+    with celery_over_redis(settings) as client:
+        yield client
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Any]]:
+    """The processes (:class:`tests.support.processes.Proc`) a test starts, stopped after it."""
+    started: list[Any] = []
+    yield started
+    for proc in started:
+        proc.terminate(timeout=15)

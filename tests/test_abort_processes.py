@@ -19,11 +19,10 @@ from django.db import connection
 import zeroloss
 from project.demo.models import HandledRecord
 from tests.support import expire_leases
+from tests.support.celery import REDIS_URL
 from tests.support.processes import celery_worker, db_worker
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
-
-from .test_transport import REDIS_URL, broker, procs  # noqa: F401  (the Celery fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -164,7 +163,7 @@ def test_an_aborted_message_whose_worker_was_killed_is_cancelled_by_the_sweep(tm
 
 
 @pytest.mark.slow
-def test_abort_reaches_a_handler_run_by_a_celery_worker(broker, procs, tmp_path: Path) -> None:  # noqa: F811
+def test_abort_reaches_a_handler_run_by_a_celery_worker(broker, procs, tmp_path: Path) -> None:
     """The Celery delivery path: a prefork child's lease keeper polls for the abort too."""
     procs.append(celery_worker(REDIS_URL, ZEROLOSS_SETTINGS_JSON=SETTINGS))
     out = tmp_path / "celery.json"

@@ -21,12 +21,12 @@ from django.db import transaction
 
 import zeroloss
 from tests.support import PrivateRedis, expire_leases
+from tests.support.celery import use_broker
 from tests.support.processes import Proc, celery_worker
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
 
 from .conftest import child_env
-from .test_transport import use_broker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.once]
 

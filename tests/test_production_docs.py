@@ -31,12 +31,12 @@ from django.db import connection
 
 import zeroloss
 from project.demo.models import HandledRecord
+from tests.support.docs import Block, blocks, check_manage
 from tests.support.processes import Proc
 from zeroloss.models import Message, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
 
 from .conftest import ROOT, child_env
-from .test_docs import Block, blocks, check_manage
 
 GUIDE = ROOT / "docs" / "production.md"
 
@@ -321,9 +321,8 @@ def test_connections_per_celery_prefork_child(settings):
     import redis
 
     from project.celery import app as celery_app
+    from tests.support.celery import use_broker
     from tests.support.processes import celery_worker
-
-    from .test_transport import use_broker
 
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()

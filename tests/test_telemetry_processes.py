@@ -185,8 +185,7 @@ def celery_broker(settings):
     import redis
 
     from project.celery import app as celery_app
-
-    from .test_transport import REDIS_URL, use_broker
+    from tests.support.celery import REDIS_URL, use_broker
 
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()

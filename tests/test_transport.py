@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import collections
 import io
-import os
 import time
 
 import pytest
-import redis
 from django.core.management import call_command
 from django.db import connection, transaction
 
 import zeroloss
-from project.celery import app as celery_app
 from project.demo.models import HandledRecord
-from tests.support.processes import Proc, celery_beat, celery_worker, db_worker
+from tests.support.celery import REDIS_URL, use_broker
+from tests.support.processes import celery_beat, celery_worker, db_worker
 from tests.support.waiting import wait_for
 from zeroloss.exceptions import UnknownQueue
 from zeroloss.models import Message, MessageEvent, Status
@@ -26,39 +24,6 @@ from zeroloss.tasks import beat_schedule_entry, deliver_message
 from .support import expire_leases
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-REDIS_URL = os.environ.get("ZEROLOSS_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-
-
-def use_broker(url: str) -> None:
-    """Point this process's Celery app at ``url``, dropping pooled connections to the old one."""
-    # What ``conf.broker_url = url`` does at run time (the stubs declare a read-only property).
-    celery_app.conf["broker_url"] = url
-    # Private pools, reset so the next publish connects to ``url``; celery-stubs leave them out.
-    celery_app._pool = None  # type: ignore[attr-defined]
-    celery_app.amqp._producer_pool = None  # type: ignore[attr-defined]
-
-
-@pytest.fixture
-def broker(settings):
-    """Celery over the real Redis broker (a dedicated database index, emptied first)."""
-    client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    settings.ZEROLOSS = {**settings.ZEROLOSS, "TRANSPORT": "celery"}
-    old = celery_app.conf.broker_url
-    use_broker(REDIS_URL)
-    yield client
-    use_broker(old)
-    client.flushdb()
-    client.close()
-
-
-@pytest.fixture
-def procs():
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.terminate(timeout=15)
 
 
 def handled_counts(queue: str) -> collections.Counter[str]:

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from django.db import connections
+
+#: The project's root (``manage.py``, ``docs/``): where children run.
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def expire_leases(

@@ -16,7 +16,7 @@ from typing import Any
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from tests.support.processes import ROOT
+from tests.support import ROOT
 
 
 def _test_env() -> dict[str, str]:

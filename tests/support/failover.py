@@ -17,7 +17,8 @@ from typing import Any
 
 import psycopg
 
-from tests.support.processes import ROOT, Proc
+from tests.support import ROOT
+from tests.support.processes import Proc
 from tests.support.waiting import wait_for
 
 QUEUE = "demo.record_tx"

@@ -17,10 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tests.support import ROOT
 from tests.support.waiting import wait_for
-
-#: The project's root: children run ``manage.py`` from here.
-ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 class Proc:

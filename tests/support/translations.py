@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import html
 import re
-from pathlib import Path
 
 from django.core.management import load_command_class
 
-LOCALE = Path(__file__).resolve().parent.parent.parent / "zeroloss" / "locale"
+from tests.support import ROOT
+
+LOCALE = ROOT / "zeroloss" / "locale"
 LANGUAGES = ("de", "fr")
 
 
