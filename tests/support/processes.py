@@ -209,9 +209,11 @@ def celery_worker(broker_url: str, *, concurrency: int = 2, name: str = "w1", **
     return proc
 
 
-def celery_beat(broker_url: str, schedule_dir: Path, **extra: str) -> Proc:
+def celery_beat(broker_url: str, schedule_dir: Path, *, under: tuple[str, ...] = (), **extra: str) -> Proc:
+    """Celery beat; ``under`` is a command it runs under (``("faketime", "-f", "-5s")``)."""
     return Proc(
         [
+            *under,
             sys.executable,
             "-m",
             "celery",
