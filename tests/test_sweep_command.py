@@ -41,12 +41,15 @@ def test_sweep_loop_stops_cleanly_on_sigterm():
     )
     try:
         sweeper.wait_for("sweeping every")  # its signal handlers are installed from here on
-        make_stuck(["s1"])  # each sweep that finds one reports it: two sweeps seen
-        wait_for(lambda: f"a first sweep:\n{sweeper.text}", lambda: "requeued 1" in sweeper.text, 60)
+
+        def requeued(message_id: str) -> bool:
+            return MessageEvent.objects.for_message(message_id).filter(reason="lease_expired").exists()
+
+        # Two sweeps seen in the ledger: the second stuck message appears after the first was requeued.
+        make_stuck(["s1"])
+        wait_for(lambda: f"s1 requeued by a sweep:\n{sweeper.text}", lambda: requeued("s1"), 60)
         make_stuck(["s2"])
-        wait_for(
-            lambda: f"a second sweep:\n{sweeper.text}", lambda: sweeper.text.count("requeued 1") == 2, 60
-        )
+        wait_for(lambda: f"s2 requeued by a later sweep:\n{sweeper.text}", lambda: requeued("s2"), 60)
         sweeper.popen.send_signal(signal.SIGTERM)
         # It stops after the unit of work in hand, which on SQLite may wait up to the lock timeout.
         code = sweeper.wait(60)
