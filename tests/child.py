@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.support.waiting import NEVER, wait_until
+
 
 def _emit(**data: Any) -> None:
     print(json.dumps(data, default=str), flush=True)
@@ -26,11 +28,8 @@ def _wait_for(path: str | None) -> None:
 
     connection.ensure_connection()  # connect before the signal, so all start at once
     Path(f"{path}.ready.{os.getpid()}").touch()  # tells the parent this one is waiting
-    deadline = time.monotonic() + 120
-    while not Path(path).exists():
-        if time.monotonic() > deadline:
-            raise SystemExit("start signal never came")
-        time.sleep(0.005)
+    if not wait_until(Path(path).exists, 120, interval=0.005):
+        raise SystemExit("start signal never came")
 
 
 def main() -> None:
@@ -48,11 +47,11 @@ def main() -> None:
             service.persist_message(f"{args['prefix']}-{i}", args["queue"], {"n": i, "text": "x" * 50})
         _emit(persisted=args["count"])
         if args.get("hang"):
-            time.sleep(3600)
+            NEVER.wait()  # until the test kills it
     elif role == "claim_and_hang":
         lease = service.mark_processing(args["message_id"])
         _emit(token=str(lease.token) if lease else None, expires_at=lease.expires_at if lease else None)
-        time.sleep(3600)
+        NEVER.wait()  # until the test kills it
     elif role == "hold_and_renew":
         leases = [service.mark_processing(m) for m in args["message_ids"]]
         _emit(tokens={lease.message_id: str(lease.token) for lease in leases if lease})
@@ -61,7 +60,7 @@ def main() -> None:
             for lease in leases:
                 if lease and not service.renew_lease(lease.message_id, lease.token):
                     _emit(lost=lease.message_id)
-            time.sleep(args["renew_every"])
+            time.sleep(args["renew_every"])  # the renewal period: what the test measures
         _emit(done=True)
     elif role == "sweep":
         _wait_for(args.get("start_file"))

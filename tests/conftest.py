@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from tests.support.waiting import wait_for
 from zeroloss.service import ZeroLossMessageService
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +79,6 @@ TIERS: dict[str, str] = {
     "test_ops_health.py": "ledger",
     "test_ops_metrics.py": "ledger",
     "test_ops_snapshot.py": "ledger",
-    "test_ops_support.py": "process",
     "test_ops_verify.py": "ledger",
     "test_ordering.py": "ledger",
     "test_ordering_processes.py": "process",
@@ -255,15 +254,15 @@ class Children:
     def start_together(start: Path, procs: list[subprocess.Popen[str]], timeout: float = 120) -> None:
         """Give ``start`` (a ``start_file``) once every child waits on it, connected: a fixed sleep
         would let a slow start-up on a loaded machine miss the overlap the test is about."""
-        deadline = time.monotonic() + timeout
         waiting = {f"{start}.ready.{p.pid}" for p in procs}
-        while not all(Path(name).exists() for name in waiting):
+
+        def ready() -> bool:
             for p in procs:
                 if p.poll() is not None:
                     raise AssertionError(f"child exited with {p.returncode} before the start: {_stderr(p)}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"children not ready to start after {timeout}s")
-            time.sleep(0.02)
+            return all(Path(name).exists() for name in waiting)
+
+        wait_for("the children ready to start", ready, timeout, interval=0.02)
         start.touch()
 
     @staticmethod
@@ -356,3 +355,21 @@ def spans():
     finally:
         tracing._tracer = None
         provider.shutdown()
+
+
+@pytest.fixture
+def broker(settings: Any) -> Iterator[Any]:
+    """Celery over the real Redis broker, on ``ZEROLOSS_TEST_REDIS_URL`` (emptied before and after)."""
+    from tests.support.celery import celery_over_redis
+
+    with celery_over_redis(settings) as client:
+        yield client
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Any]]:
+    """The processes (:class:`tests.support.processes.Proc`) a test starts, stopped after it."""
+    started: list[Any] = []
+    yield started
+    for proc in started:
+        proc.terminate(timeout=15)

@@ -32,6 +32,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from tests.support.waiting import wait_until
+
 #: The private range the veth pairs are addressed from (/30 each: 10.231.<n>.0/30).
 SUBNET_PREFIX = "10.231"
 COMMAND_TIMEOUT = 30
@@ -154,15 +156,19 @@ class NetnsLab:
     def kill_processes(self, namespace: str, timeout: float = 10) -> list[int]:
         """SIGKILL every process inside ``namespace`` and wait until none is left; returns their pids."""
         killed: set[int] = set()
-        deadline = time.monotonic() + timeout
-        while pids := self.pids(namespace):
+
+        def none_left() -> bool:
+            pids = self.pids(namespace)
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 killed.add(pid)
-            if time.monotonic() > deadline:
-                raise NetnsError(f"processes {pids} of {namespace} outlived SIGKILL by {timeout}s")
-            time.sleep(0.02)
+            return not pids
+
+        if not wait_until(none_left, timeout, interval=0.02):
+            raise NetnsError(
+                f"processes {self.pids(namespace)} of {namespace} outlived SIGKILL by {timeout}s"
+            )
         return sorted(killed)
 
     def kill_host(self, namespace: str) -> list[int]:

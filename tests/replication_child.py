@@ -131,7 +131,7 @@ def run(role: str, args: dict[str, Any]) -> int:
             beating_always_live &= "beating" in live
             if down_after is None and "silent" not in live:
                 down_after = time.monotonic() - registered
-            time.sleep(0.05)
+            time.sleep(0.05)  # the heartbeat period: the TTL in real time is what is measured
         _emit(down_after=down_after, beating_always_live=beating_always_live, ttl=ttl)
         return 0
     raise SystemExit(f"unknown role {role}")

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from project.demo.models import OrderedRun
+from tests.support.waiting import NEVER, suspend
 from zeroloss.tasks_backend.compat import task
 
 
@@ -42,7 +43,7 @@ def returns_a_set() -> set[int]:
 
 @task()
 async def async_add(a: int, b: int) -> dict:
-    await asyncio.sleep(0)
+    await suspend()
     loop = asyncio.get_running_loop()
     return {"sum": a + b, "loop": type(loop).__name__}
 
@@ -58,7 +59,7 @@ def slow_first_attempt(context, seconds: float) -> dict:
         started=time.time(),
     )
     if context.attempt == 1:
-        time.sleep(seconds)
+        NEVER.wait(seconds)  # busy until the test kills the worker
     return {"attempt": context.attempt}
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.db import connection
 from django.db.models.functions import Now
@@ -21,13 +21,13 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from tests.support import expire_leases
+from tests.support.admin import CHANGELIST, client_for, make_user
 from zeroloss import admin as zl_admin
 from zeroloss import dashboard
 from zeroloss.admin import paginator as zl_paginator
 from zeroloss.models import Message, MessageEvent, PurgeRecord, ReplicationNode, Status
 from zeroloss.service import Lease, ZeroLossMessageService
 
-CHANGELIST = "admin:zeroloss_message_changelist"
 ACTION_PERMS = {
     "requeue_stuck": "requeue_message",
     "force_requeue": "force_requeue_message",
@@ -84,25 +84,6 @@ def ledger(db: None) -> Ledger:
     Message.objects.filter(message_id="c1").update(completed_at=Now() - dt.timedelta(seconds=60))
     assert set(Message.objects.stuck().values_list("message_id", flat=True)) == {"s1"}
     return Ledger(live_lease=live, worker=long)
-
-
-def make_user(username: str, *perms: str, staff: bool = True, superuser: bool = False) -> User:
-    if superuser:
-        user = User.objects.create_superuser(username, f"{username}@example.com", "pw")
-    else:
-        user = User.objects.create_user(username, password="pw", is_staff=staff)
-    for codename in perms:
-        user.user_permissions.add(
-            Permission.objects.get(content_type__app_label="zeroloss", codename=codename)
-        )
-    return user
-
-
-def client_for(user: User | None, **kwargs: Any) -> Client:
-    client = Client(**kwargs)
-    if user is not None:
-        client.force_login(user)
-    return client
 
 
 def post_action(client: Client, action: str, *message_ids: str, **extra: str) -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from html.parser import HTMLParser
 from typing import Any
 
 import psycopg
@@ -21,10 +20,9 @@ from django.db.models.functions import Now
 from django.test import Client
 from django.urls import reverse
 
+from tests.support.admin import CHANGELIST, confirm_form, feedback
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService
-
-CHANGELIST = "admin:zeroloss_message_changelist"
 
 
 def root_client() -> Client:
@@ -51,40 +49,6 @@ def first_page_pks(queue: str) -> list[str]:
     """What the changelist's own form posts: the checkboxes of the rows on screen."""
     pks = Message.objects.filter(queue_name=queue).order_by("-id").values_list("pk", flat=True)[:50]
     return [str(pk) for pk in pks]
-
-
-def feedback(client: Client, response: Any) -> str:
-    assert response.status_code == 302, response.content[:2000]
-    return client.get(response["Location"]).content.decode()
-
-
-class ConfirmForm(HTMLParser):
-    """The fields and target of the confirmation page's form, as a browser would submit them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inside = False
-        self.action: str | None = None
-        self.fields: list[tuple[str, str]] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        a = dict(attrs)
-        if tag == "form" and "zl-confirm-form" in (a.get("class") or ""):
-            self.inside = True
-            self.action = a.get("action")
-        elif self.inside and tag == "input" and a.get("type") == "hidden" and a.get("name"):
-            self.fields.append((a["name"] or "", a.get("value") or ""))
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "form":
-            self.inside = False
-
-
-def confirm_form(html: str) -> ConfirmForm:
-    form = ConfirmForm()
-    form.feed(html)
-    assert form.fields, "the confirmation page has no form"
-    return form
 
 
 def purge_dead(queue: str) -> None:

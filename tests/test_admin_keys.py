@@ -12,8 +12,8 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.support import expire_leases
-from tests.test_admin import client_for, make_user
-from tests.test_keys import blocked_ledger
+from tests.support.admin import client_for, make_user
+from tests.support.factories import blocked_ledger
 from zeroloss.models import Message, MessageEvent, Status
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -14,7 +14,8 @@ from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import connections
 
 import zeroloss
-from tests.test_processing import register, run_worker
+from tests.support import register, run_worker
+from tests.support.waiting import never_done, suspend, wait_for
 from zeroloss.exceptions import InvalidHandler
 from zeroloss.handlers import HandlerSpec
 from zeroloss.models import Message, MessageEvent, Status
@@ -33,7 +34,7 @@ def test_an_async_handler_runs_to_completion_before_it_is_acknowledged():
     done: list[str] = []
 
     async def handle(delivery: Delivery) -> None:
-        await asyncio.sleep(0.01)  # a real suspension: the effect happens after it
+        await suspend()  # a real suspension: the effect happens after it
         done.append(delivery.message_id)
 
     register("a.basic", handle)
@@ -81,7 +82,7 @@ def test_an_async_handler_past_handler_timeout_is_cancelled_and_fails(settings):
 
     async def hangs(delivery: Delivery) -> None:
         try:
-            await asyncio.sleep(600)
+            await never_done()
         except asyncio.CancelledError:
             cancelled.set()
             raise
@@ -105,13 +106,13 @@ def test_the_lease_of_a_running_async_handler_is_renewed():
 
     async def slow(delivery: Delivery) -> None:
         first = claimed_until["first"] = await sync_to_async(lease_expiry)(delivery.message_id)
-        for _ in range(400):  # until the keeper renewed the lease (a heartbeat: ACK_TIMEOUT / 3)
-            now = await sync_to_async(lease_expiry)(delivery.message_id)
-            if now > first:
-                claimed_until["renewed"] = now
-                return
-            await asyncio.sleep(0.025)
-        raise AssertionError("the lease was never renewed")
+
+        def renewed() -> Any:
+            now = lease_expiry(delivery.message_id)
+            return now if now > first else None
+
+        # until the keeper renewed the lease (a heartbeat: ACK_TIMEOUT / 3)
+        claimed_until["renewed"] = await sync_to_async(wait_for)("the lease renewed", renewed, 10, 0.025)
 
     register("a.renew", slow)
     ZeroLossMessageService().persist_message("r1", "a.renew", {})
@@ -125,7 +126,7 @@ def test_the_lease_of_a_running_async_handler_is_renewed():
 
 def test_a_failing_async_handler_records_its_traceback():
     async def boom(delivery: Delivery) -> None:
-        await asyncio.sleep(0)
+        await suspend()
         raise ValueError("async failure")
 
     register("a.boom", boom)
@@ -169,7 +170,7 @@ def test_the_celery_delivery_path_awaits_async_handlers():
     done: list[str] = []
 
     async def handle(delivery: Delivery) -> str:
-        await asyncio.sleep(0)
+        await suspend()
         done.append(delivery.message_id)
         return "ok"
 
@@ -224,7 +225,7 @@ def test_describe_error_never_raises_and_keeps_module_paths_that_contain_builtin
 def test_run_handler_awaits_an_async_callable_object_on_the_thread_loop():
     class Handler:
         async def __call__(self, delivery: Delivery) -> int:
-            await asyncio.sleep(0)
+            await suspend()
             return 7
 
     spec = HandlerSpec("a.obj", Handler(), store_result=True)

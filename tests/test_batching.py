@@ -10,11 +10,10 @@ from django.db import transaction
 import zeroloss
 from project.demo.models import HandledRecord
 from tests.support import expire_leases
+from tests.support.processes import db_worker
 from zeroloss.exceptions import InvalidPayload
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
-
-from .workers import db_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,12 +21,12 @@ from django.db import transaction
 
 import zeroloss
 from tests.support import PrivateRedis, expire_leases
+from tests.support.celery import use_broker
+from tests.support.processes import Proc, celery_beat, celery_worker
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
 
 from .conftest import child_env
-from .test_transport import use_broker
-from .workers import Proc, celery_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.once]
 
@@ -127,27 +127,7 @@ def test_the_beat_sweep_is_not_starved_by_deliveries_nor_defeated_by_a_skewed_cl
         assert len(publish(service, [(f"slow{i}", 0.0) for i in range(300)])) == 300
         env = {"ZEROLOSS_SWEEP_INTERVAL": "0.5"}
         procs.append(celery_worker(server.url, concurrency=1, **env))
-        beat_env = child_env(CELERY_BROKER_URL=server.url, ZEROLOSS_LOG_LEVEL="INFO", **env)
-        beat = Proc(
-            [
-                "faketime",
-                "-f",
-                "-5s",
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "project",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(tmp_path / "beat-schedule"),
-                "--pidfile",
-                "",
-            ],
-            beat_env,
-        )
+        beat = celery_beat(server.url, tmp_path, under=("faketime", "-f", "-5s"), **env)
         procs.append(beat)
         recovered = wait_until(
             lambda: MessageEvent.objects.filter(

@@ -8,7 +8,7 @@ import pytest
 
 import zeroloss
 from tests.support import expire_leases
-from tests.test_ops_support import run
+from tests.support.cli import run
 from zeroloss.exceptions import InvalidMessage, MessageNotFound
 from zeroloss.ledger.types import CancelOutcome, Completion, Verdict
 from zeroloss.models import Message, MessageEvent, Status

@@ -8,8 +8,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from tests.test_admin import client_for, make_user
-from tests.test_admin_actions import CHANGELIST, confirm_form, feedback
+from tests.support.admin import CHANGELIST, client_for, confirm_form, feedback, make_user
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService
 

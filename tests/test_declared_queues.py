@@ -15,12 +15,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 import zeroloss
+from tests.support.processes import db_worker
 from zeroloss import checks
 from zeroloss.conf import QueueSettings, get_settings
 from zeroloss.exceptions import UnknownQueue
 from zeroloss.models import Message
-
-from .workers import db_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

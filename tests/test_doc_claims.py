@@ -28,6 +28,7 @@ from django.db import connection
 
 import zeroloss
 from tests.support import finish, run_worker
+from tests.support.processes import Proc
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.processing import Delivery
 from zeroloss.service import ZeroLossMessageService, wait_until
@@ -35,7 +36,6 @@ from zeroloss.service import ZeroLossMessageService, wait_until
 from .conftest import ROOT, child_env, database_url
 from .pgcluster import free_port
 from .support import expire_leases
-from .workers import Proc
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -209,9 +209,7 @@ def _watch_lease(queue: str) -> tuple[dict[str, bool], threading.Event, threadin
             return
         seen["at_start"] = delivery.lease_lost
         started.set()
-        deadline = time.monotonic() + 30
-        while not delivery.lease_lost and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: delivery.lease_lost, 30, interval=0.02)
         seen["lost"] = delivery.lease_lost
         done.set()
 

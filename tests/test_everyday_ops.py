@@ -19,7 +19,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tests.test_ops_support import clear_cache, make_completed, make_dead
+from tests.support.factories import clear_cache, make_completed, make_dead
 from zeroloss import checks
 from zeroloss.conf import RetryBackoff
 from zeroloss.ledger.types import Completion, Verdict

@@ -17,17 +17,14 @@ is on the new primary and completes, each handler effect exactly once. Asynchron
 replication with a lagging standby: the accepted messages the standby never received are
 gone, counted.
 
-This module is also the producer: ``python -m tests.test_failover ROLE JSON_ARGS``.
+The producer and the workers are ``tests/support/failover.py``'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,132 +34,22 @@ import psycopg
 import pytest
 
 from tests.hacluster import HaCluster
+from tests.support.cli import manage
+from tests.support.failover import (
+    FILLER_MB,
+    ROOT,
+    ledger,
+    producer,
+    wait_reachable,
+    worker,
+    zeroloss_env,
+)
+from tests.support.processes import Proc
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.slow, pytest.mark.once]
 
-ROOT = Path(__file__).resolve().parent.parent
-QUEUE = "demo.record_tx"
-
 
 # -- processes -----------------------------------------------------------------------------
-
-
-def zeroloss_env(
-    database: dict[str, Any], zeroloss: dict[str, Any] | None = None, **extra: str
-) -> dict[str, str]:
-    """Environment of a child process whose Django ``default`` database is ``database``.
-
-    ``DJANGO_DEBUG=0``: with DEBUG on, Django logs every query and zeroloss then never
-    prepares statements, which would hide what ``PREPARED_STATEMENTS`` does.
-    """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEROLOSS_", "DATABASE_URL"))}
-    env.update(
-        PYTHONPATH=str(ROOT),
-        PYTHONUNBUFFERED="1",
-        DJANGO_SETTINGS_MODULE="project.settings",
-        DJANGO_DEBUG="0",
-        ZEROLOSS_DATABASE_JSON=json.dumps(database),
-        ZEROLOSS_SETTINGS_JSON=json.dumps(zeroloss or {}),
-        ZEROLOSS_LOG_LEVEL="INFO",
-    )
-    env.update(extra)
-    return env
-
-
-class Child:
-    """A process in its own session (so SIGKILL reaches all of it) whose output lines are kept."""
-
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.args = args
-        self.popen = subprocess.Popen(
-            args,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self.lines.append(line)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.lines)
-
-    def records(self) -> list[dict[str, Any]]:
-        """The JSON lines printed so far (log lines of the child are skipped)."""
-        out = []
-        for line in list(self.lines):
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-        return out
-
-    def wait(self, timeout: float) -> int:
-        try:
-            code = self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            raise AssertionError(
-                f"{self.args[2:4]} still running after {timeout}s:\n{self.text[-3000:]}"
-            ) from exc
-        self._reader.join(timeout=5)
-        return code
-
-    def stop(self, sig: int = 15) -> None:
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, sig)
-                self.popen.wait(timeout=20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(self.popen.pid, 9)
-                self.popen.wait(timeout=10)
-        self._reader.join(timeout=5)
-
-
-def manage(env: dict[str, str], *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *argv],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def worker(env: dict[str, str], *extra: str) -> Child:
-    return Child(
-        [sys.executable, "manage.py", "zeroloss_worker", "--queue", QUEUE, "--poll-interval", "0.1", *extra],
-        env,
-    )
-
-
-def producer(env: dict[str, str], prefix: str, stop_file: Path, pace: float = 0.01) -> Child:
-    args = {"prefix": prefix, "queue": QUEUE, "stop_file": str(stop_file), "pace": pace}
-    return Child([sys.executable, "-m", "tests.test_failover", "produce", json.dumps(args)], env)
-
-
-def wait_until(what: str, timeout: float, check: Any, interval: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except psycopg.Error as exc:
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not reached in {timeout:.0f}s (last error: {last})")
 
 
 class Sends:
@@ -187,22 +74,12 @@ class Sends:
         return {i for i, rec in self.accepted.items() if start <= rec["t"] < end and rec["port"] == port}
 
 
-def ledger(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, int]]:
-    """message_id -> (status, handler effects) for every message of the queue."""
-    rows = conn.execute(
-        "SELECT m.message_id, m.status, (SELECT count(*) FROM demo_handledrecord h "
-        "WHERE h.message_id = m.message_id) FROM zeroloss_message m WHERE m.queue_name = %s",
-        [QUEUE],
-    ).fetchall()
-    return {str(r[0]): (str(r[1]), int(r[2])) for r in rows}
-
-
 def replication_report(env: dict[str, str]) -> dict[str, Any]:
     """From a child on the multi-host DSN: the server it reached, ``replication_status()`` and
     ``zeroloss_nodes discover --json``, with REPLICATION_FACTOR 2 (a factor of 1 measures nothing)."""
     env = {**env, "ZEROLOSS_SETTINGS_JSON": json.dumps({"REPLICATION_FACTOR": 2})}
     done = subprocess.run(
-        [sys.executable, "-m", "tests.test_failover", "status", "{}"],
+        [sys.executable, "-m", "tests.support.failover", "status", "{}"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -222,9 +99,9 @@ class Setup:
         self.tmp = tmp
         self.database = cluster.django_database()
         self.env = zeroloss_env(self.database)
-        self.children: list[Child] = []
+        self.children: list[Proc] = []
 
-    def start(self, child: Child) -> Child:
+    def start(self, child: Proc) -> Proc:
         self.children.append(child)
         return child
 
@@ -248,15 +125,15 @@ def ha(tmp_path: Path) -> Iterator[Setup]:
         cluster.stop()
 
 
-def start_traffic(ha: Setup, stop_file: Path) -> tuple[list[Child], Child]:
+def start_traffic(ha: Setup, stop_file: Path) -> tuple[list[Proc], Proc]:
     workers = [ha.start(worker(ha.env)) for _ in range(2)]
     for w in workers:
-        wait_until("worker up", 60, lambda w=w: "zeroloss_worker: queues" in w.text)
+        w.wait_for("zeroloss_worker: queues", 60)
     sender = ha.start(producer(ha.env, "m", stop_file))
     return workers, sender
 
 
-def accepted_count(sender: Child) -> int:
+def accepted_count(sender: Proc) -> int:
     return len(Sends(sender.records()).accepted)
 
 
@@ -277,7 +154,7 @@ def test_failover_with_synchronous_standby_loses_no_accepted_message(ha: Setup) 
 
     stop_file = ha.tmp / "stop-producer"
     workers, sender = start_traffic(ha, stop_file)
-    wait_until("50 sends accepted before the kill", 90, lambda: accepted_count(sender) >= 50)
+    wait_reachable("50 sends accepted before the kill", 90, lambda: accepted_count(sender) >= 50)
 
     _host, killed_port = ha.cluster.kill_primary()
     killed_at = time.time()
@@ -286,7 +163,7 @@ def test_failover_with_synchronous_standby_loses_no_accepted_message(ha: Setup) 
     _host, new_port = ha.cluster.primary()
     assert new_port == standby_port
     accepted_at_failover = accepted_count(sender)
-    wait_until(
+    wait_reachable(
         "50 more sends accepted on the new primary",
         60,
         lambda: accepted_count(sender) >= accepted_at_failover + 50,
@@ -303,7 +180,7 @@ def test_failover_with_synchronous_standby_loses_no_accepted_message(ha: Setup) 
             state = ledger(conn)
             return all(state.get(i, ("", 0))[0] == "completed" for i in sends.accepted)
 
-        wait_until("every accepted message completed on the new primary", 90, drained, interval=0.5)
+        wait_reachable("every accepted message completed on the new primary", 90, drained, interval=0.5)
         state = ledger(conn)
         first_ack = conn.execute(
             "SELECT extract(epoch FROM min(created_at)) FROM zeroloss_messageevent "
@@ -359,7 +236,6 @@ def test_failover_with_synchronous_standby_loses_no_accepted_message(ha: Setup) 
 #: WAL written while the standby is frozen, before the sends that are to be lost: more than the
 #: loopback socket buffers (tcp_wmem + tcp_rmem maxima, 4 + 6 MiB by default) can hold, so
 #: nothing after it can reach the standby, even once it runs again.
-FILLER_MB = 24
 
 
 def test_failover_with_asynchronous_lagging_standby_loses_what_it_never_received(ha: Setup) -> None:
@@ -376,7 +252,7 @@ def test_failover_with_asynchronous_lagging_standby_loses_what_it_never_received
 
     stop_file = ha.tmp / "stop-producer"
     workers, sender = start_traffic(ha, stop_file)
-    wait_until("100 sends accepted", 90, lambda: accepted_count(sender) >= 100)
+    wait_reachable("100 sends accepted", 90, lambda: accepted_count(sender) >= 100)
 
     # Barrier: everything accepted before it has been replayed by the standby.
     barrier = time.time()
@@ -389,7 +265,7 @@ def test_failover_with_asynchronous_lagging_standby_loses_what_it_never_received
             ).fetchone()
             return bool(row and row[0])
 
-        wait_until("the standby replayed the barrier", 30, replayed, interval=0.02)
+        wait_reachable("the standby replayed the barrier", 30, replayed, interval=0.02)
 
     with ha.cluster.paused_standby():
         paused_at = time.time()
@@ -400,7 +276,7 @@ def test_failover_with_asynchronous_lagging_standby_loses_what_it_never_received
             )
         lag_from = time.time()
         count_at_lag = accepted_count(sender)
-        wait_until(
+        wait_reachable(
             "50 sends accepted while the standby lags",
             30,
             lambda: accepted_count(sender) >= count_at_lag + 50,
@@ -411,7 +287,7 @@ def test_failover_with_asynchronous_lagging_standby_loses_what_it_never_received
     failover = ha.cluster.wait_for_failover(timeout=90)
     assert ha.cluster.primary()[1] == standby_port
     accepted_at_failover = accepted_count(sender)
-    wait_until(
+    wait_reachable(
         "50 sends accepted after the failover",
         60,
         lambda: accepted_count(sender) >= accepted_at_failover + 50,
@@ -431,7 +307,7 @@ def test_failover_with_asynchronous_lagging_standby_loses_what_it_never_received
             state = ledger(conn)
             return all(state[i][0] == "completed" for i in sends.accepted if i in state)
 
-        wait_until("every surviving message completed", 90, drained, interval=0.5)
+        wait_reachable("every surviving message completed", 90, drained, interval=0.5)
         state = ledger(conn)
         lost_wal = conn.execute("SELECT count(*) FROM wal_filler").fetchone()
     for w in workers:
@@ -457,97 +333,3 @@ def test_failover_with_asynchronous_lagging_standby_loses_what_it_never_received
 
 
 # -- the child process ---------------------------------------------------------------------
-
-
-def _emit(**data: Any) -> None:
-    print(json.dumps(data, default=str), flush=True)
-
-
-def _produce(args: dict[str, Any]) -> None:
-    """Send until the stop file appears (or ``max`` sends); log every attempt; retry a refused
-    id until it is accepted."""
-    from django.db import connection
-
-    import zeroloss
-    from zeroloss.models import Message
-    from zeroloss.outage import close_connection, is_outage
-
-    stop = Path(args.get("stop_file") or "/nonexistent/stop-file")
-    most = args.get("max")
-    n = 0
-    while not stop.exists() and (most is None or n < most):
-        n += 1
-        message_id = f"{args['prefix']}-{n}"
-        attempt = 0
-        refused = False
-        while True:
-            attempt += 1
-            try:
-                existed = refused and Message.objects.filter(message_id=message_id).exists()
-                zeroloss.send(args["queue"], {"n": n}, message_id=message_id)
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
-                close_connection("default")
-                refused = True
-                _emit(id=message_id, outcome="refused", attempt=attempt, t=time.time(), error=str(exc)[:200])
-                time.sleep(0.1)
-                continue
-            port = connection.connection.info.port if connection.connection is not None else None
-            _emit(
-                id=message_id,
-                outcome="accepted",
-                attempt=attempt,
-                t=time.time(),
-                existed_before=existed,
-                port=port,
-            )
-            break
-        time.sleep(args.get("pace", 0.01))
-    _emit(done=True, sent=n)
-
-
-def _status() -> None:
-    import io
-
-    from django.core.management import call_command
-    from django.core.management.base import CommandError
-    from django.db import connection
-
-    from zeroloss.service import ZeroLossMessageService
-
-    out = io.StringIO()
-    # exit code 1 (raised by call_command) when the requirement is not met: the JSON says why
-    with contextlib.suppress(CommandError):
-        call_command("zeroloss_nodes", "discover", "--json", stdout=out)
-    status = ZeroLossMessageService().replication_status(record=False)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT inet_server_port(), pg_is_in_recovery()")
-        port, recovery = cursor.fetchone()
-    _emit(
-        port=port,
-        in_recovery=recovery,
-        confirmed=status.confirmed,
-        required=status.required,
-        confirmed_by=status.confirmed_by,
-        detail=status.detail,
-        nodes=json.loads(out.getvalue()),
-    )
-
-
-def main() -> None:
-    role, args = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-    import django
-
-    django.setup()
-    if role == "produce":
-        _produce(args)
-    elif role == "status":
-        _status()
-    else:
-        raise SystemExit(f"unknown role {role}")
-
-
-if __name__ == "__main__":
-    main()

@@ -50,6 +50,7 @@ from tests.faults.partitions import report as partition_report
 from tests.faults.scenario import CI, measure_recovery, report, run_celery, run_database
 from tests.faults.workload import WorkerPool, child_env, producer
 from tests.netns import SUBNET_PREFIX, NetnsLab
+from tests.support.waiting import wait_until
 from zeroloss.ledger.types import Completion, CompletionReport, Lease, Verdict
 from zeroloss.models import Message, MessageEvent
 from zeroloss.outage import OutageMonitor, close_connection, is_outage
@@ -145,7 +146,7 @@ class Race:
         try:
             for n in range(rounds):
                 self.barrier.wait()
-                time.sleep(self.rng.uniform(0, delay_max))
+                time.sleep(self.rng.uniform(0, delay_max))  # the fault schedule: a cut at a random moment
                 cut(ways[n], self.pid, self.fd)
                 self.barrier.wait()
         except threading.BrokenBarrierError:
@@ -184,7 +185,7 @@ def _retry_outage(work: Callable[[], T], timeout: float = 30) -> T:
             close_connection("default")
             if time.monotonic() > deadline:
                 raise AssertionError(f"still failing after {timeout}s: {exc!r}") from exc
-            time.sleep(pause)
+            time.sleep(pause)  # backoff between retries through the outage
             pause = min(pause * 2, 0.5)
 
 
@@ -246,6 +247,7 @@ def test_outcome_flush_racing_a_cut_connection():
         keeper = LeaseKeeper(service, interval=60)  # not started: holds, and tells what is lost
         keeper.hold(leases)
         got: list[CompletionReport] = []
+        # the completer's retry backoff, kept short: the race is the subject, not the backoff
         completer = Completer(service, keeper, on_report=got.append, wait=lambda s: time.sleep(min(s, 0.02)))
         for lease in leases:
             completer.add(Completion(lease, Verdict.ACKNOWLEDGE))
@@ -497,14 +499,14 @@ def test_recovery_after_restarts_with_default_settings(fault_cluster: FaultClust
 # -- partitions and dead hosts (issue 24) -------------------------------------------------
 
 _ECHO_SERVER = """
-import socket, sys, time
+import signal, socket, sys
 s = socket.create_server((sys.argv[1], 7000))
 print("listening", flush=True)
 conn, _ = s.accept()
 while data := conn.recv(100):
     conn.sendall(data)
 print("peer closed", flush=True)
-time.sleep(3600)
+signal.pause()  # until the test kills it
 """
 _CLIENT = """
 import socket, sys
@@ -631,18 +633,16 @@ def test_an_idle_worker_reports_the_outage_until_it_ends(fault_cluster: FaultClu
     pool = WorkerPool("zeroloss", 1, child_env(url, tmp_path), tmp_path)
     try:
         pool.start()
-        time.sleep(2)  # idle: nothing held, the keeper's ticks have nothing to renew
+        time.sleep(2)  # the keeper must tick while idle (nothing held): that tick is the subject
         fault_cluster.stop_server("fast")
         health: list[str] = []
         down_until = time.monotonic() + 10
         while time.monotonic() < down_until:
-            time.sleep(0.25)
+            time.sleep(0.25)  # sampling the health file through the whole outage
             if time.monotonic() > down_until - 8:  # after the worker noticed (its claims poll every 0.5 s)
                 health.append(_health_status(pool))
         fault_cluster.start_server()
-        deadline = time.monotonic() + 30
-        while "reachable again" not in pool.procs[0].log() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: "reachable again" in pool.procs[0].log(), 30, interval=0.2)
         pool.shutdown()
     finally:
         pool.kill_all()
@@ -681,20 +681,17 @@ def test_a_started_transactional_claim_is_never_released_as_unstarted_after_an_o
         args = {"seed": 1, "prefix": "m", "count": 1, "rate": 1.0, "queues": ["faults.tx"]}
         args.update(max_attempts=100, sleep_ms=1000, out=str(tmp_path / "sends.log"))
         sender = producer(env, tmp_path, args)
-        deadline = time.monotonic() + 60
-        while not read_runs(tmp_path) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert read_runs(tmp_path), "the handler never started"
+        assert wait_until(lambda: read_runs(tmp_path), 60, interval=0.02), "the handler never started"
         fault_cluster.restart("fast", down_for=4.0, dbname="zl_faults_released_started")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def completed() -> bool:
             with psycopg.connect(url, autocommit=True) as conn:
                 row = conn.execute(
                     "SELECT status FROM zeroloss_message WHERE message_id = 'm-000000'"
                 ).fetchone()
-            if row and row[0] == "completed":
-                break
-            time.sleep(0.2)
+            return bool(row and row[0] == "completed")
+
+        wait_until(completed, 60, interval=0.2)
         pool.shutdown()
     finally:
         pool.kill_all()
@@ -770,20 +767,25 @@ def test_release_unknown_claims_waits_for_a_claim_the_server_still_runs_after_a_
 
         thread = threading.Thread(target=claimer)
         thread.start()
-        deadline = time.monotonic() + 10
-        while not session and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.3)  # the claim is running on the server (in the trigger's sleep)
+        assert wait_until(lambda: session, 10, interval=0.01), "the claimer never connected"
+
+        def in_the_trigger() -> bool:  # the claim is running on the server, in the trigger's sleep
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [session[0][0]])
+                row = cursor.fetchone()
+            return bool(row and row[0] == "PgSleep")
+
+        assert wait_until(in_the_trigger, 10, interval=0.01), "the claim never reached the trigger's sleep"
         cut("network", *session[0])
         thread.join(timeout=30)
         # Wait until the orphaned session has finished (committed, then failed to answer).
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def orphan_gone() -> bool:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [session[0][0]])
-                if cursor.fetchone()[0] == 0:
-                    break
-            time.sleep(0.05)
+                return bool(cursor.fetchone()[0] == 0)
+
+        wait_until(orphan_gone, 30)
         assert "leases" not in outcome, "the cut did not make the claim raise"
         row = Message.objects.get(message_id="slow-1")
         assert (row.status, row.claimed_by) != ("processing", "bug-claimer"), (

@@ -19,7 +19,6 @@ import json
 import math
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,8 +35,9 @@ from django.test import Client
 from django.urls import reverse
 
 import zeroloss
-from tests.conftest import ROOT, child_env
+from tests.conftest import ROOT
 from tests.support import expire_leases
+from tests.support.cli import cli
 from zeroloss import handlers
 from zeroloss.exceptions import ZeroLossError
 from zeroloss.ledger.types import Completion, Lease, Verdict
@@ -126,15 +126,7 @@ def manage(*args: str) -> Callable[[Ledger], str]:
 
     def run(ledger: Ledger) -> str:
         try:
-            proc = subprocess.run(
-                [sys.executable, "manage.py", *args],
-                cwd=ROOT,
-                env=child_env(),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=HANG_AFTER,
-            )
+            proc = cli(*args, timeout=HANG_AFTER)
         except subprocess.TimeoutExpired:
             return f"hung (killed after {HANG_AFTER:g}s)"
         if "Traceback" in proc.stderr:

@@ -8,7 +8,6 @@ first because the failover test leaves the cluster without a standby.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from django.db.utils import ConnectionHandler
 from tests.hacluster import HaCluster
 from tests.pgbouncer import PgBouncer, ensure_pgbouncer, pgbouncer_version
 from tests.pgcluster import ClusterError, PgCluster
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.slow, pytest.mark.once]
 
@@ -73,18 +73,17 @@ class CommitInThread:
 
 def waiting_on_sync_rep(port: int, sql: str, timeout: float) -> bool:
     """Whether a backend running ``sql`` on ``port`` is seen waiting on SyncRep within ``timeout``."""
-    deadline = time.monotonic() + timeout
     with psycopg.connect(
         host="127.0.0.1", port=port, dbname="zl_ha", user="postgres", autocommit=True
     ) as conn:
-        while time.monotonic() < deadline:
+
+        def seen() -> bool:
             row = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND query = %s", [sql]
             ).fetchone()
-            if row and row[0]:
-                return True
-            time.sleep(0.05)
-    return False
+            return bool(row and row[0])
+
+        return bool(wait_until(seen, timeout))
 
 
 def django_wrapper(entry: dict[str, Any]) -> Any:

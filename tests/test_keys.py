@@ -11,7 +11,8 @@ import pytest
 from django.db import connections
 
 from tests.support import expire_leases, make_available
-from tests.test_ops_support import clear_cache, run
+from tests.support.cli import run
+from tests.support.factories import blocked_ledger, clear_cache
 from zeroloss.exceptions import InvalidMessage
 from zeroloss.ledger.types import KeyWhy
 from zeroloss.models import Message, MessageEvent, Status
@@ -43,35 +44,6 @@ def _fresh_cache():
     clear_cache()
     yield
     clear_cache()
-
-
-def blocked_ledger() -> ZeroLossMessageService:
-    """Key ``busy``: head b0 processing, 3 behind. Key ``failing``: head f0 backing off after a
-    failure, 2 behind. Key ``free``: head claimable, 1 behind (not blocked). Key ``alone``:
-    processing, nothing behind (not blocked). ``other`` queue: key ``busy`` processing, 1 behind."""
-    # A retry delay far longer than any test: "failing" stays blocked however loaded the host.
-    worker = ZeroLossMessageService(
-        instance_id="worker-1",
-        ack_timeout=600,
-        max_attempts=5,
-        retry_backoff={"BASE": 3600, "MAX": 3600, "JITTER": False},
-    )
-    for i in range(4):
-        worker.persist_message(f"b{i}", "q", {"i": i}, ordering_key="busy")
-    for i in range(3):
-        worker.persist_message(f"f{i}", "q", {"i": i}, ordering_key="failing")
-    for i in range(2):
-        worker.persist_message(f"r{i}", "q", {"i": i}, ordering_key="free")
-    worker.persist_message("a0", "q", {}, ordering_key="alone")
-    worker.persist_message("o0", "other", {}, ordering_key="busy")
-    worker.persist_message("o1", "other", {}, ordering_key="busy")
-    assert worker.mark_processing("b0")
-    assert worker.mark_processing("a0")
-    assert worker.mark_processing("o0")
-    lease = worker.mark_processing("f0")
-    assert lease
-    assert worker.mark_failed("f0", lease.token, "upstream said 503")
-    return worker
 
 
 def event(message_id: str) -> MessageEvent:

@@ -12,8 +12,7 @@ import pytest
 from django.db import OperationalError
 
 from tests.conftest import ROOT, child_env
-from tests.support import expire_leases
-from tests.test_processing import register, run_worker
+from tests.support import expire_leases, register, run_worker
 from zeroloss.outage import OutageMonitor
 from zeroloss.processing import Delivery
 from zeroloss.service import ZeroLossMessageService

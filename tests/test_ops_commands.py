@@ -13,17 +13,14 @@ import pytest
 from django.db import connection
 
 from tests.support import backdate
-from tests.test_ops_support import (
-    FakeTerminal,
+from tests.support.cli import FakeTerminal, cli, cli_tty, run
+from tests.support.factories import (
     clear_cache,
-    cli,
-    cli_tty,
     ledger_state,
     make_completed,
     make_dead,
     make_leased,
     make_stuck,
-    run,
     statuses,
 )
 from zeroloss.models import Message, MessageEvent, PurgeRecord, Status

@@ -16,7 +16,7 @@ from health_check.views import HealthCheckView
 from prometheus_client.parser import text_string_to_metric_families
 
 import zeroloss.urls
-from tests.test_ops_support import clear_cache, make_dead, make_stuck
+from tests.support.factories import clear_cache, make_dead, make_stuck
 from zeroloss import metrics
 from zeroloss.health import ZeroLossHealthCheck
 

@@ -18,16 +18,8 @@ import pytest
 from django.core.management import get_commands, load_command_class
 
 from tests.conftest import ROOT, child_env
-from tests.test_ops_support import (
-    clear_cache,
-    cli,
-    cli_tty,
-    ledger_state,
-    make_completed,
-    make_dead,
-    make_stuck,
-    run,
-)
+from tests.support.cli import cli, cli_tty, run
+from tests.support.factories import clear_cache, ledger_state, make_completed, make_dead, make_stuck
 from zeroloss.management.base import (
     EXIT_BROKEN_PIPE,
     EXIT_UNREACHABLE,
@@ -70,15 +62,8 @@ def unreachable_url(request, tmp_path) -> str:
 
 
 def manage(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=child_env(**env),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """The command line with these environment variables on top of the test's."""
+    return cli(*args, timeout=timeout, env=child_env(**env))
 
 
 # -- an unreachable ledger ----------------------------------------------------------------

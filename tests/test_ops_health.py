@@ -6,7 +6,8 @@ import pytest
 from django.test import override_settings
 from django.urls import reverse
 
-from tests.test_ops_support import clear_cache, make_completed, make_dead, make_stuck
+from tests.support import backdate
+from tests.support.factories import clear_cache, make_completed, make_dead, make_stuck
 from zeroloss.exceptions import InvalidMessage
 from zeroloss.service import ZeroLossMessageService
 from zeroloss.snapshot import Snapshot, cache_key, compute_snapshot, get_snapshot, invalidate
@@ -195,9 +196,7 @@ class TestSnapshot:
         snap = compute_snapshot(service)
         assert snap.queues["q"].oldest_pending_age == 0.0
         service.persist_message("now", "r", {})
-        import time
-
-        time.sleep(0.2)
+        backdate(["now"], "available_at", seconds_ago=1)
         snap = compute_snapshot(service)
         assert snap.queues["r"].oldest_pending_age is not None
         assert snap.queues["r"].oldest_pending_age >= 0.2

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import expire_leases
-from tests.test_ops_support import clear_cache, make_completed, make_dead, make_leased, make_stuck
+from tests.support.factories import clear_cache, make_completed, make_dead, make_leased, make_stuck
 from zeroloss import metrics
 from zeroloss.models import ReplicationNode
 from zeroloss.service import ZeroLossMessageService

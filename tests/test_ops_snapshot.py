@@ -18,7 +18,8 @@ from django.db.models import F
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.test_ops_support import clear_cache, make_dead, make_stuck, run
+from tests.support.cli import run
+from tests.support.factories import clear_cache, make_dead, make_stuck
 from zeroloss import dashboard, replication, snapshot
 from zeroloss.management import base
 from zeroloss.models import Message, Status

@@ -7,13 +7,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
+from typing import Any
 
 import pytest
 from django.db import connection
 
 from tests.conftest import ROOT, child_env
-from tests.test_ops_support import clear_cache, ledger_state, make_stuck, run
+from tests.support.cli import run
+from tests.support.factories import clear_cache, ledger_state, make_stuck
+from tests.support.waiting import wait_for
 from zeroloss.management import verify as verify_checks
 from zeroloss.management.batches import BATCH_PAYLOAD_BYTES, PayloadBatches
 from zeroloss.models import Message
@@ -50,15 +52,16 @@ def run_measured(*args: str, timeout: float = 600) -> tuple[int, int, str, str]:
             stdout=out,
             stderr=err,
         )
-        deadline = time.monotonic() + timeout
+
+        def reaped() -> Any:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                return usage
+            return None
+
         try:
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    proc.returncode = os.waitstatus_to_exitcode(status)
-                    break
-                assert time.monotonic() < deadline, f"manage.py {args} still running after {timeout}s"
-                time.sleep(0.05)
+            usage = wait_for(f"manage.py {args} exited", reaped, timeout)
         finally:
             if proc.returncode is None:
                 proc.kill()

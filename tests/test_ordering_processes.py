@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from project.demo.models import OrderedRun
+from tests.support.processes import db_worker
 from zeroloss.models import Message, Status
 from zeroloss.service import wait_until
-
-from .workers import db_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -59,7 +58,7 @@ def test_each_key_in_order_one_at_a_time_through_kills_and_failing_heads(childre
         kills = 0
         deadline = time.monotonic() + 240
         while kills < 3 and time.monotonic() < deadline:
-            time.sleep(rng.uniform(1.0, 3.0))
+            time.sleep(rng.uniform(1.0, 3.0))  # the fault schedule: kills at random moments
             victim = workers.pop(rng.randrange(len(workers)))
             victim.sigkill_group()
             kills += 1

@@ -38,7 +38,9 @@ from django.core.checks import Warning
 
 from tests.pgbouncer import PgBouncer
 from tests.pgcluster import PgCluster
-from tests.test_failover import QUEUE, ROOT, Child, ledger, manage, wait_until, zeroloss_env
+from tests.support.cli import manage
+from tests.support.failover import QUEUE, ROOT, ledger, wait_reachable, zeroloss_env
+from tests.support.processes import Proc
 from zeroloss import checks
 from zeroloss.conf import ZeroLossSettings
 
@@ -92,7 +94,7 @@ def pooled() -> Iterator[Pooled]:
 def send(env: dict[str, str], prefix: str, count: int) -> list[str]:
     args = {"prefix": prefix, "queue": QUEUE, "max": count, "pace": 0}
     done = subprocess.run(
-        [sys.executable, "-m", "tests.test_failover", "produce", json.dumps(args)],
+        [sys.executable, "-m", "tests.support.failover", "produce", json.dumps(args)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -107,7 +109,7 @@ def send(env: dict[str, str], prefix: str, count: int) -> list[str]:
 
 def drain(env: dict[str, str], workers: int = 2) -> None:
     procs = [
-        Child(
+        Proc(
             [
                 sys.executable,
                 "manage.py",
@@ -132,11 +134,11 @@ def drain(env: dict[str, str], workers: int = 2) -> None:
 
 def claim_and_kill(env: dict[str, str], message_id: str) -> str:
     """A real process claims ``message_id`` through the pooler and is SIGKILLed holding it."""
-    child = Child(
+    child = Proc(
         [sys.executable, "-m", "tests.child", "claim_and_hang", json.dumps({"message_id": message_id})], env
     )
     try:
-        wait_until("the claim", 60, lambda: bool(child.records()))
+        wait_reachable("the claim", 60, lambda: bool(child.records()))
         [claimed] = child.records()
         assert claimed["token"], child.text
     finally:

@@ -22,10 +22,9 @@ import pytest
 import tests.timelimits_app.zeroloss_handlers  # noqa: F401  (the same queues in this process)
 from project.demo.models import HandledRecord
 from tests.support import expire_leases
+from tests.support.processes import Proc, db_worker, wait_until_other_sessions_gone
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
-
-from .workers import Proc, _wait_until_other_sessions_gone, db_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -184,7 +183,7 @@ def test_sigkill_of_the_parent_takes_its_children_and_the_sweep_recovers_each_le
         assert wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), timeout=20), (
             f"children {children} outlived their parent"
         )
-        _wait_until_other_sessions_gone()
+        wait_until_other_sessions_gone()
     finally:
         worker.terminate()
     assert statuses() == {"k0": Status.PROCESSING, "k1": Status.PROCESSING}

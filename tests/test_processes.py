@@ -132,7 +132,7 @@ def test_sweep_returns_nothing_while_lease_is_renewed_by_live_process(children, 
     deadline = time.monotonic() + 1.2
     while time.monotonic() < deadline:
         assert live_service.recover_orphaned_messages().total == 0
-        time.sleep(0.05)
+        time.sleep(0.05)  # sampling: the sweep must find nothing for the whole window
     [done] = children.finish(holder)
     assert done == {"done": True}  # every renewal succeeded
     moved = Message.objects.get().lease_expires_at
@@ -147,7 +147,7 @@ def test_sweep_returns_nothing_while_lease_is_renewed_by_live_process(children, 
 def test_a_worker_rides_out_sqlite_held_locked_past_its_busy_timeout(tmp_path: Path):
     """On SQLite a transaction elsewhere can hold the only write lock; past the busy timeout the
     worker's statements fail with "database is locked". 0.1 exited 1; now it waits it out."""
-    from .workers import db_worker
+    from tests.support.processes import db_worker
 
     service = ZeroLossMessageService()
     service.persist_messages([(f"s{i}", "demo.record", {}) for i in range(5)])

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
-import zeroloss
-from tests.support import expire_leases, finish, run_worker
+from tests.support import expire_leases, finish, register, run_worker
 from zeroloss.handlers import get_handler
 from zeroloss.ledger.types import Completion, Verdict
 from zeroloss.models import Message, MessageEvent, Status
@@ -27,10 +24,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def reasons(message_id: str) -> list[str]:
     return list(MessageEvent.objects.for_message(message_id).values_list("reason", flat=True))
-
-
-def register(queue: str, func: Callable[[Delivery], Any], **kwargs: Any) -> None:
-    zeroloss.handler(queue, **kwargs)(func)
 
 
 class TestOutcomes:

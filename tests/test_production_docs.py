@@ -31,12 +31,12 @@ from django.db import connection
 
 import zeroloss
 from project.demo.models import HandledRecord
+from tests.support.docs import Block, blocks, check_manage
+from tests.support.processes import Proc
 from zeroloss.models import Message, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
 
 from .conftest import ROOT, child_env
-from .test_docs import Block, blocks, check_manage
-from .workers import Proc
 
 GUIDE = ROOT / "docs" / "production.md"
 
@@ -271,7 +271,7 @@ def _peak_sessions(app_name: str, seconds: float) -> int:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         peak = max(peak, _sessions(app_name))
-        time.sleep(0.1)
+        time.sleep(0.1)  # sampling: the peak over a window of real time is what is measured
     return peak
 
 
@@ -321,9 +321,8 @@ def test_connections_per_celery_prefork_child(settings):
     import redis
 
     from project.celery import app as celery_app
-
-    from .test_transport import use_broker
-    from .workers import celery_worker
+    from tests.support.celery import use_broker
+    from tests.support.processes import celery_worker
 
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()

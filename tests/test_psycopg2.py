@@ -14,7 +14,7 @@ from django.contrib.auth.models import Group
 from django.db import DatabaseError, connection, transaction
 from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
-from tests.test_processing import register, run_worker
+from tests.support import register, run_worker
 from zeroloss.ledger.base import engine_for
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.processing import Delivery

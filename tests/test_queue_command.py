@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.test_ops_support import cli, run
+from tests.support.cli import cli, run
 from zeroloss.ledger import control
 from zeroloss.models import QueueControl
 from zeroloss.service import ZeroLossMessageService

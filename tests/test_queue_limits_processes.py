@@ -15,13 +15,11 @@ from django.db import connection
 import zeroloss
 from project.demo.models import OrderedRun
 from tests.support import expire_leases
+from tests.support.celery import REDIS_URL
+from tests.support.processes import Proc, celery_worker, db_worker
 from zeroloss.ledger import control
 from zeroloss.models import Message, MessageEvent
 from zeroloss.service import ZeroLossMessageService, wait_until
-
-from .test_transport import REDIS_URL
-from .test_transport import broker as broker  # the real Redis broker, TRANSPORT "celery"
-from .workers import Proc, celery_worker, db_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.postgres_only]
 

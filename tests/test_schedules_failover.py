@@ -15,7 +15,6 @@ than ON_TIME_WINDOW late: see docs/schedules.md.)
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,10 @@ import psycopg
 import pytest
 
 from tests.hacluster import HaCluster
-from tests.test_failover import FILLER_MB, Child, manage, wait_until, worker, zeroloss_env
+from tests.support.cli import manage
+from tests.support.failover import FILLER_MB, wait_reachable, worker, zeroloss_env
+from tests.support.processes import Proc
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.once]
 
@@ -71,15 +73,15 @@ def test_every_tick_once_across_a_failover_that_lost_the_last_ticks(cluster: HaC
     assert migrated.returncode == 0, migrated.stderr
     _host, old_port = cluster.primary()
     _host, standby_port = cluster.standby()
-    workers: list[Child] = []
+    workers: list[Proc] = []
     try:
         workers = [worker(env) for _ in range(2)]
         for w in workers:
-            wait_until("worker up", 60, lambda w=w: "zeroloss_worker: queues" in w.text)
+            w.wait_for("zeroloss_worker: queues", 60)
         with cluster.connect(old_port) as old:
             old.execute("CREATE TABLE wal_filler (id serial PRIMARY KEY, pad text NOT NULL)")
             start = clock(old)
-            wait_until("3 ticks sent on the first primary", 30, lambda: len(ticks(old)) >= 3)
+            wait_reachable("3 ticks sent on the first primary", 30, lambda: len(ticks(old)) >= 3)
             # Barrier: every tick so far has been replayed by the standby.
             (lsn,) = old.execute("SELECT pg_current_wal_lsn()").fetchone() or (None,)
 
@@ -89,7 +91,7 @@ def test_every_tick_once_across_a_failover_that_lost_the_last_ticks(cluster: HaC
                 ).fetchone()
                 return bool(row and row[0])
 
-            wait_until("the standby replayed the barrier", 30, replayed, interval=0.02)
+            wait_reachable("the standby replayed the barrier", 30, replayed, interval=0.02)
             replicated = ticks(old)
             with cluster.paused_standby():
                 # More WAL than the loopback socket buffers hold: nothing after it reaches the standby.
@@ -98,7 +100,7 @@ def test_every_tick_once_across_a_failover_that_lost_the_last_ticks(cluster: HaC
                     [FILLER_MB * 1024 * 1024 // 1100],
                 )
                 filled = clock(old)
-                wait_until(
+                wait_reachable(
                     "a tick committed after the filler",
                     10,
                     lambda: any(created > filled for created, _s, _h in ticks(old).values()),
@@ -121,10 +123,12 @@ def test_every_tick_once_across_a_failover_that_lost_the_last_ticks(cluster: HaC
                     and max(state) >= end - dt.timedelta(seconds=EVERY)
                 )
 
-            deadline = time.monotonic() + 60
             expired = False
-            while not window_done():
-                assert time.monotonic() < deadline, [w.text[-2000:] for w in workers]
+
+            def done_or_expired() -> bool:
+                nonlocal expired
+                if window_done():
+                    return True
                 if not expired and clock(new) > end:
                     # A tick claimed before the failover may hold a lease whose worker's
                     # acknowledgement died with the old primary: expire it instead of waiting out
@@ -135,7 +139,9 @@ def test_every_tick_once_across_a_failover_that_lost_the_last_ticks(cluster: HaC
                         "WHERE status = 'processing' AND message_id LIKE 'tick@%%'"
                     )
                     expired = True
-                time.sleep(0.2)
+                return False
+
+            wait_for(lambda: str([w.text[-2000:] for w in workers]), done_or_expired, 60, interval=0.2)
             final = ticks(new)
             lost_wal = new.execute("SELECT count(*) FROM wal_filler").fetchone()
     finally:

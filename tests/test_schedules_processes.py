@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-import time
 from typing import Any
 
 import pytest
@@ -14,7 +13,8 @@ from django.db import connection
 
 from tests.conftest import child_env
 from tests.support import expire_leases
-from tests.workers import Proc
+from tests.support.processes import Proc
+from tests.support.waiting import wait_for
 from zeroloss.models import Message
 from zeroloss.schedules.state_rows import read_clock
 
@@ -30,12 +30,12 @@ def db_now() -> dt.datetime:
 
 
 def wait_db_clock(until: dt.datetime, procs: list[Proc]) -> None:
-    deadline = time.monotonic() + 60
-    while db_now() < until:
+    def reached() -> bool:
         for proc in procs:
             assert proc.popen.poll() is None, proc.text[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+        return db_now() >= until
+
+    wait_for(f"the database clock at {until}", reached, 60, interval=0.1)
 
 
 def skewed_worker(offset: str, name: str) -> Proc:
@@ -73,16 +73,19 @@ def test_three_skewed_schedulers_one_killed_send_every_tick_once(db):
         procs[2] = skewed_worker(offsets[2], "sched-2b")
         end = start + dt.timedelta(seconds=13)
         wait_db_clock(end, procs)
-        deadline = time.monotonic() + 30
         # Every tick of the window handled (later ticks may still be arriving).
         ticks = Message.objects.filter(
             message_id__startswith="tick@", message_id__lte=f"tick@{end.isoformat()}"
         )
-        while ticks.exclude(status="completed").exists():
-            assert time.monotonic() < deadline, [p.text[-2000:] for p in procs] + list(
-                ticks.exclude(status="completed").values("message_id", "status")
-            )
-            time.sleep(0.1)
+        wait_for(
+            lambda: str(
+                [p.text[-2000:] for p in procs]
+                + list(ticks.exclude(status="completed").values("message_id", "status"))
+            ),
+            lambda: not ticks.exclude(status="completed").exists(),
+            30,
+            interval=0.1,
+        )
     finally:
         for proc in procs:
             proc.terminate()
@@ -149,27 +152,32 @@ def test_every_tick_once_across_a_database_restart(tmp_path):
         def now() -> dt.datetime:
             return one("SELECT clock_timestamp()")
 
-        def wait_until(instant: dt.datetime) -> None:
-            deadline = time.monotonic() + 60
-            while now() < instant:
-                assert time.monotonic() < deadline and all(p.popen.poll() is None for p in procs)
-                time.sleep(0.1)
+        def wait_clock(instant: dt.datetime) -> None:
+            def reached() -> bool:
+                assert all(p.popen.poll() is None for p in procs)
+                return now() >= instant
+
+            wait_for(f"the database clock at {instant}", reached, 60, interval=0.1)
 
         start = now()
-        wait_until(start + dt.timedelta(seconds=4))
+        wait_clock(start + dt.timedelta(seconds=4))
         cluster.restart_primary()  # every session of both workers is cut
         end = now() + dt.timedelta(seconds=6)
-        wait_until(end)
+        wait_clock(end)
         for proc in procs:  # the restart was an outage they rode out, not a blip they missed
             proc.wait_for("reachable again after", timeout=30)
-        deadline = time.monotonic() + 30
-        while one(
-            "SELECT count(*) FROM zeroloss_message WHERE message_id LIKE 'tick@%%' AND status <> 'completed' "
-            "AND message_id <= %s",
-            [f"tick@{end.isoformat()}"],
-        ):
-            assert time.monotonic() < deadline, "ticks of the window not completed in 30 s"
-            time.sleep(0.1)
+        wait_for(
+            "the ticks of the window completed",
+            lambda: (
+                not one(
+                    "SELECT count(*) FROM zeroloss_message WHERE message_id LIKE 'tick@%%' "
+                    "AND status <> 'completed' AND message_id <= %s",
+                    [f"tick@{end.isoformat()}"],
+                )
+            ),
+            30,
+            interval=0.1,
+        )
     finally:
         for proc in procs:
             proc.terminate()
@@ -244,7 +252,6 @@ def test_catch_up_policies_after_every_scheduler_stopped_for_60_s(db):
 
         # Every schedule has sent a tick (its state row exists: catch-up starts from it), then
         # the workers die KILL_PHASE into a cycle.
-        deadline = time.monotonic() + 2 * CYCLE + 10
 
         def all_sent_so_far(now: dt.datetime) -> bool:
             for name, spec in CATCH_UP_SCHEDULES.items():
@@ -254,19 +261,20 @@ def test_catch_up_policies_after_every_scheduler_stopped_for_60_s(db):
                     return False
             return True
 
-        while not (KILL_PHASE <= phase(now := db_now()) < KILL_PHASE + 1 and all_sent_so_far(now)):
-            assert time.monotonic() < deadline, [p.text[-2000:] for p in procs]
+        def kill_moment() -> bool:
             assert all(p.popen.poll() is None for p in procs), [p.text[-2000:] for p in procs]
-            time.sleep(0.05)
+            now = db_now()
+            return KILL_PHASE <= phase(now) < KILL_PHASE + 1 and all_sent_so_far(now)
+
+        wait_for(lambda: str([p.text[-2000:] for p in procs]), kill_moment, 2 * CYCLE + 10, interval=0.05)
         for proc in procs:
             proc.sigkill_group()  # returns once their sessions are gone: nothing more can commit
         stopped = db_now()
         before = {name: tick_times(name) for name in CATCH_UP_SCHEDULES}
         # The one long wait of the test: no scheduler runs while the database clock moves 60 s.
-        deadline = time.monotonic() + 75
-        while db_now() < stopped + dt.timedelta(seconds=60):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_for(
+            "the database clock 60 s on", lambda: db_now() >= stopped + dt.timedelta(seconds=60), 75, 0.1
+        )
         restarted_at = db_now()
         procs.append(catch_up_worker("catchup-restarted"))
 
@@ -277,10 +285,12 @@ def test_catch_up_policies_after_every_scheduler_stopped_for_60_s(db):
                 )
             )
 
-        deadline = time.monotonic() + 30
-        while not caught_up() or any(m.status != "completed" for m in caught_up()):
-            assert time.monotonic() < deadline, procs[-1].text[-3000:]
-            time.sleep(0.1)
+        wait_for(
+            lambda: procs[-1].text[-3000:],
+            lambda: (done := caught_up()) and all(m.status == "completed" for m in done),
+            30,
+            interval=0.1,
+        )
         first_round = caught_up()[0].created_at  # the restarted worker's first round
     finally:
         for proc in procs:

@@ -13,7 +13,6 @@ server's own read-only setting refuses the write.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +23,7 @@ from django.db import OperationalError, connection, transaction
 
 import zeroloss
 from tests.conftest import database_url
+from tests.support.waiting import wait_for
 from zeroloss.models import Message, MessageEvent
 from zeroloss.service import ZeroLossMessageService
 
@@ -37,10 +37,12 @@ def terminate_own_session() -> None:
     pid = connection.connection.info.backend_pid
     with psycopg.connect(database_url(), autocommit=True) as other:
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
-        deadline = time.monotonic() + 10
-        while other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone():
-            assert time.monotonic() < deadline, f"session {pid} still there 10 s after pg_terminate_backend"
-            time.sleep(0.01)
+        wait_for(
+            f"session {pid} gone after pg_terminate_backend",
+            lambda: not other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone(),
+            10,
+            interval=0.01,
+        )
 
 
 @contextmanager

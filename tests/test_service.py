@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-import time
 import uuid
 
 import pytest
 from django.db import OperationalError, connection
 
-from tests.support import expire_leases, make_available
+from tests.support import backdate, expire_leases, make_available
 from zeroloss.exceptions import (
     InvalidLeaseToken,
     InvalidMessage,
@@ -407,7 +406,7 @@ class TestOperator:
         for lease in service.claim_next("q", 10) + service.claim_next("r", 10):
             service.acknowledge_message(lease.message_id, lease.token)
         assert service.cleanup_completed_messages(older_than=3600) == 0
-        time.sleep(0.05)
+        assert backdate([f"m{i}" for i in range(6)], "completed_at", seconds_ago=60) == 6
         assert service.purge_messages(status="completed", older_than=0, batch_size=4) == 6
         assert Message.objects.count() == 0 and MessageEvent.objects.count() == 0
         assert sum(PurgeRecord.objects.values_list("count", flat=True)) == 6

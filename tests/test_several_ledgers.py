@@ -15,12 +15,12 @@ import psycopg
 import pytest
 
 from project.demo.models import HandledRecord
+from tests.support.processes import Proc
 from zeroloss.models import Message
 from zeroloss.service import wait_until
 
 from .conftest import ROOT, child_env
 from .pgcluster import PgCluster
-from .workers import Proc
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

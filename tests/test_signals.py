@@ -12,8 +12,7 @@ from django.db import connection, transaction
 from django.dispatch import Signal
 
 import zeroloss
-from tests.support import expire_leases
-from tests.test_processing import register, run_worker
+from tests.support import expire_leases, register, run_worker
 from zeroloss import signals
 from zeroloss.ledger.types import Completion, Verdict
 from zeroloss.models import Message, Status

@@ -12,6 +12,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from tests.support import expire_leases
+from tests.support.factories import make_stuck
+from tests.support.processes import Proc
+from tests.support.waiting import wait_for
 from zeroloss.models import MessageEvent
 from zeroloss.service import ZeroLossMessageService
 
@@ -33,30 +36,28 @@ def test_sweep_once_prints_what_it_did(capsys):
 
 
 def test_sweep_loop_stops_cleanly_on_sigterm():
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "zeroloss_sweep", "--loop", "--interval", "0.1"],
-        cwd=ROOT,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    sweeper = Proc(
+        [sys.executable, "manage.py", "zeroloss_sweep", "--loop", "--interval", "0.1"], child_env()
     )
     try:
-        assert proc.stderr is not None
-        first = proc.stderr.readline()  # its handlers are installed once it says it is sweeping
-        assert "sweeping every" in first, first
-        time.sleep(0.5)  # a few sweeps
-        proc.send_signal(signal.SIGTERM)
+        sweeper.wait_for("sweeping every")  # its signal handlers are installed from here on
+
+        def requeued(message_id: str) -> bool:
+            return MessageEvent.objects.for_message(message_id).filter(reason="lease_expired").exists()
+
+        # Two sweeps seen in the ledger: the second stuck message appears after the first was requeued.
+        make_stuck(["s1"])
+        wait_for(lambda: f"s1 requeued by a sweep:\n{sweeper.text}", lambda: requeued("s1"), 60)
+        make_stuck(["s2"])
+        wait_for(lambda: f"s2 requeued by a later sweep:\n{sweeper.text}", lambda: requeued("s2"), 60)
+        sweeper.popen.send_signal(signal.SIGTERM)
         # It stops after the unit of work in hand, which on SQLite may wait up to the lock timeout.
-        _, err = proc.communicate(timeout=60)
-        err = first + err
+        code = sweeper.wait(60)
     finally:
-        if proc.poll() is None:  # never leave a hung sweeper behind a failed test
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
-    assert "on SIGTERM" in err
-    assert int(err.split("stopped after ")[1].split(" ")[0]) >= 2
+        sweeper.stop(signal.SIGKILL)  # never leave a hung sweeper behind a failed test
+    assert code == 0, sweeper.text
+    assert "on SIGTERM" in sweeper.text
+    assert int(sweeper.text.split("stopped after ")[1].split(" ")[0]) >= 2
 
 
 def test_bad_arguments_exit_2():

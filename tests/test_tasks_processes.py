@@ -12,12 +12,11 @@ from django.db import transaction
 
 from project.demo.models import OrderedRun
 from tests import task_functions as tf
+from tests.support.processes import db_worker
 from zeroloss.conf import ZeroLossSettings
 from zeroloss.models import Message, MessageEvent
 from zeroloss.service import wait_until
 from zeroloss.tasks_backend import compat
-
-from .workers import db_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

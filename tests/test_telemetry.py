@@ -149,7 +149,7 @@ def test_zeroloss_works_and_imports_no_opentelemetry_without_it():
     ],
 )
 def test_a_bad_metrics_port_is_a_usage_error_before_anything_runs(port, text):
-    from .workers import db_worker
+    from tests.support.processes import db_worker
 
     zeroloss.send("demo.record", {}, message_id="untouched")
     worker = db_worker("--queue", "demo.record", "--burst", "--metrics-port", port)

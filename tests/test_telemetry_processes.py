@@ -19,11 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import zeroloss
 from project.demo.models import HandledRecord
+from tests.support.processes import db_worker
 from zeroloss.models import Message, Status
 from zeroloss.service import wait_until
 from zeroloss.telemetry import prometheus
-
-from .workers import db_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -186,8 +185,7 @@ def celery_broker(settings):
     import redis
 
     from project.celery import app as celery_app
-
-    from .test_transport import REDIS_URL, use_broker
+    from tests.support.celery import REDIS_URL, use_broker
 
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()
@@ -202,7 +200,7 @@ def celery_broker(settings):
 
 @pytest.mark.slow
 def test_the_trace_survives_the_celery_broker(spans, tmp_path, celery_broker):
-    from .workers import celery_worker
+    from tests.support.processes import celery_worker
 
     path = tmp_path / "spans.jsonl"
     worker = celery_worker(

@@ -4,8 +4,6 @@ transaction instead of closing its connection."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import Group
@@ -16,6 +14,7 @@ from django.test import TestCase, TransactionTestCase
 
 import zeroloss
 from tests.support import expire_leases
+from tests.support.waiting import suspend
 from zeroloss import handlers
 from zeroloss.exceptions import UnknownQueue
 from zeroloss.models import Message, MessageEvent, Status
@@ -30,7 +29,7 @@ def make_group(delivery: Delivery) -> None:
 
 
 async def make_group_async(delivery: Delivery) -> None:
-    await asyncio.sleep(0)
+    await suspend()
     await sync_to_async(Group.objects.create)(name=delivery.payload["name"])
 
 

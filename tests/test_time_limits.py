@@ -6,7 +6,6 @@ database; the database clock decides when the lease has run out."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -17,8 +16,8 @@ from django.core.checks import Error
 from django.db import connection
 
 import zeroloss
-from tests.support import finish, run_worker
-from tests.test_processing import register
+from tests.support import finish, register, run_worker
+from tests.support.waiting import never_done, suspend
 from zeroloss import handlers
 from zeroloss.conf import get_settings
 from zeroloss.exceptions import InvalidHandler, SoftTimeLimitExceeded
@@ -101,7 +100,7 @@ def busy(seconds: float) -> None:
     """Pure-Python work (short sleeps): an asynchronous exception lands between two of them."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(0.01)  # short: PyThreadState_SetAsyncExc lands between bytecodes, not in a sleep
 
 
 def test_a_sync_handler_past_its_soft_limit_fails_its_attempt_with_soft_time_limit_exceeded():
@@ -162,14 +161,14 @@ def test_an_async_handler_past_its_soft_limit_gets_the_exception_in_its_task():
     seen: list[str] = []
 
     async def raises(delivery: Delivery) -> None:
-        await asyncio.sleep(60)
+        await never_done()
 
     async def catches(delivery: Delivery) -> str:
         try:
-            await asyncio.sleep(60)
+            await never_done()
         except SoftTimeLimitExceeded:
             seen.append(delivery.message_id)
-            await asyncio.sleep(0.01)  # it may still await while cleaning up
+            await suspend()  # it may still await while cleaning up
         return "cleaned up"
 
     register("tl.async_raises", raises, soft_time_limit=0.3)
@@ -189,7 +188,7 @@ def test_an_async_handler_past_its_soft_limit_gets_the_exception_in_its_task():
 
 def test_an_async_handler_past_its_own_time_limit_is_cancelled():
     async def hangs(delivery: Delivery) -> None:
-        await asyncio.sleep(60)
+        await never_done()
 
     register("tl.async_hard", hangs, time_limit=0.3)
     spec = handlers.get_handler("tl.async_hard")

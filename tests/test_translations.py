@@ -13,29 +13,22 @@ fuzzy entry), so a new string without its translations fails here.
 from __future__ import annotations
 
 import gettext
-import html
 import json
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.cache import cache
-from django.core.management import load_command_class
 from django.test import Client
 from django.urls import reverse
 from django.utils import translation
 
 from tests.support import expire_leases
-from tests.test_ops_support import clear_cache, cli, make_leased, make_stuck, run
+from tests.support.cli import cli, run
+from tests.support.factories import clear_cache, make_leased, make_stuck
+from tests.support.translations import LANGUAGES, LOCALE, catalog, command_help, visible_text
 from zeroloss.models import Message
 from zeroloss.service import ZeroLossMessageService
-
-LOCALE = Path(__file__).resolve().parent.parent / "zeroloss" / "locale"
-LANGUAGES = ("de", "fr")
-#: What separates an entry's context from its msgid in a compiled catalog (GNU gettext's EOT).
-CONTEXT = "\x04"
 
 #: Phrases each page must show, per language.
 EXPECTED = {
@@ -109,43 +102,6 @@ EXPECTED = {
         ],
     },
 }
-
-_PO_ENTRY = re.compile(
-    r'^(?:msgctxt ((?:"(?:[^"\\]|\\.)*"\n)+))?msgid ((?:"(?:[^"\\]|\\.)*"\n)+)(?:msgid_plural ((?:"(?:[^"\\]|\\.)*"\n)+))?'
-    r'((?:msgstr(?:\[\d\])? (?:"(?:[^"\\]|\\.)*"\n?)+)+)',
-    re.M,
-)
-
-
-def _joined(block: str) -> str:
-    return "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', block)).replace('\\"', '"')
-
-
-def catalog(lang: str) -> list[tuple[str, list[str]]]:
-    """``(msgid, [translations])`` of zeroloss's catalog for ``lang`` (the header left out).
-
-    An entry with a context (``pgettext``) is keyed as the compiled catalog keys it: the
-    context, the separator ``CONTEXT``, then the msgid."""
-    text = (LOCALE / lang / "LC_MESSAGES" / "django.po").read_text(encoding="utf-8")
-    entries = []
-    for match in _PO_ENTRY.finditer(text):
-        msgid = _joined(match.group(2))
-        if not msgid:
-            continue
-        if match.group(1):
-            msgid = f"{_joined(match.group(1))}{CONTEXT}{msgid}"
-        strs = [_joined(s) for s in re.split(r"^msgstr(?:\[\d\])? ", match.group(4), flags=re.M) if s]
-        entries.append((msgid, strs))
-    return entries
-
-
-def visible_text(page: str) -> str:
-    """What a reader sees: no tags, scripts or styles; entities decoded; whitespace collapsed.
-    Attribute texts that are read (``title``, ``aria-label``, button values) are kept."""
-    page = re.sub(r"<(script|style)\b.*?</\1>", " ", page, flags=re.S | re.I)
-    read = " ".join(re.findall(r'(?:title|aria-label|value)="([^"]*)"', page))
-    text = re.sub(r"<[^>]+>", " ", page) + " " + read
-    return re.sub(r"\s+", " ", html.unescape(text))
 
 
 @pytest.mark.parametrize("lang", LANGUAGES)
@@ -321,10 +277,6 @@ def ops_ledger(db: None) -> None:
     make_leased(["live1"])
 
 
-def _help(command: str) -> str:
-    return load_command_class("zeroloss", command).create_parser("manage.py", command).format_help()
-
-
 @pytest.mark.parametrize("lang", LANGUAGES)
 def test_commands_speak_the_language(ops_ledger: None, settings: Any, lang: str) -> None:
     settings.LANGUAGE_CODE = lang
@@ -349,7 +301,7 @@ def test_commands_speak_the_language(ops_ledger: None, settings: Any, lang: str)
 
     # --help: argparse formats the translated texts, and the default the formatter appends
     # is in the language (no second, English "(default: ...)").
-    text = " ".join(_help("zeroloss_status").split())
+    text = " ".join(command_help("zeroloss_status").split())
     assert [p for p in phrases["help"] if p not in text] == [], text
     assert "(default:" not in text.replace("(default: %(default)s)", "")
 
@@ -378,7 +330,7 @@ def test_commands_english_is_unchanged(ops_ledger: None, settings: Any) -> None:
     assert "1 of 2 selected message(s) would not be requeued" in requeue.err
     worker = run("zeroloss_worker", "--queue", "nope", "--burst")
     assert "No handler is registered for queue(s) nope; registered: " in worker.err
-    text = " ".join(_help("zeroloss_status").split())
+    text = " ".join(command_help("zeroloss_status").split())
     assert "Refresh every SECONDS until stopped (default: print once)." in text
     assert "Database alias (default: default)." in text
     assert (

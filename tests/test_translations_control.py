@@ -19,8 +19,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import translation
 
-from tests.test_ops_support import run
-from tests.test_translations import LANGUAGES, _help, catalog, visible_text
+from tests.support.cli import run
+from tests.support.translations import LANGUAGES, catalog, command_help, visible_text
 from zeroloss.ledger import control
 from zeroloss.service import ZeroLossMessageService
 
@@ -181,7 +181,7 @@ def test_queue_command_speaks_the_language(db: None, settings: Any, lang: str) -
     bad = run("zeroloss_queue", "limit", QUEUE, "--concurrency", "0")
     assert bad.code == 2
     says(lang, "usage", bad.err)
-    says(lang, "help", " ".join(_help("zeroloss_queue").split()))
+    says(lang, "help", " ".join(command_help("zeroloss_queue").split()))
 
 
 @pytest.mark.parametrize("lang", LANGUAGES)

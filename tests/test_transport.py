@@ -5,59 +5,25 @@ from __future__ import annotations
 
 import collections
 import io
-import os
 import time
 
 import pytest
-import redis
 from django.core.management import call_command
 from django.db import connection, transaction
 
 import zeroloss
-from project.celery import app as celery_app
 from project.demo.models import HandledRecord
+from tests.support.celery import REDIS_URL, use_broker
+from tests.support.processes import celery_beat, celery_worker, db_worker
+from tests.support.waiting import wait_for
 from zeroloss.exceptions import UnknownQueue
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
 from zeroloss.tasks import beat_schedule_entry, deliver_message
 
 from .support import expire_leases
-from .workers import Proc, celery_beat, celery_worker, db_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-REDIS_URL = os.environ.get("ZEROLOSS_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-
-
-def use_broker(url: str) -> None:
-    """Point this process's Celery app at ``url``, dropping pooled connections to the old one."""
-    # What ``conf.broker_url = url`` does at run time (the stubs declare a read-only property).
-    celery_app.conf["broker_url"] = url
-    # Private pools, reset so the next publish connects to ``url``; celery-stubs leave them out.
-    celery_app._pool = None  # type: ignore[attr-defined]
-    celery_app.amqp._producer_pool = None  # type: ignore[attr-defined]
-
-
-@pytest.fixture
-def broker(settings):
-    """Celery over the real Redis broker (a dedicated database index, emptied first)."""
-    client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    settings.ZEROLOSS = {**settings.ZEROLOSS, "TRANSPORT": "celery"}
-    old = celery_app.conf.broker_url
-    use_broker(REDIS_URL)
-    yield client
-    use_broker(old)
-    client.flushdb()
-    client.close()
-
-
-@pytest.fixture
-def procs():
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.terminate(timeout=15)
 
 
 def handled_counts(queue: str) -> collections.Counter[str]:
@@ -95,7 +61,8 @@ def test_duplicate_delivery_runs_handler_once(broker, procs):
     deliver_message.apply_async(args=(message.message_id,))
     procs.append(celery_worker(REDIS_URL, concurrency=3))
     assert wait_until(lambda: all_completed(1), timeout=30)
-    time.sleep(1)  # let the duplicates arrive and be absorbed
+    # the duplicates arrive and are absorbed: every delivery's task has finished
+    wait_for(lambda: procs[0].text[-3000:], lambda: procs[0].text.count("succeeded") >= 3, 30)
     assert handled_counts("demo.record") == {"dup-1": 1}
     assert MessageEvent.objects.filter(reason="claimed").count() == 1
     assert procs[0].text.count("succeeded") >= 3  # all three deliveries ran; two were absorbed
@@ -275,7 +242,21 @@ def test_idle_db_worker_wakes_on_notify_not_on_poll(procs):
     worker = db_worker("--queue", "demo.record", "--poll-interval", "60", "--no-sweep")
     procs.append(worker)
     service = ZeroLossMessageService()
-    time.sleep(3)  # the worker is up, found nothing, and now sleeps up to 60 s between polls
+
+    def idle_and_listening() -> bool:
+        # Its LISTEN session is open, and a claim of it has run and found nothing: from here on
+        # it waits up to 60 s between polls.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT bool_or(query LIKE 'LISTEN %%'), bool_or(query LIKE '%%zeroloss_message%%' "
+                "AND state = 'idle') FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()"
+            )
+            listening, claimed = cursor.fetchone()
+        return bool(listening and claimed)
+
+    worker.wait_for("zeroloss_worker: queues", 60)
+    wait_for(lambda: f"the worker idle and listening:\n{worker.text}", idle_and_listening, 60)
     started = time.monotonic()
     service.persist_message("wake-1", "demo.record", {})
     assert wait_until(lambda: all_completed(1), timeout=20), worker.text

@@ -7,8 +7,6 @@ sender are real processes given the routing through the environment, as a deploy
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import psycopg
@@ -16,23 +14,13 @@ import pytest
 from django.db import connection
 
 from project.demo.models import HandledRecord
+from tests.support.cli import manage
 
-from .conftest import ROOT, child_env, database_url
+from .conftest import child_env, database_url
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.once]
 
 ROUTED = {"QUEUE_DATABASES": {"demo.record": "ledger2"}}
-
-
-def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture

@@ -31,6 +31,8 @@ from typing import Any
 
 import psycopg
 
+from tests.support.waiting import wait_until
+
 from .cluster import FaultCluster, RedisServer
 from .workload import WorkerPool
 
@@ -132,25 +134,26 @@ class Injector(threading.Thread):
     # -- helpers --------------------------------------------------------------------------
 
     def _query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-        deadline = time.monotonic() + 30
-        while True:
+        rows: list[list[Any]] = []
+        errors: list[psycopg.OperationalError] = []
+
+        def answered() -> bool:
             try:
                 with psycopg.connect(
                     self.cluster.url(dbname=self.dbname), autocommit=True, connect_timeout=5
                 ) as c:
-                    return c.execute(sql, params or []).fetchall()
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+                    rows[:] = [c.execute(sql, params or []).fetchall()]
+                    return True
+            except psycopg.OperationalError as exc:
+                errors[:] = [exc]
+                return False
+
+        if not wait_until(answered, 30, interval=0.2):
+            raise errors[-1]
+        return rows[0]
 
     def _ready_slots(self, timeout: float = 20) -> list[int]:
-        deadline = time.monotonic() + timeout
-        while True:
-            ready = [s for s in range(self.pool.count) if self.pool.ready(s)]
-            if ready or time.monotonic() > deadline:
-                return ready
-            time.sleep(0.05)
+        return wait_until(lambda: [s for s in range(self.pool.count) if self.pool.ready(s)], timeout) or []
 
     def _holders(self, queue: str | None = None) -> set[int]:
         """Pids whose claim threads hold leases right now (of ``queue``, or any)."""
@@ -184,7 +187,7 @@ class Injector(threading.Thread):
         generation = self.pool.kill(slot)
         dead = time.time()  # every process of its group is gone
         delay = round(self.rng.uniform(0.2, 1.0), 2)
-        time.sleep(delay)
+        time.sleep(delay)  # the fault itself: down for a random while
         self.pool.restart(slot)  # the supervisor's job: a killed worker comes back
         return Fault("sigkill", began, dead, slot, generation.pids, {"restarted_after_s": delay})
 
@@ -209,7 +212,7 @@ class Injector(threading.Thread):
             before = self.pool.outcomes(slot).get("lease_lost", 0)
             began = time.time()
             self.pool.pause(slot)
-            time.sleep(0.15)  # a statement it had sent completes meanwhile
+            time.sleep(0.15)  # the freeze's length: a statement it had sent completes meanwhile
             expirable = pid in self._holders() and not self._in_transaction(self.pool.appname(slot))
             if expirable:
                 break
@@ -221,29 +224,28 @@ class Injector(threading.Thread):
                     heapq.heappush(self.plan, (time.monotonic() - self.start_at + 2, "sigstop"))
                 self.log(f"  (no worker held an expirable lease in {tries} brief freezes; retrying later)")
                 return None
-            time.sleep(self.rng.uniform(0.02, 0.1))
+            time.sleep(self.rng.uniform(0.02, 0.1))  # the fault schedule: a random gap between tries
             slots = self._ready_slots() or slots
         # Wait for the real lease expiry and the sweep (another worker's) to requeue one of its
         # messages: ACK_TIMEOUT + a few sweep intervals, bounded.
         limit = began + self.ack_timeout + 3 * self.sweep_interval + 8
-        expired = 0
-        while time.time() < limit:
-            expired = self._query(
-                "SELECT count(*) FROM zeroloss_messageevent WHERE reason = 'lease_expired' "
-                "AND created_at >= to_timestamp(%s) AND detail LIKE %s",
-                [began, f"%:{pid}:%"],
-            )[0][0]
-            if expired:
-                break
-            time.sleep(0.2)
+
+        def expired_count() -> int:
+            return int(
+                self._query(
+                    "SELECT count(*) FROM zeroloss_messageevent WHERE reason = 'lease_expired' "
+                    "AND created_at >= to_timestamp(%s) AND detail LIKE %s",
+                    [began, f"%:{pid}:%"],
+                )[0][0]
+            )
+
+        expired = wait_until(expired_count, max(0.0, limit - time.time()), interval=0.2) or 0
         if expired:
-            time.sleep(self.sweep_interval)  # leave time for another worker to claim it
+            time.sleep(self.sweep_interval)  # the fault's length: another worker may claim it meanwhile
         self.pool.resume(slot)
         ended = time.time()
         # Its late outcomes: refused by the fence and counted by the worker (lease_lost).
-        settle = time.monotonic() + 10
-        while self.pool.health_updated(slot) < ended + 1.5 and time.monotonic() < settle:
-            time.sleep(0.1)
+        wait_until(lambda: self.pool.health_updated(slot) >= ended + 1.5, 10, interval=0.1)
         after = self.pool.outcomes(slot).get("lease_lost", 0)
         fault = Fault(
             "sigstop",

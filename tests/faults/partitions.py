@@ -47,6 +47,7 @@ from urllib.parse import quote
 import psycopg
 
 from tests.netns import SUBNET_PREFIX, Link, NetnsLab
+from tests.support.waiting import wait_until
 
 from .checker import Checker, Findings, read_runs
 from .cluster import FaultCluster
@@ -222,12 +223,7 @@ def _unfinished(url: str) -> int:
 
 
 def _wait(check: Callable[[], bool], timeout: float, poll: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(poll)
-    return True
+    return bool(wait_until(check, max(0.0, timeout), interval=poll))
 
 
 def _send(env: dict[str, str], run_dir: Path, prefix: str, queue: str, count: int) -> Proc:
@@ -342,7 +338,7 @@ def run_cut_off(
         say(f"takeover times (s after the cut): {result.takeover_s}")
         if fault == "partition":
             # The partition lasts its full length; the taken-over handlers finish meanwhile.
-            time.sleep(max(0.0, cut_at + partition_s - time.time()))
+            time.sleep(max(0.0, cut_at + partition_s - time.time()))  # the fault itself: its full length
             healthy.shutdown()  # the cut-off worker must drain on its own after the heal
             healed_at = link.heal()
             result.cut_lasted_s = round(healed_at - cut_at, 1)

@@ -89,7 +89,7 @@ def main() -> None:
             due = [retry[0][0]] if retry else []
             if not stopping and next_new < count:
                 due.append(started + next_new / rate)
-            time.sleep(min(max(min(due) - now, 0.0), 0.05))
+            time.sleep(min(max(min(due) - now, 0.0), 0.05))  # the send schedule: a rate in real time
             continue
         message_id, queue, payload = plan[index]
         first_try.setdefault(index, now)

@@ -33,6 +33,8 @@ from typing import Any
 
 import psycopg
 
+from tests.support.waiting import wait_until
+
 from .checker import Checker, Findings
 from .cluster import FaultCluster, RedisServer
 from .injector import Fault, Injector, schedule
@@ -147,26 +149,26 @@ def _wait_drained(url: str, producer_proc: Proc, timeout: float, log: Callable[[
     """Wait for the producer to finish and every message to be finished; returns seconds waited."""
     started = time.monotonic()
     deadline = started + timeout
-    while producer_proc.alive and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if producer_proc.alive:
+    if not wait_until(lambda: not producer_proc.alive, timeout, interval=0.2):
         log("  producer still running at the deadline: stopping it")
         producer_proc.terminate(timeout=30)
-    while time.monotonic() < deadline:
-        if _count_unfinished(url) == 0:
-            break
-        time.sleep(0.2)
+    wait_until(lambda: _count_unfinished(url) == 0, max(0.0, deadline - time.monotonic()), interval=0.2)
     return time.monotonic() - started
 
 
 def _wait_first_send(run_dir: Path, producer_proc: Proc, timeout: float = 90) -> None:
     """Faults start once the producer is sending (its start-up takes seconds on a loaded host)."""
-    deadline = time.monotonic() + timeout
     sends = run_dir / "sends.log"
-    while not (sends.exists() and sends.stat().st_size > 0):
-        if not producer_proc.alive or time.monotonic() > deadline:
+
+    def sending() -> bool:
+        if sends.exists() and sends.stat().st_size > 0:
+            return True
+        if not producer_proc.alive:
             raise RuntimeError(f"the producer sent nothing in {timeout}s:\n{producer_proc.log()}")
-        time.sleep(0.1)
+        return False
+
+    if not wait_until(sending, timeout, interval=0.1):
+        raise RuntimeError(f"the producer sent nothing in {timeout}s:\n{producer_proc.log()}")
 
 
 def _producer_args(
@@ -325,8 +327,8 @@ def run_celery(
 
 def _first_ack_after(url: str, after: float, timeout: float = 60) -> float | None:
     """Wall-clock time of the first acknowledgement (audit row or handler effect) after ``after``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def first() -> float | None:
         with (
             contextlib.suppress(psycopg.OperationalError),
             psycopg.connect(url, autocommit=True, connect_timeout=5) as conn,
@@ -339,8 +341,9 @@ def _first_ack_after(url: str, after: float, timeout: float = 60) -> float | Non
             ).fetchone()
             if row and row[0] is not None:
                 return float(row[0].timestamp())
-        time.sleep(0.25)
-    return None
+        return None
+
+    return wait_until(first, timeout, interval=0.25)
 
 
 def measure_recovery(
@@ -371,7 +374,7 @@ def measure_recovery(
             env, run_dir, _producer_args(run_dir, seed, int(20 * duration), duration, 5.0)
         )
         _wait_first_send(run_dir, producer_proc)
-        time.sleep(3)
+        time.sleep(3)  # the fault schedule: traffic flows a while before the first restart
         for mode in modes:
             restart = cluster.restart(mode, down_for=round(rng.uniform(0, 1.0), 2), dbname=dbname)
             first = _first_ack_after(url, restart.up)
@@ -391,7 +394,7 @@ def measure_recovery(
                 f"  recovery: restart -m {mode}: down {restart.outage:.2f}s, first acknowledgement "
                 f"{'never' if first is None else f'{first - restart.up:.2f}s'} after accepting connections"
             )
-            time.sleep(max(0.0, 8.0 - (time.time() - restart.up)))
+            time.sleep(max(0.0, 8.0 - (time.time() - restart.up)))  # the fault schedule: 8 s apart
         producer_proc.signal(15)
         _wait_drained(url, producer_proc, profile.drain_timeout + 60, log)
         pool.shutdown()

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.waiting import wait_until
+
 from .zeroloss_handlers import DIR_ENV, PLAIN_QUEUE, TX_QUEUE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,11 +109,8 @@ class Proc:
         members = _live_group_members(self.pid)
         self.signal(signal.SIGKILL)
         self.popen.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while _live_group_members(self.pid):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name}: processes of group {self.pid} outlived SIGKILL by 10s")
-            time.sleep(0.02)
+        if not wait_until(lambda: not _live_group_members(self.pid), 10, interval=0.02):
+            raise RuntimeError(f"{self.name}: processes of group {self.pid} outlived SIGKILL by 10s")
         return sorted({self.pid, *members})
 
     def terminate(self, timeout: float = 30, *, signalled: bool = False) -> int:
@@ -130,15 +129,18 @@ class Proc:
         return self.popen.returncode
 
     def wait_for_text(self, needle: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while needle not in self.log(tail=1_000_000):
+
+        def seen() -> bool:
+            if needle in self.log(tail=1_000_000):
+                return True
             if not self.alive:
                 raise RuntimeError(
                     f"{self.name} exited ({self.popen.returncode}) before {needle!r}:\n{self.log()}"
                 )
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name}: {needle!r} not seen in {timeout}s:\n{self.log()}")
-            time.sleep(0.05)
+            return False
+
+        if not wait_until(seen, timeout):
+            raise RuntimeError(f"{self.name}: {needle!r} not seen in {timeout}s:\n{self.log()}")
 
 
 def _live_group_members(pgid: int) -> list[int]:
@@ -263,14 +265,18 @@ class WorkerPool:
         return generation.ready_at is not None
 
     def wait_ready(self, slot: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.ready(slot):
+
+        def ready() -> bool:
+            if self.ready(slot):
+                return True
             proc = self.procs[slot]
             if not proc.alive:
                 raise RuntimeError(f"worker {proc.name} exited ({proc.popen.returncode}):\n{proc.log()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"worker {proc.name} not ready in {timeout}s:\n{proc.log()}")
-            time.sleep(0.05)
+            return False
+
+        if not wait_until(ready, timeout):
+            proc = self.procs[slot]
+            raise RuntimeError(f"worker {proc.name} not ready in {timeout}s:\n{proc.log()}")
 
     def pid(self, slot: int) -> int:
         return self.procs[slot].pid

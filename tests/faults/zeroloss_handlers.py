@@ -57,7 +57,7 @@ def _work(delivery: Delivery) -> None:
     payload = delivery.payload if isinstance(delivery.payload, dict) else {}
     pause = float(payload.get("sleep_ms", 0)) / 1000
     if pause:
-        time.sleep(pause)
+        time.sleep(pause)  # a handler that takes this long: the faults land while it runs
 
 
 @zeroloss.handler(TX_QUEUE, transactional=True)

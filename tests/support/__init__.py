@@ -10,10 +10,14 @@ that also run outside Django (``python -m tests.hacluster``, the fault suite).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from django.db import connections
+
+#: The project's root (``manage.py``, ``docs/``): where children run.
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def expire_leases(
@@ -66,6 +70,13 @@ def backdate(message_ids: Iterable[str], column: str, *, seconds_ago: float, usi
         return cursor.rowcount
 
 
+def register(queue: str, func: Callable[..., Any], **kwargs: Any) -> None:
+    """Register ``func`` as the handler of ``queue`` (what ``@zeroloss.handler(queue)`` does)."""
+    import zeroloss
+
+    zeroloss.handler(queue, **kwargs)(func)
+
+
 def run_worker(queue: str, **kwargs: Any) -> tuple[Any, threading.Thread]:
     """A built-in worker on ``queue`` in a thread of this process (stop it with :func:`finish`)."""
     from zeroloss.loops import StopFlag
@@ -106,59 +117,35 @@ def make_available(message_ids: Iterable[str], *, using: str = "default") -> int
 
 
 class PrivateRedis:
-    """A real ``redis-server`` of the test's own, on a free loopback port: it can be stopped,
-    frozen (SIGSTOP: it accepts connections and never answers) and thawed."""
+    """A real ``redis-server`` of the test's own, on a free loopback port (the fault suite's
+    :class:`~tests.faults.cluster.RedisServer`): it can be stopped, frozen (SIGSTOP: it accepts
+    connections and never answers) and thawed."""
 
     def __init__(self) -> None:
-        import shutil
-        import subprocess
-        import tempfile
+        from tests.faults.cluster import RedisServer
 
-        from tests.pgcluster import free_port
+        self.server = RedisServer()
+        self.server.start()
+        self.port = self.server.port
+        self.url = self.server.url()
 
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed (apt-get install redis-server)"
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="zl-redis-")
-        self.proc = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no"],
-            cwd=self.dir,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._wait_up()
-
-    def _wait_up(self, timeout: float = 20) -> None:
-        import socket
-        import time
-
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise AssertionError("the private redis-server did not start") from None
-                time.sleep(0.05)
+    def _signal(self, sig: int) -> None:
+        assert self.server.proc is not None, "the private redis-server is not running"
+        self.server.proc.send_signal(sig)
 
     def freeze(self) -> None:
         import signal
 
-        self.proc.send_signal(signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def thaw(self) -> None:
         import signal
 
-        self.proc.send_signal(signal.SIGCONT)
+        self._signal(signal.SIGCONT)
 
     def stop(self) -> None:
-        import shutil
         import signal
 
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.server.proc is not None and self.server.proc.poll() is None:
+            self._signal(signal.SIGCONT)
+        self.server.stop()

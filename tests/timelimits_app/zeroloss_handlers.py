@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 
 from asgiref.sync import sync_to_async
 
 import zeroloss
 from project.demo.models import HandledRecord
+from tests.support.waiting import NEVER, never_done
 from zeroloss.processing import Delivery
 
 
@@ -29,15 +28,15 @@ def hang(delivery: Delivery) -> None:
     """``{"hang": true}``: never returns on its own (a blocking call the soft limit cannot stop)."""
     note(delivery, "started")
     if isinstance(delivery.payload, dict) and delivery.payload.get("hang"):
-        time.sleep(3600)
+        NEVER.wait()
     note(delivery, "ran")
 
 
 @zeroloss.handler("tl.soft", soft_time_limit=0.5, time_limit=30)
 def soft(delivery: Delivery) -> None:
-    """Blocked in ``time.sleep``; SIGUSR1's SoftTimeLimitExceeded ends it; it cleans up, returns."""
+    """Blocked in a call; SIGUSR1's SoftTimeLimitExceeded ends it; it cleans up, returns."""
     try:
-        time.sleep(60)
+        NEVER.wait(60)
     except zeroloss.SoftTimeLimitExceeded:
         note(delivery, "soft")
 
@@ -45,13 +44,13 @@ def soft(delivery: Delivery) -> None:
 @zeroloss.handler("tl.soft_raise", soft_time_limit=0.5, time_limit=30)
 def soft_raise(delivery: Delivery) -> None:
     note(delivery, "started")
-    time.sleep(60)  # SoftTimeLimitExceeded propagates: a failed attempt
+    NEVER.wait(60)  # SoftTimeLimitExceeded propagates: a failed attempt
 
 
 @zeroloss.handler("tl.async_soft", soft_time_limit=0.5, time_limit=30)
 async def async_soft(delivery: Delivery) -> None:
     try:
-        await asyncio.sleep(60)
+        await never_done()
     except zeroloss.SoftTimeLimitExceeded:
         await sync_to_async(note)(delivery, "soft")
 
@@ -68,14 +67,14 @@ def exits(delivery: Delivery) -> None:
 def forever(delivery: Delivery) -> None:
     """No time limit: runs until its process is killed."""
     note(delivery, "started")
-    time.sleep(3600)
+    NEVER.wait()
 
 
 @zeroloss.handler("tl.stubborn", soft_time_limit=0.5, time_limit=1.5)
 def stubborn(delivery: Delivery) -> None:
     """Catches its soft limit and hangs on regardless: the hard limit has to kill it."""
     try:
-        time.sleep(60)
+        NEVER.wait(60)
     except zeroloss.SoftTimeLimitExceeded:
         note(delivery, "soft")
-    time.sleep(3600)
+    NEVER.wait()

@@ -1,16 +1,24 @@
-"""Real Celery workers, beat and ``zeroloss_worker`` processes for the transport tests."""
+"""Real OS processes for the tests: the one process wrapper (:class:`Proc`) and the launchers of
+``zeroloss_worker``, Celery workers and beat.
+
+A process is waited on for a readiness signal (a line of its output, :meth:`Proc.wait_for`), with a
+deadline; it runs in its own session, so stopping it stops everything it started.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
+from typing import Any
 
-from .conftest import ROOT, child_env
+from tests.support import ROOT
+from tests.support.waiting import wait_for
 
 
 class Proc:
@@ -22,6 +30,7 @@ class Proc:
             args,
             cwd=ROOT,
             env=env,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -42,16 +51,41 @@ class Proc:
     def text(self) -> str:
         return "".join(self.output)
 
+    def records(self) -> list[dict[str, Any]]:
+        """The JSON lines printed so far (the child's log lines are skipped)."""
+        out = []
+        for line in list(self.output):
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return out
+
+    def wait(self, timeout: float) -> int:
+        """The exit code; the test fails if the process still runs after ``timeout`` seconds."""
+        try:
+            code = self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(
+                f"{self.args[2:4]} still running after {timeout}s:\n{self.text[-3000:]}"
+            ) from exc
+        self._reader.join(timeout=5)
+        return code
+
     def wait_for(self, needle: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while needle not in self.text:
+        """Until ``needle`` is in the output; the test fails if the process exits first."""
+
+        def seen() -> bool:
+            if needle in self.text:
+                return True
             if self.popen.poll() is not None:
                 raise AssertionError(
                     f"{self.args[2:4]} exited ({self.popen.returncode}) before {needle!r}:\n{self.text[-4000:]}"
                 )
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{needle!r} not seen in {timeout}s:\n{self.text[-4000:]}")
-            time.sleep(0.05)
+            return False
+
+        wait_for(lambda: f"{needle!r} in the output of {self.args[2:4]}:\n{self.text[-4000:]}", seen, timeout)
 
     def sigkill_group(self) -> None:
         """SIGKILL the whole group; return once nothing it started can still change the database.
@@ -64,7 +98,7 @@ class Proc:
         os.killpg(self.popen.pid, signal.SIGKILL)
         self.popen.wait(timeout=10)
         _wait_until_group_gone(self.popen.pid)
-        _wait_until_other_sessions_gone(app_name=self.app_name)
+        wait_until_other_sessions_gone(app_name=self.app_name)
 
     def wait_exit(self, timeout: float) -> int | None:
         """The exit code, or None if it still runs after ``timeout`` seconds."""
@@ -74,12 +108,17 @@ class Proc:
             return None
 
     def terminate(self, timeout: float = 30) -> int:
+        return self.stop(signal.SIGTERM, timeout)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        """Send ``sig`` to the whole group and wait for the exit (SIGKILL after ``timeout`` s)."""
         if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
             try:
+                os.killpg(self.popen.pid, sig)
                 self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
                 self.popen.wait(timeout=10)
         self._reader.join(timeout=5)
         return self.popen.returncode
@@ -100,22 +139,23 @@ def _live_group_members(pgid: int) -> list[int]:
 
 
 def _wait_until_group_gone(pgid: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while members := _live_group_members(pgid):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"processes {members} of group {pgid} outlived SIGKILL by {timeout}s")
-        time.sleep(0.02)
+    wait_for(
+        f"every process of group {pgid} gone after SIGKILL",
+        lambda: not _live_group_members(pgid),
+        timeout,
+        interval=0.02,
+    )
 
 
-def _wait_until_other_sessions_gone(timeout: float = 15, app_name: str = "") -> None:
+def wait_until_other_sessions_gone(timeout: float = 15, app_name: str = "") -> None:
     """Wait until this test is the only client of its PostgreSQL database (no-op on SQLite);
     with ``app_name``, until no session of that application name is left."""
     from django.db import connection
 
     if connection.vendor != "postgresql":
         return  # SQLite writes happen inside the process: a dead process writes nothing more
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def gone() -> bool:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT array_agg(pid) FROM pg_stat_activity WHERE datname = current_database()"
@@ -124,14 +164,15 @@ def _wait_until_other_sessions_gone(timeout: float = 15, app_name: str = "") -> 
                 [app_name, app_name],
             )
             (others,) = cursor.fetchone()
-        if not others:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"database sessions {others} still open {timeout}s after the kill")
-        time.sleep(0.02)
+        return not others
+
+    wait_for("the other database sessions closed after the kill", gone, timeout, interval=0.02)
 
 
 def worker_env(broker_url: str, **extra: str) -> dict[str, str]:
+    # tests.conftest imports the models: a child that imports this module has no settings yet
+    from tests.conftest import child_env
+
     env = child_env(CELERY_BROKER_URL=broker_url, ZEROLOSS_LOG_LEVEL="INFO")
     env.update(extra)
     return env
@@ -168,9 +209,11 @@ def celery_worker(broker_url: str, *, concurrency: int = 2, name: str = "w1", **
     return proc
 
 
-def celery_beat(broker_url: str, schedule_dir: Path, **extra: str) -> Proc:
+def celery_beat(broker_url: str, schedule_dir: Path, *, under: tuple[str, ...] = (), **extra: str) -> Proc:
+    """Celery beat; ``under`` is a command it runs under (``("faketime", "-f", "-5s")``)."""
     return Proc(
         [
+            *under,
             sys.executable,
             "-m",
             "celery",
@@ -189,6 +232,8 @@ def celery_beat(broker_url: str, schedule_dir: Path, **extra: str) -> Proc:
 
 
 def db_worker(*args: str, **extra: str) -> Proc:
+    from tests.conftest import child_env
+
     env = child_env(ZEROLOSS_LOG_LEVEL="INFO")
     env.update(extra)
     return Proc([sys.executable, "manage.py", "zeroloss_worker", *args], env)

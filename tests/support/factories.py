@@ -1,0 +1,101 @@
+"""Messages in given states, made through the service as a worker would make them.
+
+Expired leases come from moving the lease into the past (:func:`tests.support.expire_leases`),
+never from waiting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.cache import caches
+
+from tests.support import expire_leases
+from zeroloss.models import Message, MessageEvent, PurgeRecord
+from zeroloss.service import ZeroLossMessageService
+
+
+def ledger_state(using: str = "default") -> tuple[Any, ...]:
+    """Every row a command could change, to assert that it changed nothing."""
+    return (
+        list(Message.objects.using(using).order_by("id").values()),
+        list(MessageEvent.objects.using(using).order_by("id").values()),
+        list(PurgeRecord.objects.using(using).order_by("id").values()),
+    )
+
+
+def clear_cache() -> None:
+    caches["default"].clear()
+
+
+def make_stuck(ids: list[str], queue: str = "q") -> None:
+    """Processing messages whose lease expired a minute ago (a worker that died holding them)."""
+    worker = ZeroLossMessageService(instance_id="dead-worker")
+    worker.persist_messages([(m, queue, {"id": m}) for m in ids])
+    for m in ids:
+        assert worker.mark_processing(m)
+    assert expire_leases(ids, seconds_ago=60) == len(ids)
+
+
+def make_dead(ids: list[str], queue: str = "q") -> None:
+    """Dead letters: one attempt allowed, and it failed."""
+    worker = ZeroLossMessageService(instance_id="failing-worker")
+    worker.persist_messages([(m, queue, {"id": m}) for m in ids], max_attempts=1)
+    for m in ids:
+        lease = worker.mark_processing(m)
+        assert lease
+        assert worker.mark_failed(m, lease.token, "boom")
+
+
+def make_leased(ids: list[str], queue: str = "q") -> dict[str, Any]:
+    """Processing messages under a live (60 s) lease; returns the tokens."""
+    worker = ZeroLossMessageService(ack_timeout=60, instance_id="live-worker")
+    worker.persist_messages([(m, queue, {"id": m}) for m in ids])
+    tokens = {}
+    for m in ids:
+        lease = worker.mark_processing(m)
+        assert lease
+        tokens[m] = lease.token
+    return tokens
+
+
+def make_completed(ids: list[str], queue: str = "q") -> None:
+    worker = ZeroLossMessageService(instance_id="good-worker")
+    worker.persist_messages([(m, queue, {"id": m}) for m in ids])
+    for m in ids:
+        lease = worker.mark_processing(m)
+        assert lease
+        assert worker.acknowledge_message(m, lease.token)
+
+
+def statuses(using: str = "default") -> dict[str, str]:
+    return dict(Message.objects.using(using).values_list("message_id", "status"))
+
+
+def blocked_ledger() -> ZeroLossMessageService:
+    """Key ``busy``: head b0 processing, 3 behind. Key ``failing``: head f0 backing off after a
+    failure, 2 behind. Key ``free``: head claimable, 1 behind (not blocked). Key ``alone``:
+    processing, nothing behind (not blocked). ``other`` queue: key ``busy`` processing, 1 behind."""
+    # A retry delay far longer than any test: "failing" stays blocked however loaded the host.
+    worker = ZeroLossMessageService(
+        instance_id="worker-1",
+        ack_timeout=600,
+        max_attempts=5,
+        retry_backoff={"BASE": 3600, "MAX": 3600, "JITTER": False},
+    )
+    for i in range(4):
+        worker.persist_message(f"b{i}", "q", {"i": i}, ordering_key="busy")
+    for i in range(3):
+        worker.persist_message(f"f{i}", "q", {"i": i}, ordering_key="failing")
+    for i in range(2):
+        worker.persist_message(f"r{i}", "q", {"i": i}, ordering_key="free")
+    worker.persist_message("a0", "q", {}, ordering_key="alone")
+    worker.persist_message("o0", "other", {}, ordering_key="busy")
+    worker.persist_message("o1", "other", {}, ordering_key="busy")
+    assert worker.mark_processing("b0")
+    assert worker.mark_processing("a0")
+    assert worker.mark_processing("o0")
+    lease = worker.mark_processing("f0")
+    assert lease
+    assert worker.mark_failed("f0", lease.token, "upstream said 503")
+    return worker
