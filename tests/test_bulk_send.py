@@ -143,7 +143,9 @@ def test_an_invalid_payload_is_named_by_position_and_nothing_is_stored(bad, erro
     payloads: list[object] = [{"n": i} for i in range(N)]
     late = N - 100
     payloads[late] = bad
-    with pytest.raises(error, match=rf"item {late} \('m{late}'\): .*{match}.*Nothing of the batch was stored"):
+    with pytest.raises(
+        error, match=rf"item {late} \('m{late}'\): .*{match}.*Nothing of the batch was stored"
+    ):
         zeroloss.send_many(QUEUE, payloads, message_ids=ids())
     assert not Message.objects.exists() and not MessageEvent.objects.exists()
 
