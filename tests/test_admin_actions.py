@@ -209,7 +209,9 @@ def test_select_all_across_more_than_65535_messages(server_side_binding: None) -
 
 
 @pytest.mark.parametrize("action", ["dead_letter", "force_requeue"])
-def test_confirming_a_select_all_of_more_rows_than_post_fields(db: None, action: str) -> None:
+def test_confirming_a_select_all_of_more_rows_than_post_fields(db: None, settings: Any, action: str) -> None:
+    # Django reads the limit per request: a lower one shows the same thing with fewer rows.
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 100
     count = django_settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 200
     worker = ZeroLossMessageService(instance_id="bulk-worker", ack_timeout=600)
     persist(worker, "bulk", count, "bulk")

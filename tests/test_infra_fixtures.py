@@ -34,18 +34,27 @@ def ha() -> Iterator[HaCluster]:
         cluster.stop()
 
 
-@pytest.fixture
-def bouncer() -> Iterator[PgBouncer]:
+@pytest.fixture(scope="module")
+def pgb_cluster() -> Iterator[PgCluster]:
+    """One server for the module's PgBouncer tests: what they dirty (server connections, their
+    SETs and prepared statements) lives in the pooler's connections and ends with it."""
     cluster = PgCluster(dbname="zl_pgb")
-    pooler = PgBouncer("127.0.0.1", cluster.primary_port, "zl_pgb", pool_mode="transaction")
     try:
         cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def bouncer(pgb_cluster: PgCluster) -> Iterator[PgBouncer]:
+    pooler = PgBouncer("127.0.0.1", pgb_cluster.primary_port, "zl_pgb", pool_mode="transaction")
+    try:
         seconds = pooler.start()
         print(f"\nPgBouncer accepted a query {seconds:.2f}s after start")
         yield pooler
     finally:
         pooler.stop()
-        cluster.stop()
 
 
 class CommitInThread:
