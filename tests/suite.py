@@ -255,6 +255,8 @@ def _tests(
         once += f" and ({' or '.join(args.tier)})"
     if args.fast:
         base_env["ZEROLOSS_TEST_SQLITE_MEMORY"] = "1"
+        # the tests that take a budget (the state machine's examples) take their smaller one
+        base_env["ZEROLOSS_TEST_FAST"] = "1"
         # one pytest worker per core (pytest-xdist); each has its own in-memory test database
         pytest[3:3] = ["-n", os.environ.get("ZEROLOSS_TEST_FAST_WORKERS", "auto")]
     passes: list[tuple[str, list[str], dict[str, str]]] = []

@@ -269,7 +269,6 @@ def test_idle_workers_are_woken_once_per_queue_at_commit_and_not_by_a_resend():
         assert list(listener.notifies(timeout=0.5)) == []
 
 
-@pytest.mark.postgres_only
 def test_a_resent_batch_reads_the_stored_rows_in_a_few_queries():
     first = zeroloss.send_many(QUEUE, [{"n": i} for i in range(N)], message_ids=ids())
     with CaptureQueriesContext(connection) as queries:

@@ -248,13 +248,14 @@ class Persisting(LedgerBase):
             later = created + dt.timedelta(seconds=delay_s)
             key_of = {p.message_id: p.ordering_key for p in chunk}
             stored.update({mid: (pk, created, None if key_of[mid] else later) for pk, mid in rows})
+        existing = self._stored_rows([p.message_id for p in prepared if p.message_id not in stored])
         result = []
         for p in prepared:
             if p.message_id in stored:
                 pk, created, available = stored[p.message_id]
                 result.append(self._materialize(p, pk, created, available, created if dispatched else None))
             else:
-                result.append(self._existing(p))
+                result.append(self._existing(p, existing.get(p.message_id)))
         keys = {(p.queue_name, p.ordering_key) for p in prepared if p.ordering_key and p.message_id in stored}
         if keys:
             self._promote_after_commit(
@@ -334,9 +335,21 @@ class Persisting(LedgerBase):
         }
         return message
 
-    def _existing(self, p: _Prepared) -> Message:
-        """The stored message for an id whose insert conflicted: same content, or a conflict."""
-        existing = Message.objects.using(self.using).filter(message_id=p.message_id).first()
+    def _stored_rows(self, message_ids: Sequence[str]) -> dict[str, Message]:
+        """The stored messages of these ids, one query a chunk (the ids go as one ``{rows}``
+        batch: no parameter a message, whatever the database's limit on them)."""
+        found: dict[str, Message] = {}
+        sql = self.engine.sql["STORED_ROWS"]
+        for start in range(0, len(message_ids), _MANY_CHUNK):
+            params = self._rows("STORED_ROWS", message_ids[start : start + _MANY_CHUNK])
+            found.update((m.message_id, m) for m in Message.objects.using(self.using).raw(sql, params))
+        return found
+
+    def _existing(self, p: _Prepared, existing: Message | None = None) -> Message:
+        """The stored message for an id whose insert conflicted: same content, or a conflict.
+        ``existing``: the row as a batch read it (else it is read here)."""
+        if existing is None:
+            existing = Message.objects.using(self.using).filter(message_id=p.message_id).first()
         if existing is None:  # deleted (purged) between our insert and this read
             raise MessageConflict(p.message_id, "a concurrent purge of the same id")
         if existing.queue_name != p.queue_name:

@@ -226,6 +226,8 @@ _DEAD_LETTER = (
 DEAD_LETTER_PENDING = _DEAD_LETTER + " AND status = 'pending'"
 DEAD_LETTER_PROCESSING = _DEAD_LETTER + " AND status = 'processing'"
 KNOWN_IDS = "SELECT message_id FROM {msg} " + _BY_IDS
+#: The stored rows of ids whose insert conflicted (a resent batch): one read a chunk.
+STORED_ROWS = "SELECT * FROM {msg} " + _BY_IDS
 
 # -- dispatch bookkeeping (Celery transport) ------------------------------------------
 
@@ -271,6 +273,7 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "DEAD_LETTER_PENDING": (("mid", "text"),),
     "DEAD_LETTER_PROCESSING": (("mid", "text"),),
     "KNOWN_IDS": (("mid", "text"),),
+    "STORED_ROWS": (("mid", "text"),),
     "MARK_DISPATCHED": (("mid", "text"),),
     "MARK_UNDISPATCHED": (("mid", "text"),),
     **statements_leases.LEASE_ROWS,
