@@ -1,7 +1,8 @@
 # The two commands a newcomer needs:
 #   make demo   - run the zero-loss demo on the embedded default (SQLite, built-in worker)
 #   make test   - set everything up and run the whole test suite (PostgreSQL and SQLite passes)
-#   make test-fast - the inner loop: unit + ledger tiers, SQLite in memory, no OS process (< 60 s)
+#   make test-fast - the inner loop: unit + ledger tiers, SQLite in memory, no OS process
+#                    (~85 s CPU over one xdist worker per core: ~45 s wall on 2 idle cores, estimated)
 #   make lint   - only the static checks: ruff, mypy over zeroloss/tests/benchmarks, migrations, check
 #   make docs   - the documentation site (MkDocs), built strict into site/
 # Both create their own virtual environment. PYTHON picks the interpreter (3.11+), DJANGO
