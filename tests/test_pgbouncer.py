@@ -41,7 +41,6 @@ from tests.pgcluster import PgCluster
 from tests.support.cli import manage
 from tests.support.failover import QUEUE, ROOT, ledger, wait_reachable, zeroloss_env
 from tests.support.processes import Proc
-from zeroloss import checks
 from zeroloss.conf import ZeroLossSettings
 
 pytestmark = pytest.mark.once  # PgBouncer's behaviour, not Django's: the first CI pass runs it
@@ -343,11 +342,15 @@ W032 = Warning(
     ],
 )
 def test_w030_from_the_configured_port(port: Any, prepared: bool, expected: list[Warning]) -> None:
+    from zeroloss import checks  # here: this module is also a child's entry point, run before django.setup()
+
     cfg = ZeroLossSettings(PREPARED_STATEMENTS=prepared)
     assert checks.pooler_messages("default", None, _pg(port), cfg) == expected
 
 
 def test_w031_w032_from_the_measurement() -> None:
+    from zeroloss import checks  # here: this module is also a child's entry point, run before django.setup()
+
     on, off = ZeroLossSettings(), ZeroLossSettings(PREPARED_STATEMENTS=False)
     assert checks.pooler_messages("default", True, _pg("6432"), on) == [W031, W032]
     assert checks.pooler_messages("default", True, _pg("6432", DISABLE_SERVER_SIDE_CURSORS=True), on) == [
@@ -359,6 +362,8 @@ def test_w031_w032_from_the_measurement() -> None:
 
 def test_w030_is_reported_by_manage_py_check(settings: Any) -> None:
     from django.db import connection
+
+    from zeroloss import checks  # here: this module is also a child's entry point, run before django.setup()
 
     if connection.vendor != "postgresql":
         assert [m for m in checks.check_backend() if m.id == "zeroloss.W030"] == []
