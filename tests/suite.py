@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from tests.support.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/zeroloss"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/15"
@@ -123,11 +125,15 @@ class PrivateServices:
             stderr=subprocess.DEVNULL,
         )
         url = f"redis://127.0.0.1:{port}/15"
-        deadline = time.monotonic() + 20
-        while not _reachable(url, port):
-            if time.monotonic() > deadline or self.redis.poll() is not None:
-                raise RuntimeError("the private redis-server did not start")
-            time.sleep(0.1)
+        redis = self.redis
+
+        def accepting() -> bool:
+            if redis.poll() is not None:
+                raise RuntimeError(f"the private redis-server exited ({redis.returncode})")
+            return _reachable(url, port)
+
+        if not wait_until(accepting, 20, interval=0.1):
+            raise RuntimeError("the private redis-server did not start in 20 s")
         print(f"=== started a private Redis for this run: {url}", flush=True)
         return url
 
