@@ -41,8 +41,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from tests.support.waiting import wait_until
-
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/zeroloss"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/15"
@@ -104,6 +102,7 @@ class PrivateServices:
         if binary is None:
             raise RuntimeError("redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)")
         from tests.pgcluster import free_port
+        from tests.support.waiting import wait_until
 
         port = free_port()
         self.redis_dir = tempfile.mkdtemp(prefix="zl-redis-")
