@@ -45,6 +45,7 @@ import psycopg
 
 from tests.pgcluster import BIN, ClusterError, free_port
 from tests.support import debian
+from tests.support.waiting import wait_until
 
 FORMATION = "default"
 PG_VERSION = BIN.parent.name if BIN.parent.name.isdigit() else "15"
@@ -251,9 +252,10 @@ class HaCluster:
 
     def _wait(self, what: str, timeout: float, check: Callable[[], bool]) -> None:
         """Poll ``check()`` until it returns true; ClusterError with the logs after ``timeout``."""
-        deadline = time.monotonic() + timeout
         last: object = None
-        while time.monotonic() < deadline:
+
+        def reached() -> bool:
+            nonlocal last
             for node in (self.monitor, *self.nodes):
                 if node.keeper is not None and node is not self.killed and node.keeper.poll() is not None:
                     raise ClusterError(
@@ -261,12 +263,15 @@ class HaCluster:
                         f"{what}{self._logs()}"
                     )
             try:
-                if check():
-                    return
+                done = bool(check())
                 last = None
+                return done
             except (psycopg.Error, ClusterError) as exc:
                 last = exc
-            time.sleep(0.2)
+                return False
+
+        if wait_until(reached, timeout, interval=0.2):
+            return
         states: object
         try:
             states = self.states()
@@ -497,18 +502,21 @@ class HaCluster:
             raise ClusterError("wait_for_failover() needs kill_primary() first")
         deadline = time.monotonic() + timeout
         last: object = None
-        while time.monotonic() < deadline:
+
+        def written_elsewhere() -> float | None:
+            nonlocal last
             try:
                 if self.write_probe() != killed.port:
-                    seconds = time.monotonic() - killed_at
-                    left = max(1.0, deadline - time.monotonic())
-                    self._wait(
-                        "monitor reports the new primary", left, lambda: self.primary()[1] != killed.port
-                    )
-                    return seconds
+                    return time.monotonic() - killed_at
             except (psycopg.Error, ClusterError) as exc:
                 last = exc
-            time.sleep(0.1)
+            return None
+
+        seconds = wait_until(written_elsewhere, timeout, interval=0.1)
+        if seconds:
+            left = max(1.0, deadline - time.monotonic())
+            self._wait("monitor reports the new primary", left, lambda: self.primary()[1] != killed.port)
+            return seconds
         raise ClusterError(
             f"no write accepted {timeout}s after killing {killed.name} (last error: {last}; "
             f"monitor: {self.states()}){self._logs()}"

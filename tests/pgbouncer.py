@@ -41,6 +41,7 @@ import psycopg
 
 from tests.hacluster import _as_postgres_kwargs, ensure_debian_package
 from tests.pgcluster import ClusterError, free_port
+from tests.support.waiting import wait_until
 
 POOL_MODES = ("session", "transaction", "statement")
 
@@ -153,18 +154,22 @@ class PgBouncer:
                 start_new_session=True,
                 **_as_postgres_kwargs(),
             )
-        deadline = began + timeout
         last: object = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+
+        def serving() -> bool:
+            nonlocal last
+            if self.proc is not None and self.proc.poll() is not None:
                 raise ClusterError(f"pgbouncer exited with {self.proc.returncode}{self._logs()}")
             try:
                 with self.connect() as conn:
                     conn.execute("SELECT 1")
-                return time.monotonic() - began
+                return True
             except psycopg.Error as exc:
                 last = exc
-            time.sleep(0.1)
+                return False
+
+        if wait_until(serving, max(0.0, began + timeout - time.monotonic()), interval=0.1):
+            return time.monotonic() - began
         raise ClusterError(
             f"pgbouncer did not serve a query in {timeout}s (last error: {last}){self._logs()}"
         )

@@ -19,10 +19,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import psycopg
+
+from tests.support.waiting import wait_until
 
 STEP_TIMEOUT = 60
 
@@ -229,12 +230,7 @@ class PgCluster:
             return int(row[0]) if row else 0
 
     def wait_streaming(self, count: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.streaming() == count:
-                return True
-            time.sleep(0.1)
-        return False
+        return bool(wait_until(lambda: self.streaming() == count, timeout, interval=0.1))
 
     def stop(self) -> None:
         """Stop both servers and remove the directory. Safe to call twice, and on half-set-up clusters."""

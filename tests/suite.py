@@ -102,6 +102,7 @@ class PrivateServices:
         if binary is None:
             raise RuntimeError("redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)")
         from tests.pgcluster import free_port
+        from tests.support.waiting import wait_until
 
         port = free_port()
         self.redis_dir = tempfile.mkdtemp(prefix="zl-redis-")
@@ -123,11 +124,15 @@ class PrivateServices:
             stderr=subprocess.DEVNULL,
         )
         url = f"redis://127.0.0.1:{port}/15"
-        deadline = time.monotonic() + 20
-        while not _reachable(url, port):
-            if time.monotonic() > deadline or self.redis.poll() is not None:
-                raise RuntimeError("the private redis-server did not start")
-            time.sleep(0.1)
+        redis = self.redis
+
+        def accepting() -> bool:
+            if redis.poll() is not None:
+                raise RuntimeError(f"the private redis-server exited ({redis.returncode})")
+            return _reachable(url, port)
+
+        if not wait_until(accepting, 20, interval=0.1):
+            raise RuntimeError("the private redis-server did not start in 20 s")
         print(f"=== started a private Redis for this run: {url}", flush=True)
         return url
 

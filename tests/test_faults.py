@@ -50,7 +50,7 @@ from tests.faults.partitions import report as partition_report
 from tests.faults.scenario import CI, measure_recovery, report, run_celery, run_database
 from tests.faults.workload import WorkerPool, child_env, producer
 from tests.netns import SUBNET_PREFIX, NetnsLab
-from tests.support.waiting import wait_until
+from tests.support.waiting import hold_for, pause, wait_until
 from zeroloss.ledger.types import Completion, CompletionReport, Lease, Verdict
 from zeroloss.models import Message, MessageEvent
 from zeroloss.outage import OutageMonitor, close_connection, is_outage
@@ -106,6 +106,8 @@ class Race:
         self.pid = 0
         self.fd = -1
         self.cut: Counter[str] = Counter()
+        #: Set when the worker thread failed: the cutter's gaps end, the race is over.
+        self.failed = threading.Event()
         self.error: BaseException | None = None
 
     @staticmethod
@@ -137,6 +139,7 @@ class Race:
                     self.barrier.wait()
             except BaseException as exc:
                 self.error = exc
+                self.failed.set()
                 self.barrier.abort()
             finally:
                 connections.close_all()
@@ -146,7 +149,9 @@ class Race:
         try:
             for n in range(rounds):
                 self.barrier.wait()
-                time.sleep(self.rng.uniform(0, delay_max))  # the fault schedule: a cut at a random moment
+                pause(
+                    self.failed, self.rng.uniform(0, delay_max)
+                )  # the fault schedule: a cut at a random moment
                 cut(ways[n], self.pid, self.fd)
                 self.barrier.wait()
         except threading.BrokenBarrierError:
@@ -174,19 +179,22 @@ T = TypeVar("T")
 def _retry_outage(work: Callable[[], T], timeout: float = 30) -> T:
     """Run ``work``; on a connection-level error, drop the connection and run it again (the
     shared server may also refuse a connection for a moment: too many clients)."""
-    deadline = time.monotonic() + timeout
-    pause = 0.01
-    while True:
+    failures: list[Exception] = []
+
+    def attempt() -> tuple[T] | None:
         try:
-            return work()
+            return (work(),)
         except Exception as exc:
             if not is_outage(exc):
                 raise
             close_connection("default")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"still failing after {timeout}s: {exc!r}") from exc
-            time.sleep(pause)  # backoff between retries through the outage
-            pause = min(pause * 2, 0.5)
+            failures.append(exc)
+            return None
+
+    done = wait_until(attempt, timeout)
+    if done is None:
+        raise AssertionError(f"still failing after {timeout}s: {failures[-1]!r}") from failures[-1]
+    return done[0]
 
 
 def _calibrate(prepare: Callable[[], Any], act: Callable[[Any], None], n: int = 5) -> float:
@@ -242,13 +250,16 @@ def test_outcome_flush_racing_a_cut_connection():
     total = (ROUNDS + 5) * BATCH
     service.persist_messages([(f"ack-{i:05d}", "race.ack", {"i": i}) for i in range(total)])
     reports: list[tuple[list[Lease], CompletionReport]] = []
+    race = Race(seed)
 
     def flush(leases: list[Lease]) -> None:
         keeper = LeaseKeeper(service, interval=60)  # not started: holds, and tells what is lost
         keeper.hold(leases)
         got: list[CompletionReport] = []
         # the completer's retry backoff, kept short: the race is the subject, not the backoff
-        completer = Completer(service, keeper, on_report=got.append, wait=lambda s: time.sleep(min(s, 0.02)))
+        completer = Completer(
+            service, keeper, on_report=got.append, wait=lambda s: pause(race.failed, min(s, 0.02))
+        )
         for lease in leases:
             completer.add(Completion(lease, Verdict.ACKNOWLEDGE))
         completer.flush()
@@ -260,7 +271,6 @@ def test_outcome_flush_racing_a_cut_connection():
     delay = 3 * _calibrate(prepare, flush)
     monitor = OutageMonitor.for_alias("default")
     outages_before = monitor.outages
-    race = Race(seed)
     race.run(ROUNDS, prepare, flush, delay_max=delay)
     flushes_cut = monitor.outages - outages_before
 
@@ -633,14 +643,17 @@ def test_an_idle_worker_reports_the_outage_until_it_ends(fault_cluster: FaultClu
     pool = WorkerPool("zeroloss", 1, child_env(url, tmp_path), tmp_path)
     try:
         pool.start()
-        time.sleep(2)  # the keeper must tick while idle (nothing held): that tick is the subject
+        # the keeper ticks while idle (nothing held), the worker healthy: those ticks are the subject
+        hold_for(2, lambda: _assert_healthy(pool), interval=0.25)
         fault_cluster.stop_server("fast")
         health: list[str] = []
         down_until = time.monotonic() + 10
-        while time.monotonic() < down_until:
-            time.sleep(0.25)  # sampling the health file through the whole outage
+
+        def sample_health() -> None:
             if time.monotonic() > down_until - 8:  # after the worker noticed (its claims poll every 0.5 s)
                 health.append(_health_status(pool))
+
+        hold_for(10, sample_health, interval=0.25)  # the health file through the whole outage
         fault_cluster.start_server()
         wait_until(lambda: "reachable again" in pool.procs[0].log(), 30, interval=0.2)
         pool.shutdown()
@@ -714,6 +727,10 @@ def test_a_started_transactional_claim_is_never_released_as_unstarted_after_an_o
         f"the handler started {len(runs)} times (attempts {[r.attempt for r in runs]}), the message ends with "
         f"attempts={attempts[0] if attempts else None}, and its first claim was released as unstarted:\n{trail}"
     )
+
+
+def _assert_healthy(pool: WorkerPool) -> None:
+    assert _health_status(pool) == "ok", pool.procs[0].log()
 
 
 def _health_status(pool: WorkerPool) -> str:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import collections
-import time
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
 from tests.support import expire_leases
+from tests.support.processes import Proc
+from tests.support.waiting import hold_for
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
 
@@ -120,6 +121,14 @@ def test_replication_nodes_are_shared_across_processes_and_restarts(children):
     assert [n.node_id for n in fresh.get_replication_targets()] == ["node-a", "node-b"]
 
 
+def _assert_swept_nothing(service: ZeroLossMessageService) -> None:
+    assert service.recover_orphaned_messages().total == 0
+
+
+def _assert_running(worker: Proc) -> None:
+    assert worker.popen.poll() is None, worker.text
+
+
 def test_sweep_returns_nothing_while_lease_is_renewed_by_live_process(children, live_service):
     live_service.persist_message("kept", "q", {})
     holder = children.spawn(
@@ -129,10 +138,8 @@ def test_sweep_returns_nothing_while_lease_is_renewed_by_live_process(children, 
     children.read_line(holder)
     first = Message.objects.get().lease_expires_at
     assert first is not None
-    deadline = time.monotonic() + 1.2
-    while time.monotonic() < deadline:
-        assert live_service.recover_orphaned_messages().total == 0
-        time.sleep(0.05)  # sampling: the sweep must find nothing for the whole window
+    # the sweep must find nothing for the whole window
+    hold_for(1.2, lambda: _assert_swept_nothing(live_service))
     [done] = children.finish(holder)
     assert done == {"done": True}  # every renewal succeeded
     moved = Message.objects.get().lease_expires_at
@@ -160,7 +167,8 @@ def test_a_worker_rides_out_sqlite_held_locked_past_its_busy_timeout(tmp_path: P
 
         holder = sqlite3.connect(connection.settings_dict["NAME"], timeout=5)
         holder.execute("BEGIN IMMEDIATE")  # a long transaction somewhere else
-        time.sleep(3)  # the fault itself: the lock is held past the worker's 0.5 s busy timeout
+        # the fault itself: the lock is held past the worker's 0.5 s busy timeout, which it rides out
+        hold_for(3, lambda: _assert_running(worker), interval=0.2)
         holder.rollback()
         holder.close()
         service.persist_message("after", "demo.record", {})

@@ -33,6 +33,7 @@ import zeroloss
 from project.demo.models import HandledRecord
 from tests.support.docs import Block, blocks, check_manage
 from tests.support.processes import Proc
+from tests.support.waiting import hold_for
 from zeroloss.models import Message, Status
 from zeroloss.service import ZeroLossMessageService, wait_until
 
@@ -267,12 +268,10 @@ def _sessions(app_name: str) -> int:
 
 
 def _peak_sessions(app_name: str, seconds: float) -> int:
-    peak = 0
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        peak = max(peak, _sessions(app_name))
-        time.sleep(0.1)  # sampling: the peak over a window of real time is what is measured
-    return peak
+    seen = [0]
+    # sampling: the peak over a window of real time is what is measured
+    hold_for(seconds, lambda: seen.append(_sessions(app_name)), interval=0.1)
+    return max(seen)
 
 
 @pytest.mark.postgres_only

@@ -15,6 +15,7 @@ import time
 import pytest
 from django.db import connections
 
+from tests.support.waiting import hold_for
 from zeroloss.ledger import control
 from zeroloss.ledger.types import Completion, Verdict
 from zeroloss.models import Message
@@ -74,6 +75,8 @@ def test_slot_and_exact_claims_racing_at_the_limit_never_exceed_it(monkeypatch):
     errors: list[BaseException] = []
     go = threading.Barrier(CLAIMERS)
 
+    processing = Message.objects.filter(queue_name="q", status="processing")
+
     def claimer(n: int) -> None:
         try:
             mine = ZeroLossMessageService(instance_id=f"c{n}")
@@ -85,8 +88,8 @@ def test_slot_and_exact_claims_racing_at_the_limit_never_exceed_it(monkeypatch):
                     continue
                 # Between the claim's commit and the outcome's: inside the messages' processing.
                 started = time.monotonic()
-                seen.append(Message.objects.filter(queue_name="q", status="processing").count())
-                time.sleep(0.03)
+                # sampled through the processing's 30 ms, not only at its start
+                hold_for(0.03, lambda: seen.append(processing.count()), interval=0.01)
                 ended = time.monotonic()
                 spans.extend((started, ended) for _ in leases)
                 mine.complete([Completion(lease, Verdict.ACKNOWLEDGE) for lease in leases])

@@ -8,15 +8,18 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import QuerySet
 
 import zeroloss
 from project.demo.models import OrderedRun
 from tests.support import expire_leases
 from tests.support.celery import REDIS_URL
 from tests.support.processes import Proc, celery_worker, db_worker
+from tests.support.waiting import hold_for, wait_for
 from zeroloss.ledger import control
 from zeroloss.models import Message, MessageEvent
 from zeroloss.service import ZeroLossMessageService, wait_until
@@ -24,6 +27,7 @@ from zeroloss.service import ZeroLossMessageService, wait_until
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.postgres_only]
 
 QUEUE = "demo.ordered"
+HALF_S = dt.timedelta(seconds=0.5)
 
 
 @pytest.fixture(autouse=True)
@@ -61,6 +65,10 @@ def stop(workers: list[Proc]) -> None:
 def send(n: int, prefix: str, sleep: float = 0.0) -> None:
     payload = {"sleep": sleep} if sleep else {}
     ZeroLossMessageService().persist_messages([(f"{prefix}{i:03d}", QUEUE, payload) for i in range(n)])
+
+
+def _assert_none(rows: QuerySet[Any]) -> None:
+    assert not rows.exists(), list(rows.values())
 
 
 def completed(prefix: str) -> int:
@@ -126,13 +134,18 @@ def test_pause_holds_every_message_and_resume_releases_them_within_1s():
         assert wait_until(lambda: completed("f") >= 20, timeout=60)
         paused_at = service.database_now()
         service.pause_queue(QUEUE)  # ... paused while it flows
-        time.sleep(1.5)  # a claim's worth past the promise; nothing is to start from here on
-        send(30, "p")  # sends to a paused queue are accepted, and wait
-        time.sleep(3)
-        late = MessageEvent.objects.filter(
-            reason="claimed", created_at__gt=paused_at + dt.timedelta(seconds=1)
+        promised = paused_at + dt.timedelta(seconds=1)
+        # a claim's worth past the promise, by the clock the claims are recorded in
+        wait_for(
+            "the database clock 1.5 s past the pause", lambda: service.database_now() > promised + HALF_S, 30
         )
-        assert not late.exists(), list(late.values_list("message__message_id", "created_at"))
+        send(30, "p")  # sends to a paused queue are accepted, and wait
+        late = MessageEvent.objects.filter(reason="claimed", created_at__gt=promised)
+
+        def nothing_claimed_late() -> None:
+            assert not late.exists(), list(late.values_list("message__message_id", "created_at"))
+
+        hold_for(3, nothing_claimed_late, interval=0.2)
         assert Message.objects.filter(message_id__startswith="p", status="pending").count() == 30
         assert not Message.objects.filter(
             queue_name=QUEUE, status="processing"
@@ -159,7 +172,10 @@ def test_a_cancelled_message_of_a_paused_queue_never_runs():
         service.resume_queue(QUEUE)
         assert wait_until(lambda: completed("x") == 5, timeout=120), [w.text[-2000:] for w in workers]
         # Every worker has had time to claim again since (claims poll at least every second).
-        time.sleep(2)
+        cancelled_claims = MessageEvent.objects.filter(
+            message__message_id__startswith="x", message__status="cancelled", reason="claimed"
+        )
+        hold_for(2, lambda: _assert_none(cancelled_claims), interval=0.2)
     finally:
         stop(workers)
     ran = set(OrderedRun.objects.filter(message_id__startswith="x").values_list("message_id", flat=True))
@@ -188,12 +204,14 @@ def test_a_killed_workers_limited_slots_come_back_with_the_sweep_exactly_once():
         assert len(service.recover_orphaned_messages().requeued) == 2
         assert service.recover_orphaned_messages().requeued == []  # exactly once
         assert wait_until(lambda: Message.objects.filter(status="processing").count() == 2, timeout=30)
-        peak = 0
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
-            peak = max(peak, Message.objects.filter(status="processing").count())
-            time.sleep(0.05)
-        assert peak == 2
+        running: list[int] = []
+
+        def at_most_two_running() -> None:
+            running.append(Message.objects.filter(status="processing").count())
+            assert running[-1] <= 2, running
+
+        hold_for(3, at_most_two_running)
+        assert max(running) == 2
     finally:
         heir.terminate(timeout=60)
 
@@ -205,12 +223,21 @@ def test_resume_releases_a_paused_queues_celery_tasks_at_once_not_after_redispat
     service.pause_queue(QUEUE)
     worker = celery_worker(REDIS_URL)  # no sweep runs: only the resume can publish them again
     try:
-        time.sleep(control.REFRESH * 2)  # every process has seen the pause
+        # every process has seen the pause (its control refresh), and nothing of the queue ran meanwhile
+        hold_for(
+            control.REFRESH * 2, lambda: _assert_none(OrderedRun.objects.filter(message_id__startswith="c"))
+        )
         absorbed = 5 + worker.text.count("succeeded")
         for i in range(5):
             zeroloss.send(QUEUE, {}, message_id=f"c{i}")  # published to the broker after commit
         assert wait_until(lambda: worker.text.count("succeeded") >= absorbed, timeout=60), worker.text[-3000:]
-        time.sleep(1.5)  # older than the redispatch's grace (1 s): published again at once
+        # older than the redispatch's grace (1 s), by the clock the grace is measured in
+        newest = max(Message.objects.filter(message_id__startswith="c").values_list("created_at", flat=True))
+        wait_for(
+            "the database clock 1.5 s past the sends",
+            lambda: service.database_now() > newest + HALF_S * 3,
+            30,
+        )
         assert Message.objects.filter(message_id__startswith="c", status="pending").count() == 5
         resumed = time.time()
         service.resume_queue(QUEUE)

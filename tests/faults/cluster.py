@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from tests.pgcluster import ClusterError, PgCluster, free_port
+from tests.support.waiting import pause, wait_until
 
 from .zeroloss_handlers import EFFECT_TABLE
 
@@ -67,7 +68,7 @@ class _Probe(threading.Thread):
                     self.at = time.time()
                     return
             except psycopg.Error:
-                time.sleep(0.01)
+                pause(self._stop_probe, 0.01)  # the next try, unless the probe was given up
 
     def result(self, timeout: float) -> float:
         self.join(timeout)
@@ -115,15 +116,22 @@ class FaultCluster(PgCluster):
 
     # -- faults ---------------------------------------------------------------------------
 
-    def restart(self, mode: str, *, down_for: float = 0.0, dbname: str | None = None) -> Restart:
-        """``pg_ctl stop -m MODE``, stay down ``down_for`` seconds, start; timed to the first
-        connection the restarted server accepts (to ``dbname``)."""
+    def restart(
+        self,
+        mode: str,
+        *,
+        down_for: float = 0.0,
+        dbname: str | None = None,
+        stop: threading.Event | None = None,
+    ) -> Restart:
+        """``pg_ctl stop -m MODE``, stay down ``down_for`` seconds (less if the run's ``stop`` is set
+        meanwhile), start; timed to the first connection the restarted server accepts (to ``dbname``)."""
         if mode not in ("immediate", "fast"):
             raise ValueError(f"restart mode must be immediate or fast, not {mode!r}")
         began = time.time()
         self._pg_ctl_stop(self.primary_dir, mode=mode)
         down = time.time()
-        time.sleep(down_for)
+        pause(stop or threading.Event(), down_for)  # the fault itself: the outage's length
         probe = _Probe(self.url(dbname=dbname))
         probe.start()
         self._pg_ctl_start(self.primary_dir, self.primary_port, self.root / "primary.log")
@@ -215,17 +223,18 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + timeout
-        while True:
+        proc = self.proc
+
+        def answering() -> bool:
+            if proc.poll() is not None:
+                raise ClusterError(f"redis-server on port {self.port} exited ({proc.returncode})")
             try:
-                if self.client().ping():
-                    return
+                return bool(self.client().ping())
             except Exception:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise ClusterError(
-                        f"redis-server on port {self.port} did not start in {timeout}s"
-                    ) from None
-                time.sleep(0.05)
+                return False
+
+        if not wait_until(answering, timeout):
+            raise ClusterError(f"redis-server on port {self.port} did not start in {timeout}s")
 
     def flushall(self) -> int:
         """FLUSHALL; returns how many keys there were (tasks the broker then forgot)."""
@@ -234,13 +243,14 @@ class RedisServer:
         client.flushall()
         return keys
 
-    def restart(self, *, down_for: float = 0.0) -> tuple[float, float]:
-        """Kill the server (SIGKILL: an abrupt broker loss), stay down, start again on the same port.
+    def restart(self, *, down_for: float = 0.0, stop: threading.Event | None = None) -> tuple[float, float]:
+        """Kill the server (SIGKILL: an abrupt broker loss), stay down (less if the run's ``stop`` is
+        set meanwhile), start again on the same port.
 
         Returns (went down, accepting again) as wall-clock times."""
         self.stop(remove=False)
         down = time.time()
-        time.sleep(down_for)
+        pause(stop or threading.Event(), down_for)  # the fault itself: the outage's length
         self.start()
         return down, time.time()
 

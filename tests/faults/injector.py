@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from tests.support.waiting import wait_until
+from tests.support.waiting import pause, wait_until
 
 from .cluster import FaultCluster, RedisServer
 from .workload import WorkerPool
@@ -187,7 +187,7 @@ class Injector(threading.Thread):
         generation = self.pool.kill(slot)
         dead = time.time()  # every process of its group is gone
         delay = round(self.rng.uniform(0.2, 1.0), 2)
-        time.sleep(delay)  # the fault itself: down for a random while
+        pause(self._halt, delay)  # the fault itself: down for a random while
         self.pool.restart(slot)  # the supervisor's job: a killed worker comes back
         return Fault("sigkill", began, dead, slot, generation.pids, {"restarted_after_s": delay})
 
@@ -212,7 +212,7 @@ class Injector(threading.Thread):
             before = self.pool.outcomes(slot).get("lease_lost", 0)
             began = time.time()
             self.pool.pause(slot)
-            time.sleep(0.15)  # the freeze's length: a statement it had sent completes meanwhile
+            pause(self._halt, 0.15)  # the freeze's length: a statement it had sent completes meanwhile
             expirable = pid in self._holders() and not self._in_transaction(self.pool.appname(slot))
             if expirable:
                 break
@@ -224,7 +224,7 @@ class Injector(threading.Thread):
                     heapq.heappush(self.plan, (time.monotonic() - self.start_at + 2, "sigstop"))
                 self.log(f"  (no worker held an expirable lease in {tries} brief freezes; retrying later)")
                 return None
-            time.sleep(self.rng.uniform(0.02, 0.1))  # the fault schedule: a random gap between tries
+            pause(self._halt, self.rng.uniform(0.02, 0.1))  # the fault schedule: a random gap between tries
             slots = self._ready_slots() or slots
         # Wait for the real lease expiry and the sweep (another worker's) to requeue one of its
         # messages: ACK_TIMEOUT + a few sweep intervals, bounded.
@@ -241,7 +241,9 @@ class Injector(threading.Thread):
 
         expired = wait_until(expired_count, max(0.0, limit - time.time()), interval=0.2) or 0
         if expired:
-            time.sleep(self.sweep_interval)  # the fault's length: another worker may claim it meanwhile
+            pause(
+                self._halt, self.sweep_interval
+            )  # the fault's length: another worker may claim it meanwhile
         self.pool.resume(slot)
         ended = time.time()
         # Its late outcomes: refused by the fence and counted by the worker (lease_lost).
@@ -271,7 +273,9 @@ class Injector(threading.Thread):
         return Fault("terminate", began, time.time(), detail={"sessions": killed})
 
     def _restart(self, mode: str) -> Fault:
-        restart = self.cluster.restart(mode, down_for=round(self.rng.uniform(0, 1.5), 2), dbname=self.dbname)
+        restart = self.cluster.restart(
+            mode, down_for=round(self.rng.uniform(0, 1.5), 2), dbname=self.dbname, stop=self._halt
+        )
         return Fault(
             f"restart-{mode}",
             restart.began,
@@ -296,5 +300,5 @@ class Injector(threading.Thread):
         if self.redis is None:
             return None
         began = time.time()
-        _down, up = self.redis.restart(down_for=round(self.rng.uniform(0.5, 2.0), 2))
+        _down, up = self.redis.restart(down_for=round(self.rng.uniform(0.5, 2.0), 2), stop=self._halt)
         return Fault("broker-restart", began, up, detail={"down_s": round(up - began, 2)})

@@ -47,7 +47,7 @@ from urllib.parse import quote
 import psycopg
 
 from tests.netns import SUBNET_PREFIX, Link, NetnsLab
-from tests.support.waiting import wait_until
+from tests.support.waiting import pause, wait_until
 
 from .checker import Checker, Findings, read_runs
 from .cluster import FaultCluster
@@ -253,8 +253,10 @@ def run_cut_off(
     base_dir: Path,
     seed: int,
     log: Callable[[str], None] = print,
+    stop: threading.Event | None = None,
 ) -> NetResult:
-    """One scenario on its own database, worker host and link; never raises (``error`` says why)."""
+    """One scenario on its own database, worker host and link; never raises (``error`` says why).
+    ``stop`` (the run's) ends the partition early: the run is being torn down."""
     started = time.monotonic()
     run_dir = base_dir / f"{fault}-{handler}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -338,7 +340,9 @@ def run_cut_off(
         say(f"takeover times (s after the cut): {result.takeover_s}")
         if fault == "partition":
             # The partition lasts its full length; the taken-over handlers finish meanwhile.
-            time.sleep(max(0.0, cut_at + partition_s - time.time()))  # the fault itself: its full length
+            pause(
+                stop or threading.Event(), cut_at + partition_s - time.time()
+            )  # the fault itself: its full length
             healthy.shutdown()  # the cut-off worker must drain on its own after the heal
             healed_at = link.heal()
             result.cut_lasted_s = round(healed_at - cut_at, 1)
@@ -437,6 +441,7 @@ def run_partitions(
         with lock:
             log(line)
 
+    stop = threading.Event()  # set by the teardown: the scenarios still running end their gaps
     try:
         cluster.start()
         plans = []
@@ -463,12 +468,13 @@ def run_partitions(
                 base_dir=base_dir,
                 seed=seed,
                 log=say,
+                stop=stop,
             )
 
         threads = [threading.Thread(target=one, args=(i, *plan), daemon=True) for i, plan in enumerate(plans)]
         for thread in threads:
             thread.start()
-            time.sleep(1.0)  # staggered start-ups: the workers' imports compete for the cores
+            pause(stop, 1.0)  # staggered start-ups: the workers' imports compete for the cores
         limit = time.monotonic() + profile.partition_s + profile.dead_host_wait_s + 600
         for thread in threads:
             thread.join(timeout=max(1.0, limit - time.monotonic()))
@@ -476,6 +482,7 @@ def run_partitions(
             got = slots[i]
             results.append(got or NetResult(fault, handler, base_dir, error="the scenario did not finish\n"))
     finally:
+        stop.set()
         try:
             server_log = cluster.root / "primary.log"
             if server_log.exists():  # kept with the run's logs: when each orphaned session ended

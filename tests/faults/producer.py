@@ -23,9 +23,12 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from typing import Any
+
+from tests.support.waiting import pause
 
 
 def _sleep_ms(rng: random.Random, n: int, fast_max: float, slow_every: int) -> float:
@@ -46,11 +49,13 @@ def main() -> None:
     from zeroloss.exceptions import ZeroLossError
     from zeroloss.transports import send
 
-    stopping = False
+    stopping = False  # SIGTERM: send nothing new, finish the retries
+    woken = threading.Event()  # and end the gap being waited out, so that this is seen at once
 
     def on_term(signum: int, frame: object) -> None:
         nonlocal stopping
         stopping = True
+        woken.set()
 
     signal.signal(signal.SIGTERM, on_term)
     rng = random.Random(args["seed"])
@@ -89,7 +94,8 @@ def main() -> None:
             due = [retry[0][0]] if retry else []
             if not stopping and next_new < count:
                 due.append(started + next_new / rate)
-            time.sleep(min(max(min(due) - now, 0.0), 0.05))  # the send schedule: a rate in real time
+            if pause(woken, min(due) - now):  # the send schedule: a rate in real time
+                woken.clear()  # woken once: the retries' gaps are waited out in full
             continue
         message_id, queue, payload = plan[index]
         first_try.setdefault(index, now)

@@ -21,6 +21,7 @@ faults; 100 attempts cannot be spent by the faults, so any dead letter is a find
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import threading
@@ -33,7 +34,7 @@ from typing import Any
 
 import psycopg
 
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for, wait_until
 
 from .checker import Checker, Findings
 from .cluster import FaultCluster, RedisServer
@@ -134,15 +135,31 @@ class LoadSampler(threading.Thread):
         return {"start": round(s[0], 2), "mean": round(sum(s) / len(s), 2), "max": round(max(s), 2)}
 
 
-def _count_unfinished(url: str) -> int:
+def _count(url: str, sql: str, params: list[Any]) -> int:
+    """A count from the run's database; -1 while it does not answer (a restart)."""
     try:
         with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM zeroloss_message WHERE status IN ('pending', 'processing')"
-            ).fetchone()
+            row = conn.execute(sql, params).fetchone()
             return int(row[0]) if row else -1
     except psycopg.OperationalError:
         return -1
+
+
+def _count_unfinished(url: str) -> int:
+    return _count(url, "SELECT count(*) FROM zeroloss_message WHERE status IN ('pending', 'processing')", [])
+
+
+def _acknowledged(url: str) -> int:
+    return _count(url, "SELECT count(*) FROM zeroloss_messageevent WHERE reason = 'acknowledged'", [])
+
+
+def _nothing_in_flight_since_before(url: str, began: float) -> bool:
+    """No message still processing on a claim older than ``began``: the leases a fault orphaned
+    have been requeued by the sweep (or their worker's outcomes landed)."""
+    sql = (
+        "SELECT count(*) FROM zeroloss_message WHERE status = 'processing' AND started_at < to_timestamp(%s)"
+    )
+    return _count(url, sql, [began]) == 0
 
 
 def _wait_drained(url: str, producer_proc: Proc, timeout: float, log: Callable[[str], None]) -> float:
@@ -374,7 +391,8 @@ def measure_recovery(
             env, run_dir, _producer_args(run_dir, seed, int(20 * duration), duration, 5.0)
         )
         _wait_first_send(run_dir, producer_proc)
-        time.sleep(3)  # the fault schedule: traffic flows a while before the first restart
+        # the fault schedule: traffic flows end to end before the first restart
+        wait_for("40 acknowledgements before the first restart", lambda: _acknowledged(url) >= 40, 90)
         for mode in modes:
             restart = cluster.restart(mode, down_for=round(rng.uniform(0, 1.0), 2), dbname=dbname)
             first = _first_ack_after(url, restart.up)
@@ -394,7 +412,12 @@ def measure_recovery(
                 f"  recovery: restart -m {mode}: down {restart.outage:.2f}s, first acknowledgement "
                 f"{'never' if first is None else f'{first - restart.up:.2f}s'} after accepting connections"
             )
-            time.sleep(max(0.0, 8.0 - (time.time() - restart.up)))  # the fault schedule: 8 s apart
+            # the fault schedule: each recovery is its own, complete before the next restart
+            wait_for(
+                f"the leases orphaned by restart -m {mode} recovered",
+                functools.partial(_nothing_in_flight_since_before, url, restart.began),
+                profile.drain_timeout + 60,
+            )
         producer_proc.signal(15)
         _wait_drained(url, producer_proc, profile.drain_timeout + 60, log)
         pool.shutdown()

@@ -104,31 +104,30 @@ def _produce(args: dict[str, Any]) -> None:
         n += 1
         message_id = f"{args['prefix']}-{n}"
         attempt = 0
-        refused = False
-        while True:
+        refused = accepted = False
+        while not accepted:
             attempt += 1
             try:
                 existed = refused and Message.objects.filter(message_id=message_id).exists()
                 zeroloss.send(args["queue"], {"n": n}, message_id=message_id)
+                accepted = True
             except Exception as exc:
                 if not is_outage(exc):
                     raise
                 close_connection("default")
                 refused = True
                 _emit(id=message_id, outcome="refused", attempt=attempt, t=time.time(), error=str(exc)[:200])
-                time.sleep(0.1)  # a refused send is retried at a pace, as an application would
-                continue
-            port = connection.connection.info.port if connection.connection is not None else None
-            _emit(
-                id=message_id,
-                outcome="accepted",
-                attempt=attempt,
-                t=time.time(),
-                existed_before=existed,
-                port=port,
-            )
-            break
-        time.sleep(args.get("pace", 0.01))  # the send rate: traffic flows through the failover
+            if accepted:
+                port = connection.connection.info.port if connection.connection is not None else None
+                _emit(
+                    id=message_id,
+                    outcome="accepted",
+                    attempt=attempt,
+                    t=time.time(),
+                    existed_before=existed,
+                    port=port,
+                )
+            time.sleep(args.get("pace", 0.01) if accepted else 0.1)  # the send rate; a refusal's retry pace
     _emit(done=True, sent=n)
 
 

@@ -40,9 +40,10 @@ def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.0
         value = predicate()
         if value:
             return value
-        if time.monotonic() >= deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             return None
-        time.sleep(interval)  # the shared poll interval: what is polled has no event to wait on
+        time.sleep(min(interval, left))  # the shared poll interval: what is polled has no event to wait on
 
 
 def wait_for(
@@ -54,3 +55,28 @@ def wait_for(
     if not value:
         raise AssertionError(f"{what() if callable(what) else what}: not so after {timeout:g} s")
     return value
+
+
+def pause(stop: threading.Event, seconds: float) -> bool:
+    """A gap in a schedule (a fault plan's random pause, an outage's length, a send rate): wait
+    ``seconds``, or less if ``stop`` is set meanwhile; True when it was.
+
+    Unlike a sleep the gap is interruptible: the run's teardown (or a part of the run that failed)
+    sets ``stop`` and every thread waiting out a gap goes on at once, instead of the teardown waiting
+    for the longest gap still running."""
+    return stop.wait(max(0.0, seconds))
+
+
+def hold_for(seconds: float, check: Callable[[], object], interval: float = 0.05) -> None:
+    """An observation window: call ``check`` every ``interval`` seconds for ``seconds`` seconds.
+
+    For a promise that nothing happens for a while (a paused queue starts nothing, a renewed lease
+    is never swept): ``check`` asserts the promise (or samples what is measured) each time, so a
+    breach fails the test when it happens, with the state then, and not only at the window's end."""
+    end = time.monotonic() + seconds
+
+    def held() -> bool:
+        check()
+        return time.monotonic() >= end
+
+    wait_until(held, seconds, interval)
