@@ -75,7 +75,7 @@ def command_line(*args: str, input: str = "", tty: bool = False) -> Result:
         redirect_stdout(out),
         redirect_stderr(err),
         mock.patch.object(sys, "stdin", stdin),
-        mock.patch.object(connections, "close_all", lambda: None),
+        mock.patch.object(connections, "close_all", return_value=None),
     ):
         try:
             ManagementUtility(argv).fetch_command(args[0]).run_from_argv(argv)
