@@ -143,7 +143,7 @@ def command_line_case(*args: str) -> Callable[[Ledger], str]:
 
 def manage(*args: str) -> Callable[[Ledger], str]:
     """The real command line, a separate process that can be killed if the input makes it hang
-(endless ``--watch``/``--loop``): exit 2 with a usage line and no traceback."""
+    (endless ``--watch``/``--loop``): exit 2 with a usage line and no traceback."""
 
     def run(ledger: Ledger) -> str:
         try:
@@ -982,7 +982,9 @@ CASES: list[Hostile] = [
         "command",
         "`zeroloss_requeue --queue hostile --state dead --older-than 999999d --yes`",
         "exit 2",
-        command_line_case("zeroloss_requeue", "--queue", QUEUE, "--state", "dead", "--older-than", "999999d", "--yes"),
+        command_line_case(
+            "zeroloss_requeue", "--queue", QUEUE, "--state", "dead", "--older-than", "999999d", "--yes"
+        ),
     ),
     Hostile(
         "cmd-requeue-limit-negative",
