@@ -124,6 +124,15 @@ def command(*args: str) -> Callable[[Ledger], str]:
     return run
 
 
+def exit_answer(code: int, stderr: str) -> str:
+    """A command line's answer: its exit code, and a usage line on stderr for exit 2."""
+    if "Traceback" in stderr:
+        return f"exit {code} with a traceback: {stderr.strip().splitlines()[-1]}"
+    if code == 2:
+        assert "error:" in stderr.lower(), stderr
+    return f"exit {code}"
+
+
 def command_line_case(*args: str) -> Callable[[Ledger], str]:
     """The command line's own parsing, in this process: exit 2 with a usage line, no traceback."""
 
@@ -132,11 +141,7 @@ def command_line_case(*args: str) -> Callable[[Ledger], str]:
             result = command_line(*args)
         except Exception as exc:  # a process would have died with a traceback
             return f"untyped {type(exc).__module__}.{type(exc).__name__}: {exc}"[:300]
-        if "Traceback" in result.err:
-            return f"exit {result.code} with a traceback: {result.err.strip().splitlines()[-1]}"
-        if result.code == 2:
-            assert "error:" in result.err.lower(), result.err
-        return f"exit {result.code}"
+        return exit_answer(result.code, result.err)
 
     return run
 
@@ -150,11 +155,7 @@ def manage(*args: str) -> Callable[[Ledger], str]:
             proc = cli(*args, timeout=HANG_AFTER)
         except subprocess.TimeoutExpired:
             return f"hung (killed after {HANG_AFTER:g}s)"
-        if "Traceback" in proc.stderr:
-            return f"exit {proc.returncode} with a traceback: {proc.stderr.strip().splitlines()[-1]}"
-        if proc.returncode == 2:
-            assert "error:" in proc.stderr.lower(), proc.stderr
-        return f"exit {proc.returncode}"
+        return exit_answer(proc.returncode, proc.stderr)
 
     return run
 
