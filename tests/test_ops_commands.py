@@ -1,8 +1,9 @@
 """Every ops command with every option, against the database of this pass.
 
-In-process runs (``call_command``) check output, JSON schemas and what changed; the real
-command line (a separate process) checks exit codes, argparse errors, the non-TTY refusal,
-the terminal prompt and the progress bar.
+In-process runs (``call_command``) check output, JSON schemas and what changed; the command
+line run in-process (``command_line``) checks exit codes, argparse errors, the non-TTY refusal,
+the prompt and the progress bar. Still a separate process: the prompt and bar on a real
+pseudo-terminal of the OS (one test).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 from django.db import connection
 
 from tests.support import backdate
-from tests.support.cli import FakeTerminal, cli, cli_tty, run
+from tests.support.cli import FakeTerminal, cli_tty, command_line, run
 from tests.support.factories import (
     clear_cache,
     ledger_state,
@@ -695,32 +696,31 @@ class TestVerify:
         assert_usage_error("zeroloss_verify", *args, match=match)
 
 
-# -- the real command line ----------------------------------------------------------------
+# -- the command line ---------------------------------------------------------------------
 
 
-@pytest.mark.process
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 class TestCommandLine:
     def test_exit_codes(self):
         make_stuck(["s1"], queue="q")
         make_completed(["c1"], queue="q")
         before = ledger_state()
 
-        status = cli("zeroloss_status", "--json")
-        assert status.returncode == 0, status.stderr
-        assert json.loads(status.stdout)["stuck"] == 1
-        assert status.stderr == ""
+        status = command_line("zeroloss_status", "--json")
+        assert status.code == 0, status.err
+        assert json.loads(status.out)["stuck"] == 1
+        assert status.err == ""
 
-        bad = cli("zeroloss_status", "--queue", "nope")
-        assert bad.returncode == 2
-        assert "usage: manage.py zeroloss_status" in bad.stderr
-        assert "error: unknown queue 'nope'" in bad.stderr
-        assert bad.stdout == ""
+        bad = command_line("zeroloss_status", "--queue", "nope")
+        assert bad.code == 2
+        assert "usage: manage.py zeroloss_status" in bad.err
+        assert "error: unknown queue 'nope'" in bad.err
+        assert bad.out == ""
 
-        warn = cli("zeroloss_verify", "--json")
-        assert warn.returncode == 1
-        assert json.loads(warn.stdout)["status"] == "warning"
-        assert "WarningFound" in warn.stderr
+        warn = command_line("zeroloss_verify", "--json")
+        assert warn.code == 1
+        assert json.loads(warn.out)["status"] == "warning"
+        assert "WarningFound" in warn.err
 
         for args in (
             ["zeroloss_purge", "--older-than", "soon"],
@@ -729,50 +729,62 @@ class TestCommandLine:
             ["zeroloss_requeue", "--queue", "q", "--state", "stuck", "--older-than", "1y"],
             ["zeroloss_verify", "--sample", "-1"],
         ):
-            r = cli(*args)
-            assert r.returncode == 2, (args, r.stderr)
-            assert "error:" in r.stderr
+            r = command_line(*args)
+            assert r.code == 2, (args, r.err)
+            assert "error:" in r.err
         assert ledger_state() == before
 
-        refused = cli("zeroloss_purge", "--older-than", "0s")
-        assert refused.returncode == 3
-        assert "NotConfirmed" in refused.stderr and "--yes" in refused.stderr
-        piped = cli("zeroloss_requeue", "--queue", "q", "--state", "stuck", input="yes\n")
-        assert piped.returncode == 3  # a pipe is not a terminal, whatever it says
+        refused = command_line("zeroloss_purge", "--older-than", "0s")
+        assert refused.code == 3
+        assert "NotConfirmed" in refused.err and "--yes" in refused.err
+        piped = command_line("zeroloss_requeue", "--queue", "q", "--state", "stuck", input="yes\n")
+        assert piped.code == 3  # a pipe is not a terminal, whatever it says
         assert ledger_state() == before
 
-        partial = cli("zeroloss_requeue", "s1", "c1")
-        assert partial.returncode == 1
-        assert "requeued 1 of 2" in partial.stdout
+        partial = command_line("zeroloss_requeue", "s1", "c1")
+        assert partial.code == 1
+        assert "requeued 1 of 2" in partial.out
 
         Message.objects.filter(message_id="c1").update(payload={"changed": 1})
-        critical = cli("zeroloss_verify")
-        assert critical.returncode == 2
-        assert "CRITICAL" in critical.stdout
+        critical = command_line("zeroloss_verify")
+        assert critical.code == 2
+        assert "CRITICAL" in critical.out
 
-        done = cli("zeroloss_purge", "--older-than", "0s", "--yes", "--json")
-        assert done.returncode == 0
-        assert json.loads(done.stdout)["purged"] == 1
+        done = command_line("zeroloss_purge", "--older-than", "0s", "--yes", "--json")
+        assert done.code == 0
+        assert json.loads(done.out)["purged"] == 1
 
     def test_terminal_prompt_and_progress_bar(self):
         make_completed([f"c{i}" for i in range(30)])
         before = ledger_state()
-        code, output = cli_tty("zeroloss_purge", "--older-than", "0s", "--batch-size", "10", answer="no")
-        assert code == 3, output
-        assert "Purge 30 completed message(s)" in output
+        args = ("zeroloss_purge", "--older-than", "0s", "--batch-size", "10")
+        refused = command_line(*args, input="no\n", tty=True)
+        assert refused.code == 3, refused.err
+        assert "Purge 30 completed message(s)" in refused.err
         assert ledger_state() == before
-        code, output = cli_tty("zeroloss_purge", "--older-than", "0s", "--batch-size", "10", answer="yes")
-        assert code == 0, output
-        assert "purge [" in output and "30/30" in output  # the bar, drawn on the terminal
-        assert "purged 30 completed message(s)" in output
+        done = command_line(*args, input="yes\n", tty=True)
+        assert done.code == 0, done.err
+        assert "purge [" in done.out and "30/30" in done.out  # the bar, drawn on the terminal
+        assert "purged 30 completed message(s)" in done.out
         assert Message.objects.count() == 0
 
     def test_no_progress_bar_when_stdout_is_not_a_terminal(self):
         make_completed([f"c{i}" for i in range(30)])
-        r = cli("zeroloss_purge", "--older-than", "0s", "--batch-size", "10", "--yes")
-        assert r.returncode == 0
-        assert "[" not in r.stdout and "\r" not in r.stdout
-        assert r.stdout.startswith("purged 30 completed message(s)")
+        r = command_line("zeroloss_purge", "--older-than", "0s", "--batch-size", "10", "--yes")
+        assert r.code == 0
+        assert "[" not in r.out and "\r" not in r.out
+        assert r.out.startswith("purged 30 completed message(s)")
+
+
+@pytest.mark.process
+@pytest.mark.django_db(transaction=True)
+def test_prompt_and_progress_bar_on_a_real_terminal():
+    make_completed([f"c{i}" for i in range(30)])
+    code, output = cli_tty("zeroloss_purge", "--older-than", "0s", "--batch-size", "10", answer="yes")
+    assert code == 0, output
+    assert "Purge 30 completed message(s)" in output
+    assert "purge [" in output and "30/30" in output
+    assert Message.objects.count() == 0
 
 
 def test_database_vendor_is_supported():

@@ -5,6 +5,9 @@
 - stdout closed by its reader (``| head -1``): exit 141, nothing on stderr;
 - durations and seconds that cannot be represented: usage errors (exit 2), nothing changed;
 - ``--verbosity`` 0/1/2 and the parser every command builds.
+
+Separate processes stay for the unreachable database (``ZEROLOSS_EXTRA_DATABASES`` is read at
+startup) and the closed pipe (a real OS pipe); the rest runs the command line in-process.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 from django.core.management import get_commands, load_command_class
 
 from tests.conftest import ROOT, child_env
-from tests.support.cli import cli, cli_tty, run
+from tests.support.cli import cli, command_line, run
 from tests.support.factories import clear_cache, ledger_state, make_completed, make_dead, make_stuck
 from zeroloss.management.base import (
     EXIT_BROKEN_PIPE,
@@ -165,7 +168,7 @@ def test_longest_duration_is_accepted():
     assert json.loads(r.out)["matched"] == 0
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_overflowing_duration_on_the_command_line():
     make_dead(["d1"])
     before = ledger_state()
@@ -173,10 +176,10 @@ def test_overflowing_duration_on_the_command_line():
         ["zeroloss_purge", "--older-than", "999999d", "--yes"],
         ["zeroloss_requeue", "--queue", "q", "--state", "dead", "--older-than", "999999d", "--yes"],
     ):
-        r = cli(*args)
-        assert r.returncode == 2, r.stderr
-        assert "error: argument --older-than: invalid duration '999999d': at most 365000d" in r.stderr
-        assert "Traceback" not in r.stderr
+        r = command_line(*args)
+        assert r.code == 2, r.err
+        assert "error: argument --older-than: invalid duration '999999d': at most 365000d" in r.err
+        assert "Traceback" not in r.err
     assert ledger_state() == before
 
 
@@ -244,15 +247,14 @@ class TestVerbosity:
         assert quiet.err == ""
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_no_progress_bar_at_verbosity_0():
     make_completed([f"c{i}" for i in range(30)])
-    code, output = cli_tty(
-        "zeroloss_purge", "--older-than", "0s", "--batch-size", "10", "-v", "0", answer="yes"
-    )
-    assert code == 0, output
-    assert "purge [" not in output
-    assert "purged 30 completed message(s)" in output
+    args = ("zeroloss_purge", "--older-than", "0s", "--batch-size", "10", "-v", "0")
+    r = command_line(*args, input="yes\n", tty=True)
+    assert r.code == 0, r.err
+    assert "purge [" not in r.out
+    assert "purged 30 completed message(s)" in r.out
 
 
 @pytest.mark.parametrize("name", OPS_COMMANDS)
@@ -267,9 +269,9 @@ def test_every_command_builds_a_zeroloss_parser(name):
     assert len(flags) == len(set(flags))
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_help_on_the_command_line():
-    r = cli("zeroloss_status", "--help")
-    assert r.returncode == 0, r.stderr
-    assert "usage: manage.py zeroloss_status" in r.stdout
-    assert "--database DATABASE" in r.stdout and "--verbosity" in r.stdout and "--watch SECONDS" in r.stdout
+    r = command_line("zeroloss_status", "--help")
+    assert r.code == 0, r.err
+    assert "usage: manage.py zeroloss_status" in r.out
+    assert "--database DATABASE" in r.out and "--verbosity" in r.out and "--watch SECONDS" in r.out

@@ -1,4 +1,6 @@
-"""``manage.py zeroloss_queue pause|resume|limit|show`` (issue 27, part A; docs/control.md)."""
+"""``manage.py zeroloss_queue pause|resume|limit|show`` (issue 27, part A; docs/control.md).
+
+No separate process: the command line runs in-process (``command_line``)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.cli import cli, run
+from tests.support.cli import command_line, run
 from zeroloss.ledger import control
 from zeroloss.models import QueueControl
 from zeroloss.service import ZeroLossMessageService
@@ -88,13 +90,12 @@ def test_bad_input_is_exit_2_and_changes_nothing(args, message):
     assert not QueueControl.objects.exists()
 
 
-@pytest.mark.process
-def test_the_real_command_line():
-    proc = cli("zeroloss_queue", "limit", QUEUE, "--concurrency", "3")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == f"{QUEUE}: not paused, concurrency 3, rate unlimited"
-    proc = cli("zeroloss_queue", "pause", "nope")
-    assert proc.returncode == 2 and "error: unknown queue 'nope'" in proc.stderr
+def test_the_command_line():
+    proc = command_line("zeroloss_queue", "limit", QUEUE, "--concurrency", "3")
+    assert proc.code == 0, proc.err
+    assert proc.out.strip() == f"{QUEUE}: not paused, concurrency 3, rate unlimited"
+    proc = command_line("zeroloss_queue", "pause", "nope")
+    assert proc.code == 2 and "error: unknown queue 'nope'" in proc.err
     assert QueueControl.objects.get(queue_name=QUEUE).concurrency == 3
 
 

@@ -5,6 +5,8 @@ render fully translated under ``LANGUAGE_CODE = "de"`` and ``"fr"`` (Django's te
 phrase of zeroloss's own catalog (``zeroloss/locale``) that has a different translation must be
 absent from the page's visible text. The catalogs themselves must be complete (no empty or
 fuzzy entry), so a new string without its translations fails here.
+
+The one separate ``manage.py`` process stays: ``--settings`` is read at its startup.
 """
 
 # French typography uses the apostrophe U+2019, as the catalogs do.

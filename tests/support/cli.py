@@ -1,5 +1,7 @@
-"""Running management commands: in-process (:func:`run`), and as the real command line when a
-separate OS process is the point (:func:`cli`, :func:`cli_tty`)."""
+"""Running management commands: in-process (:func:`run`, and :func:`command_line` for the
+command line's own parsing and exit codes), and as a separate OS process when that process is
+the point (:func:`cli`, :func:`cli_tty`: signals, a real pipe or terminal, settings read from
+the environment at startup)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,14 @@ import select
 import subprocess
 import sys
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
-from django.core.management import call_command
+from django.core.management import ManagementUtility, call_command
 from django.core.management.base import CommandError
+from django.db import connections
 
 from tests.support import ROOT
 
@@ -52,6 +57,30 @@ def run(name: str, *args: str, stdin: Any = None) -> Result:
         code = exc.returncode
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def command_line(*args: str, input: str = "", tty: bool = False) -> Result:
+    """``manage.py *args`` in this process: the command line's argv parsing, argparse's usage
+    errors, ``<Error>: message`` on stderr and the exit code, as :func:`cli` sees them, without
+    a fresh interpreter. ``input`` is stdin (a pipe, or typed on a terminal with ``tty``);
+    ``tty`` also makes stdout a terminal (the progress bar)."""
+    argv = ["manage.py", *args]
+    terminal = FakeTerminal if tty else io.StringIO
+    out, err, stdin = terminal(), io.StringIO(), terminal(input)
+    code = 0
+    # run_from_argv closes every connection when it ends, as a process would at exit; the
+    # test's own connection (and its transaction) must outlive the command.
+    with (
+        redirect_stdout(out),
+        redirect_stderr(err),
+        mock.patch.object(sys, "stdin", stdin),
+        mock.patch.object(connections, "close_all", return_value=None),
+    ):
+        try:
+            ManagementUtility(argv).fetch_command(args[0]).run_from_argv(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return Result(code, out.getvalue(), err.getvalue())
 
 
