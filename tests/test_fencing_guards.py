@@ -410,8 +410,9 @@ def _claim_next(svc: ZeroLossMessageService) -> object:
 
 
 def _claim_limited(svc: ZeroLossMessageService) -> object:
-    """A claim under a concurrency limit far from reached (statement CLAIM_LIMITED)."""
-    svc.limit_queue(QUEUE, concurrency=1000)
+    """A claim under a concurrency limit not reached, on the exact path (statement CLAIM_LIMITED):
+    a limit too small for slot shares, so PostgreSQL does not take the slot path (which runs CLAIM)."""
+    svc.limit_queue(QUEUE, concurrency=12)
     return svc.claim_next(QUEUE, limit=10)
 
 

@@ -46,9 +46,9 @@ def test_sweep_loop_stops_cleanly_on_sigterm():
             return MessageEvent.objects.for_message(message_id).filter(reason="lease_expired").exists()
 
         # Two sweeps seen in the ledger: the second stuck message appears after the first was requeued.
-        make_stuck(["s1"])
+        make_stuck(["s1"], expired_seconds_ago=1)
         wait_for(lambda: f"s1 requeued by a sweep:\n{sweeper.text}", lambda: requeued("s1"), 60)
-        make_stuck(["s2"])
+        make_stuck(["s2"], expired_seconds_ago=1)
         wait_for(lambda: f"s2 requeued by a later sweep:\n{sweeper.text}", lambda: requeued("s2"), 60)
         sweeper.popen.send_signal(signal.SIGTERM)
         # It stops after the unit of work in hand, which on SQLite may wait up to the lock timeout.

@@ -28,13 +28,17 @@ def clear_cache() -> None:
     caches["default"].clear()
 
 
-def make_stuck(ids: list[str], queue: str = "q") -> None:
-    """Processing messages whose lease expired a minute ago (a worker that died holding them)."""
+def make_stuck(ids: list[str], queue: str = "q", *, expired_seconds_ago: float = 60) -> None:
+    """Processing messages whose lease expired a minute ago (a worker that died holding them).
+
+    A sweeper already running examines leases that expired since a little before its previous
+    sweep (``SWEEP_REWIND``) and older ones only in its sweep from the head: for it, make them
+    expire just now (``expired_seconds_ago=1``), as a lease of a worker that dies meanwhile does."""
     worker = ZeroLossMessageService(instance_id="dead-worker")
     worker.persist_messages([(m, queue, {"id": m}) for m in ids])
     for m in ids:
         assert worker.mark_processing(m)
-    assert expire_leases(ids, seconds_ago=60) == len(ids)
+    assert expire_leases(ids, seconds_ago=expired_seconds_ago) == len(ids)
 
 
 def make_dead(ids: list[str], queue: str = "q") -> None:

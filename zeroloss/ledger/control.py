@@ -196,7 +196,11 @@ class QueueControlling(LedgerBase):
         return self.instance_id if actor is None else validate_message_id(actor, "actor")
 
     def _changed(self, queue_name: str, actor: str, what: str) -> None:
-        _CONTROLLED.pop(self.using, None)  # this process sees its own change at once
+        # This process sees its own change at once: which queues are controlled, and whether
+        # its claims of this one may take the slot path under the new limits.
+        _CONTROLLED.pop(self.using, None)
+        _SLOTTED.pop((self.using, queue_name), None)
+        _EXACT.pop((self.using, queue_name), None)
         logger.info("queue %s %s by %s", queue_name, what, actor)
 
     # -- enforcement ----------------------------------------------------------------------
