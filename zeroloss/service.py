@@ -4,26 +4,33 @@ State lives only in the database, so any number of service instances, in any num
 processes and hosts, share it. Every transition is a single conditional ``UPDATE`` (or
 ``INSERT``) whose ``WHERE`` clause re-checks the state it leaves, so two actors can never
 both win; the audit row is written in the same statement (PostgreSQL) or the same
-transaction (SQLite). The allowed moves are the table in :mod:`zeroloss.states`; each
-concern lives in its own module of :mod:`zeroloss.ledger`.
+transaction (SQLite). The allowed moves are the table in :mod:`zeroloss.states`.
+
+The service is a facade over parts with one job each (:mod:`zeroloss.ledger`), built over one
+shared :class:`~zeroloss.ledger.base.LedgerContext`: ``service.store``, ``service.leases``, ...
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from typing import Any
 
-from . import telemetry
+from django.db import DEFAULT_DB_ALIAS
+
 from .delivery import _when_stored, outcomes_stored
-from .ledger.dispatch import Dispatching
-from .ledger.integrity import Integrity
+from .ledger.aborts import Aborts
+from .ledger.base import LedgerContext
+from .ledger.control import Control
+from .ledger.deprecated import DeprecatedNames
+from .ledger.dispatch import Dispatch
+from .ledger.integrity import Reads
 from .ledger.keys import Keys
-from .ledger.leases import Leasing
+from .ledger.leases import Leases
 from .ledger.nodes import Nodes
-from .ledger.operator import OperatorActions
-from .ledger.persist import PersistedMessage, Persisting
-from .ledger.sweep import Sweeping
+from .ledger.operator import Operator
+from .ledger.outcomes import Outcomes
+from .ledger.persist import PersistedMessage, Store
+from .ledger.sweep import Recovery
 from .ledger.types import (
     CRITICAL,
     WARNING,
@@ -78,22 +85,35 @@ __all__ = [
 ]
 
 
-class ZeroLossMessageService(
-    Persisting, Leasing, Sweeping, Keys, OperatorActions, Dispatching, Integrity, Nodes
-):
+class ZeroLossMessageService(DeprecatedNames):
     """Every operation on the ledger. Cheap to construct; holds no message state.
 
     Keyword arguments override ``ZEROLOSS`` settings for this instance, by lower-case
-    name: ``ZeroLossMessageService(ack_timeout=0.5, max_attempts=2)``.
+    name: ``ZeroLossMessageService(ack_timeout=0.5, max_attempts=2)``. Each method delegates
+    to one part, reachable by name for the new names (``service.leases.claim(...)``).
     """
 
-    def complete(self, completions: Iterable[Completion], *, locked: bool = False) -> CompletionReport:
-        batch = list(completions)
-        with telemetry.settle_span(batch):
-            report = super().complete(batch, locked=locked)
-        if _when_stored:  # something of this process waits for these outcomes (task_finished)
-            outcomes_stored(self.using, report)
-        return report
+    def __init__(self, *, using: str = DEFAULT_DB_ALIAS, instance_id: str | None = None, **overrides: Any):
+        ctx = self.context = LedgerContext(using=using, instance_id=instance_id, **overrides)
+        ctx.service = self  # the hooks' and signals' "service"
+        ctx.outcomes_recorded = _tell_waiters
+        self.settings, self.using, self.instance_id = ctx.settings, ctx.using, ctx.instance_id
+        self.store = ctx.store = Store(ctx)
+        self.leases = ctx.leases = Leases(ctx)
+        self.outcomes = ctx.outcomes = Outcomes(ctx)
+        self.aborts = ctx.aborts = Aborts(ctx)
+        self.control = ctx.control = Control(ctx)
+        self.recovery = ctx.recovery = Recovery(ctx)
+        self.operator = ctx.operator = Operator(ctx)
+        self.keys = ctx.keys = Keys(ctx)
+        self.dispatch = ctx.dispatch = Dispatch(ctx)
+        self.reads = ctx.reads = Reads(ctx)
+        self.nodes = ctx.nodes = Nodes(ctx)
+
+
+def _tell_waiters(using: str, report: CompletionReport) -> None:
+    if _when_stored:  # something of this process waits for these outcomes (task_finished)
+        outcomes_stored(using, report)
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> bool:

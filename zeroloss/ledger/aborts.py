@@ -1,9 +1,9 @@
 """The lease holder's side of an abort: which messages in hand were aborted, and their outcome.
 
-An operator's abort (:meth:`OperatorActions.cancel_messages` with ``abort=True``) only records
+An operator's abort (:meth:`.operator.Operator.cancel_messages` with ``abort=True``) only records
 the request on the message. The worker holding it reads the requests of its leases (the lease
 keeper asks every ``ABORT_POLL_INTERVAL``), and when the handler ends the fenced outcome
-statements refuse it every outcome but ``cancelled``, which :meth:`Aborting._cancel_aborted`
+statements refuse it every outcome but ``cancelled``, which :meth:`Aborts.cancel_aborted`
 records, fenced like the others (the current token, still processing, lease unexpired).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .base import LedgerBase
+from .base import Part
 from .types import Lease
 
 #: How often (seconds, at most) the lease keeper asks whether a message in hand was aborted:
@@ -21,7 +21,9 @@ ABORT_POLL_INTERVAL = 0.25
 _ABORTED_DETAIL = "aborted by an operator: the handler's outcome was not recorded"
 
 
-class Aborting(LedgerBase):
+class Aborts(Part):
+    """Aborts as the lease holder sees them: which were requested, and recording them."""
+
     def aborts_requested(self, leases: Iterable[Lease]) -> set[str]:
         """The ids of ``leases`` (still held) whose abort an operator requested."""
         held = list(leases)
@@ -37,7 +39,7 @@ class Aborting(LedgerBase):
         )
         return {r[0] for r in rows}
 
-    def _cancel_aborted(self, ids: list[str], tokens: list[Any], *, locked: bool = False) -> list[str]:
+    def cancel_aborted(self, ids: list[str], tokens: list[Any], *, locked: bool = False) -> list[str]:
         """Record ``cancelled`` for those of the leases whose abort was requested (the others are
         left as they are: the caller's outcome statements skipped them for another reason)."""
         name = "CANCEL_ABORTED_LOCKED" if locked else "CANCEL_ABORTED"

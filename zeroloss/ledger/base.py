@@ -1,4 +1,5 @@
-"""What every part of the ledger shares: settings, the connection, its engine, and how to move rows."""
+"""What every part of the ledger shares: one :class:`LedgerContext` (settings, the connection, its
+engine, how to move rows, and the sibling parts), and :class:`Part`, the base each part is built on."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, transaction
@@ -19,6 +20,21 @@ from .engine import Engine, Move, Rows
 from .postgres import PostgresEngine
 from .sqlite import SqliteEngine
 from .validation import default_instance_id, validate_message_id
+
+if TYPE_CHECKING:
+    from ..service import ZeroLossMessageService
+    from .aborts import Aborts
+    from .control import Control
+    from .dispatch import Dispatch
+    from .integrity import Reads
+    from .keys import Keys
+    from .leases import Leases
+    from .nodes import Nodes
+    from .operator import Operator
+    from .outcomes import Outcomes
+    from .persist import Store
+    from .sweep import Recovery
+    from .types import CompletionReport
 
 logger = logging.getLogger("zeroloss")
 
@@ -37,12 +53,31 @@ def engine_for(connection: BaseDatabaseWrapper) -> Engine:
     return engine
 
 
-class LedgerBase:
-    """Cheap to construct; holds no message state (the database holds all of it).
+class LedgerContext:
+    """What the parts of one service share: its settings, database alias and instance id, how to
+    run and move rows, and each sibling part (``ctx.operator.dead_letter(...)``: a part reaches
+    another only through here, by its public methods).
 
-    Keyword arguments override ``ZEROLOSS`` settings for this instance, by lower-case
-    name: ``ZeroLossMessageService(ack_timeout=0.5, max_attempts=2)``.
+    Cheap to construct; holds no message state (the database holds all of it). Keyword
+    arguments override ``ZEROLOSS`` settings, by lower-case name (``ack_timeout=0.5``).
     """
+
+    # The parts, set by the service that composes them (zeroloss.service).
+    service: ZeroLossMessageService
+    store: Store
+    leases: Leases
+    outcomes: Outcomes
+    aborts: Aborts
+    control: Control
+    recovery: Recovery
+    operator: Operator
+    keys: Keys
+    dispatch: Dispatch
+    reads: Reads
+    nodes: Nodes
+    #: Called with (database alias, report) after every batch of outcomes (the service's
+    #: waiters for outcomes: zeroloss.delivery); None: nobody.
+    outcomes_recorded: Callable[[str, CompletionReport], None] | None = None
 
     def __init__(self, *, using: str = DEFAULT_DB_ALIAS, instance_id: str | None = None, **overrides: Any):
         if overrides:
@@ -71,7 +106,7 @@ class LedgerBase:
     def engine(self) -> Engine:
         return engine_for(self.connection)
 
-    def _run(self, name: str, params: Sequence[Any], *, prepare: bool = False) -> tuple[Rows, int]:
+    def run(self, name: str, params: Sequence[Any], *, prepare: bool = False) -> tuple[Rows, int]:
         """Run the named statement (see :mod:`.statements`)."""
         engine = self.engine
         return engine.execute(
@@ -82,11 +117,11 @@ class LedgerBase:
             reuse_plan=name not in statements.PLANNED_PER_CALL,
         )
 
-    def _rows(self, name: str, *columns: Sequence[Any]) -> list[Any]:
+    def rows(self, name: str, *columns: Sequence[Any]) -> list[Any]:
         """Parameters for the ``{rows}`` batch of the named statement."""
         return self.engine.row_params(name, columns)
 
-    def _move(
+    def move(
         self,
         name: str,
         params: Sequence[Any],
@@ -133,13 +168,13 @@ class LedgerBase:
         queues, names = zip(*pairs, strict=True)
         try:
             with transaction.atomic(using=self.using):
-                rows, _ = self._run("PROMOTE", self._rows("PROMOTE", queues, names))
+                rows, _ = self.run("PROMOTE", self.rows("PROMOTE", queues, names))
         except IntegrityError:
             # A concurrent promotion of the same key won: the key has its head.
             return []
         return [r[0] for r in rows]
 
-    def _token(self, lease_token: Any) -> Any:
+    def token(self, lease_token: Any) -> Any:
         """A lease token as the engine stores it; :class:`InvalidLeaseToken` if it is no UUID."""
         if not isinstance(lease_token, uuid.UUID):
             try:
@@ -148,14 +183,14 @@ class LedgerBase:
                 raise InvalidLeaseToken(f"Lease token must be a UUID, got {lease_token!r}.") from exc
         return self.engine.token(lease_token)
 
-    def _after_commit(self, action: Callable[[], Any]) -> None:
+    def after_commit(self, action: Callable[[], Any]) -> None:
         """Run ``action`` once the current transaction commits (at once outside one)."""
         if self.connection.in_atomic_block:
             transaction.on_commit(action, using=self.using)
         else:
             action()
 
-    def _promote_after_commit(self, keys: set[tuple[str, str]], message_ids: Sequence[str]) -> None:
+    def promote_after_commit(self, keys: set[tuple[str, str]], message_ids: Sequence[str]) -> None:
         """Release the next message of each key once the current transaction commits.
 
         What committed (``message_ids``, the caller's rows) stays committed whatever happens
@@ -182,9 +217,40 @@ class LedgerBase:
                 if not conn.in_atomic_block and self.engine.connection_lost(conn):
                     conn.close()  # the caller's next query reconnects
 
-        self._after_commit(promote)
+        self.after_commit(promote)
 
     def database_now(self) -> dt.datetime:
         """The database clock, which decides every lease."""
-        rows, _ = self._run("NOW", [], prepare=True)
+        rows, _ = self.run("NOW", [], prepare=True)
         return self.engine.at(rows[0][0])
+
+
+class Part:
+    """One part of the ledger: a plain class over the service's :class:`LedgerContext`.
+
+    The short names below only delegate to the context, so each part's methods read as they
+    did when the parts were one class; a part calls a sibling as ``self.ctx.<part>.<method>``.
+    """
+
+    def __init__(self, ctx: LedgerContext):
+        self.ctx = ctx
+        # Fixed for the service's life: copied, so the hot paths read an attribute, not a property.
+        self.settings = ctx.settings
+        self.using = ctx.using
+        self.instance_id = ctx.instance_id
+        self._run = ctx.run
+        self._rows = ctx.rows
+        self._move = ctx.move
+        self._token = ctx.token
+        self._after_commit = ctx.after_commit
+        self._promote_after_commit = ctx.promote_after_commit
+        self.promote_keys = ctx.promote_keys
+        self.database_now = ctx.database_now
+
+    @property
+    def connection(self) -> BaseDatabaseWrapper:
+        return connections[self.using]
+
+    @property
+    def engine(self) -> Engine:
+        return engine_for(connections[self.using])

@@ -1,6 +1,6 @@
 """Large batches, stored through PostgreSQL's bulk path: COPY.
 
-:meth:`~.persist.Persisting.persist_messages` hands a batch of ``Engine.stage_from`` messages or
+:meth:`~.persist.Store.persist_messages` hands a batch of ``Engine.stage_from`` messages or
 more here (PostgreSQL; SQLite has no threshold). A batch of new messages draws its ids from the
 sequence (in the batch's order) and one reading of the database clock, then COPYs the message
 rows and their ``persisted`` audit rows, in a savepoint of the caller's transaction. If an id is
@@ -40,7 +40,7 @@ from .validation import (
 )
 
 if TYPE_CHECKING:
-    from .persist import Persisting
+    from .persist import Store
 
 NULL = "\\N"  # COPY's text format
 #: The edge of every message a COPY stores (the statement it stands in for: INSERT_STAGED).
@@ -83,7 +83,7 @@ class Prepared(NamedTuple):
 
 
 def persist_staged(
-    ledger: Persisting,
+    store: Store,
     items: list[Any],
     max_attempts: int | None,
     delay: Any,
@@ -95,16 +95,16 @@ def persist_staged(
     """``persist_messages`` for a large batch; ``None`` when an option is invalid (the caller's
     checks then raise exactly what they always did)."""
     try:
-        attempts = validate_attempts(ledger.settings.MAX_ATTEMPTS if max_attempts is None else max_attempts)
+        attempts = validate_attempts(store.settings.MAX_ATTEMPTS if max_attempts is None else max_attempts)
         priority = validate_priority(priority)
         ordering_key = validate_key(ordering_key, "ordering_key")
-        delay_s = ledger._delay(delay, ordering_key)
+        delay_s = store.validated_delay(delay, ordering_key)
     except InvalidMessage:
         return None
-    batch = _Batch(ledger, items, attempts, priority, ordering_key)
-    with _no_cyclic_gc(), transaction.atomic(using=ledger.using):
-        result = _store(ledger, batch, delay_s, actor or ledger.instance_id, dispatched)
-    ledger._confirm(result)
+    batch = _Batch(store, items, attempts, priority, ordering_key)
+    with _no_cyclic_gc(), transaction.atomic(using=store.using):
+        result = _store(store, batch, delay_s, actor or store.instance_id, dispatched)
+    store.confirm_replicated(result)
     return result
 
 
@@ -123,7 +123,7 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 class _Batch:
-    """A batch's items, validated and encoded a chunk at a time (``Persisting._prepare`` of each
+    """A batch's items, validated and encoded a chunk at a time (``Store._prepare`` of each
     item, the options checked once; the same errors).
 
     COPY streams each chunk to the server as soon as it is ready, so the server stores one
@@ -132,10 +132,10 @@ class _Batch:
     with its savepoint, and nothing of the batch is stored.
     """
 
-    def __init__(self, ledger: Persisting, items: list[Any], attempts: int, priority: int, ordering_key: str):
+    def __init__(self, store: Store, items: list[Any], attempts: int, priority: int, ordering_key: str):
         self.items = items
-        self.limit = ledger.settings.MAX_PAYLOAD_BYTES
-        self.headers_limit = ledger.settings.MAX_HEADERS_BYTES
+        self.limit = store.settings.MAX_PAYLOAD_BYTES
+        self.headers_limit = store.settings.MAX_HEADERS_BYTES
         self.attempts = attempts
         self.priority = priority
         self.ordering_key = ordering_key
@@ -218,18 +218,18 @@ def _lines(prepared: Sequence[Prepared]) -> Iterator[str]:
         )
 
 
-def _store(ledger: Persisting, batch: _Batch, delay_s: float, actor: str, dispatched: bool) -> list[Message]:
-    """``Persisting._store`` for a large batch: insert what is new, read back what existed."""
-    engine, conn = ledger.engine, ledger.connection
+def _store(store: Store, batch: _Batch, delay_s: float, actor: str, dispatched: bool) -> list[Message]:
+    """``Store._store`` for a large batch: insert what is new, read back what existed."""
+    engine, conn = store.engine, store.connection
     validate_message_id(actor, "actor")
     created: dt.datetime | None
     try:
         # A savepoint: an invalid item undoes the COPY; so does an id stored already (a
         # resend), and the staged statement below sorts new from stored.
-        with transaction.atomic(using=ledger.using):
-            stored, created = _copy(ledger, batch, delay_s, actor, dispatched)
+        with transaction.atomic(using=store.using):
+            stored, created = _copy(store, batch, delay_s, actor, dispatched)
     except IntegrityError:
-        stored, created = _staged(ledger, batch.all(), delay_s, actor, dispatched)
+        stored, created = _staged(store, batch.all(), delay_s, actor, dispatched)
     prepared = batch.prepared
     new = [p for p in prepared if p.message_id in stored]
     later = None if created is None else created + dt.timedelta(seconds=delay_s)
@@ -245,21 +245,21 @@ def _store(ledger: Persisting, batch: _Batch, delay_s: float, actor: str, dispat
         "created_at": created,
         "updated_at": created,
     }
-    existing = _read_existing(ledger, [p.message_id for p in prepared if p.message_id not in stored])
+    existing = _read_existing(store, [p.message_id for p in prepared if p.message_id not in stored])
     result = []
     for p in prepared:
         pk = stored.get(p.message_id)
         if pk is None:
             found = existing.get(p.message_id)
             if found is None or found.queue_name != p.queue_name or found.checksum != p.checksum:
-                found = ledger._existing(p)  # raises MessageConflict, saying what differs
+                found = store.existing_match(p)  # raises MessageConflict, saying what differs
             result.append(found)
             continue
-        # As ``Persisting._materialize`` builds it: a model instance without ``__init__``.
+        # As ``Store._materialize`` builds it: a model instance without ``__init__``.
         message = Message.__new__(Message)
         state = message._state = ModelState()
         state.adding = False
-        state.db = ledger.using
+        state.db = store.using
         fields = message.__dict__
         fields.update(common)
         fields["id"] = pk
@@ -277,15 +277,15 @@ def _store(ledger: Persisting, batch: _Batch, delay_s: float, actor: str, dispat
         result.append(message)
     keys = {(p.queue_name, p.ordering_key) for p in new if p.ordering_key}
     if keys:
-        ledger._promote_after_commit(keys, [p.message_id for p in new if p.ordering_key])
+        store.ctx.promote_after_commit(keys, [p.message_id for p in new if p.ordering_key])
     return result
 
 
 def _copy(
-    ledger: Persisting, batch: _Batch, delay_s: float, actor: str, dispatched: bool
+    store: Store, batch: _Batch, delay_s: float, actor: str, dispatched: bool
 ) -> tuple[dict[str, int], dt.datetime]:
     """All new: the message rows and their audit rows COPY'd, at PostgreSQL's bulk speed."""
-    engine, conn = ledger.engine, ledger.connection
+    engine, conn = store.engine, store.connection
     rows, _ = engine.execute(conn, engine.sql["RESERVE_IDS"], [len(batch)])
     # One clock reading for the batch, as one INSERT statement has.
     created = engine.at(rows[0][0])
@@ -318,27 +318,27 @@ def _copy(
 
 
 def _staged(
-    ledger: Persisting, prepared: Sequence[Prepared], delay_s: float, actor: str, dispatched: bool
+    store: Store, prepared: Sequence[Prepared], delay_s: float, actor: str, dispatched: bool
 ) -> tuple[dict[str, int], dt.datetime | None]:
     """Some stored already: the rows staged, then ``INSERT_MANY``'s statement on them."""
-    engine, conn = ledger.engine, ledger.connection
+    engine, conn = store.engine, store.connection
     engine.execute(conn, engine.sql["STAGE_CREATE"], [])
     engine.copy_in(conn, engine.sql["STAGE_COPY"], _lines(prepared))
-    rows = ledger._move("INSERT_STAGED", [delay_s, dispatched], actor=actor)
+    rows = store.ctx.move("INSERT_STAGED", [delay_s, dispatched], actor=actor)
     engine.execute(conn, engine.sql["STAGE_DROP"], [])
     if not rows:
         return {}, None
     # One statement, one clock reading: every row it stored has the same times.
-    return {mid: pk for pk, mid in rows}, engine.at(ledger._run("CREATED_AT", [rows[0][0]])[0][0][0])
+    return {mid: pk for pk, mid in rows}, engine.at(store.ctx.run("CREATED_AT", [rows[0][0]])[0][0][0])
 
 
-def _read_existing(ledger: Persisting, message_ids: list[str]) -> dict[str, Message]:
+def _read_existing(store: Store, message_ids: list[str]) -> dict[str, Message]:
     """The stored messages of ids whose insert conflicted, read 5,000 a query (a resent batch
     would otherwise cost a query a message)."""
     found: dict[str, Message] = {}
     for start in range(0, len(message_ids), _COPY_CHUNK):
         chunk = message_ids[start : start + _COPY_CHUNK]
         found.update(
-            (m.message_id, m) for m in Message.objects.using(ledger.using).filter(message_id__in=chunk)
+            (m.message_id, m) for m in Message.objects.using(store.using).filter(message_id__in=chunk)
         )
     return found

@@ -3,7 +3,7 @@
 A queue's control row (:class:`zeroloss.models.QueueControl`) holds what an operator set
 (paused, limit overrides, who and when) and the rate limiter's token bucket. Enforcement is
 where messages are claimed, in the claim's transaction. Every claim path goes through
-:meth:`QueueControlling._claim_controlled` (``claim_next``, ``mark_processing``), which claims
+:meth:`Control.claim_controlled` (``Leases.claim``, ``Leases.claim_message``), which claims
 one of two ways:
 
 - the exact path (SQLite always; PostgreSQL near a limit): lock the queue's row (and, on
@@ -31,7 +31,7 @@ from django.db import transaction
 
 from ..rates import Rate, parse_concurrency, parse_rate
 from . import hooks
-from .base import LedgerBase
+from .base import Part
 from .types import Lease
 from .validation import validate_message_id, validate_queue_name
 
@@ -87,7 +87,9 @@ class QueueState:
     changed_at: dt.datetime | None
 
 
-class QueueControlling(LedgerBase):
+class Control(Part):
+    """Queue control: what operators set (pause, limits), and what it allows each claim."""
+
     # -- the operator's part ----------------------------------------------------------------
 
     def pause_queue(self, queue_name: str, *, actor: str | None = None) -> None:
@@ -186,7 +188,7 @@ class QueueControlling(LedgerBase):
 
         def redispatch_now() -> None:
             try:
-                hooks.redispatch(self)
+                hooks.redispatch(self.ctx.service)
             except Exception as exc:  # the ledger is unreachable: the sweep publishes them
                 logger.warning("could not publish queue %s's waiting messages: %s", queue_name, exc)
 
@@ -357,6 +359,12 @@ class QueueControlling(LedgerBase):
         if available < 1:
             _NEXT_TOKEN[(self.using, queue_name)] = (1 - available) / limits.rate.per_second
         return available
+
+    # The claim path's entry points, for :class:`~.leases.Leases` (through ``ctx.control``).
+    is_controlled = _is_controlled
+    any_controlled = _any_controlled
+    queue_of = _queue_of
+    claim_controlled = _claim_controlled
 
 
 def slotted(limits: QueueLimits) -> bool:

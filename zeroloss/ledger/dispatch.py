@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import LedgerBase
+from .base import Part
 from .operator import CHUNK
 from .validation import seconds, validate_count
 
 
-class Dispatching(LedgerBase):
+class Dispatch(Part):
+    """The Celery transport's bookkeeping: what to publish, what was published."""
+
     def dispatch_candidates(self, *, limit: int = 1000, grace: float = 1.0) -> list[tuple[str, str, float]]:
         """Pending, available messages that no live broker message is known to carry.
 

@@ -9,12 +9,14 @@ from django.utils.translation import gettext as _
 
 from ..exceptions import InvalidPayload
 from ..models import Message, MessageEvent, Status
-from .base import LedgerBase
+from .base import Part
 from .types import CRITICAL, WARNING, IntegrityFinding, IntegrityReport
 from .validation import canonical_json, payload_checksum, validate_message_id
 
 
-class Integrity(LedgerBase):
+class Reads(Part):
+    """Reads of messages and their audit trail, and their integrity checks."""
+
     def get_message(self, message_id: str) -> Message | None:
         validate_message_id(message_id)
         return Message.objects.using(self.using).filter(message_id=message_id).first()
@@ -115,4 +117,4 @@ class Integrity(LedgerBase):
         ``record=False`` never writes (see :func:`zeroloss.replication.measure`)."""
         from .hooks import replication
 
-        return replication().measure(self, message, record=record)
+        return replication().measure(self.ctx.service, message, record=record)

@@ -15,7 +15,7 @@ from django.db import transaction
 
 from ..exceptions import InvalidMessage
 from ..models import Status
-from .operator import OperatorActions
+from .base import Part
 from .types import KeyHead, KeyWhy
 from .validation import validate_count, validate_message_id, validate_queue_name
 
@@ -23,7 +23,9 @@ from .validation import validate_count, validate_message_id, validate_queue_name
 SKIP_PREFIX = "key skipped: "
 
 
-class Keys(OperatorActions):
+class Keys(Part):
+    """Ordering keys: which are blocked, and moving a key's head (through ``ctx.operator``)."""
+
     def blocked_keys(self, queue: str | None = None, limit: int = 50) -> list[KeyHead]:
         """Keys with messages waiting behind a head that cannot be claimed now, longest blocked first.
 
@@ -68,7 +70,9 @@ class Keys(OperatorActions):
             head = self._locked_head(queue, key, message_id)
             if head is None:
                 return None
-            moved = self.dead_letter_messages([head[0]], reason=SKIP_PREFIX + reason.strip(), actor=actor)
+            moved = self.ctx.operator.dead_letter_messages(
+                [head[0]], reason=SKIP_PREFIX + reason.strip(), actor=actor
+            )
         return moved[0] if moved else None
 
     def requeue_key_head(
@@ -92,7 +96,7 @@ class Keys(OperatorActions):
             if head is None or head[1] != Status.PROCESSING:
                 return None
             detail = "ordering key head requeued: " + ("live lease revoked" if force else "expired lease")
-            moved = self.requeue_messages([head[0]], actor=actor, force=force, detail=detail)
+            moved = self.ctx.operator.requeue_messages([head[0]], actor=actor, force=force, detail=detail)
         return moved[0] if moved else None
 
     # -- helpers ----------------------------------------------------------------------

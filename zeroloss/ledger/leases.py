@@ -1,6 +1,7 @@
 """Leases: claim and renew them, and give back those of a claim whose outcome was lost.
 
-What the lease holder records with them (acknowledge, fail, release) is :mod:`.outcomes`.
+What the lease holder records with them (acknowledge, fail, release) is :mod:`.outcomes`; what
+a queue's control allows a claim is :mod:`.control`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from typing import Any
 from django.db import OperationalError
 
 from .. import telemetry
-from .control import QueueControlling
-from .outcomes import Outcomes
+from .base import Part
 from .types import Lease
 from .validation import validate_count, validate_message_id, validate_queue_name
 
@@ -41,7 +41,9 @@ _HEAD_CLAIMED: dict[tuple[str, str], float] = {}
 _BEHIND_CLAIMED: dict[tuple[str, str], float] = {}
 
 
-class Leasing(QueueControlling, Outcomes):
+class Leases(Part):
+    """Claims (by queue, or one message by id), renewals, and leases whose claim was lost."""
+
     # -- claims ---------------------------------------------------------------------------
 
     def _claim_range(self, queue_name: str, limit: int) -> list[Any]:
@@ -103,13 +105,14 @@ class Leasing(QueueControlling, Outcomes):
             telemetry.claimed(cursor_of or leases[0].queue_name, leases)
         return leases
 
-    def claim_next(self, queue_name: str, limit: int = 1) -> list[Lease]:
+    def claim(self, queue_name: str, limit: int = 1) -> list[Lease]:
         """Claim up to ``limit`` available messages of a queue (highest priority, then oldest),
         skipping rows another claimer has locked. Each starts an attempt."""
         validate_queue_name(queue_name)
         validate_count(limit, "limit")
-        if self._is_controlled(queue_name):  # paused or limited: claims at most what it allows
-            return self._claim_controlled(
+        control = self.ctx.control
+        if control.is_controlled(queue_name):  # paused or limited: claims at most what it allows
+            return control.claim_controlled(
                 queue_name,
                 limit,
                 lambda n: self._claim("CLAIM", self._claim_range(queue_name, n), cursor_of=queue_name),
@@ -122,13 +125,14 @@ class Leasing(QueueControlling, Outcomes):
         params = self._claim_range(queue_name, limit)
         return self._claim("CLAIM", params, cursor_of=queue_name)
 
-    def mark_processing(self, message_id: str) -> Lease | None:
+    def claim_message(self, message_id: str) -> Lease | None:
         """Claim one pending, available message. ``None`` if missing, not pending, being claimed,
         or held back by its queue's control (paused, or at a limit: docs/control.md)."""
         validate_message_id(message_id)
-        queue = self._queue_of(message_id) if self._any_controlled() else None
-        if queue is not None and self._is_controlled(queue):
-            leases = self._claim_controlled(queue, 1, lambda n: self._claim("CLAIM_BY_ID", [message_id]))
+        control = self.ctx.control
+        queue = control.queue_of(message_id) if control.any_controlled() else None
+        if queue is not None and control.is_controlled(queue):
+            leases = control.claim_controlled(queue, 1, lambda n: self._claim("CLAIM_BY_ID", [message_id]))
         else:
             leases = self._claim("CLAIM_BY_ID", [message_id])
         return leases[0] if leases else None

@@ -5,23 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 from ..models import ReplicationNode
-from .base import LedgerBase
+from .base import Part
 from .hooks import replication
 
 
-class Nodes(LedgerBase):
+class Nodes(Part):
+    """The replication node registry, through the replication hooks."""
+
     def register_replication_node(
         self, node_id: str, address: str = "", *, role: str = "node", metadata: dict[str, Any] | None = None
     ) -> ReplicationNode:
         """Register a node, or refresh it (idempotent upsert); counts as a heartbeat."""
-        return replication().register_node(self, node_id, address=address, role=role, metadata=metadata)
+        return replication().register_node(
+            self.ctx.service, node_id, address=address, role=role, metadata=metadata
+        )
 
     def heartbeat_node(self, node_id: str) -> bool:
-        return replication().heartbeat(self, node_id)
+        return replication().heartbeat(self.ctx.service, node_id)
 
     def unregister_replication_node(self, node_id: str) -> bool:
-        return replication().unregister_node(self, node_id)
+        return replication().unregister_node(self.ctx.service, node_id)
 
     def get_replication_targets(self) -> list[ReplicationNode]:
         """Live nodes, ordered by node id, at most ``REPLICATION_FACTOR`` of them."""
-        return replication().live_nodes(self)[: self.settings.REPLICATION_FACTOR]
+        return replication().live_nodes(self.ctx.service)[: self.settings.REPLICATION_FACTOR]

@@ -12,7 +12,7 @@ from .. import telemetry
 from ..exceptions import InvalidMessage, MessageNotFound
 from ..models import PurgeRecord, Status
 from . import statements_ops
-from .base import LedgerBase
+from .base import Part
 from .types import CancelOutcome, CancelResult
 from .validation import clean_text, seconds, validate_count, validate_message_id, validate_queue_name
 
@@ -21,7 +21,9 @@ from .validation import clean_text, seconds, validate_count, validate_message_id
 CHUNK = 5000
 
 
-class OperatorActions(LedgerBase):
+class Operator(Part):
+    """What operators do by hand to messages by id, and retention."""
+
     def _known(self, message_ids: Sequence[str]) -> list[str]:
         """The ids, validated; :class:`MessageNotFound` for the first that does not exist."""
         if isinstance(message_ids, str):
@@ -86,7 +88,7 @@ class OperatorActions(LedgerBase):
             self._promote_after_commit(keys, [m[0] for m in moved if m[2]])
         return [m[0] for m in moved]
 
-    def retry_message(self, message_id: str, *, actor: str | None = None, force: bool = False) -> bool:
+    def redrive_or_requeue(self, message_id: str, *, actor: str | None = None, force: bool = False) -> bool:
         """An operator's requeue of one dead or stuck message. ``False`` if it is in neither state."""
         if self.redrive_messages([message_id], actor=actor):
             return True

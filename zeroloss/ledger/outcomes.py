@@ -2,7 +2,7 @@
 
 Every outcome needs the current lease token, a message still ``processing`` and an unexpired
 lease (database clock): a worker that lost its lease cannot record anything. Outcomes can be
-recorded one at a time or in batches (:meth:`Outcomes.complete`): one statement per kind of
+recorded one at a time or in batches (:meth:`Outcomes.record`): one statement per kind of
 outcome for any number of messages, each row fenced on its own.
 """
 
@@ -14,19 +14,20 @@ from typing import Any
 
 from django.db import transaction
 
+from .. import telemetry
 from ..exceptions import InvalidMessage
 from . import notices
-from .aborts import Aborting
+from .base import Part
 from .types import Completion, CompletionReport, Lease, Verdict
 from .validation import canonical_json, clean_text, validate_message_id
 
 
-class Outcomes(Aborting):
+class Outcomes(Part):
+    """The lease holder's outcomes: acknowledge, fail, release; many at once; fenced all."""
+
     # -- one outcome at a time --------------------------------------------------------------
 
-    def acknowledge_message(
-        self, message_id: str, lease_token: uuid.UUID | str, *, result: Any = None
-    ) -> bool:
+    def acknowledge(self, message_id: str, lease_token: uuid.UUID | str, *, result: Any = None) -> bool:
         """Complete the message, only for the holder of the current, unexpired lease (fencing)."""
         validate_message_id(message_id)
         token = self._token(lease_token)
@@ -34,10 +35,10 @@ class Outcomes(Aborting):
         # ACK for one row, with scalar parameters (arrays cost client CPU to dump).
         rows = self._move("ACK_ONE", [encoded, message_id, token])
         if not rows:  # refused: an aborted message is recorded cancelled instead
-            self._cancel_aborted([message_id], [token])
+            self.ctx.aborts.cancel_aborted([message_id], [token])
         return bool(rows)
 
-    def mark_failed(self, message_id: str, lease_token: uuid.UUID | str, error: str) -> bool:
+    def fail(self, message_id: str, lease_token: uuid.UUID | str, error: str) -> bool:
         """Record a failed attempt: back to pending after a backoff, or dead when attempts are spent.
 
         ``False`` (and nothing written) when the caller no longer holds a live lease.
@@ -54,10 +55,10 @@ class Outcomes(Aborting):
         delay = self.settings.RETRY_BACKOFF.delay_for(rows[0][0])
         if self._fail("FAIL", [message_id], [token], [clean_text(error)], [delay]):
             return True
-        self._cancel_aborted([message_id], [token])  # refused: an aborted message is cancelled
+        self.ctx.aborts.cancel_aborted([message_id], [token])  # refused: an aborted message is cancelled
         return False
 
-    def release_lease(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
+    def release(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
         """Give back a claimed message that was never started (clean shutdown).
 
         Back to pending at once, and the unused attempt is not counted.
@@ -66,12 +67,12 @@ class Outcomes(Aborting):
         token = self._token(lease_token)
         if self._release([message_id], [token], "released unstarted at worker shutdown"):
             return True
-        self._cancel_aborted([message_id], [token])  # refused: an aborted message is cancelled
+        self.ctx.aborts.cancel_aborted([message_id], [token])  # refused: an aborted message is cancelled
         return False
 
     # -- many outcomes at once ------------------------------------------------------------
 
-    def complete(self, completions: Iterable[Completion], *, locked: bool = False) -> CompletionReport:
+    def record(self, completions: Iterable[Completion], *, locked: bool = False) -> CompletionReport:
         """Record many outcomes: one fenced statement per kind, all in one transaction.
 
         A row whose lease is no longer held is left untouched and reported in ``refused``,
@@ -80,6 +81,14 @@ class Outcomes(Aborting):
         clock. Raises :class:`InvalidPayload` (nothing written) if a result is not JSON.
         """
         batch = list(completions)
+        with telemetry.settle_span(batch):
+            report = self._record(batch, locked)
+        after = self.ctx.outcomes_recorded
+        if after is not None:
+            after(self.using, report)
+        return report
+
+    def _record(self, batch: list[Completion], locked: bool) -> CompletionReport:
         if not batch:
             return CompletionReport()
         engine = self.engine
@@ -128,7 +137,7 @@ class Outcomes(Aborting):
                 left = [c.lease for c in batch if c.lease.message_id not in recorded]
                 tokens = [engine.token(x.token) for x in left]
                 report.cancelled.extend(
-                    self._cancel_aborted([x.message_id for x in left], tokens, locked=locked)
+                    self.ctx.aborts.cancel_aborted([x.message_id for x in left], tokens, locked=locked)
                 )
                 recorded.update(report.cancelled)
         report.refused.extend(c.lease.message_id for c in batch if c.lease.message_id not in recorded)
@@ -149,7 +158,9 @@ class Outcomes(Aborting):
         if notices.wanted_after_outcomes(report):
             # Dead letters logged, signals sent, once the outcomes are durable (never for a rollback).
             self._after_commit(
-                lambda: notices.outcomes_recorded(type(self), self.using, self.instance_id, batch, report)
+                lambda: notices.outcomes_recorded(
+                    type(self.ctx.service), self.using, self.instance_id, batch, report
+                )
             )
         return report
 
@@ -157,7 +168,7 @@ class Outcomes(Aborting):
         """Inside ``transaction.atomic``: lock the rows of ``leases`` still held (fenced, unexpired).
 
         Until the transaction ends nobody else can move them (the sweep skips locked rows), so
-        :meth:`complete` with ``locked=True`` may record their outcomes however long it ran, and
+        :meth:`record` with ``locked=True`` may record their outcomes however long it ran, and
         the caller must bound the transaction itself. The built-in worker does not use this: its
         transactional batches are held by their leases (docs/guarantees.md).
         """

@@ -12,7 +12,7 @@ from django.db.models.base import ModelState
 
 from ..exceptions import InvalidMessage, MessageConflict, PayloadTooLarge
 from ..models import Message
-from .base import LedgerBase, engine_for
+from .base import Part, engine_for
 from .bulk import NEW_ROW, persist_staged
 from .bulk import Prepared as _Prepared
 from .validation import (
@@ -37,7 +37,9 @@ _MANY_CHUNK = 5000
 _CHECKED_QUEUES: set[str] = set()
 
 
-class Persisting(LedgerBase):
+class Store(Part):
+    """Storing messages, one or many (large batches: :mod:`.bulk`)."""
+
     def _prepare(
         self,
         message_id: Any,
@@ -112,7 +114,7 @@ class Persisting(LedgerBase):
         if dedup and window <= 0:
             raise InvalidMessage("dedup_window must be more than 0 seconds when a dedup_key is given.")
         prepared = self._prepare(message_id, queue_name, data, max_attempts, priority, ordering_key, headers)
-        delay_s = 0.0 if delay is None else self._delay(delay, prepared.ordering_key)
+        delay_s = 0.0 if delay is None else self.validated_delay(delay, prepared.ordering_key)
         actor = actor or self.instance_id
         if not dedup:
             # What persist_messages does for one item, without its batch bookkeeping. The
@@ -125,7 +127,7 @@ class Persisting(LedgerBase):
                 with transaction.atomic(using=self.using):
                     message = self._store_one(prepared, delay_s, actor, dispatched, conn)
             if self.settings.PERSISTENCE_LEVEL == "replicated":
-                self._confirm([message])
+                self.confirm_replicated([message])
             return message
         with transaction.atomic(using=self.using):
             claimed, _ = self._run("DEDUP_CLAIM", [prepared.queue_name, dedup, prepared.message_id, window])
@@ -139,7 +141,7 @@ class Persisting(LedgerBase):
                 if first is None:  # the first message was purged: this one takes the window over
                     self._run("DEDUP_TAKE_OVER", [prepared.message_id, window, prepared.queue_name, dedup])
             result = self._store([prepared], delay_s, actor, dispatched)
-        self._confirm(result)
+        self.confirm_replicated(result)
         return result[0]
 
     def persist_messages(
@@ -190,7 +192,7 @@ class Persisting(LedgerBase):
             if p.message_id in seen:
                 raise InvalidMessage(f"message_id {p.message_id!r} appears twice in one batch.")
             seen.add(p.message_id)
-        delay_s = self._delay(delay, prepared[0].ordering_key)
+        delay_s = self.validated_delay(delay, prepared[0].ordering_key)
         actor = actor or self.instance_id
         if len(prepared) == 1 and self.engine.moves_in_one_statement:
             # One statement, autocommit: the fastest durable write.
@@ -198,10 +200,10 @@ class Persisting(LedgerBase):
         else:
             with transaction.atomic(using=self.using):
                 result = self._store(prepared, delay_s, actor, dispatched)
-        self._confirm(result)
+        self.confirm_replicated(result)
         return result
 
-    def _delay(self, delay: float | dt.timedelta | None, ordering_key: str) -> float:
+    def validated_delay(self, delay: float | dt.timedelta | None, ordering_key: str) -> float:
         delay_s = seconds(delay, "delay")
         if delay_s and ordering_key:
             raise InvalidMessage(
@@ -210,11 +212,11 @@ class Persisting(LedgerBase):
             )
         return delay_s
 
-    def _confirm(self, messages: Sequence[Message]) -> None:
+    def confirm_replicated(self, messages: Sequence[Message]) -> None:
         if self.settings.PERSISTENCE_LEVEL == "replicated":
             from .hooks import replication
 
-            replication().confirm(self, messages)
+            replication().confirm(self.ctx.service, messages)
 
     def _store(
         self, prepared: Sequence[_Prepared], delay_s: float, actor: str, dispatched: bool
@@ -255,7 +257,7 @@ class Persisting(LedgerBase):
                 pk, created, available = stored[p.message_id]
                 result.append(self._materialize(p, pk, created, available, created if dispatched else None))
             else:
-                result.append(self._existing(p, existing.get(p.message_id)))
+                result.append(self.existing_match(p, existing.get(p.message_id)))
         keys = {(p.queue_name, p.ordering_key) for p in prepared if p.ordering_key and p.message_id in stored}
         if keys:
             self._promote_after_commit(
@@ -288,7 +290,7 @@ class Persisting(LedgerBase):
             params.append(p.headers)
         rows = self._move(name, params, actor=actor, conn=conn)
         if not rows:  # the id existed
-            return self._existing(p)
+            return self.existing_match(p)
         pk, created, available = rows[0]
         created_at = engine.at(created)
         # Undelayed and unordered, it became available when it was stored: one conversion.
@@ -345,7 +347,7 @@ class Persisting(LedgerBase):
             found.update((m.message_id, m) for m in Message.objects.using(self.using).raw(sql, params))
         return found
 
-    def _existing(self, p: _Prepared, existing: Message | None = None) -> Message:
+    def existing_match(self, p: _Prepared, existing: Message | None = None) -> Message:
         """The stored message for an id whose insert conflicted: same content, or a conflict.
         ``existing``: the row as a batch read it (else it is read here)."""
         if existing is None:

@@ -6,7 +6,7 @@ its edges ``(from, to, reason)``, each one of :data:`zeroloss.states.TRANSITIONS
 annotation). Everything its audit rows say is derived from that declaration: the source status,
 the reason (one per target status), and so the columns the engines write the rows from
 (:func:`audit_row`, :data:`MOVED`). A move is then called by the statement's name alone
-(``LedgerBase._move``).
+(``LedgerContext.move``).
 """
 
 from __future__ import annotations

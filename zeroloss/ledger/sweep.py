@@ -9,7 +9,7 @@ import time
 from .. import telemetry
 from ..models import Status
 from . import notices
-from .base import LedgerBase
+from .base import Part
 from .types import RecoveryReport
 from .validation import validate_count
 
@@ -25,10 +25,10 @@ SWEEP_FROM_HEAD_EVERY = 60.0
 _LONG_AGO = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
 
 
-class Sweeping(LedgerBase):
-    def recover_orphaned_messages(
-        self, *, batch_size: int | None = None, limit: int | None = None
-    ) -> RecoveryReport:
+class Recovery(Part):
+    """The recovery sweep, and the repair of ordering keys left without a head."""
+
+    def sweep(self, *, batch_size: int | None = None, limit: int | None = None) -> RecoveryReport:
         """Requeue (or dead-letter) every processing message whose lease expired, exactly once.
 
         Safe with any number of concurrent sweepers: each row is moved by one conditional
@@ -62,7 +62,7 @@ class Sweeping(LedgerBase):
             rows = self._move("SWEEP", [since, size, since], actor=actor)
             batches += 1
             if rows:
-                self._after_commit(functools.partial(notices.swept, type(self), self.using, rows))
+                self._after_commit(functools.partial(notices.swept, type(self.ctx.service), self.using, rows))
             for row in rows:
                 {Status.DEAD: dead, Status.CANCELLED: cancelled}.get(row[2], requeued).append(row[1])
                 if row[2] in (Status.DEAD, Status.CANCELLED) and row[9]:

@@ -32,7 +32,7 @@ from . import statements
 from .nodes import heartbeat, is_live, live_cutoff, live_nodes, node_counts, register_node, unregister_node
 
 if TYPE_CHECKING:
-    from ..ledger.base import LedgerBase as ZeroLossMessageService
+    from ..service import ZeroLossMessageService
 
 __all__ = [
     "ReplicationStatus",

@@ -12,7 +12,7 @@ from ..models import NodeRole, ReplicationNode
 from . import statements
 
 if TYPE_CHECKING:
-    from ..ledger.base import LedgerBase as ZeroLossMessageService
+    from ..service import ZeroLossMessageService
 
 
 def _check_node_id(node_id: Any) -> str:

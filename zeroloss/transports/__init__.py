@@ -302,7 +302,7 @@ def _signal_sent(service: ZeroLossMessageService, messages: Sequence[Message]) -
                 using=service.using,
             )
 
-    service._after_commit(fire)
+    service.context.after_commit(fire)
 
 
 async def asend(queue_name: str, data: Any, **kwargs: Any) -> Message:
