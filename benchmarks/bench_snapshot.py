@@ -92,22 +92,22 @@ def load_live_set() -> None:
     service = ZeroLossMessageService(instance_id="bench-live")
     # First a few sweep recoveries, so the audit-trail part of the snapshot has something to count.
     service.persist_messages([(f"recovered-{i}", "orders", {"i": i}) for i in range(100)])
-    assert len(service.claim_next("orders", limit=100)) == 100
+    assert len(service.claim("orders", limit=100)) == 100
     Message.objects.filter(message_id__startswith="recovered-").update(
         lease_expires_at="2000-01-01T00:00:00Z"
     )
-    assert ZeroLossMessageService(instance_id="bench-sweeper").recover_orphaned_messages().total == 100
+    assert ZeroLossMessageService(instance_id="bench-sweeper").sweep().total == 100
     for n, queue in enumerate(QUEUES):
         # Claims take the oldest message first: dead letters before the rest of the queue.
         service.persist_messages([(f"dead-{queue}-{i}", queue, {"i": i}) for i in range(250)], max_attempts=1)
-        for lease in service.claim_next(queue, limit=350 if n == 0 else 250):
+        for lease in service.claim(queue, limit=350 if n == 0 else 250):
             if lease.message_id.startswith("dead-"):
-                assert service.mark_failed(lease.message_id, lease.token, "bench: failed on purpose")
+                assert service.fail(lease.message_id, lease.token, "bench: failed on purpose")
             else:
-                assert service.release_lease(lease.message_id, lease.token)
+                assert service.release(lease.message_id, lease.token)
         service.persist_messages([(f"live-{queue}-{i}", queue, {"i": i}) for i in range(1_875)])
         service.persist_messages([(f"later-{queue}-{i}", queue, {"i": i}) for i in range(625)], delay=3600)
-        leases = service.claim_next(queue, limit=50)
+        leases = service.claim(queue, limit=50)
         assert len(leases) == 50, leases
         # This queue's leases expired (50 stuck messages); the others' stay live for the run.
         expires = "2000-01-01T00:00:00Z" if n == 0 else "2999-01-01T00:00:00Z"

@@ -4,7 +4,7 @@ Each prints ``{"ready": ...}`` once connected, waits for a line on stdin (the st
 so process start-up is never timed), runs, and prints one JSON result line.
 
 - ``raw-drain``: the raw-SQL claim + ack loop (psycopg only).
-- ``claimer``: ``ZeroLossMessageService.claim_next(limit=1)`` timed per call, then an ack, until
+- ``claimer``: ``ZeroLossMessageService.claim(limit=1)`` timed per call, then an ack, until
   the queue is empty; prints one result line per round and waits for the next start line.
 - ``paced-producer``: sends on a clock-paced schedule (the pressure cells, open loop).
 """
@@ -71,12 +71,12 @@ def claimer(args: dict[str, Any]) -> dict[str, Any]:
         started = time.perf_counter()
         while True:
             t0 = time.perf_counter()
-            leases = service.claim_next(args["queue"], limit=args["limit"])
+            leases = service.claim(args["queue"], limit=args["limit"])
             latencies.append((time.perf_counter() - t0) * 1000)
             if not leases:
                 break
             for lease in leases:
-                acked += service.acknowledge_message(lease.message_id, lease.token)
+                acked += service.acknowledge(lease.message_id, lease.token)
         result = {"latencies_ms": latencies[:-1], "acked": acked, "elapsed": time.perf_counter() - started}
         print(json.dumps(result), flush=True)
         rounds.append(result)

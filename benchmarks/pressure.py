@@ -254,7 +254,7 @@ class ExplainSampler(threading.Thread):
 def claim_params(
     conn: psycopg.Connection[Any], sql: str, ack_timeout: float, limit: int
 ) -> dict[str, list[Any]]:
-    """CLAIM's parameters as :meth:`zeroloss.ledger.leases.Leasing.claim_next` passes them: the
+    """CLAIM's parameters as :meth:`zeroloss.ledger.leases.Leases.claim` passes them: the
     claim after a previous one (a worker's usual claim: its last message claimed a moment ago) and
     the claim from the head. Before issue 24 there was only the claim from the head."""
     start = [ack_timeout, "bench-explain"]

@@ -240,11 +240,11 @@ def child(args: dict[str, Any]) -> int:
 
         def once() -> bool:
             t0 = time.perf_counter()
-            leases = service.claim_next(args["queue"], limit=1)
+            leases = service.claim(args["queue"], limit=1)
             claim_latencies.append((time.perf_counter() - t0) * 1000)
             for lease in leases:
                 t1 = time.perf_counter()
-                service.acknowledge_message(lease.message_id, lease.token)
+                service.acknowledge(lease.message_id, lease.token)
                 ack_latencies.append((time.perf_counter() - t1) * 1000)
             return bool(leases)
 

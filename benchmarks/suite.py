@@ -340,9 +340,9 @@ class Suite(ThroughputWorkloads):
         service = self.service(using=alias)
         done = 0
         started = time.perf_counter()
-        while leases := service.claim_next("bench.claimack", limit=10):
+        while leases := service.claim("bench.claimack", limit=10):
             for lease in leases:
-                done += service.acknowledge_message(lease.message_id, lease.token)
+                done += service.acknowledge(lease.message_id, lease.token)
         return n / (time.perf_counter() - started), done == n
 
     def sweep_once(
@@ -355,7 +355,7 @@ class Suite(ThroughputWorkloads):
             db.analyze(conn)
         service = self.service(using=alias)
         started = time.perf_counter()
-        report = service.recover_orphaned_messages()
+        report = service.sweep()
         elapsed = time.perf_counter() - started
         row = conn.execute(
             f"SELECT count(*), count(DISTINCT e.message_id), "
@@ -574,7 +574,7 @@ class Suite(ThroughputWorkloads):
                 cur.execute("SET lock_timeout = '1s'")
             try:
                 t0 = time.perf_counter()
-                leases = self.service("probe").claim_next("bench.probe", limit=1)
+                leases = self.service("probe").claim("bench.probe", limit=1)
                 elapsed_ms = (time.perf_counter() - t0) * 1000
                 error = ""
             except Exception as exc:  # a lock timeout would mean the claim waited on the held row

@@ -369,12 +369,12 @@ class ThroughputWorkloads:
                     service.persist_messages(
                         [(f"w{i}", "bench.claim", {}) for i in range(10_000)], ordering_key="stuck"
                     )
-                    service.claim_next("bench.claim")  # the key's head is in hand
+                    service.claim("bench.claim")  # the key's head is in hand
                 self.load_pending("bench.claim", 2_000)  # type: ignore[attr-defined]
                 timings = []
                 while True:
                     t0 = time.perf_counter()
-                    leases = service.claim_next("bench.claim", limit=10)
+                    leases = service.claim("bench.claim", limit=10)
                     timings.append((time.perf_counter() - t0) * 1000)
                     if not leases or len(timings) > 150:
                         break

@@ -49,11 +49,11 @@ def main() -> None:
         if args.get("hang"):
             NEVER.wait()  # until the test kills it
     elif role == "claim_and_hang":
-        lease = service.mark_processing(args["message_id"])
+        lease = service.claim_message(args["message_id"])
         _emit(token=str(lease.token) if lease else None, expires_at=lease.expires_at if lease else None)
         NEVER.wait()  # until the test kills it
     elif role == "hold_and_renew":
-        leases = [service.mark_processing(m) for m in args["message_ids"]]
+        leases = [service.claim_message(m) for m in args["message_ids"]]
         _emit(tokens={lease.message_id: str(lease.token) for lease in leases if lease})
         end = time.monotonic() + args["seconds"]
         while time.monotonic() < end:
@@ -68,7 +68,7 @@ def main() -> None:
         dead: list[str] = []
         # Keep sweeping until a whole pass finds nothing, like the sweep loop does.
         while True:
-            report = service.recover_orphaned_messages(batch_size=args.get("batch_size", 50))
+            report = service.sweep(batch_size=args.get("batch_size", 50))
             requeued += report.requeued
             dead += report.dead_lettered
             if not report.total:
@@ -78,7 +78,7 @@ def main() -> None:
         _wait_for(args.get("start_file"))
         claims = []
         while True:
-            batch = service.claim_next(args["queue"], limit=args.get("limit", 10))
+            batch = service.claim(args["queue"], limit=args.get("limit", 10))
             if not batch:
                 break
             claims += [[lease.message_id, str(lease.token), lease.expires_at.isoformat()] for lease in batch]
@@ -131,7 +131,7 @@ def main() -> None:
         _emit(nodes=[n.node_id for n in service.get_replication_targets()])
     elif role == "read":
         stored = service.get_message(args["message_id"])
-        lease = service.mark_processing(args["message_id"]) if args.get("claim") else None
+        lease = service.claim_message(args["message_id"]) if args.get("claim") else None
         _emit(
             found=stored is not None,
             payload=stored.payload if stored else None,

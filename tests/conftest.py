@@ -58,6 +58,7 @@ TIERS: dict[str, str] = {
     "test_code_shape.py": "unit",
     "test_declared_queues.py": "ledger",
     "test_demo.py": "process",
+    "test_deprecated_names.py": "ledger",
     "test_doc_claims.py": "docs",
     "test_docs.py": "docs",
     "test_everyday_ops.py": "ledger",

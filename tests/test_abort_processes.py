@@ -150,7 +150,7 @@ def test_an_aborted_message_whose_worker_was_killed_is_cancelled_by_the_sweep(tm
         worker.terminate()
     assert zeroloss.cancel("ab-killed", abort=True).outcome == zeroloss.CancelOutcome.ABORT_REQUESTED
     expire_leases(["ab-killed"])  # the dead worker's lease runs out (moved, as time would)
-    report = service.recover_orphaned_messages()
+    report = service.sweep()
     assert report.cancelled == ["ab-killed"] and not report.requeued
     again = db_worker("--queue", "demo.abortable", "--burst", ZEROLOSS_SETTINGS_JSON=SETTINGS)
     try:

@@ -67,18 +67,18 @@ def ledger(db: None) -> Ledger:
     long = ZeroLossMessageService(instance_id="worker-live", ack_timeout=600)
     worker.persist_message("p1", "emails", {"n": 1})
     short.persist_message("s1", "emails", {"n": 2})
-    assert short.mark_processing("s1")
+    assert short.claim_message("s1")
     long.persist_message("l1", "sms", {"n": 3})
-    live = long.mark_processing("l1")
+    live = long.claim_message("l1")
     assert live
     worker.persist_message("d1", "emails", {"n": 4}, max_attempts=1)
-    lease = worker.mark_processing("d1")
+    lease = worker.claim_message("d1")
     assert lease
-    assert worker.mark_failed("d1", lease.token, "boom")
+    assert worker.fail("d1", lease.token, "boom")
     worker.persist_message("c1", "emails", {"n": 5})
-    lease = worker.mark_processing("c1")
+    lease = worker.claim_message("c1")
     assert lease
-    assert worker.acknowledge_message("c1", lease.token)
+    assert worker.acknowledge("c1", lease.token)
     assert expire_leases(["s1"]) == 1  # s1's worker died: its lease ran out
     # c1 finished a minute ago: older than the retention (the database's clock, not a sleep).
     Message.objects.filter(message_id="c1").update(completed_at=Now() - dt.timedelta(seconds=60))
@@ -265,7 +265,7 @@ def test_csrf_is_enforced_on_actions(ledger: Ledger) -> None:
 def test_requeue_reports_plural_feedback_and_leaves_live_leases_alone(ledger: Ledger) -> None:
     short = ZeroLossMessageService(instance_id="worker-stuck-2")
     short.persist_message("s2", "emails", {"n": 6})
-    assert short.mark_processing("s2")
+    assert short.claim_message("s2")
     assert expire_leases(["s2"]) == 1
     client = client_for(make_user("op", "requeue_message"))
     response = post_action(client, "requeue_stuck", "s1", "s2", "l1")
@@ -301,7 +301,7 @@ def test_force_requeue_confirms_first_and_fences_the_old_worker(ledger: Ledger) 
         "live lease revoked by operator",
     )
     # Fencing: the worker that held the lease can no longer acknowledge.
-    assert ledger.worker.acknowledge_message("l1", ledger.live_lease.token) is False
+    assert ledger.worker.acknowledge("l1", ledger.live_lease.token) is False
     assert status("l1") == Status.PENDING
 
 
@@ -510,9 +510,9 @@ def test_markup_in_payload_error_and_ids_renders_inert_everywhere(ledger: Ledger
     worker = ZeroLossMessageService(instance_id="<b>evil-worker</b>")
     evil_id = "<svg onload=alert(3)>"
     worker.persist_message(evil_id, "emails", {"html": XSS_SCRIPT, "<k>": "</pre><script>x</script>"})
-    lease = worker.mark_processing(evil_id)
+    lease = worker.claim_message(evil_id)
     assert lease
-    assert worker.mark_failed(evil_id, lease.token, XSS_ERROR)
+    assert worker.fail(evil_id, lease.token, XSS_ERROR)
     evil_pk = pk(evil_id)
     root = client_for(make_user("root", superuser=True))
     pages = [

@@ -40,9 +40,9 @@ def persist(service: ZeroLossMessageService, queue: str, count: int, prefix: str
 
 def make_dead(service: ZeroLossMessageService, message_id: str, queue: str) -> None:
     service.persist_message(message_id, queue, {"id": message_id}, max_attempts=1)
-    lease = service.mark_processing(message_id)
+    lease = service.claim_message(message_id)
     assert lease
-    assert service.mark_failed(message_id, lease.token, "boom")
+    assert service.fail(message_id, lease.token, "boom")
 
 
 def first_page_pks(queue: str) -> list[str]:
@@ -103,8 +103,8 @@ def test_action_names_a_message_that_vanished_meanwhile(db: None, action: str) -
         # The other actions need live messages: redrive both to pending (and claim them).
         worker.redrive_messages(["keep", "gone"], actor="setup")
         if action in ("requeue_stuck", "force_requeue"):
-            assert worker.mark_processing("keep")
-            assert worker.mark_processing("gone")
+            assert worker.claim_message("keep")
+            assert worker.claim_message("gone")
             if action == "requeue_stuck":
                 Message.objects.filter(message_id__in=["keep", "gone"]).update(
                     lease_expires_at=Now() - dt.timedelta(minutes=1)
@@ -217,8 +217,8 @@ def test_confirming_a_select_all_of_more_rows_than_post_fields(db: None, setting
     persist(worker, "bulk", count, "bulk")
     persist(worker, "other", 3, "other")
     if action == "force_requeue":
-        assert len(worker.claim_next("bulk", limit=count)) == count
-        assert len(worker.claim_next("other", limit=3)) == 3
+        assert len(worker.claim("bulk", limit=count)) == count
+        assert len(worker.claim("other", limit=3)) == 3
     client = root_client()
     url = reverse(CHANGELIST) + "?queue=bulk"
     response = client.post(

@@ -106,23 +106,23 @@ def make_ledger() -> dict[str, Any]:
     worker.persist_messages(
         [(f"sms-{i}", "sms", {"to": f"+4420700{i:04d}", "text": "Your code"}) for i in range(1, 9)]
     )
-    for lease in worker.claim_next("emails", limit=14):
-        worker.acknowledge_message(lease.message_id, lease.token)
-    for lease in worker.claim_next("sms", limit=3):
-        worker.acknowledge_message(lease.message_id, lease.token)
+    for lease in worker.claim("emails", limit=14):
+        worker.acknowledge(lease.message_id, lease.token)
+    for lease in worker.claim("sms", limit=3):
+        worker.acknowledge(lease.message_id, lease.token)
     worker.persist_message("invoice-77", "billing", {"invoice": 77, "amount": "129.00"}, max_attempts=1)
-    held = worker.mark_processing("invoice-77")
+    held = worker.claim_message("invoice-77")
     assert held
-    worker.mark_failed("invoice-77", held.token, "SMTPServerDisconnected('Connection unexpectedly closed')")
+    worker.fail("invoice-77", held.token, "SMTPServerDisconnected('Connection unexpectedly closed')")
     crashed = ZeroLossMessageService(instance_id="worker-b:912 (crashed)")
     crashed.persist_messages(
         [("order-101-email", "emails", {"order": 101}), ("sms-101", "sms", {"to": "+1"})]
     )
-    assert crashed.mark_processing("order-101-email")
-    assert crashed.mark_processing("sms-101")
+    assert crashed.claim_message("order-101-email")
+    assert crashed.claim_message("sms-101")
     live = ZeroLossMessageService(instance_id="worker-c:3301", ack_timeout=900)
     live.persist_message("report-2024-q4", "reports", {"report": "q4", "format": "pdf"})
-    live_lease = live.mark_processing("report-2024-q4")
+    live_lease = live.claim_message("report-2024-q4")
     assert live_lease
     ZeroLossMessageService().register_replication_node("standby-1", "10.0.0.12", role="standby")
     assert expire_leases(["order-101-email", "sms-101"]) == 2  # the crashed worker's: two stuck messages
@@ -213,7 +213,7 @@ def test_operator_desk_in_a_real_browser(live_server: Any, browser_page: Any, tm
     assert Message.objects.get(message_id="report-2024-q4").status == Status.PROCESSING
     page.click("input[type=submit][value='Yes, revoke the leases and requeue']")
     assert "1 message was requeued; its lease was revoked." in page.locator("ul.messagelist").inner_text()
-    assert ledger["live"].acknowledge_message("report-2024-q4", ledger["live_lease"].token) is False
+    assert ledger["live"].acknowledge("report-2024-q4", ledger["live_lease"].token) is False
 
     # The dashboard.
     page.goto(f"{base}/admin/zeroloss/message/")
@@ -269,9 +269,9 @@ def test_long_errors_stay_on_one_line_and_inside_the_page(
     for n in range(30):
         mid = f"invoice-2025-{n:04d}-reminder-email-for-customer-account-{n * 7919:08d}"
         worker.persist_message(mid, "billing", {"n": n}, max_attempts=1)
-        lease = worker.mark_processing(mid)
+        lease = worker.claim_message(mid)
         assert lease
-        assert worker.mark_failed(mid, lease.token, long_traceback(n))
+        assert worker.fail(mid, lease.token, long_traceback(n))
     worker.persist_message("p-1", "emails", {"n": 1})  # a row whose cells are all short: one line
     User.objects.create_superuser("operator", "op@example.com", "correct horse battery staple")
     login(page, base)

@@ -37,9 +37,9 @@ def client_and_message(transactional_db: None, settings: Any) -> tuple[Client, M
     settings.ZEROLOSS = {**settings.ZEROLOSS, "REPLICATION_FACTOR": 1, "CACHE_TIMEOUT": 0}
     service = get_service()
     service.persist_message("r1", "emails", {"n": 1})
-    lease = service.mark_processing("r1")
+    lease = service.claim_message("r1")
     assert lease
-    assert service.mark_failed("r1", lease.token, "Traceback (most recent call last):\n  boom")
+    assert service.fail("r1", lease.token, "Traceback (most recent call last):\n  boom")
     message = Message.objects.get(message_id="r1")
     assert message.commit_lsn is None  # the measurement would record one: the write to catch
     client = Client()

@@ -30,11 +30,9 @@ def client(db: None) -> Client:
     worker.persist_messages([("Order-1", "emails", {}), ("order-1", "emails", {}), ("sms-1", "sms", {})])
     worker.persist_message("error:literal", "emails", {})
     worker.persist_message("failing", "billing", {}, max_attempts=1)
-    lease = worker.mark_processing("failing")
+    lease = worker.claim_message("failing")
     assert lease
-    assert worker.mark_failed(
-        "failing", lease.token, "SMTPServerDisconnected: Connection unexpectedly closed"
-    )
+    assert worker.fail("failing", lease.token, "SMTPServerDisconnected: Connection unexpectedly closed")
     c = Client()
     c.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
     return c

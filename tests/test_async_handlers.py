@@ -232,7 +232,7 @@ def test_run_handler_awaits_an_async_callable_object_on_the_thread_loop():
     assert spec.is_async
     service = ZeroLossMessageService()
     service.persist_message("obj1", "a.obj", {})
-    lease = service.claim_next("a.obj")[0]
+    lease = service.claim("a.obj")[0]
     run = run_handler(spec, Delivery(lease))
     assert run.ok and run.result == 7
 

@@ -46,7 +46,7 @@ def test_a_sigkill_mid_batch_reruns_at_most_the_unrecorded_outcomes_each_visible
     assert unrecorded, "the kill found every outcome already recorded: nothing was at stake"
     # Their leases lapse (moved, as time would), the sweep puts them back, another worker runs them.
     expire_leases()
-    swept = set(service.recover_orphaned_messages().requeued)
+    swept = set(service.sweep().requeued)
     second = db_worker("--queue", "demo.record", "--burst")
     try:
         assert second.popen.wait(timeout=180) == 0, second.text

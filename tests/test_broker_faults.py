@@ -73,7 +73,7 @@ def test_a_hung_broker_never_holds_up_send_the_sweep_or_its_sigterm(celery_trans
     # An orphan whose lease expired: the sweep must requeue it whatever the broker does.
     service = ZeroLossMessageService(instance_id="dead-worker")
     service.persist_message("orphan", "demo.record", {})
-    assert service.mark_processing("orphan")
+    assert service.claim_message("orphan")
     expire_leases(["orphan"])
     env = child_env(CELERY_BROKER_URL=private_redis.url, ZEROLOSS_LOG_LEVEL="INFO")
     sweeper = Proc([sys.executable, "manage.py", "zeroloss_sweep", "--loop", "--interval", "0.5"], env)
@@ -102,8 +102,8 @@ def test_redispatch_stamps_before_publishing_so_a_message_failed_meanwhile_stays
     candidates = service.dispatch_candidates(grace=0)
     assert [c[0] for c in candidates] == ["m1"]
     service.mark_dispatched(["m1"])  # the stamp, before the publish goes out
-    lease = service.mark_processing("m1")  # a delivery already in the broker claims it ...
-    assert lease and service.mark_failed("m1", lease.token, "boom")  # ... and fails: it needs a new task
+    lease = service.claim_message("m1")  # a delivery already in the broker claims it ...
+    assert lease and service.fail("m1", lease.token, "boom")  # ... and fails: it needs a new task
     assert [c[0] for c in service.dispatch_candidates(grace=0)] == ["m1"]
 
 
@@ -117,7 +117,7 @@ def test_the_beat_sweep_is_not_starved_by_deliveries_nor_defeated_by_a_skewed_cl
         settings.ZEROLOSS = {**settings.ZEROLOSS, "TRANSPORT": "celery"}
         service = ZeroLossMessageService(instance_id="dead-worker")
         service.persist_message("orphan", "demo.record", {})
-        assert service.mark_processing("orphan")
+        assert service.claim_message("orphan")
         expire_leases(["orphan"])
         # 300 slow deliveries queued ahead of any sweep, on the same worker.
         service.persist_messages([(f"slow{i}", "demo.record", {"sleep": 0.05}) for i in range(300)])

@@ -64,7 +64,7 @@ def test_every_message_is_stored_in_order_with_its_audit_row_and_checksum():
         assert stored.created_at == message.created_at == stored.available_at == message.available_at
     assert service.verify_message_integrity(message_ids[234]).valid
     assert all(fields(m) == fields(rows[m.message_id]) for m in returned)
-    leases = service.claim_next(QUEUE, limit=3)
+    leases = service.claim(QUEUE, limit=3)
     assert [lease.message_id for lease in leases] == message_ids[:3]
 
 
@@ -238,7 +238,7 @@ def test_delay_and_ordering_keys_as_in_small_batches():
     assert all(m.available_at for m in later)
     stored = Message.objects.get(message_id=f"d{N - 1}")
     assert (stored.available_at, stored.created_at) == (later[-1].available_at, later[-1].created_at)
-    assert service.claim_next(QUEUE) == []
+    assert service.claim(QUEUE) == []
     ordered = service.persist_messages([(mid, "demo.ordered", {}) for mid in ids("o")], ordering_key="k")
     assert all(m.available_at is None for m in ordered)
     head = Message.objects.filter(queue_name="demo.ordered").exclude(available_at=None)

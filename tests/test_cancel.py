@@ -43,7 +43,7 @@ def test_pending_message_is_cancelled_with_its_audit_row() -> None:
     assert result.outcome == CancelOutcome.CANCELLED and result.ok and result.status == "cancelled"
     assert status("p1") == Status.CANCELLED
     assert reasons("p1")[-1] == ("pending", "cancelled", "cancelled_by_operator", "alice")
-    assert service.claim_next(Q, 10) == []  # never claimed
+    assert service.claim(Q, 10) == []  # never claimed
 
 
 def test_delayed_message_is_cancelled_and_never_runs() -> None:
@@ -53,7 +53,7 @@ def test_delayed_message_is_cancelled_and_never_runs() -> None:
     Message.objects.filter(message_id="d1").update(
         available_at=Message.objects.get(message_id="d1").created_at
     )
-    assert service.claim_next(Q, 10) == []
+    assert service.claim(Q, 10) == []
 
 
 def test_cancelling_the_head_of_a_key_promotes_the_next() -> None:
@@ -63,7 +63,7 @@ def test_cancelling_the_head_of_a_key_promotes_the_next() -> None:
     assert Message.objects.get(message_id="k1").available_at is None  # waiting behind k0
     assert zeroloss.cancel("k0").outcome == CancelOutcome.CANCELLED
     assert Message.objects.get(message_id="k1").available_at is not None  # the next head
-    leases = service.claim_next(Q, 10)
+    leases = service.claim(Q, 10)
     assert [x.message_id for x in leases] == ["k1"]
 
 
@@ -72,11 +72,11 @@ def test_cancelling_a_waiting_message_leaves_the_key_in_order() -> None:
     for i in range(3):
         service.persist_message(f"w{i}", Q, {"i": i}, ordering_key="acct")
     assert zeroloss.cancel("w1").outcome == CancelOutcome.CANCELLED
-    (head,) = service.claim_next(Q, 10)
+    (head,) = service.claim(Q, 10)
     assert head.message_id == "w0"
-    assert service.complete([Completion(head, Verdict.ACKNOWLEDGE)]).acknowledged == ["w0"]
+    assert service.record_outcomes([Completion(head, Verdict.ACKNOWLEDGE)]).acknowledged == ["w0"]
     service.promote_keys([(Q, "acct")])
-    assert [x.message_id for x in service.claim_next(Q, 10)] == ["w2"]
+    assert [x.message_id for x in service.claim(Q, 10)] == ["w2"]
 
 
 # -- processing, finished, unknown -------------------------------------------------------------
@@ -85,25 +85,25 @@ def test_cancelling_a_waiting_message_leaves_the_key_in_order() -> None:
 def test_processing_without_abort_is_left_alone() -> None:
     service = worker()
     service.persist_message("r1", Q, {})
-    (lease,) = service.claim_next(Q)
+    (lease,) = service.claim(Q)
     result = zeroloss.cancel("r1")
     assert result.outcome == CancelOutcome.RUNNING and not result.ok
     assert status("r1") == Status.PROCESSING
     assert Message.objects.get(message_id="r1").abort_requested_at is None
-    assert service.complete([Completion(lease, Verdict.ACKNOWLEDGE)]).acknowledged == ["r1"]
+    assert service.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE)]).acknowledged == ["r1"]
 
 
 @pytest.mark.parametrize("verdict", [Verdict.ACKNOWLEDGE, Verdict.FAIL, Verdict.RELEASE])
 def test_abort_makes_any_outcome_cancelled(verdict: Verdict) -> None:
     service = ZeroLossMessageService(instance_id="w1", ack_timeout=600, max_attempts=1)
     service.persist_message("a1", Q, {})
-    (lease,) = service.claim_next(Q)
+    (lease,) = service.claim(Q)
     result = zeroloss.cancel("a1", abort=True, actor="bob")
     assert result.outcome == CancelOutcome.ABORT_REQUESTED and result.status == "processing"
     assert service.aborts_requested([lease]) == {"a1"}
     again = zeroloss.cancel("a1", abort=True)
     assert again.outcome == CancelOutcome.ABORT_ALREADY_REQUESTED and not again.ok
-    report = service.complete([Completion(lease, verdict, "boom")])
+    report = service.record_outcomes([Completion(lease, verdict, "boom")])
     assert report.cancelled == ["a1"] and not report.refused and not report.acknowledged
     assert status("a1") == Status.CANCELLED
     assert reasons("a1")[-2:] == [
@@ -116,11 +116,11 @@ def test_single_outcome_calls_record_an_abort_as_cancelled() -> None:
     service = worker()
     service.persist_message("s1", Q, {})
     service.persist_message("s2", Q, {})
-    first, second = service.claim_next(Q, 2)
+    first, second = service.claim(Q, 2)
     zeroloss.cancel(first.message_id, abort=True)
     zeroloss.cancel(second.message_id, abort=True)
-    assert service.acknowledge_message(first.message_id, first.token) is False
-    assert service.mark_failed(second.message_id, second.token, "x") is False
+    assert service.acknowledge(first.message_id, first.token) is False
+    assert service.fail(second.message_id, second.token, "x") is False
     assert status(first.message_id) == status(second.message_id) == Status.CANCELLED
 
 
@@ -128,8 +128,8 @@ def test_finished_and_cancelled_are_reported_unchanged() -> None:
     service = ZeroLossMessageService(instance_id="w1", ack_timeout=600, max_attempts=1)
     for mid in ("c1", "x1", "z1"):
         service.persist_message(mid, Q, {})
-    done, dead = service.claim_next(Q, 2)
-    service.complete([Completion(done, Verdict.ACKNOWLEDGE), Completion(dead, Verdict.FAIL, "boom")])
+    done, dead = service.claim(Q, 2)
+    service.record_outcomes([Completion(done, Verdict.ACKNOWLEDGE), Completion(dead, Verdict.FAIL, "boom")])
     zeroloss.cancel("z1")
     for mid, outcome in (
         (done.message_id, CancelOutcome.FINISHED),
@@ -158,7 +158,7 @@ def test_several_ids_are_reported_each() -> None:
     service = worker()
     for mid in ("m1", "m2", "m3"):
         service.persist_message(mid, Q, {})
-    service.mark_processing("m2")
+    service.claim_message("m2")
     results = service.cancel_messages(["m3", "m2", "m1"])
     assert [(r.message_id, r.outcome) for r in results] == [
         ("m3", CancelOutcome.CANCELLED),
@@ -173,24 +173,24 @@ def test_several_ids_are_reported_each() -> None:
 def test_a_stale_worker_cannot_record_over_a_cancel() -> None:
     stale, fresh = worker("stale"), worker("fresh")
     stale.persist_message("f1", Q, {})
-    (old,) = stale.claim_next(Q)
+    (old,) = stale.claim(Q)
     expire_leases(["f1"])
-    stale.recover_orphaned_messages()  # back to pending
+    stale.sweep()  # back to pending
     assert zeroloss.cancel("f1").outcome == CancelOutcome.CANCELLED
-    report = stale.complete([Completion(old, Verdict.ACKNOWLEDGE)])
+    report = stale.record_outcomes([Completion(old, Verdict.ACKNOWLEDGE)])
     assert report.refused == ["f1"] and not report.cancelled
-    assert stale.acknowledge_message("f1", old.token) is False
-    assert fresh.claim_next(Q) == []
+    assert stale.acknowledge("f1", old.token) is False
+    assert fresh.claim(Q) == []
     assert status("f1") == Status.CANCELLED
 
 
 def test_an_aborted_message_whose_lease_expired_is_not_recorded_by_its_worker() -> None:
     service = worker()
     service.persist_message("e1", Q, {})
-    (lease,) = service.claim_next(Q)
+    (lease,) = service.claim(Q)
     zeroloss.cancel("e1", abort=True)
     expire_leases(["e1"])
-    report = service.complete([Completion(lease, Verdict.ACKNOWLEDGE)])
+    report = service.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE)])
     assert report.refused == ["e1"] and not report.cancelled  # fenced: the lease ran out
     assert status("e1") == Status.PROCESSING
 
@@ -198,35 +198,35 @@ def test_an_aborted_message_whose_lease_expired_is_not_recorded_by_its_worker() 
 def test_cancel_cannot_land_on_a_message_another_worker_holds() -> None:
     holder = worker("holder")
     holder.persist_message("h1", Q, {})
-    (lease,) = holder.claim_next(Q)
+    (lease,) = holder.claim(Q)
     assert zeroloss.cancel("h1").outcome == CancelOutcome.RUNNING
     assert holder.renew_leases([lease]) == {"h1"}
-    assert holder.complete([Completion(lease, Verdict.ACKNOWLEDGE)]).acknowledged == ["h1"]
+    assert holder.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE)]).acknowledged == ["h1"]
 
 
 def test_the_sweep_cancels_an_aborted_message_whose_worker_died() -> None:
     service = worker()
     for i in range(2):
         service.persist_message(f"o{i}", Q, {"i": i}, ordering_key="key")
-    (lease,) = service.claim_next(Q)
+    (lease,) = service.claim(Q)
     zeroloss.cancel(lease.message_id, abort=True)
     expire_leases([lease.message_id])
-    report = service.recover_orphaned_messages()
+    report = service.sweep()
     assert report.cancelled == ["o0"] and not report.requeued and not report.dead_lettered
     assert status("o0") == Status.CANCELLED
     assert reasons("o0")[-1][:3] == ("processing", "cancelled", "aborted")
-    assert [x.message_id for x in service.claim_next(Q)] == ["o1"]  # its key goes on
+    assert [x.message_id for x in service.claim(Q)] == ["o1"]  # its key goes on
 
 
 def test_requeue_by_an_operator_withdraws_the_abort() -> None:
     service = worker()
     service.persist_message("q1", Q, {})
-    service.claim_next(Q)
+    service.claim(Q)
     zeroloss.cancel("q1", abort=True)
     assert service.requeue_messages(["q1"], force=True) == ["q1"]
     assert Message.objects.get(message_id="q1").abort_requested_at is None
-    (lease,) = service.claim_next(Q)
-    assert service.complete([Completion(lease, Verdict.ACKNOWLEDGE)]).acknowledged == ["q1"]
+    (lease,) = service.claim(Q)
+    assert service.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE)]).acknowledged == ["q1"]
 
 
 # -- the conservation check ----------------------------------------------------------------------
@@ -237,9 +237,9 @@ def test_verify_counts_cancelled_messages() -> None:
     for mid in ("v1", "v2", "v3"):
         service.persist_message(mid, Q, {})
     zeroloss.cancel("v1")
-    (lease,) = service.claim_next(Q)
+    (lease,) = service.claim(Q)
     zeroloss.cancel(lease.message_id, abort=True)
-    service.complete([Completion(lease, Verdict.ACKNOWLEDGE)])
+    service.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE)])
     result = run("zeroloss_verify", "--json")
     assert result.code == 0, result.out + result.err
     assert '"unbalanced"' not in result.out and '"illegal' not in result.out
@@ -261,7 +261,7 @@ def test_command_reports_running_without_abort_exit_1_and_aborts_with_it() -> No
     service = worker()
     service.persist_message("cmd2", Q, {})
     service.persist_message("cmd3", Q, {})
-    service.mark_processing("cmd2")
+    service.claim_message("cmd2")
     result = run("zeroloss_cancel", "cmd2", "cmd3", "--json")
     assert result.code == 1
     document = json.loads(result.out)
@@ -280,8 +280,8 @@ def test_command_reports_running_without_abort_exit_1_and_aborts_with_it() -> No
 def test_command_finished_exit_1() -> None:
     service = worker()
     service.persist_message("cmd4", Q, {})
-    (lease,) = service.claim_next(Q)
-    service.complete([Completion(lease, Verdict.ACKNOWLEDGE)])
+    (lease,) = service.claim(Q)
+    service.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE)])
     result = run("zeroloss_cancel", "cmd4", "--abort")
     assert result.code == 1
     assert "cmd4: already finished (completed)" in result.out

@@ -22,9 +22,9 @@ def ledger() -> tuple[ZeroLossMessageService, list[str]]:
     service = ZeroLossMessageService(instance_id="w", ack_timeout=600)
     for i in range(4):
         service.persist_message(f"a{i}", Q, {"i": i})
-    service.mark_processing("a2")
-    lease = service.mark_processing("a3")
-    assert lease is not None and service.acknowledge_message("a3", lease.token)
+    service.claim_message("a2")
+    lease = service.claim_message("a3")
+    assert lease is not None and service.acknowledge("a3", lease.token)
     return service, [str(Message.objects.get(message_id=f"a{i}").pk) for i in range(4)]
 
 

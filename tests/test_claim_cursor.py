@@ -62,35 +62,35 @@ def test_a_claim_after_the_previous_one_does_not_revisit_what_earlier_claims_lef
             "UPDATE zeroloss_message SET available_at = %s",
             [service.database_now() - dt.timedelta(minutes=1)],
         )
-    while claimed := service.claim_next("q", limit=100):  # 3,000 versions left in the claim index
-        assert all(service.acknowledge_message(x.message_id, x.token) for x in claimed)
+    while claimed := service.claim("q", limit=100):  # 3,000 versions left in the claim index
+        assert all(service.acknowledge(x.message_id, x.token) for x in claimed)
     service.persist_messages([(f"n{i}", "q", {}) for i in range(20)])
-    assert [x.message_id for x in service.claim_next("q", limit=10)] == [f"n{i}" for i in range(10)]
+    assert [x.message_id for x in service.claim("q", limit=10)] == [f"n{i}" for i in range(10)]
     leases._HEAD_CLAIMED[("default", "q")] = leases._BEHIND_CLAIMED[("default", "q")] = time.monotonic()
-    after = _claim_buffers(service, service._claim_range("q", 10))
+    after = _claim_buffers(service, service.leases._claim_range("q", 10))
     group = ["q", leases._FROM_HEAD]
     from_head = _claim_buffers(service, [*group, 10, *group, None, 10, *group, 10, 10])
     # From the head it walks the 3,010 versions the claims left (their heap and index pages);
     # after the previous claim, the new messages' pages only. (How many pages that is depends
     # on what vacuum and index cleanup left behind: the comparison, not a ratio, is the point.)
     assert from_head > after, (from_head, after)
-    assert [x.message_id for x in service.claim_next("q", limit=10)] == [f"n{i}" for i in range(10, 20)]
+    assert [x.message_id for x in service.claim("q", limit=10)] == [f"n{i}" for i in range(10, 20)]
 
 
 def test_a_higher_priority_is_claimed_first_after_a_previous_claim() -> None:
     service = ZeroLossMessageService(instance_id="w")
     service.persist_messages([(f"a{i}", "q", {}) for i in range(4)])
-    assert [x.message_id for x in service.claim_next("q", limit=2)] == ["a0", "a1"]
+    assert [x.message_id for x in service.claim("q", limit=2)] == ["a0", "a1"]
     service.persist_message("urgent", "q", {}, priority=50)
     service.persist_message("low", "q", {}, priority=-10)
     service.persist_message("a4", "q", {})
-    assert [x.message_id for x in service.claim_next("q", limit=10)] == ["urgent", "a2", "a3", "a4", "low"]
+    assert [x.message_id for x in service.claim("q", limit=10)] == ["urgent", "a2", "a3", "a4", "low"]
 
 
 def test_what_committed_behind_the_previous_claim_is_claimed_from_further_back() -> None:
     service = ZeroLossMessageService(instance_id="w")
     service.persist_messages([(f"a{i}", "q", {}) for i in range(3)])
-    assert len(service.claim_next("q", limit=3)) == 3
+    assert len(service.claim("q", limit=3)) == 3
     # Messages whose sending transactions committed long after their statements: available
     # since well before this claimer's previous claim (and its rewind).
     service.persist_messages([("late", "q", {}), ("later", "q", {})])
@@ -101,18 +101,18 @@ def test_what_committed_behind_the_previous_claim_is_claimed_from_further_back()
                 "UPDATE zeroloss_message SET available_at = %s WHERE message_id = %s", [now - ago, message_id]
             )
     if connection.vendor == "sqlite":  # no dead versions in its indexes: every claim from the head
-        assert [x.message_id for x in service.claim_next("q", limit=5)] == ["late", "later"]
+        assert [x.message_id for x in service.claim("q", limit=5)] == ["late", "later"]
         return
     key = ("default", "q")
     leases._HEAD_CLAIMED[key] = leases._BEHIND_CLAIMED[key] = time.monotonic()  # neither due
-    assert service.claim_next("q", limit=5) == []  # behind where this claimer's claims got to
+    assert service.claim("q", limit=5) == []  # behind where this claimer's claims got to
     # Due (moved there by the remembered times, not by waiting): the claim from CLAIM_BEHIND back...
     leases._BEHIND_CLAIMED[key] -= leases.CLAIM_BEHIND_EVERY + 1
-    assert [x.message_id for x in service.claim_next("q", limit=5)] == ["late"]
-    assert service.claim_next("q", limit=5) == []
+    assert [x.message_id for x in service.claim("q", limit=5)] == ["late"]
+    assert service.claim("q", limit=5) == []
     # ... and the claim from the head.
     leases._HEAD_CLAIMED[key] -= leases.CLAIM_FROM_HEAD_EVERY + 1
-    assert [x.message_id for x in service.claim_next("q", limit=5)] == ["later"]
+    assert [x.message_id for x in service.claim("q", limit=5)] == ["later"]
     assert leases._HEAD_CLAIMED[key] > time.monotonic() - 60  # remembered as made
 
 
@@ -134,12 +134,12 @@ def test_a_sweep_after_a_complete_one_does_not_revisit_what_earlier_sweeps_left(
 
     service = ZeroLossMessageService(instance_id="w", ACK_TIMEOUT=300)
     service.persist_messages([(f"m{i}", "q", {}) for i in range(3000)])
-    assert len(service.claim_next("q", limit=3000)) == 3000
+    assert len(service.claim("q", limit=3000)) == 3000
     expire_leases(seconds_ago=60)
     # The first sweep (from the head) requeues them: 3,000 versions of expired leases stay in
     # the lease index while the xmin is held.
-    assert service.recover_orphaned_messages().total == 3000
-    swept_from, _ = service._sweep_state()
+    assert service.sweep().total == 3000
+    swept_from, _ = service.recovery._sweep_state()
     assert swept_from is not None
     window = _sweep_buffers(service, swept_from - sweep.SWEEP_REWIND)
     from_head = _sweep_buffers(service, sweep._LONG_AGO)
@@ -152,15 +152,15 @@ def test_a_lease_that_expired_before_the_sweeps_window_is_swept_from_the_head() 
 
     service = ZeroLossMessageService(instance_id="w")
     service.persist_messages([("old", "q", {}), ("new", "q", {})])
-    assert len(service.claim_next("q", limit=2)) == 2
-    assert service.recover_orphaned_messages().total == 0  # complete, from the head
+    assert len(service.claim("q", limit=2)) == 2
+    assert service.sweep().total == 0  # complete, from the head
     # Expired long before the window: locked by a transaction the sweeps skipped, say.
     expire_leases(["old"], seconds_ago=3600)
     expire_leases(["new"], seconds_ago=1)
-    assert service.recover_orphaned_messages().requeued == ["new"]
-    swept_from, head_at = service._sweep_state()
-    service.__dict__["_swept"] = (swept_from, head_at - sweep.SWEEP_FROM_HEAD_EVERY - 1)
-    assert service.recover_orphaned_messages().requeued == ["old"]
+    assert service.sweep().requeued == ["new"]
+    swept_from, head_at = service.recovery._sweep_state()
+    service.recovery.__dict__["_swept"] = (swept_from, head_at - sweep.SWEEP_FROM_HEAD_EVERY - 1)
+    assert service.sweep().requeued == ["old"]
 
 
 def plan_text(service: ZeroLossMessageService, since: Any) -> str:

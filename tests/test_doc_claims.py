@@ -107,7 +107,7 @@ def test_sweep_loop_rides_out_killed_connections():
         for round_ in range(3):
             mid = f"orphan-{round_}"
             service.persist_message(mid, "demo.record", {})
-            assert service.mark_processing(mid) is not None
+            assert service.claim_message(mid) is not None
             expire_leases([mid])
             # The sweep that requeued it has finished (its report is printed after its hooks):
             # the kill below lands between two sweeps, so each kill is an outage of its own.
@@ -245,7 +245,7 @@ def test_a_renewal_that_lands_after_the_lease_ran_out_here_leaves_it_lost():
 
     service = ZeroLossMessageService(instance_id="late-renewer")
     service.persist_message("late-1", "claims.late", {})
-    lease = service.mark_processing("late-1")
+    lease = service.claim_message("late-1")
     assert lease is not None
     keeper = LeaseKeeper(service, interval=60)  # not started: the test drives it
     # Held since longer than ACK_TIMEOUT on this worker's clock; the database's lease is fresh.

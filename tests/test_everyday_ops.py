@@ -53,8 +53,10 @@ def test_one_incidents_failures_do_not_retry_in_lockstep(jitter):
     service = ZeroLossMessageService(retry_backoff={"BASE": 100, "MAX": 100, "JITTER": jitter})
     ids = [f"m{i}" for i in range(50)]
     service.persist_messages([(mid, "q", {}) for mid in ids])
-    leases = service.claim_next("q", limit=50)
-    report = service.complete([Completion(lease, Verdict.FAIL, error="the same outage") for lease in leases])
+    leases = service.claim("q", limit=50)
+    report = service.record_outcomes(
+        [Completion(lease, Verdict.FAIL, error="the same outage") for lease in leases]
+    )
     assert sorted(report.retrying) == sorted(ids)
     rows = Message.objects.filter(message_id__in=ids).values_list("available_at", "updated_at")
     delays = [(available - updated).total_seconds() for available, updated in rows if available is not None]

@@ -227,7 +227,7 @@ def _events(reason: str, prefix: str, actor: str | None = None) -> Counter[str]:
 
 
 def _claim(service: ZeroLossMessageService, queue: str, limit: int = BATCH) -> list[Lease]:
-    return _retry_outage(lambda: service.claim_next(queue, limit=limit))
+    return _retry_outage(lambda: service.claim(queue, limit=limit))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -316,7 +316,7 @@ def test_claim_racing_pg_terminate_backend_then_release_unknown_claims():
     def claim_round(_state: Any = None) -> None:
         nonlocal unknown_rounds
         try:
-            leases = service.claim_next("race.claim", limit=BATCH)
+            leases = service.claim("race.claim", limit=BATCH)
         except Exception as exc:
             if not is_outage(exc):
                 raise
@@ -333,15 +333,17 @@ def test_claim_racing_pg_terminate_backend_then_release_unknown_claims():
         )
         stray.extend(sorted(held - {x.message_id for x in leases}))
         if leases:
-            _retry_outage(lambda: service.complete([Completion(x, Verdict.ACKNOWLEDGE) for x in leases]))
+            _retry_outage(
+                lambda: service.record_outcomes([Completion(x, Verdict.ACKNOWLEDGE) for x in leases])
+            )
 
     delay = 2 * _calibrate(lambda: None, claim_round)
     race = Race(seed, ways=("terminate",))
     race.run(ROUNDS, lambda: None, claim_round, delay_max=delay)
 
     assert stray == [], f"claimed but unknown to the claimer after release_unknown_claims: {stray[:10]}"
-    while leases := service.claim_next("race.claim", limit=100):  # the rest, and any the cuts left pending
-        service.complete([Completion(x, Verdict.ACKNOWLEDGE) for x in leases])
+    while leases := service.claim("race.claim", limit=100):  # the rest, and any the cuts left pending
+        service.record_outcomes([Completion(x, Verdict.ACKNOWLEDGE) for x in leases])
     assert Message.objects.filter(message_id__startswith="clm-").exclude(status="completed").count() == 0
     acked = _events("acknowledged", "clm-")
     assert len(acked) == total and set(acked.values()) == {1}
@@ -400,7 +402,7 @@ def test_transactional_batch_racing_a_cut_connection(race_effect_table: str):
                         cursor.execute(
                             f"INSERT INTO {race_effect_table} (message_id) VALUES (%s)", [lease.message_id]
                         )
-            return service.complete(
+            return service.record_outcomes(
                 [Completion(x, Verdict.ACKNOWLEDGE) for x in leases if x.message_id in held], locked=True
             )
 
@@ -773,7 +775,7 @@ def test_release_unknown_claims_waits_for_a_claim_the_server_still_runs_after_a_
             try:
                 session.append(Race.backend())
                 try:
-                    outcome["leases"] = service.claim_next("race.bug", limit=1)
+                    outcome["leases"] = service.claim("race.bug", limit=1)
                 except Exception as exc:
                     if not is_outage(exc):
                         raise

@@ -168,7 +168,7 @@ def writes_seen() -> Iterator[list[str]]:
 
 def held(svc: ZeroLossMessageService, message_id: str) -> Lease:
     svc.persist_message(message_id, QUEUE, {"id": message_id})
-    lease = svc.mark_processing(message_id)
+    lease = svc.claim_message(message_id)
     assert lease is not None
     return lease
 
@@ -177,14 +177,14 @@ def stale(svc: ZeroLossMessageService, message_id: str) -> Lease:
     """The lease of a holder whose lease expired, was swept, and was claimed again by another."""
     old = held(svc, message_id)
     expire_leases([message_id])
-    assert message_id in svc.recover_orphaned_messages().requeued
-    assert svc.mark_processing(message_id) is not None
+    assert message_id in svc.sweep().requeued
+    assert svc.claim_message(message_id) is not None
     return old
 
 
 def completed(svc: ZeroLossMessageService, message_id: str) -> None:
     lease = held(svc, message_id)
-    assert svc.acknowledge_message(message_id, lease.token)
+    assert svc.acknowledge(message_id, lease.token)
 
 
 # -- the checks: each passes while its guard holds --------------------------------------------
@@ -204,26 +204,26 @@ def _busy(svc: ZeroLossMessageService, lease: Lease) -> bool:
 
 
 def _ack_one(svc: ZeroLossMessageService, lease: Lease) -> bool:
-    return svc.acknowledge_message(lease.message_id, lease.token, result={"ok": True})
+    return svc.acknowledge(lease.message_id, lease.token, result={"ok": True})
 
 
 def _ack_batch(svc: ZeroLossMessageService, lease: Lease) -> bool:
-    report = svc.complete([Completion(lease, Verdict.ACKNOWLEDGE, result={"ok": True})])
+    report = svc.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE, result={"ok": True})])
     assert report.refused or report.acknowledged or report.cancelled
     return bool(report.acknowledged)
 
 
 def _fail_batch(svc: ZeroLossMessageService, lease: Lease) -> bool:
-    report = svc.complete([Completion(lease, Verdict.FAIL, error="handler raised")])
+    report = svc.record_outcomes([Completion(lease, Verdict.FAIL, error="handler raised")])
     return not report.refused
 
 
 def _release(svc: ZeroLossMessageService, lease: Lease) -> bool:
-    return svc.release_lease(lease.message_id, lease.token)
+    return svc.release(lease.message_id, lease.token)
 
 
 def _fail_one(svc: ZeroLossMessageService, lease: Lease) -> bool:
-    return svc.mark_failed(lease.message_id, lease.token, "handler raised")
+    return svc.fail(lease.message_id, lease.token, "handler raised")
 
 
 def stale_token_refused(outcome: Outcome) -> Callable[[ZeroLossMessageService], None]:
@@ -259,7 +259,7 @@ def expired_refused(outcome: Outcome) -> Callable[[ZeroLossMessageService], None
 
 
 def refused_before_writing(setup: Callable[[ZeroLossMessageService], Lease]) -> Callable[..., None]:
-    """mark_failed reads the holder's attempt (LEASED_ATTEMPT) before it writes: a caller that
+    """fail reads the holder's attempt (LEASED_ATTEMPT) before it writes: a caller that
     holds no lease is refused by that read, and never sends the FAIL that would wait on the row
     lock of the message's real holder."""
 
@@ -314,7 +314,7 @@ def sweep_leaves_live_leases(svc: ZeroLossMessageService) -> None:
     held(svc, "gone")
     expire_leases(["gone"])
     with untouched("live"):
-        report = svc.recover_orphaned_messages()
+        report = svc.sweep()
     expect(report.requeued == ["gone"], f"the sweep moved a live lease: {report}")
 
 
@@ -327,7 +327,7 @@ def sweep_leaves_rows_not_processing(svc: ZeroLossMessageService) -> None:
     svc.persist_message("waiting", QUEUE, {})
     forge("waiting", lease_expired=True)
     with untouched("done", "waiting"):
-        report = svc.recover_orphaned_messages()
+        report = svc.sweep()
     expect(report.requeued == ["gone"], f"the sweep moved a row that was not processing: {report}")
 
 
@@ -339,7 +339,7 @@ def sweep_writes_nothing_without_expired_leases(setup: Callable[[ZeroLossMessage
             pytest.skip("only SQLite's sweep asks ANY_EXPIRED first (PostgreSQL sweeps under SKIP LOCKED)")
         setup(svc)
         with writes_seen() as writes:
-            expect(svc.recover_orphaned_messages().total == 0, "the sweep moved a row with no lease expired")
+            expect(svc.sweep().total == 0, "the sweep moved a row with no lease expired")
         expect(not writes, f"the sweep took the write lock with no lease expired: {writes}")
 
     return check
@@ -406,18 +406,18 @@ def claim_leaves_delayed(claim: Callable[[ZeroLossMessageService], object]) -> C
 
 
 def _claim_next(svc: ZeroLossMessageService) -> object:
-    return svc.claim_next(QUEUE, limit=10)
+    return svc.claim(QUEUE, limit=10)
 
 
 def _claim_limited(svc: ZeroLossMessageService) -> object:
     """A claim under a concurrency limit not reached, on the exact path (statement CLAIM_LIMITED):
     a limit too small for slot shares, so PostgreSQL does not take the slot path (which runs CLAIM)."""
     svc.limit_queue(QUEUE, concurrency=12)
-    return svc.claim_next(QUEUE, limit=10)
+    return svc.claim(QUEUE, limit=10)
 
 
 def _claim_by_id(svc: ZeroLossMessageService) -> object:
-    return svc.mark_processing("m")
+    return svc.claim_message("m")
 
 
 def _request_abort(message_id: str) -> None:
@@ -432,7 +432,7 @@ def _request_abort(message_id: str) -> None:
 def _cancel_aborted(svc: ZeroLossMessageService, lease: Lease) -> bool:
     # The outcome of an aborted message: the abort requested first, so only the guard decides.
     _request_abort(lease.message_id)
-    return bool(svc._cancel_aborted([lease.message_id], [svc.engine.token(lease.token)]))
+    return bool(svc.aborts.cancel_aborted([lease.message_id], [svc.engine.token(lease.token)]))
 
 
 def _aborts_requested(svc: ZeroLossMessageService, lease: Lease) -> bool:
@@ -483,7 +483,7 @@ def not_aborted_is_not_reported(svc: ZeroLossMessageService) -> None:
 def not_aborted_is_not_cancelled(svc: ZeroLossMessageService) -> None:
     lease = held(svc, "m")
     with untouched("m"):
-        moved = svc._cancel_aborted(["m"], [svc.engine.token(lease.token)])
+        moved = svc.aborts.cancel_aborted(["m"], [svc.engine.token(lease.token)])
     expect(not moved, "a message nobody aborted was recorded cancelled")
 
 

@@ -69,14 +69,14 @@ def seed() -> Ledger:
     service.persist_message("p1", QUEUE, {"n": 1}, dedup_key="once")
     for mid in ("l1", "s1", "d1", "c1"):
         service.persist_message(mid, QUEUE, {"n": mid}, max_attempts=1 if mid == "d1" else None)
-    live = service.mark_processing("l1")
-    stuck = service.mark_processing("s1")
-    dead = service.mark_processing("d1")
-    done = service.mark_processing("c1")
+    live = service.claim_message("l1")
+    stuck = service.claim_message("s1")
+    dead = service.claim_message("d1")
+    done = service.claim_message("c1")
     assert live and stuck and dead and done
     assert expire_leases(["s1"]) == 1
-    assert service.mark_failed("d1", dead.token, "boom")
-    assert service.acknowledge_message("c1", done.token)
+    assert service.fail("d1", dead.token, "boom")
+    assert service.acknowledge("c1", done.token)
     service.register_replication_node("n0", "127.0.0.1:5433", metadata={"zone": "a"})
     return Ledger(service, live)
 
@@ -192,9 +192,9 @@ def canonicalised(ledger: Ledger) -> str:
     message = service.persist_message("keys-1", QUEUE, {2: "a", 10: "b"})
     assert message.payload == {"2": "a", "10": "b"}
     assert service.persist_message("keys-1", QUEUE, {"10": "b", "2": "a"}).pk == message.pk  # idempotent
-    lease = service.mark_processing("keys-1")
+    lease = service.claim_message("keys-1")
     assert lease is not None and lease.payload == {"2": "a", "10": "b"}
-    assert service.acknowledge_message("keys-1", lease.token)
+    assert service.acknowledge("keys-1", lease.token)
     assert service.verify_message_integrity("keys-1").valid
     out = io.StringIO()
     with pytest.raises(CommandError) as warned:  # exit 1, a warning: the seeded stuck message s1
@@ -583,16 +583,16 @@ CASES: list[Hostile] = [
     Hostile(
         "claim-limit-zero",
         "api",
-        "`claim_next(queue, limit=0)`",
+        "`claim(queue, limit=0)`",
         "InvalidMessage",
-        api(lambda s: s.service.claim_next(QUEUE, 0)),
+        api(lambda s: s.service.claim(QUEUE, 0)),
     ),
     Hostile(
         "claim-queue-newline",
         "api",
-        "`claim_next('hostile\\n')`",
+        "`claim('hostile\\n')`",
         "InvalidMessage",
-        api(lambda s: s.service.claim_next(QUEUE + "\n")),
+        api(lambda s: s.service.claim(QUEUE + "\n")),
     ),
     Hostile(
         "renew-token-not-a-uuid",
@@ -604,40 +604,40 @@ CASES: list[Hostile] = [
     Hostile(
         "ack-token-not-a-uuid",
         "api",
-        "`acknowledge_message('l1', 12)`",
+        "`acknowledge('l1', 12)`",
         "InvalidLeaseToken",
-        api(lambda s: s.service.acknowledge_message("l1", cast(Any, 12))),
+        api(lambda s: s.service.acknowledge("l1", cast(Any, 12))),
     ),
     Hostile(
         "ack-result-nan",
         "api",
-        "`acknowledge_message(l1, token, result={'x': nan})`",
+        "`acknowledge(l1, token, result={'x': nan})`",
         "InvalidPayload",
-        api(lambda s: s.service.acknowledge_message("l1", s.live.token, result={"x": math.nan})),
+        api(lambda s: s.service.acknowledge("l1", s.live.token, result={"x": math.nan})),
     ),
     Hostile(
         "complete-result-not-json",
         "api",
-        "`complete([Completion(l1, ACKNOWLEDGE, result=object())])`",
+        "`record_outcomes([Completion(l1, ACKNOWLEDGE, result=object())])`",
         "InvalidPayload",
-        api(lambda s: s.service.complete([Completion(s.live, Verdict.ACKNOWLEDGE, result=object())])),
+        api(lambda s: s.service.record_outcomes([Completion(s.live, Verdict.ACKNOWLEDGE, result=object())])),
     ),
     Hostile(
         "fail-error-nul",
         "api",
-        "`mark_failed(l1, token, 'boom\\x00')`",
+        "`fail(l1, token, 'boom\\x00')`",
         "sanitised",
         sanitised(
-            lambda s: s.service.mark_failed("l1", s.live.token, "boom" + NUL), "l1", "last_error", "boom\\x00"
+            lambda s: s.service.fail("l1", s.live.token, "boom" + NUL), "l1", "last_error", "boom\\x00"
         ),
     ),
     Hostile(
         "fail-error-surrogate",
         "api",
-        "`mark_failed(l1, token, 'boom\\ud800')`",
+        "`fail(l1, token, 'boom\\ud800')`",
         "sanitised",
         sanitised(
-            lambda s: s.service.mark_failed("l1", s.live.token, "boom" + SURROGATE),
+            lambda s: s.service.fail("l1", s.live.token, "boom" + SURROGATE),
             "l1",
             "last_error",
             "boom\\ud800",
@@ -646,10 +646,10 @@ CASES: list[Hostile] = [
     Hostile(
         "complete-error-nul",
         "api",
-        "`complete([Completion(l1, FAIL, error='x\\x00')])`",
+        "`record_outcomes([Completion(l1, FAIL, error='x\\x00')])`",
         "sanitised",
         sanitised(
-            lambda s: s.service.complete([Completion(s.live, Verdict.FAIL, error="x" + NUL)]),
+            lambda s: s.service.record_outcomes([Completion(s.live, Verdict.FAIL, error="x" + NUL)]),
             "l1",
             "last_error",
             "x\\x00",
@@ -762,30 +762,30 @@ CASES: list[Hostile] = [
     Hostile(
         "sweep-batch-size-negative",
         "api",
-        "`recover_orphaned_messages(batch_size=-1)`",
+        "`sweep(batch_size=-1)`",
         "InvalidMessage",
-        api(lambda s: s.service.recover_orphaned_messages(batch_size=-1)),
+        api(lambda s: s.service.sweep(batch_size=-1)),
     ),
     Hostile(
         "sweep-batch-size-zero",
         "api",
-        "`recover_orphaned_messages(batch_size=0)`",
+        "`sweep(batch_size=0)`",
         "InvalidMessage",
-        api(lambda s: s.service.recover_orphaned_messages(batch_size=0)),
+        api(lambda s: s.service.sweep(batch_size=0)),
     ),
     Hostile(
         "sweep-limit-zero",
         "api",
-        "`recover_orphaned_messages(limit=0)`",
+        "`sweep(limit=0)`",
         "InvalidMessage",
-        api(lambda s: s.service.recover_orphaned_messages(limit=0)),
+        api(lambda s: s.service.sweep(limit=0)),
     ),
     Hostile(
         "claim-limit-2-63",
         "api",
-        "`claim_next(queue, limit=2**63)`",
+        "`claim(queue, limit=2**63)`",
         "InvalidMessage",
-        api(lambda s: s.service.claim_next(QUEUE, 2**63)),
+        api(lambda s: s.service.claim(QUEUE, 2**63)),
     ),
     Hostile(
         "purge-batch-size-2-63",
@@ -797,9 +797,9 @@ CASES: list[Hostile] = [
     Hostile(
         "sweep-limit-2-63",
         "api",
-        "`recover_orphaned_messages(limit=2**63)`",
+        "`sweep(limit=2**63)`",
         "InvalidMessage",
-        api(lambda s: s.service.recover_orphaned_messages(limit=2**63)),
+        api(lambda s: s.service.sweep(limit=2**63)),
     ),
     Hostile(
         "persist-actor-nul",
@@ -832,9 +832,9 @@ CASES: list[Hostile] = [
     Hostile(
         "complete-unknown-verdict",
         "api",
-        "`complete([Completion(l1, 'bogus')])`",
+        "`record_outcomes([Completion(l1, 'bogus')])`",
         "InvalidMessage",
-        api(lambda s: s.service.complete([Completion(s.live, cast(Any, "bogus"))])),
+        api(lambda s: s.service.record_outcomes([Completion(s.live, cast(Any, "bogus"))])),
     ),
     # -- node registration ------------------------------------------------------------------
     Hostile(
@@ -1436,5 +1436,5 @@ def test_random_token_is_refused_not_an_error(db: None) -> None:
     """A well-formed but wrong token is not hostile: it is refused with False, nothing written."""
     ledger = seed()
     before = snapshot()
-    assert ledger.service.acknowledge_message("l1", uuid.uuid4()) is False
+    assert ledger.service.acknowledge("l1", uuid.uuid4()) is False
     assert snapshot() == before

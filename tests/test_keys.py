@@ -154,7 +154,7 @@ class TestSkipAndRequeue:
         )
         head = op.key_head("q", "busy")
         assert head is not None and (head.message_id, head.why, head.waiting) == ("b1", KeyWhy.CLAIMABLE, 2)
-        claimed = [x.message_id for x in ZeroLossMessageService(instance_id="w2").claim_next("q", limit=10)]
+        claimed = [x.message_id for x in ZeroLossMessageService(instance_id="w2").claim("q", limit=10)]
         assert "b1" in claimed and "b2" not in claimed
 
     def test_skip_a_backoff_head(self):
@@ -197,7 +197,7 @@ class TestSkipAndRequeue:
         )
         head = op.key_head("q", "busy")
         assert head is not None and (head.message_id, head.why, head.waiting) == ("b0", KeyWhy.CLAIMABLE, 3)
-        assert ZeroLossMessageService().claim_next("q", limit=10)[0].message_id in {"b0", "r0"}
+        assert ZeroLossMessageService().claim("q", limit=10)[0].message_id in {"b0", "r0"}
 
     def test_force_requeue_a_live_head_fences_its_worker(self):
         worker = blocked_ledger()
@@ -206,7 +206,7 @@ class TestSkipAndRequeue:
         op = ZeroLossMessageService()
         assert op.requeue_key_head("q", "busy", actor="carol", force=True) == "b0"
         assert event("b0").detail == "ordering key head requeued: live lease revoked"
-        assert not worker.acknowledge_message("b0", lease)
+        assert not worker.acknowledge("b0", lease)
 
     def test_requeue_leaves_a_backoff_head_alone(self):
         blocked_ledger()
@@ -246,7 +246,7 @@ class TestStatus:
         sends: list[tuple[str, str, Any]] = [(f"m{k}-{i}", "q", {}) for k in range(103) for i in range(2)]
         for start in range(0, len(sends), 2):
             worker.persist_messages(sends[start : start + 2], ordering_key=f"key-{start // 2:03d}")
-        assert len(worker.claim_next("q", limit=200)) == 103
+        assert len(worker.claim("q", limit=200)) == 103
         data = json.loads(run("zeroloss_status", "--json", "--no-cache").out)
         assert (len(data["blocked_keys"]), data["blocked_keys_truncated"]) == (100, True)
         text = run("zeroloss_status", "--no-cache").out

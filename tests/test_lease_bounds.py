@@ -120,7 +120,7 @@ def test_a_failed_release_is_tried_again_and_the_messages_run(settings):
     register("lb.release", lambda delivery: None)
     service = ZeroLossMessageService(instance_id="keeper-test")
     service.persist_messages([(f"r{i}", "lb.release", {}) for i in range(4)])
-    leases = service.claim_next("lb.release", limit=4)
+    leases = service.claim("lb.release", limit=4)
     keeper = LeaseKeeper(service, interval=0.5)  # not started: the test ticks it
     batch = Batch(leases)
     keeper.hold(leases, batch)
@@ -147,7 +147,7 @@ def test_the_keeper_never_waits_for_a_row_lock(other):
     service = ZeroLossMessageService(instance_id="keeper-lock")
     register("lb.renew", lambda delivery: None)
     service.persist_messages([(f"k{i}", "lb.renew", {}) for i in range(3)])
-    leases = service.claim_next("lb.renew", limit=3)
+    leases = service.claim("lb.renew", limit=3)
     keeper = LeaseKeeper(service, interval=60)
     keeper.hold(leases)
 
@@ -194,7 +194,7 @@ def test_a_claim_that_waited_for_a_lock_starts_its_lease_when_it_got_the_row(oth
             claimer = ZeroLossMessageService(instance_id="late-claim")
             claimer.connection.ensure_connection()
             pids.append(claimer.connection.connection.info.backend_pid)
-            got.extend(claimer.claim_next("lb.wait"))
+            got.extend(claimer.claim("lb.wait"))
         finally:
             connections.close_all()
 
@@ -291,12 +291,12 @@ def test_an_outage_while_resolving_an_unknown_outcome_is_ridden_out(other):
     register("lb.unheard", lambda delivery: None)
     service = ZeroLossMessageService(instance_id="unheard")
     service.persist_message("u1", "lb.unheard", {})
-    [lease] = service.claim_next("lb.unheard")
+    [lease] = service.claim("lb.unheard")
     keeper = LeaseKeeper(service, interval=60)
     keeper.hold([lease])
     completer = Completer(service, keeper, on_report=lambda report: None, wait=lambda s: None)
     done = Completion(lease, Verdict.ACKNOWLEDGE)
-    assert service.complete([done]).acknowledged == ["u1"]  # the first try landed, unheard
+    assert service.record_outcomes([done]).acknowledged == ["u1"]  # the first try landed, unheard
 
     def server_goes_away(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         other.run("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
@@ -359,7 +359,7 @@ def test_expired_leases_of_a_transactional_batch_record_nothing():
     def sweep_elsewhere() -> None:
         try:
             expire_leases(["x0", "x1"])
-            ZeroLossMessageService(instance_id="sweeper").recover_orphaned_messages()
+            ZeroLossMessageService(instance_id="sweeper").sweep()
         finally:
             connections.close_all()
 
@@ -373,7 +373,7 @@ def test_expired_leases_of_a_transactional_batch_record_nothing():
     register("lb.expired", handle, transactional=True)
     service = ZeroLossMessageService(instance_id="late")
     service.persist_messages([(f"x{i}", "lb.expired", {}) for i in range(2)])
-    leases = service.claim_next("lb.expired", limit=2)
+    leases = service.claim("lb.expired", limit=2)
     keeper = LeaseKeeper(service, interval=60)
     keeper.hold(leases, batch := Batch(leases))
     report = TransactionalBatches(service, keeper, stopping=lambda: False).run(

@@ -56,10 +56,10 @@ def test_a_sweep_recovery_is_a_warning_and_a_sweep_dead_letter_an_error(caplog):
     service = ZeroLossMessageService(instance_id="holder")
     service.persist_message("r1", "l.sweep", {})
     service.persist_message("r2", "l.sweep", {}, max_attempts=1)
-    assert len(service.claim_next("l.sweep", limit=2)) == 2
+    assert len(service.claim("l.sweep", limit=2)) == 2
     expire_leases()
     caplog.set_level(logging.INFO, logger="zeroloss")
-    ZeroLossMessageService(instance_id="sweeper").recover_orphaned_messages()
+    ZeroLossMessageService(instance_id="sweeper").sweep()
     [recovered] = records(caplog, logging.WARNING)
     assert recovered.getMessage().startswith("r1: recovered by the sweep: the lease of attempt 1 expired")
     assert fields(recovered) == ("r1", "l.sweep", 1, "holder")

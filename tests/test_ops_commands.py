@@ -170,7 +170,7 @@ class TestStatus:
 
     def test_sweep_history_comes_from_the_audit_trail(self):
         self.seed()
-        report = ZeroLossMessageService(instance_id="sweeper").recover_orphaned_messages()
+        report = ZeroLossMessageService(instance_id="sweeper").sweep()
         assert sorted(report.requeued) == ["s1", "s2"]
         data = json.loads(run("zeroloss_status", "--json", "--no-cache").out)
         assert data["sweep"] == {"runs": 1, "requeued": 2, "dead_lettered": 0}
@@ -260,7 +260,7 @@ class TestRequeueByIds:
         assert json.loads(forced.out)["requeued"] == ["live"]
         assert json.loads(forced.out)["force"] is True
         # Fencing: the revoked worker can no longer acknowledge.
-        assert ZeroLossMessageService().acknowledge_message("live", tokens["live"]) is False
+        assert ZeroLossMessageService().acknowledge("live", tokens["live"]) is False
 
     def test_pending_and_completed_are_skipped(self):
         make_completed(["done"])
@@ -416,7 +416,7 @@ class TestRequeueSelection:
 
     def test_a_message_the_sweep_took_first_is_not_moved_twice(self):
         make_stuck(["s1", "s2"])
-        ZeroLossMessageService(instance_id="sweeper").recover_orphaned_messages()
+        ZeroLossMessageService(instance_id="sweeper").sweep()
         r = run("zeroloss_requeue", "--queue", "q", "--state", "stuck", "--yes", "--json")
         assert json.loads(r.out)["matched"] == 0
         assert MessageEvent.objects.filter(reason="requeued_by_operator").count() == 0

@@ -59,7 +59,7 @@ def test_url_is_routed():
 
 def test_scrape_reports_the_ledger(client):
     seed()
-    ZeroLossMessageService(instance_id="sweeper").recover_orphaned_messages()
+    ZeroLossMessageService(instance_id="sweeper").sweep()
     m = scrape(client)
     assert m[("zeroloss_up", ())] == 1
     expected = {
@@ -93,12 +93,12 @@ def test_expired_leases_and_sweep_dead_letters(client):
     worker = ZeroLossMessageService(max_attempts=1, instance_id="w")
     worker.persist_messages([("x1", "q", {}), ("x2", "q", {}), ("x3", "q", {})])
     for mid in ("x1", "x2", "x3"):
-        assert worker.mark_processing(mid)
+        assert worker.claim_message(mid)
     assert expire_leases(["x1", "x2", "x3"]) == 3
     m = scrape(client)
     assert m[("zeroloss_expired_leases", (("queue", "q"),))] == 3
     clear_cache()
-    ZeroLossMessageService(instance_id="sweeper").recover_orphaned_messages()
+    ZeroLossMessageService(instance_id="sweeper").sweep()
     m = scrape(client)
     assert m[("zeroloss_expired_leases", (("queue", "q"),))] == 0
     assert m[("zeroloss_dead_letters", (("queue", "q"),))] == 3

@@ -160,8 +160,8 @@ def test_an_audit_row_off_the_state_machine_is_critical():
 
     service = ZeroLossMessageService(instance_id="w")
     service.persist_message("m1", "q", {})
-    lease = service.mark_processing("m1")
-    assert lease and service.acknowledge_message("m1", lease.token)
+    lease = service.claim_message("m1")
+    assert lease and service.acknowledge("m1", lease.token)
     assert json.loads(run("zeroloss_verify", "--json").out)["status"] == "ok"
     # A row no transition writes: completed straight back to pending, "claimed".
     event = MessageEvent.objects.for_message("m1").last()

@@ -28,7 +28,7 @@ def heads(queue: str = "q") -> list[str]:
 
 
 def claim_all(service: ZeroLossMessageService, queue: str = "q") -> list[str]:
-    return [lease.message_id for lease in service.claim_next(queue, limit=100)]
+    return [lease.message_id for lease in service.claim(queue, limit=100)]
 
 
 class TestOrderingKeys:
@@ -41,14 +41,14 @@ class TestOrderingKeys:
         assert heads() == ["a0", "b0"]
         order: list[str] = []
         while True:
-            leases = service.claim_next("q", limit=100)
+            leases = service.claim("q", limit=100)
             if not leases:
                 break
             # Never two messages of one key in hand at once.
             keys = [x.ordering_key for x in leases if x.ordering_key]
             assert len(keys) == len(set(keys))
             order += [x.message_id for x in leases]
-            report = service.complete(Completion(x, Verdict.ACKNOWLEDGE) for x in leases)
+            report = service.record_outcomes(Completion(x, Verdict.ACKNOWLEDGE) for x in leases)
             assert sorted(report.acknowledged) == sorted(x.message_id for x in leases)
         assert [m for m in order if m.startswith("a")] == ["a0", "a1", "a2"]
         assert [m for m in order if m.startswith("b")] == ["b0", "b1", "b2"]
@@ -60,14 +60,14 @@ class TestOrderingKeys:
         service.persist_message("k0", "q", {}, ordering_key="k")
         service.persist_message("k1", "q", {}, ordering_key="k")
         service.persist_message("other", "q", {}, ordering_key="j")
-        [k0, other] = sorted(service.claim_next("q", limit=10), key=lambda x: x.message_id)
+        [k0, other] = sorted(service.claim("q", limit=10), key=lambda x: x.message_id)
         assert (k0.message_id, other.message_id) == ("k0", "other")
-        assert service.mark_failed("k0", k0.token, "boom")
+        assert service.fail("k0", k0.token, "boom")
         assert claim_all(service) == []  # k0 backs off and still blocks k1
         make_available(["k0"])
-        retry = service.mark_processing("k0")
+        retry = service.claim_message("k0")
         assert retry and retry.attempt == 2
-        assert service.mark_failed("k0", retry.token, "boom again")  # attempts spent: dead
+        assert service.fail("k0", retry.token, "boom again")  # attempts spent: dead
         assert Message.objects.get(message_id="k0").status == Status.DEAD
         assert claim_all(service) == ["k1"]  # the key moves on past its dead letter
 
@@ -77,7 +77,7 @@ class TestOrderingKeys:
             service.persist_message(f"k{i}", "q", {}, ordering_key="k")
         assert claim_all(service) == ["k0"]
         expire_leases(["k0"])
-        assert service.recover_orphaned_messages().requeued == ["k0"]
+        assert service.sweep().requeued == ["k0"]
         assert heads() == ["k0"]
         assert claim_all(service) == ["k0"]
 
@@ -92,13 +92,13 @@ class TestOrderingKeys:
         service = ZeroLossMessageService(instance_id="op", max_attempts=1)
         service.persist_message("k0", "q", {}, ordering_key="k")
         service.persist_message("k1", "q", {}, ordering_key="k")
-        [k0] = service.claim_next("q")
-        service.mark_failed("k0", k0.token, "dead on first try")
+        [k0] = service.claim("q")
+        service.fail("k0", k0.token, "dead on first try")
         assert heads() == ["k1"]
         assert service.redrive_messages(["k0"]) == ["k0"]
         assert heads() == ["k1"]  # k1 is the head now; k0 waits for it
-        [k1] = service.claim_next("q")
-        assert service.acknowledge_message("k1", k1.token)
+        [k1] = service.claim("q")
+        assert service.acknowledge("k1", k1.token)
         assert heads() == ["k0"]
 
     def test_a_key_left_without_head_is_repaired_by_the_sweep(self):
@@ -109,7 +109,7 @@ class TestOrderingKeys:
             available_at=None, updated_at=dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
         )
         assert heads() == []
-        assert service.recover_orphaned_messages().keys_repaired == 1
+        assert service.sweep().keys_repaired == 1
         assert heads() == ["k0"]
 
     def test_the_database_refuses_a_second_head(self):
@@ -179,7 +179,7 @@ class TestPriority:
         service.persist_message("old", "q", {})
         service.persist_message("urgent", "q", {}, priority=50)
         service.persist_message("new", "q", {})
-        assert [x.message_id for x in service.claim_next("q", limit=4)] == ["urgent", "old", "new", "low"]
+        assert [x.message_id for x in service.claim("q", limit=4)] == ["urgent", "old", "new", "low"]
 
     @pytest.mark.parametrize("bad", [101, -101, 1.5, True, "1"])
     def test_out_of_range_priority_is_refused(self, bad):
@@ -192,7 +192,7 @@ class TestPriority:
 def test_claims_use_the_claim_index_even_behind_a_blocked_key():
     service = ZeroLossMessageService()
     service.persist_messages([(f"w{i}", "q", {}) for i in range(2000)], ordering_key="blocked")
-    service.claim_next("q")  # the head is in hand: 1,999 wait behind it
+    service.claim("q")  # the head is in hand: 1,999 wait behind it
     service.persist_messages([(f"u{i}", "q", {}) for i in range(50)])
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE zeroloss_message")

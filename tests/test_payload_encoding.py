@@ -38,7 +38,7 @@ def test_integral_floats_are_read_back_as_floats(service):
     assert types(sent.payload) == types(FLOATS)
     stored = Message.objects.get(message_id="floats")
     assert stored.payload == FLOATS and types(stored.payload) == types(FLOATS)
-    [lease] = service.claim_next(QUEUE)
+    [lease] = service.claim(QUEUE)
     assert lease.payload == FLOATS and types(lease.payload) == types(FLOATS)
 
 

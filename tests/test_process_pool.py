@@ -188,8 +188,8 @@ def test_sigkill_of_the_parent_takes_its_children_and_the_sweep_recovers_each_le
         worker.terminate()
     assert statuses() == {"k0": Status.PROCESSING, "k1": Status.PROCESSING}
     expire_leases()
-    assert sorted(service.recover_orphaned_messages().requeued) == ["k0", "k1"]
-    assert service.recover_orphaned_messages().total == 0  # exactly once
+    assert sorted(service.sweep().requeued) == ["k0", "k1"]
+    assert service.sweep().total == 0  # exactly once
     assert statuses() == {"k0": Status.PENDING, "k1": Status.PENDING}
     assert set(Message.objects.values_list("attempts", flat=True)) == {1}
 

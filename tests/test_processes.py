@@ -42,16 +42,16 @@ def test_killed_worker_lease_expires_and_sweep_requeues_exactly_once(children, l
     assert claim["token"]
     children.sigkill(worker)
     assert Message.objects.get().status == Status.PROCESSING
-    assert live_service.recover_orphaned_messages().total == 0  # lease still live
+    assert live_service.sweep().total == 0  # lease still live
     assert expire_leases(["job-1"]) == 1  # as ACK_TIMEOUT of silence would, by the database clock
     sweeps = [children.spawn("sweep", {}) for _ in range(3)]
     results = [children.finish(p)[0] for p in sweeps]
     assert sorted(len(r["requeued"]) for r in results) == [0, 0, 1]
     assert MessageEvent.objects.filter(reason="lease_expired").count() == 1
-    lease = live_service.mark_processing("job-1")
+    lease = live_service.claim_message("job-1")
     assert lease and lease.attempt == 2
-    assert live_service.acknowledge_message("job-1", claim["token"]) is False
-    assert live_service.acknowledge_message("job-1", lease.token) is True
+    assert live_service.acknowledge("job-1", claim["token"]) is False
+    assert live_service.acknowledge("job-1", lease.token) is True
 
 
 @pytest.mark.slow
@@ -68,7 +68,7 @@ def test_four_concurrent_sweepers_move_500_orphans_exactly_once(children, live_s
         },
     )
     assert len(children.read_line(holder)["tokens"]) == 5
-    assert len(live_service.claim_next("q", limit=500)) == 500
+    assert len(live_service.claim("q", limit=500)) == 500
     assert expire_leases([f"o{i}" for i in range(500)]) == 500  # the holder's five stay live
     start = tmp_path / "go"
     sweepers = [children.spawn("sweep", {"start_file": str(start), "batch_size": 5}) for _ in range(4)]
@@ -122,7 +122,7 @@ def test_replication_nodes_are_shared_across_processes_and_restarts(children):
 
 
 def _assert_swept_nothing(service: ZeroLossMessageService) -> None:
-    assert service.recover_orphaned_messages().total == 0
+    assert service.sweep().total == 0
 
 
 def _assert_running(worker: Proc) -> None:
@@ -144,9 +144,9 @@ def test_sweep_returns_nothing_while_lease_is_renewed_by_live_process(children, 
     assert done == {"done": True}  # every renewal succeeded
     moved = Message.objects.get().lease_expires_at
     assert moved is not None and moved > first  # and moved the lease
-    assert live_service.recover_orphaned_messages().total == 0  # still live after the holder left
+    assert live_service.sweep().total == 0  # still live after the holder left
     expire_leases(["kept"])
-    assert live_service.recover_orphaned_messages().requeued == ["kept"]
+    assert live_service.sweep().requeued == ["kept"]
 
 
 @pytest.mark.slow

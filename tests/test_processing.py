@@ -184,7 +184,7 @@ class TestTransactionalBatches:
         keeper = LeaseKeeper(service, interval=60)  # not started: the leases are long enough
         batches = TransactionalBatches(service, keeper, stopping=lambda: False)
         paces: list[float] = []
-        first = service.claim_next("p.txrerun", limit=4)
+        first = service.claim("p.txrerun", limit=4)
         keeper.hold(first, batch := Batch(first))
         report = batches.run(get_handler("p.txrerun"), batch, paces.append)
         # r0 and r1 ran, then r2 failed and rolled the batch back: the rerun used savepoints,
@@ -194,7 +194,7 @@ class TestTransactionalBatches:
         assert sorted(report.acknowledged) == ["r0", "r1", "r3"] and report.dead_lettered == ["r2"]
         assert len(paces) == 6  # every handler run paces the claims, the rolled-back ones too
         calls.clear()
-        second = service.claim_next("p.txrerun", limit=3)
+        second = service.claim("p.txrerun", limit=3)
         keeper.hold(second, batch := Batch(second))
         report = batches.run(get_handler("p.txrerun"), batch, paces.append)
         # The next batch kept its savepoints: s0's failure rolled back only itself, nothing ran twice.
@@ -232,7 +232,7 @@ class TestTransactionalBatches:
         service.persist_messages([(f"gone{i}", "p.txgone", {}) for i in range(3)])
         keeper = LeaseKeeper(service, interval=60)
         batches = TransactionalBatches(service, keeper, stopping=lambda: False)
-        leases = service.claim_next("p.txgone", limit=3)
+        leases = service.claim("p.txgone", limit=3)
         keeper.hold(leases, batch := Batch(leases))
         paces: list[float] = []
         report = batches.run(get_handler("p.txgone"), batch, paces.append)
@@ -258,13 +258,13 @@ class TestTransactionalBatches:
         register("p.txlost", record, transactional=True)
         service = ZeroLossMessageService(instance_id="batch")
         service.persist_messages([("l0", "p.txlost", {}), ("l1", "p.txlost", {})])
-        leases = service.claim_next("p.txlost", limit=2)
+        leases = service.claim("p.txlost", limit=2)
         operator = ZeroLossMessageService(instance_id="op")
         assert operator.requeue_messages(["l1"], force=True) == ["l1"]  # revoked before the batch ran
         with transaction.atomic():
             held = service.lock_held(leases)
             assert held == {"l0"}
-            report = service.complete([Completion(leases[0], Verdict.ACKNOWLEDGE)], locked=True)
+            report = service.record_outcomes([Completion(leases[0], Verdict.ACKNOWLEDGE)], locked=True)
         assert report.acknowledged == ["l0"]
         assert reasons("l1")[-1] == "requeued_by_operator"
 
@@ -290,7 +290,7 @@ class TestLeases:
                 lambda: MessageEvent.objects.filter(reason="released").count() >= 1, timeout=20
             ), worker.stats
             other = ZeroLossMessageService(instance_id="other")
-            taken = [x.message_id for x in other.claim_next("p.hang", limit=10)]
+            taken = [x.message_id for x in other.claim("p.hang", limit=10)]
             assert taken and "h0" not in taken
             assert Message.objects.get(message_id="h0").status == Status.PROCESSING  # still in hand
             released = Message.objects.filter(message_id__in=taken)
@@ -306,10 +306,10 @@ class TestLeases:
         register("p.stale", ok)
         service = ZeroLossMessageService(instance_id="stale")
         service.persist_message("s1", "p.stale", {})
-        [lease] = service.claim_next("p.stale")
+        [lease] = service.claim("p.stale")
         expire_leases(["s1"])
-        assert ZeroLossMessageService().recover_orphaned_messages().requeued == ["s1"]
-        report = service.complete([Completion(lease, Verdict.ACKNOWLEDGE)])
+        assert ZeroLossMessageService().sweep().requeued == ["s1"]
+        report = service.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE)])
         assert report.refused == ["s1"] and report.acknowledged == []
         assert Message.objects.get().status == Status.PENDING
 

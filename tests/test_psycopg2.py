@@ -109,8 +109,8 @@ def test_psycopg2_prepares_nothing_and_the_system_check_says_so(settings):
 
     service = ZeroLossMessageService()
     service.persist_message("s1", "p2.prep", {})
-    [lease] = service.claim_next("p2.prep")
-    assert service.acknowledge_message("s1", lease.token)
+    [lease] = service.claim("p2.prep")
+    assert service.acknowledge("s1", lease.token)
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_prepared_statements")
         prepared = cursor.fetchone()[0]

@@ -42,10 +42,10 @@ def test_pause_resume_and_show():
     (row,) = show()
     assert row["paused"] is True and row["pending"] == 1
     assert str(row["changed_by"]).startswith("cli:zeroloss_queue@")
-    assert ZeroLossMessageService().claim_next(QUEUE, limit=5) == []
+    assert ZeroLossMessageService().claim(QUEUE, limit=5) == []
     result = run("zeroloss_queue", "resume", QUEUE, "--json")
     assert result.code == 0 and json.loads(result.out)["queue"]["paused"] is False
-    assert len(ZeroLossMessageService().claim_next(QUEUE, limit=5)) == 1
+    assert len(ZeroLossMessageService().claim(QUEUE, limit=5)) == 1
 
 
 def test_limit_sets_keeps_and_clears_overrides(settings):

@@ -94,13 +94,13 @@ def test_a_paused_queue_accepts_sends_and_is_not_claimed_until_resumed():
     service = ZeroLossMessageService()
     service.pause_queue("q", actor="ops")
     ids = send(service, "q", 3)  # accepted while paused
-    assert service.claim_next("q", limit=10) == []
-    assert service.mark_processing(ids[0]) is None
+    assert service.claim("q", limit=10) == []
+    assert service.claim_message(ids[0]) is None
     assert Message.objects.filter(queue_name="q", status="pending").count() == 3
     row = QueueControl.objects.get(queue_name="q")
     assert row.paused and row.changed_by == "ops"
     service.resume_queue("q", actor="ops2")
-    assert len(service.claim_next("q", limit=10)) == 3
+    assert len(service.claim("q", limit=10)) == 3
     assert QueueControl.objects.get(queue_name="q").changed_by == "ops2"
 
 
@@ -108,18 +108,20 @@ def test_pause_leaves_other_queues_and_in_flight_messages_alone():
     service = ZeroLossMessageService()
     send(service, "q", 2)
     send(service, "other", 1, prefix="o")
-    (lease,) = service.claim_next("q", limit=1)
+    (lease,) = service.claim("q", limit=1)
     service.pause_queue("q")
-    assert service.claim_next("q", limit=10) == []
-    assert len(service.claim_next("other", limit=10)) == 1
+    assert service.claim("q", limit=10) == []
+    assert len(service.claim("other", limit=10)) == 1
     # the in-flight one finishes normally
-    assert service.complete([Completion(lease, Verdict.ACKNOWLEDGE)]).acknowledged == [lease.message_id]
+    assert service.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE)]).acknowledged == [
+        lease.message_id
+    ]
 
 
 def test_another_process_sees_a_pause_within_the_refresh():
     service = ZeroLossMessageService()
     send(service, "q", 2)
-    assert service._is_controlled("q") is False  # read, and cached for REFRESH seconds
+    assert service.control.is_controlled("q") is False  # read, and cached for REFRESH seconds
     with connection.cursor() as cursor:  # another process's pause: this one's cache is stale
         cursor.execute(
             f"INSERT INTO {CTL} (queue_name, paused, concurrency, rate, tokens, changed_by, changed_at) "
@@ -127,7 +129,7 @@ def test_another_process_sees_a_pause_within_the_refresh():
         )
     at, names, limited = control._CONTROLLED["default"]
     control._CONTROLLED["default"] = (at - control.REFRESH, names, limited)  # the refresh is due
-    assert service.claim_next("q", limit=10) == []
+    assert service.claim("q", limit=10) == []
 
 
 # -- concurrency ----------------------------------------------------------------------------
@@ -137,13 +139,13 @@ def test_a_concurrency_limit_counts_what_is_processing_until_its_outcome():
     service = ZeroLossMessageService()
     send(service, "q", 6)
     service.limit_queue("q", concurrency=2)
-    first = service.claim_next("q", limit=10)
+    first = service.claim("q", limit=10)
     assert len(first) == 2
-    assert service.claim_next("q", limit=10) == []
-    assert service.mark_processing("m5") is None
-    service.complete([Completion(first[0], Verdict.ACKNOWLEDGE)])
-    assert len(service.claim_next("q", limit=10)) == 1
-    service.complete([Completion(first[1], Verdict.FAIL, "boom")])  # a failure frees its slot too
+    assert service.claim("q", limit=10) == []
+    assert service.claim_message("m5") is None
+    service.record_outcomes([Completion(first[0], Verdict.ACKNOWLEDGE)])
+    assert len(service.claim("q", limit=10)) == 1
+    service.record_outcomes([Completion(first[1], Verdict.FAIL, "boom")])  # a failure frees its slot too
     assert processing("q") == 1
 
 
@@ -151,13 +153,13 @@ def test_a_dead_workers_slots_come_back_with_the_sweep_exactly_once():
     service = ZeroLossMessageService()
     send(service, "q", 5)
     service.limit_queue("q", concurrency=2)
-    assert len(service.claim_next("q", limit=10)) == 2
+    assert len(service.claim("q", limit=10)) == 2
     expire_leases()  # the holder died: its leases ran out ...
-    assert service.claim_next("q", limit=10) == []  # ... but they count until the sweep
-    assert len(service.recover_orphaned_messages().requeued) == 2
-    assert service.recover_orphaned_messages().requeued == []
-    assert len(service.claim_next("q", limit=10)) == 2
-    assert service.claim_next("q", limit=10) == []
+    assert service.claim("q", limit=10) == []  # ... but they count until the sweep
+    assert len(service.sweep().requeued) == 2
+    assert service.sweep().requeued == []
+    assert len(service.claim("q", limit=10)) == 2
+    assert service.claim("q", limit=10) == []
     assert processing("q") == 2
 
 
@@ -165,11 +167,11 @@ def test_limits_from_settings_apply_and_an_override_wins_until_cleared(settings)
     settings.ZEROLOSS = {"QUEUES": {"q": {"concurrency": 1}}}
     service = ZeroLossMessageService()
     send(service, "q", 6)
-    assert len(service.claim_next("q", limit=10)) == 1
+    assert len(service.claim("q", limit=10)) == 1
     service.limit_queue("q", concurrency=3)
-    assert len(service.claim_next("q", limit=10)) == 2
+    assert len(service.claim("q", limit=10)) == 2
     service.clear_queue_limits("q")
-    assert service.claim_next("q", limit=10) == []  # 3 in flight, the setting's 1 again
+    assert service.claim("q", limit=10) == []  # 3 in flight, the setting's 1 again
     (state,) = service.queue_states()
     assert state.limits.concurrency == 1 and state.concurrency_override is None
     assert (state.processing, state.pending) == (3, 3)
@@ -189,24 +191,24 @@ def test_a_concurrency_claim_locks_the_row_without_writing_it(settings):
             cursor.execute(f"SELECT xmin::text FROM {CTL} WHERE queue_name = %s", ["q"])
             return cursor.fetchone()[0]
 
-    assert len(service.claim_next("q", limit=1)) == 1  # creates the row
+    assert len(service.claim("q", limit=1)) == 1  # creates the row
     created = version()
-    assert len(service.claim_next("q", limit=1)) == 1
-    assert len(service.claim_next("q", limit=10)) == 1  # the limit still counts: 3 in flight
-    assert service.claim_next("q", limit=10) == []
+    assert len(service.claim("q", limit=1)) == 1
+    assert len(service.claim("q", limit=10)) == 1  # the limit still counts: 3 in flight
+    assert service.claim("q", limit=10) == []
     assert version() == created
 
 
 def test_a_redrive_goes_through_the_limit():
     service = ZeroLossMessageService(max_attempts=1)
     send(service, "q", 3)
-    (lease,) = service.claim_next("q", limit=1)
-    service.complete([Completion(lease, Verdict.FAIL, "boom")])
+    (lease,) = service.claim("q", limit=1)
+    service.record_outcomes([Completion(lease, Verdict.FAIL, "boom")])
     assert Message.objects.get(message_id=lease.message_id).status == "dead"
     service.limit_queue("q", concurrency=1)
-    service.claim_next("q", limit=1)
+    service.claim("q", limit=1)
     service.redrive_messages([lease.message_id])
-    assert service.claim_next("q", limit=10) == []
+    assert service.claim("q", limit=10) == []
     assert processing("q") == 1
 
 
@@ -224,10 +226,10 @@ def test_racing_claimers_never_exceed_the_concurrency_limit():
             mine = ZeroLossMessageService(instance_id=f"c{n}")
             go.wait()
             for _ in range(25):
-                leases = mine.claim_next("q", limit=5)
+                leases = mine.claim("q", limit=5)
                 peaks.append(processing("q"))
                 if leases:
-                    mine.complete([Completion(x, Verdict.ACKNOWLEDGE) for x in leases])
+                    mine.record_outcomes([Completion(x, Verdict.ACKNOWLEDGE) for x in leases])
         except BaseException as exc:  # reported below
             errors.append(exc)
         finally:
@@ -250,22 +252,22 @@ def test_a_rate_limit_spends_its_bucket_and_refills_by_the_database_clock():
     service = ZeroLossMessageService()
     send(service, "q", 40)
     service.limit_queue("q", rate="100/h")  # a bucket of 10, one token every 36 s
-    assert len(service.claim_next("q", limit=50)) == 10
-    assert service.claim_next("q", limit=50) == []
+    assert len(service.claim("q", limit=50)) == 10
+    assert service.claim("q", limit=50) == []
     age_bucket("q", 72)  # two tokens' worth of time
-    assert len(service.claim_next("q", limit=50)) == 2
-    assert service.claim_next("q", limit=50) == []
+    assert len(service.claim("q", limit=50)) == 2
+    assert service.claim("q", limit=50) == []
     age_bucket("q", 3600)  # an hour: the bucket is full, never fuller
-    assert len(service.claim_next("q", limit=50)) == 10
+    assert len(service.claim("q", limit=50)) == 10
 
 
 def test_a_clock_that_steps_back_refills_nothing():
     service = ZeroLossMessageService()
     send(service, "q", 20)
     service.limit_queue("q", rate="100/h")
-    assert len(service.claim_next("q", limit=50)) == 10
+    assert len(service.claim("q", limit=50)) == 10
     age_bucket("q", -3600)  # the last refill now lies in the future
-    assert service.claim_next("q", limit=50) == []
+    assert service.claim("q", limit=50) == []
 
 
 def test_bad_limit_values_raise_and_change_nothing():

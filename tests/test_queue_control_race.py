@@ -61,7 +61,7 @@ def test_slot_and_exact_claims_racing_at_the_limit_never_exceed_it(monkeypatch):
     assert control.slot_share(LIMIT) == 1
 
     in_slot: list[int] = []
-    claim_in_slot = control.QueueControlling._claim_in_slot
+    claim_in_slot = control.Control._claim_in_slot
 
     def counted(self, queue_name, limit, claim):  # the real slot claim, counted
         leases = claim_in_slot(self, queue_name, limit, claim)
@@ -69,7 +69,7 @@ def test_slot_and_exact_claims_racing_at_the_limit_never_exceed_it(monkeypatch):
             in_slot.append(len(leases))
         return leases
 
-    monkeypatch.setattr(control.QueueControlling, "_claim_in_slot", counted)
+    monkeypatch.setattr(control.Control, "_claim_in_slot", counted)
     spans: list[tuple[float, float]] = []
     seen: list[int] = []
     errors: list[BaseException] = []
@@ -83,7 +83,7 @@ def test_slot_and_exact_claims_racing_at_the_limit_never_exceed_it(monkeypatch):
             go.wait()
             for _ in range(ROUNDS):
                 # Two claims before either outcome: each claimer holds up to two slot shares.
-                leases = mine.claim_next("q", limit=3) + mine.claim_next("q", limit=3)
+                leases = mine.claim("q", limit=3) + mine.claim("q", limit=3)
                 if not leases:
                     continue
                 # Between the claim's commit and the outcome's: inside the messages' processing.
@@ -92,7 +92,7 @@ def test_slot_and_exact_claims_racing_at_the_limit_never_exceed_it(monkeypatch):
                 hold_for(0.03, lambda: seen.append(processing.count()), interval=0.01)
                 ended = time.monotonic()
                 spans.extend((started, ended) for _ in leases)
-                mine.complete([Completion(lease, Verdict.ACKNOWLEDGE) for lease in leases])
+                mine.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE) for lease in leases])
         except BaseException as exc:  # reported below
             errors.append(exc)
         finally:

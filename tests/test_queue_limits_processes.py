@@ -201,8 +201,8 @@ def test_a_killed_workers_limited_slots_come_back_with_the_sweep_exactly_once():
             timeout=2,
         )
         assert expire_leases() == 2
-        assert len(service.recover_orphaned_messages().requeued) == 2
-        assert service.recover_orphaned_messages().requeued == []  # exactly once
+        assert len(service.sweep().requeued) == 2
+        assert service.sweep().requeued == []  # exactly once
         assert wait_until(lambda: Message.objects.filter(status="processing").count() == 2, timeout=30)
         running: list[int] = []
 

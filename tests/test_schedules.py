@@ -183,7 +183,7 @@ def test_overlap_skip_waits_for_the_previous_tick(settings, db, service):
     clock = Clock(at(2026, 12, 2, 10, 0, 0, 1000))
     scheduler = Scheduler(clock=clock)
     scheduler.run_once()
-    lease = service.mark_processing("o@2026-12-02T10:00:00+00:00")
+    lease = service.claim_message("o@2026-12-02T10:00:00+00:00")
     assert lease
     clock.advance(10)
     report = scheduler.run_once()
@@ -191,7 +191,7 @@ def test_overlap_skip_waits_for_the_previous_tick(settings, db, service):
     clock.advance(10)
     scheduler.run_once()
     assert tick_ids("o") == ["o@2026-12-02T10:00:00+00:00"]  # still processing: skipped again
-    assert service.acknowledge_message(lease.message_id, lease.token)  # the previous tick is done
+    assert service.acknowledge(lease.message_id, lease.token)  # the previous tick is done
     clock.advance(10)
     scheduler.run_once()
     assert tick_ids("o") == ["o@2026-12-02T10:00:00+00:00", "o@2026-12-02T10:00:30+00:00"]

@@ -111,8 +111,8 @@ def test_a_promotion_lost_after_the_commit_is_logged_and_repaired_by_the_sweep(c
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {Message._meta.db_table} SET updated_at = updated_at - interval '1 minute'")
     service = ZeroLossMessageService(instance_id="sweeper")
-    assert service.recover_orphaned_messages().keys_repaired == 1
-    lease = service.mark_processing("ordered-1")
+    assert service.sweep().keys_repaired == 1
+    lease = service.claim_message("ordered-1")
     assert lease is not None and lease.ordering_key == "account-7"
 
 
@@ -165,5 +165,5 @@ def test_a_read_only_server_refuses_a_claim_with_operational_error():
     service = ZeroLossMessageService(instance_id="ro-worker")
     service.persist_message("ro-2", QUEUE, {})
     with read_only_server(), pytest.raises(OperationalError, match="read-only"):
-        service.claim_next(QUEUE)
+        service.claim(QUEUE)
     assert Message.objects.get(message_id="ro-2").status == "pending"

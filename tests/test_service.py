@@ -110,8 +110,8 @@ class TestPersist:
 
         with connection.execute_wrapper(wrapper):
             service.persist_message("m1", "q", {})
-            [lease] = service.claim_next("q")
-            assert service.acknowledge_message(lease.message_id, lease.token)
+            [lease] = service.claim("q")
+            assert service.acknowledge(lease.message_id, lease.token)
         table = Message._meta.db_table
         assert any(f"INSERT INTO {table}" in sql for sql in seen), seen
         assert any("status = 'processing', attempts = attempts + 1" in sql for sql in seen), seen
@@ -120,8 +120,8 @@ class TestPersist:
 
     def test_delay_makes_message_unavailable_until_then(self, service):
         service.persist_message("later", "q", {}, delay=60)
-        assert service.mark_processing("later") is None
-        assert service.claim_next("q") == []
+        assert service.claim_message("later") is None
+        assert service.claim("q") == []
 
 
 class TestBadInput:
@@ -160,30 +160,30 @@ class TestBadInput:
 
     def test_malformed_token_raises_and_wrong_token_is_false(self, service):
         service.persist_message("m1", "q", {})
-        lease = service.mark_processing("m1")
+        lease = service.claim_message("m1")
         with pytest.raises(InvalidLeaseToken):
-            service.acknowledge_message("m1", "not-a-uuid")
+            service.acknowledge("m1", "not-a-uuid")
         with pytest.raises(InvalidLeaseToken):
             service.renew_lease("m1", None)
-        assert service.acknowledge_message("m1", uuid.uuid4()) is False
+        assert service.acknowledge("m1", uuid.uuid4()) is False
         assert service.renew_lease("m1", uuid.uuid4()) is False
-        assert service.mark_failed("m1", uuid.uuid4(), "x") is False
+        assert service.fail("m1", uuid.uuid4(), "x") is False
         assert Message.objects.get().status == Status.PROCESSING
-        assert service.acknowledge_message("m1", str(lease.token)) is True
+        assert service.acknowledge("m1", str(lease.token)) is True
 
     def test_unknown_ids(self, service):
-        assert service.mark_processing("nope") is None
-        assert service.acknowledge_message("nope", uuid.uuid4()) is False
+        assert service.claim_message("nope") is None
+        assert service.acknowledge("nope", uuid.uuid4()) is False
         assert service.get_message("nope") is None
         report = service.verify_message_integrity("nope")
         assert not report.valid and "not found" in report.issues[0]
         with pytest.raises(MessageNotFound):
-            service.retry_message("nope")
+            service.redrive_or_requeue("nope")
         nothing_written()
 
     def test_bad_claim_limit(self, service):
         with pytest.raises(InvalidMessage, match="limit"):
-            service.claim_next("q", limit=0)
+            service.claim("q", limit=0)
 
     def test_unknown_setting_override(self, db):
         from django.core.exceptions import ImproperlyConfigured
@@ -198,7 +198,7 @@ class TestLeases:
     def test_claim_sets_lease_from_database_clock(self, service):
         service.persist_message("m1", "q", {"k": "v"})
         before = service.database_now()
-        lease = service.mark_processing("m1")
+        lease = service.claim_message("m1")
         after = service.database_now()
         assert lease and lease.attempt == 1 and lease.payload == {"k": "v"} and lease.queue_name == "q"
         ack = dt.timedelta(seconds=service.settings.ACK_TIMEOUT)
@@ -214,51 +214,51 @@ class TestLeases:
             lease.token,
             "test-worker",
         )
-        assert service.mark_processing("m1") is None  # already claimed
+        assert service.claim_message("m1") is None  # already claimed
 
     def test_claim_next_oldest_first_and_limit(self, service):
         for i in range(5):
             service.persist_message(f"m{i}", "q", {"i": i})
         service.persist_message("other", "elsewhere", {})
-        leases = service.claim_next("q", limit=3)
+        leases = service.claim("q", limit=3)
         assert [lease.message_id for lease in leases] == ["m0", "m1", "m2"]
         assert len({lease.token for lease in leases}) == 3
-        assert [lease.message_id for lease in service.claim_next("q", limit=10)] == ["m3", "m4"]
-        assert service.claim_next("q") == []
+        assert [lease.message_id for lease in service.claim("q", limit=10)] == ["m3", "m4"]
+        assert service.claim("q") == []
 
     def test_acknowledge_completes_once(self, service):
         service.persist_message("m1", "q", {})
-        lease = service.mark_processing("m1")
-        assert service.acknowledge_message("m1", lease.token)
-        assert service.acknowledge_message("m1", lease.token) is False
+        lease = service.claim_message("m1")
+        assert service.acknowledge("m1", lease.token)
+        assert service.acknowledge("m1", lease.token) is False
         m = Message.objects.get()
         assert m.status == Status.COMPLETED and m.completed_at and m.lease_token is None
         assert reasons("m1") == ["persisted", "claimed", "acknowledged"]
 
     def test_renew_extends_and_expired_lease_cannot_renew_or_ack(self, service):
         service.persist_message("m1", "q", {})
-        lease = service.mark_processing("m1")
+        lease = service.claim_message("m1")
         assert service.renew_lease("m1", lease.token)
         new_expiry = Message.objects.get().lease_expires_at
         assert new_expiry >= lease.expires_at
         expire_leases(["m1"])
         assert service.renew_lease("m1", lease.token) is False
-        assert service.acknowledge_message("m1", lease.token) is False
+        assert service.acknowledge("m1", lease.token) is False
         assert Message.objects.get().status == Status.PROCESSING
 
     def test_fencing_stale_holder_refused_new_holder_accepted(self, db):
         slow = ZeroLossMessageService(instance_id="slow")
         fast = ZeroLossMessageService(instance_id="fast")
         slow.persist_message("m1", "q", {})
-        stale = slow.mark_processing("m1")
+        stale = slow.claim_message("m1")
         assert stale is not None
         expire_leases(["m1"])
-        assert fast.recover_orphaned_messages().requeued == ["m1"]
-        fresh = fast.mark_processing("m1")
+        assert fast.sweep().requeued == ["m1"]
+        fresh = fast.claim_message("m1")
         assert fresh and fresh.attempt == 2 and fresh.token != stale.token
-        assert slow.acknowledge_message("m1", stale.token) is False
-        assert slow.mark_failed("m1", stale.token, "late") is False
-        assert fast.acknowledge_message("m1", fresh.token) is True
+        assert slow.acknowledge("m1", stale.token) is False
+        assert slow.fail("m1", stale.token, "late") is False
+        assert fast.acknowledge("m1", fresh.token) is True
         m = Message.objects.get()
         assert m.status == Status.COMPLETED and m.claimed_by == "fast"
 
@@ -271,9 +271,9 @@ class TestLeases:
         from zeroloss.ledger.types import Completion, Verdict
 
         service.persist_messages([(f"m{i}", "q", {}) for i in range(30)])
-        leases = service.claim_next("q", limit=30)
+        leases = service.claim("q", limit=30)
         assert service.renew_leases(leases[20:]) == {x.message_id for x in leases[20:]}
-        report = service.complete(
+        report = service.record_outcomes(
             [Completion(x, Verdict.ACKNOWLEDGE) for x in leases[:10]]
             + [Completion(x, Verdict.FAIL, "boom") for x in leases[10:15]]
             + [Completion(x, Verdict.RELEASE, "unstarted") for x in leases[15:20]]
@@ -299,16 +299,16 @@ class TestFailures:
             max_attempts=2, retry_backoff={"BASE": 0.2, "MAX": 1, "JITTER": False}
         )
         service.persist_message("m1", "q", {})
-        lease = service.mark_processing("m1")
+        lease = service.claim_message("m1")
         assert lease is not None
-        assert service.mark_failed("m1", lease.token, "boom 1")
+        assert service.fail("m1", lease.token, "boom 1")
         m = Message.objects.get()
         assert (m.status, m.last_error, m.lease_token) == ("pending", "boom 1", None)
-        assert service.mark_processing("m1") is None  # backing off
+        assert service.claim_message("m1") is None  # backing off
         make_available(["m1"])
-        lease = service.mark_processing("m1")
+        lease = service.claim_message("m1")
         assert lease and lease.attempt == 2
-        assert service.mark_failed("m1", lease.token, "boom 2")
+        assert service.fail("m1", lease.token, "boom 2")
         m = Message.objects.get()
         assert (m.status, m.attempts, m.last_error) == ("dead", 2, "boom 2") and m.dead_at
         assert reasons("m1") == ["persisted", "claimed", "failed", "claimed", "dead_lettered"]
@@ -330,12 +330,12 @@ class TestSweep:
         long = ZeroLossMessageService(instance_id="long")
         for mid in ("orphan", "alive"):
             short.persist_message(mid, "q", {})
-        short.mark_processing("orphan")
-        long.mark_processing("alive")
+        short.claim_message("orphan")
+        long.claim_message("alive")
         expire_leases(["orphan"])
-        report = long.recover_orphaned_messages()
+        report = long.sweep()
         assert report.requeued == ["orphan"] and report.dead_lettered == []
-        assert long.recover_orphaned_messages().total == 0
+        assert long.sweep().total == 0
         assert reasons("orphan").count("lease_expired") == 1
         orphan = Message.objects.get(message_id="orphan")
         assert orphan.status == "pending" and orphan.lease_token is None and "short" in orphan.last_error
@@ -346,9 +346,9 @@ class TestSweep:
     def test_spent_attempts_are_dead_lettered(self, db):
         service = ZeroLossMessageService(max_attempts=1)
         service.persist_message("m1", "q", {})
-        service.mark_processing("m1")
+        service.claim_message("m1")
         expire_leases(["m1"])
-        report = service.recover_orphaned_messages()
+        report = service.sweep()
         assert report.dead_lettered == ["m1"] and report.requeued == []
         assert Message.objects.get().status == Status.DEAD
         assert reasons("m1")[-1] == "dead_lettered"
@@ -356,11 +356,11 @@ class TestSweep:
     def test_batches_and_limit(self, db):
         service = ZeroLossMessageService()
         service.persist_messages([(f"m{i}", "q", {}) for i in range(25)])
-        assert len(service.claim_next("q", limit=25)) == 25
+        assert len(service.claim("q", limit=25)) == 25
         expire_leases()
-        report = service.recover_orphaned_messages(batch_size=10, limit=15)
+        report = service.sweep(batch_size=10, limit=15)
         assert len(report.requeued) == 15
-        report = service.recover_orphaned_messages(batch_size=4)
+        report = service.sweep(batch_size=4)
         assert len(report.requeued) == 10 and report.batches == 3
         assert MessageEvent.objects.filter(reason="lease_expired").count() == 25
 
@@ -369,23 +369,23 @@ class TestOperator:
     def test_redrive_dead_letter(self, db):
         service = ZeroLossMessageService(max_attempts=1)
         service.persist_message("m1", "q", {})
-        lease = service.mark_processing("m1")
+        lease = service.claim_message("m1")
         assert lease is not None
-        service.mark_failed("m1", lease.token, "bad")
-        assert service.retry_message("m1", actor="alice") is True
+        service.fail("m1", lease.token, "bad")
+        assert service.redrive_or_requeue("m1", actor="alice") is True
         m = Message.objects.get()
         assert (m.status, m.attempts, m.dead_at) == ("pending", 0, None)
         last = MessageEvent.objects.for_message("m1").last()
         assert last is not None
         assert (last.reason, last.actor, last.from_status) == ("redriven_by_operator", "alice", "dead")
-        assert service.retry_message("m1") is False  # pending: nothing to do
+        assert service.redrive_or_requeue("m1") is False  # pending: nothing to do
 
     def test_requeue_live_lease_needs_force_and_fences_worker(self, service):
         service.persist_message("m1", "q", {})
-        lease = service.mark_processing("m1")
+        lease = service.claim_message("m1")
         assert service.requeue_messages(["m1"], actor="bob") == []
         assert service.requeue_messages(["m1"], actor="bob", force=True) == ["m1"]
-        assert service.acknowledge_message("m1", lease.token) is False
+        assert service.acknowledge("m1", lease.token) is False
         last = MessageEvent.objects.for_message("m1").last()
         assert last is not None
         assert (last.reason, last.actor, last.detail) == ("requeued_by_operator", "bob", "live lease revoked")
@@ -403,8 +403,8 @@ class TestOperator:
     def test_purge_counts_what_it_deletes(self, db):
         service = ZeroLossMessageService()
         service.persist_messages([(f"m{i}", "q" if i % 2 else "r", {}) for i in range(6)])
-        for lease in service.claim_next("q", 10) + service.claim_next("r", 10):
-            service.acknowledge_message(lease.message_id, lease.token)
+        for lease in service.claim("q", 10) + service.claim("r", 10):
+            service.acknowledge(lease.message_id, lease.token)
         assert service.cleanup_completed_messages(older_than=3600) == 0
         assert backdate([f"m{i}" for i in range(6)], "completed_at", seconds_ago=60) == 6
         assert service.purge_messages(status="completed", older_than=0, batch_size=4) == 6
@@ -424,7 +424,7 @@ class TestIntegrityAndStats:
         report = service.verify_message_integrity("tampered")
         assert not report.valid and report.issues[0].startswith("Checksum mismatch")
         service.persist_message("stuck", "q", {})
-        service.mark_processing("stuck")
+        service.claim_message("stuck")
         assert expire_leases(["stuck"]) == 1
         assert service.verify_message_integrity("stuck").issues[0].startswith("Stuck in processing")
         Message.objects.filter(message_id="ok").update(attempts=9, max_attempts=3)
@@ -444,7 +444,7 @@ class TestIntegrityAndStats:
         from zeroloss.snapshot import compute_snapshot
 
         service.persist_messages([("a", "q1", {}), ("b", "q1", {}), ("c", "q2", {})])
-        service.mark_processing("a")
+        service.claim_message("a")
         expire_leases(["a"])
         snap = compute_snapshot(service)
         assert snap.queues["q1"].counts == {
@@ -490,9 +490,9 @@ class TestConnectionLifecycle:
         service.persist_message("before", "q", {})
         connection.close()  # as Django does between requests, or after a lost connection
         service.persist_message("after", "q", {})
-        leases = service.claim_next("q", limit=2)
+        leases = service.claim("q", limit=2)
         assert [lease.message_id for lease in leases] == ["before", "after"]
-        assert all(service.acknowledge_message(lease.message_id, lease.token) for lease in leases)
+        assert all(service.acknowledge(lease.message_id, lease.token) for lease in leases)
         assert reasons("after") == ["persisted", "claimed", "acknowledged"]
 
     @pytest.mark.postgres_only

@@ -97,9 +97,9 @@ def test_the_sweep_signals_recovered_and_dead_lettered(heard):
     service = ZeroLossMessageService(instance_id="holder")
     service.persist_message("r1", "s.sweep", {})
     service.persist_message("r2", "s.sweep", {}, max_attempts=1)
-    service.claim_next("s.sweep", limit=2)
+    service.claim("s.sweep", limit=2)
     expire_leases()
-    ZeroLossMessageService().recover_orphaned_messages()
+    ZeroLossMessageService().sweep()
     assert heard.of("message_recovered") == [
         {"message_id": "r1", "queue_name": "s.sweep", "attempt": 1, "worker": "holder", "using": "default"}
     ]
@@ -134,8 +134,8 @@ def test_with_no_receiver_an_outcome_batch_registers_nothing_after_commit(settin
     assert not any(getattr(signals, name).receivers for name in signals.__all__)
     service = ZeroLossMessageService()
     service.persist_messages([("n1", "s.cheap", {}), ("n2", "s.cheap", {})])
-    leases = service.claim_next("s.cheap", limit=2)
+    leases = service.claim("s.cheap", limit=2)
     with transaction.atomic():
-        report = service.complete(Completion(lease, Verdict.ACKNOWLEDGE) for lease in leases)
+        report = service.record_outcomes(Completion(lease, Verdict.ACKNOWLEDGE) for lease in leases)
         assert connection.run_on_commit == []  # no callback, no arguments built
     assert sorted(report.acknowledged) == ["n1", "n2"]

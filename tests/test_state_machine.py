@@ -361,7 +361,7 @@ class LedgerMachine(RuleBasedStateMachine):
             for m in self.msgs.values()
             if m.queue == queue and m.status == PENDING and m.availability == READY
         }
-        leases = self.service.claim_next(queue, limit)
+        leases = self.service.claim(queue, limit)
         got = [lease.message_id for lease in leases]
         assert len(got) == len(set(got)) == min(limit, len(claimable)), (got, claimable)
         assert set(got) <= claimable, (got, claimable)
@@ -376,7 +376,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def mark_processing(self, data: Any) -> None:
         mid = data.draw(st.sampled_from([*self.ids_with(PENDING, availability=READY), *IDS]), label="id")
         m = self.msgs.get(mid)
-        lease = self.service.mark_processing(mid)
+        lease = self.service.claim_message(mid)
         if m is not None and m.status == PENDING and m.availability == READY:
             assert lease is not None
             self.claimed(m, lease)
@@ -395,11 +395,11 @@ class LedgerMachine(RuleBasedStateMachine):
             assert self.service.renew_lease(lease.message_id, lease.token) is (m is not None)
             assert self.service.renew_lease(lease.message_id, uuid.uuid4()) is False
         if verdict == Verdict.ACKNOWLEDGE:
-            done = self.service.acknowledge_message(lease.message_id, lease.token, result={"ok": 1})
+            done = self.service.acknowledge(lease.message_id, lease.token, result={"ok": 1})
         elif verdict == Verdict.FAIL:
-            done = self.service.mark_failed(lease.message_id, lease.token, "boom\x00")
+            done = self.service.fail(lease.message_id, lease.token, "boom\x00")
         else:
-            done = self.service.release_lease(lease.message_id, lease.token)
+            done = self.service.release(lease.message_id, lease.token)
         assert done is (m is not None and not m.aborted), (verdict, lease, m)
         if m is not None:
             self.outcome(m, verdict)
@@ -412,7 +412,7 @@ class LedgerMachine(RuleBasedStateMachine):
             label="leases",
         )
         verdicts = data.draw(st.lists(st.sampled_from(VERDICTS), min_size=len(chosen), max_size=len(chosen)))
-        report = self.service.complete(
+        report = self.service.record_outcomes(
             [
                 Completion(lease, v, error="batch\x00failure", result=[1.0])
                 for lease, v in zip(chosen, verdicts, strict=True)
@@ -474,7 +474,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert expire_leases(died) == len(died)
         for mid in died:
             self.msgs[mid].expired = True
-        report = self.service.recover_orphaned_messages()
+        report = self.service.sweep()
         requeued, dead, cancelled = set(), set(), set()
         for m in list(self.msgs.values()):
             if m.status == PROCESSING and m.expired:

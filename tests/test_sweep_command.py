@@ -27,7 +27,7 @@ def test_sweep_once_prints_what_it_did(capsys):
     service = ZeroLossMessageService()
     service.persist_message("a", "q", {}, max_attempts=3)
     service.persist_message("b", "q", {}, max_attempts=1)  # its first expiry spends it
-    assert len(service.claim_next("q", limit=2)) == 2
+    assert len(service.claim("q", limit=2)) == 2
     expire_leases()
     call_command("zeroloss_sweep", "--json")
     out = json.loads(capsys.readouterr().out)

@@ -143,7 +143,7 @@ def test_run_after_is_the_messages_availability_time():
     m = message(result)
     assert m.available_at is not None
     assert abs((m.available_at - when).total_seconds()) < 2
-    assert ZeroLossMessageService().claim_next("default") == []  # not before its time
+    assert ZeroLossMessageService().claim("default") == []  # not before its time
     assert tf.add.get_result(result.id).task.run_after == when
 
 
@@ -152,7 +152,7 @@ def test_priority_higher_first_then_oldest():
     mid = tf.add.enqueue(0, 1)
     high = tf.add.using(priority=100).enqueue(0, 2)
     mid2 = tf.add.enqueue(0, 3)
-    leases = ZeroLossMessageService().claim_next("default", limit=4)
+    leases = ZeroLossMessageService().claim("default", limit=4)
     assert [x.message_id for x in leases] == [high.id, mid.id, mid2.id, low.id]
     assert [x.priority for x in leases] == [100, 0, 0, -10]
 
@@ -165,11 +165,11 @@ def test_status_mapping_through_every_ledger_state():
     assert failing.get_result(result.id).status == READY
 
     service = ZeroLossMessageService(instance_id="observer")
-    [lease] = service.claim_next("default")
+    [lease] = service.claim("default")
     running = failing.get_result(result.id)
     assert running.status == RUNNING and running.worker_ids == ["observer"]
     assert running.started_at == running.last_attempted_at and running.finished_at is None
-    assert service.release_lease(lease.message_id, lease.token)  # unstarted: the attempt is not counted
+    assert service.release(lease.message_id, lease.token)  # unstarted: the attempt is not counted
     assert failing.get_result(result.id).worker_ids == []
 
     run()
@@ -207,9 +207,9 @@ def test_a_dead_task_redriven_runs_again():
 def test_takes_context_attempt_is_the_ledger_attempt():
     result = tf.attempt_number.enqueue()
     crashed = ZeroLossMessageService(instance_id="crashed-worker")
-    assert len(crashed.claim_next("default")) == 1  # its worker dies holding the lease
+    assert len(crashed.claim("default")) == 1  # its worker dies holding the lease
     assert expire_leases([result.id]) == 1
-    assert ZeroLossMessageService().recover_orphaned_messages().requeued == [result.id]
+    assert ZeroLossMessageService().sweep().requeued == [result.id]
     run()
     done = tf.attempt_number.get_result(result.id)
     assert done.status == SUCCESSFUL and message(result).attempts == 2

@@ -193,7 +193,7 @@ def test_an_async_handler_past_its_own_time_limit_is_cancelled():
     register("tl.async_hard", hangs, time_limit=0.3)
     spec = handlers.get_handler("tl.async_hard")
     ZeroLossMessageService().persist_message("ah", "tl.async_hard", {})
-    lease = ZeroLossMessageService().claim_next("tl.async_hard")[0]
+    lease = ZeroLossMessageService().claim("tl.async_hard")[0]
     run = run_handler(spec, Delivery(lease), timeout=None)  # no HANDLER_TIMEOUT: its own limit
     assert not run.ok
     assert "ran longer than its time_limit (0.3s) and was cancelled" in run.error
@@ -239,7 +239,7 @@ def test_the_hard_limit_lets_the_lease_go_and_the_late_outcome_is_refused(caplog
         )
         # No renewal any more: the lease runs out by the database's own clock (ACK_TIMEOUT).
         assert wait_until(lambda: lease_expired("h1"), timeout=60), "the lease is still being renewed"
-        assert service.recover_orphaned_messages().requeued == ["h1"]
+        assert service.sweep().requeued == ["h1"]
         # The same worker's other thread is busy: a second worker takes the message and completes it.
         other, other_thread = run_worker("tl.thread_hard", sweep=False, instance_id="other")
         try:

@@ -137,12 +137,12 @@ def desk(db: None, settings: Any) -> dict[str, Any]:
     worker = ZeroLossMessageService(instance_id="worker-1")
     worker.persist_message("p1", "emails", {"to": "ada@example.com"})
     worker.persist_message("s1", "emails", {"n": 2})
-    assert worker.mark_processing("s1")
+    assert worker.claim_message("s1")
     assert expire_leases(["s1"]) == 1
     worker.persist_message("d1", "sms", {"n": 3}, max_attempts=1)
-    lease = worker.mark_processing("d1")
+    lease = worker.claim_message("d1")
     assert lease
-    assert worker.mark_failed("d1", lease.token, "boom")
+    assert worker.fail("d1", lease.token, "boom")
     user = User.objects.create_superuser("root", "root@example.com", "pw")
     return {"user": user, "stuck": Message.objects.get(message_id="s1").pk}
 

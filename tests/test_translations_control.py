@@ -199,7 +199,7 @@ def test_cancel_command_speaks_the_language(db: None, settings: Any, lang: str) 
     service = ZeroLossMessageService(instance_id="worker-1")
     service.persist_message("c1", QUEUE, {})
     service.persist_message("r1", QUEUE, {})
-    assert service.mark_processing("r1")
+    assert service.claim_message("r1")
     settings.LANGUAGE_CODE = lang
     result = run("zeroloss_cancel", "c1", "r1")
     assert result.code == 1, result  # r1 is running and left alone: incomplete

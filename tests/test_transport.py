@@ -144,7 +144,7 @@ def test_send_rejects_unknown_queue_and_writes_nothing(broker):
 def test_beat_runs_the_sweep(broker, procs, tmp_path, settings):
     claimer = ZeroLossMessageService()
     claimer.persist_messages([(f"orphan{i}", "demo.record", {"i": i}) for i in range(5)])
-    assert len(claimer.claim_next("demo.record", limit=5)) == 5  # claimed, then the claimer "dies"
+    assert len(claimer.claim("demo.record", limit=5)) == 5  # claimed, then the claimer "dies"
     assert expire_leases([f"orphan{i}" for i in range(5)]) == 5
     procs.append(celery_worker(REDIS_URL, ZEROLOSS_SWEEP_INTERVAL="0.5", ZEROLOSS_REDISPATCH_AFTER="1"))
     beat = celery_beat(REDIS_URL, tmp_path, ZEROLOSS_SWEEP_INTERVAL="0.5", ZEROLOSS_REDISPATCH_AFTER="1")

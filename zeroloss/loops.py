@@ -108,7 +108,7 @@ class SweepLoop:
 
     def run_once(self) -> RecoveryReport:
         """Requeue expired leases (never waiting on anything but the ledger), then the hooks."""
-        report = self.service.recover_orphaned_messages(batch_size=self.batch_size)
+        report = self.service.sweep(batch_size=self.batch_size)
         self.runs += 1
         for hook in self.after_sweep:
             try:

@@ -150,7 +150,7 @@ def drain(
             if room <= 0:
                 break
             service = services[database_for(queue, using)]
-            for lease in service.claim_next(queue, limit=room):
+            for lease in service.claim(queue, limit=room):
                 ran = True
                 result.attempts.append(_run_one(service, spec, lease, timeout))
         if not ran:
@@ -167,7 +167,7 @@ def _run_one(
             if not service.lock_held([lease]):
                 return _drained(lease, HandlerRun(False, 0.0), CompletionReport(refused=[lease.message_id]))
             run = run_in_savepoint(spec, delivery, service.using, service.engine, worker=ACTOR)
-            report = service.complete([run.completion(lease)], locked=True)
+            report = service.record_outcomes([run.completion(lease)], locked=True)
         return _drained(lease, run, report)
     if spec.is_async:
         from asgiref.sync import async_to_sync
@@ -177,7 +177,7 @@ def _run_one(
         run = async_to_sync(run_async_handler)(spec, delivery, worker=ACTOR, timeout=timeout)
     else:
         run = run_handler(spec, delivery, worker=ACTOR)
-    return _drained(lease, run, service.complete([run.completion(lease)]))
+    return _drained(lease, run, service.record_outcomes([run.completion(lease)]))
 
 
 def _drained(lease: Lease, run: HandlerRun, report: CompletionReport) -> DrainedMessage:

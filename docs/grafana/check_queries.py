@@ -134,7 +134,7 @@ def main() -> int:
             # A claim never acknowledged: its lease runs out, the worker's sweep recovers it.
             "from zeroloss.service import ZeroLossMessageService\n"
             "zeroloss.send('demo.record', {}, message_id='abandoned')\n"
-            "ZeroLossMessageService(ack_timeout=0.5, instance_id='gone').mark_processing('abandoned')\n"
+            "ZeroLossMessageService(ack_timeout=0.5, instance_id='gone').claim_message('abandoned')\n"
         )
         subprocess.run([py, "manage.py", "shell", "-c", send], cwd=ROOT, env=env, check=True)
         time.sleep(15)  # several scrapes after the last messages ran: rate() needs two samples

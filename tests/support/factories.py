@@ -37,7 +37,7 @@ def make_stuck(ids: list[str], queue: str = "q", *, expired_seconds_ago: float =
     worker = ZeroLossMessageService(instance_id="dead-worker")
     worker.persist_messages([(m, queue, {"id": m}) for m in ids])
     for m in ids:
-        assert worker.mark_processing(m)
+        assert worker.claim_message(m)
     assert expire_leases(ids, seconds_ago=expired_seconds_ago) == len(ids)
 
 
@@ -46,9 +46,9 @@ def make_dead(ids: list[str], queue: str = "q") -> None:
     worker = ZeroLossMessageService(instance_id="failing-worker")
     worker.persist_messages([(m, queue, {"id": m}) for m in ids], max_attempts=1)
     for m in ids:
-        lease = worker.mark_processing(m)
+        lease = worker.claim_message(m)
         assert lease
-        assert worker.mark_failed(m, lease.token, "boom")
+        assert worker.fail(m, lease.token, "boom")
 
 
 def make_leased(ids: list[str], queue: str = "q") -> dict[str, Any]:
@@ -57,7 +57,7 @@ def make_leased(ids: list[str], queue: str = "q") -> dict[str, Any]:
     worker.persist_messages([(m, queue, {"id": m}) for m in ids])
     tokens = {}
     for m in ids:
-        lease = worker.mark_processing(m)
+        lease = worker.claim_message(m)
         assert lease
         tokens[m] = lease.token
     return tokens
@@ -67,9 +67,9 @@ def make_completed(ids: list[str], queue: str = "q") -> None:
     worker = ZeroLossMessageService(instance_id="good-worker")
     worker.persist_messages([(m, queue, {"id": m}) for m in ids])
     for m in ids:
-        lease = worker.mark_processing(m)
+        lease = worker.claim_message(m)
         assert lease
-        assert worker.acknowledge_message(m, lease.token)
+        assert worker.acknowledge(m, lease.token)
 
 
 def statuses(using: str = "default") -> dict[str, str]:
@@ -96,10 +96,10 @@ def blocked_ledger() -> ZeroLossMessageService:
     worker.persist_message("a0", "q", {}, ordering_key="alone")
     worker.persist_message("o0", "other", {}, ordering_key="busy")
     worker.persist_message("o1", "other", {}, ordering_key="busy")
-    assert worker.mark_processing("b0")
-    assert worker.mark_processing("a0")
-    assert worker.mark_processing("o0")
-    lease = worker.mark_processing("f0")
+    assert worker.claim_message("b0")
+    assert worker.claim_message("a0")
+    assert worker.claim_message("o0")
+    lease = worker.claim_message("f0")
     assert lease
-    assert worker.mark_failed("f0", lease.token, "upstream said 503")
+    assert worker.fail("f0", lease.token, "upstream said 503")
     return worker

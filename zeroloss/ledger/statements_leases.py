@@ -83,7 +83,7 @@ _ACK_SET = (
 )
 _ACK = _ACK_SET.format(result="b.res") + _FENCE
 ACK = _ACK + _UNEXPIRED
-# One acknowledgement (acknowledge_message): scalar parameters, no batch to unpack.
+# One acknowledgement (acknowledge): scalar parameters, no batch to unpack.
 ACK_ONE = (
     _ACK_SET.format(result="%s")
     + "WHERE message_id = %s AND lease_token = %s AND status = 'processing'"

@@ -126,7 +126,7 @@ class Completer:
                 report = CompletionReport(refused=[c.lease.message_id for c in batch])
                 break
             ok, got = self.monitor.attempt(
-                lambda live=live: self.service.complete(live),  # type: ignore[misc]
+                lambda live=live: self.service.record_outcomes(live),  # type: ignore[misc]
                 who="the outcome flush",
                 backoff=backoff,
                 wait=self.wait,

@@ -266,7 +266,7 @@ class LeaseKeeper(AbortWatch):
         if not pending:
             return 0
         # Still in hand until this lands: a failure leaves them to the next tick.
-        report = self.service.complete(pending)
+        report = self.service.record_outcomes(pending)
         self.drop(c.lease.message_id for c in pending)
         released = len(report.released)
         if released and self.on_released:

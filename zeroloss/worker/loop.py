@@ -207,12 +207,12 @@ class ClaimLoop:
         if not outcomes:
             # One statement, committed by the server on its own: nothing for a worker that
             # stalls to hold.
-            return None, service.claim_next(queue, limit=size)
+            return None, service.claim(queue, limit=size)
         with transaction.atomic(using=service.using):
             # Two statements, one commit: the server ends the transaction should this worker
             # stall between them (cut off or dead, its session's keepalives do).
             service.engine.bound_transaction(service.connection, service.settings.ACK_TIMEOUT)
-            return service.complete(outcomes), service.claim_next(queue, limit=size)
+            return service.record_outcomes(outcomes), service.claim(queue, limit=size)
 
     def _run_plain(self, spec: HandlerSpec, pace: Pace) -> None:
         assert self.batch is not None

@@ -266,7 +266,7 @@ class TransactionalBatches:
             completions.append(run.completion(lease))
         if not engine.close_batch(connection):
             raise _TransactionEnded(None)
-        report = service.complete(completions)
+        report = service.record_outcomes(completions)
         if report.refused:
             raise _Refused(report)
         if report.cancelled:
@@ -307,7 +307,7 @@ class TransactionalBatches:
         self.service.connection.close()
         culprit = lost.lease.message_id
         error = f"the batch's database connection was lost while this handler ran: {lost.run.error}"
-        return self.service.complete(
+        return self.service.record_outcomes(
             [
                 Completion(lost.lease, Verdict.FAIL, error=error),
                 *(
@@ -328,7 +328,7 @@ class TransactionalBatches:
         ours, their effects rolled back: given back unstarted."""
         lost = set(refused.refused)
         again = [x for x in taken if x.message_id not in lost]
-        report = self.service.complete(
+        report = self.service.record_outcomes(
             Completion(
                 x, Verdict.RELEASE, "released unstarted: its batch rolled back (a lease in it ran out)"
             )
@@ -341,7 +341,7 @@ class TransactionalBatches:
         """A message of the batch was aborted, so the batch rolled back: no effect of it landed.
         Every message goes back unstarted; the aborted ones are refused a release and recorded
         cancelled instead (Outcomes.complete)."""
-        return self.service.complete(
+        return self.service.record_outcomes(
             Completion(
                 x, Verdict.RELEASE, "released unstarted: its batch rolled back (a message in it was aborted)"
             )
@@ -359,7 +359,9 @@ class TransactionalBatches:
             try:
                 part = self._once(spec, batch, lambda one=one: next(one, None), paced, failed={})  # type: ignore[misc]
             except _TransactionEnded:
-                part = self.service.complete([Completion(lease, Verdict.FAIL, error=ENDED_TRANSACTION)])
+                part = self.service.record_outcomes(
+                    [Completion(lease, Verdict.FAIL, error=ENDED_TRANSACTION)]
+                )
             except _Refused as exc:
                 part = exc.report
             except _Aborted:

@@ -142,7 +142,7 @@ def deliver(message_id: str, using: str = "default") -> Outcome:
     """Claim one message by id and run it; a duplicate delivery is absorbed by the claim."""
     close_old_connections()
     service = DeliveryRuntime.get(using).service
-    lease = service.mark_processing(message_id)
+    lease = service.claim_message(message_id)
     if lease is None:
         return Outcome.ABSORBED
     return DeliveryRuntime.get(using).process(lease)
