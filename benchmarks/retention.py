@@ -13,7 +13,7 @@ three audit rows: persisted, claimed, acknowledged), loaded set-based (setup, no
 ``ZeroLossMessageService().purge_messages(older_than=60)`` (what ``zeroloss_purge`` runs:
 batches of 1,000, each one transaction deleting the audit rows, the messages and writing a
 ``PurgeRecord``) runs in a child process, timed there. A claimer process
-(``claim_next(limit=1)`` + ``acknowledge_message``, paced at ``CLAIM_RATE`` per second) records
+(``claim(limit=1)`` + ``acknowledge``, paced at ``CLAIM_RATE`` per second) records
 each claim's latency, first for ``BASELINE_SECONDS`` without a purge, then during the purge.
 The autovacuum that a real purge leaves behind is measured too (``VACUUM`` right after).
 

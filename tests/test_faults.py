@@ -233,8 +233,8 @@ def _claim(service: ZeroLossMessageService, queue: str, limit: int = BATCH) -> l
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("quiet_outages")
 def test_outcome_flush_racing_a_cut_connection():
-    """The worker's batch completer flushing acknowledgements (``complete``; after a lost
-    commit, ``complete`` again and ``own_outcomes``) while its session is terminated or its
+    """The worker's batch completer flushing acknowledgements (``record_outcomes``; after a lost
+    commit, ``record_outcomes`` again and ``own_outcomes``) while its session is terminated or its
     network cut at a random moment, 200 rounds: never acknowledged twice, never lost, and the
     report the worker counts its outcomes from names exactly the acknowledgements that landed."""
     seed = _seed()

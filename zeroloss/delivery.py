@@ -106,7 +106,7 @@ def call_when_stored(message_id: str, callback: Callable[[str], None]) -> None:
 
 def outcomes_stored(using: str, report: CompletionReport) -> None:
     """Run the callbacks of the outcomes ``report`` recorded, when their transaction commits
-    (at once outside one). Called by ``ZeroLossMessageService.complete``."""
+    (at once outside one). Called after ``ZeroLossMessageService.record_outcomes``."""
     from django.db import transaction
 
     with _when_stored_lock:

@@ -21,7 +21,7 @@ logger = logging.getLogger("zeroloss")
 
 
 def wanted_after_outcomes(report: CompletionReport) -> bool:
-    """The cheap check :meth:`.outcomes.Outcomes.complete` makes on every batch."""
+    """The cheap check :meth:`.outcomes.Outcomes.record` makes on every batch."""
     return bool(
         report.dead_lettered
         or signals.message_finished.receivers

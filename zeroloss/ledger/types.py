@@ -49,7 +49,7 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """One outcome for :meth:`ZeroLossMessageService.complete`."""
+    """One outcome for :meth:`ZeroLossMessageService.record_outcomes`."""
 
     lease: Lease
     verdict: Verdict

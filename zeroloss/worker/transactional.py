@@ -340,7 +340,7 @@ class TransactionalBatches:
     def _aborted(self, taken: list[Lease]) -> CompletionReport:
         """A message of the batch was aborted, so the batch rolled back: no effect of it landed.
         Every message goes back unstarted; the aborted ones are refused a release and recorded
-        cancelled instead (Outcomes.complete)."""
+        cancelled instead (Outcomes.record)."""
         return self.service.record_outcomes(
             Completion(
                 x, Verdict.RELEASE, "released unstarted: its batch rolled back (a message in it was aborted)"
