@@ -27,8 +27,8 @@ RENAMED = {
 
 
 def _warn(old: str) -> None:
-    # stacklevel 3: the caller of the deprecated method, so the default filters say it once
-    # per call site.
+    # stacklevel 3: attributed to the deprecated method's caller, so a "default" filter shows
+    # it once per call site.
     warnings.warn(
         f"ZeroLossMessageService.{old}() is deprecated and will be removed in zeroloss 0.4; "
         f"use {RENAMED[old]}().",
