@@ -2,7 +2,8 @@
 ``zeroloss.SoftTimeLimitExceeded`` in sync and async handlers; one that catches it and returns
 completes; the hard ``time_limit`` (a thread cannot be stopped) lets the lease go, so the
 message goes to another run and this run's outcome is refused. Real worker threads, the real
-database; the database clock decides when the lease has run out."""
+database; a lease runs out when the test moves its expiry into the past (the database clock
+decides leases)."""
 
 from __future__ import annotations
 
