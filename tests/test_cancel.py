@@ -7,7 +7,7 @@ import json
 import pytest
 
 import zeroloss
-from tests.support import expire_leases
+from tests.support import backdate, expire_leases
 from tests.support.cli import run
 from zeroloss.exceptions import InvalidMessage, MessageNotFound
 from zeroloss.ledger.types import CancelOutcome, Completion, Verdict
@@ -303,6 +303,7 @@ def test_cancelled_messages_are_purged_and_stay_counted() -> None:
     for mid in ("g1", "g2"):
         service.persist_message(mid, Q, {})
     zeroloss.cancel("g1")
+    backdate(["g1"], "updated_at", seconds_ago=1)  # "older than 0 s" even within the clock's millisecond
     assert service.purge_messages(status=Status.CANCELLED, older_than=0) == 1
     assert list(Message.objects.values_list("message_id", flat=True)) == ["g2"]
     result = run("zeroloss_verify", "--json")

@@ -50,7 +50,16 @@ def test_the_worker_refuses_a_declared_queue_it_has_no_handler_for(settings):
             call_command("zeroloss_worker", *args, "--burst")
         assert info.value.returncode == 2
     # A worker of other queues is not concerned: another pool serves the declared one.
-    call_command("zeroloss_worker", "--queue", "demo.record", "--burst", "--no-sweep", verbosity=0)
+    call_command(
+        "zeroloss_worker",
+        "--queue",
+        "demo.record",
+        "--burst",
+        "--no-sweep",
+        "--poll-interval",
+        "0.05",
+        verbosity=0,
+    )
 
 
 @pytest.mark.process
@@ -65,7 +74,16 @@ def test_as_a_process_it_exits_2_with_what_to_fix():
 def test_a_declared_queue_with_a_handler_runs_as_any_other(settings):
     settings.ZEROLOSS = {"QUEUES": {"demo.record": {}}}
     zeroloss.send("demo.record", {}, message_id="r1")
-    call_command("zeroloss_worker", "--burst", "--no-sweep", "--queue", "demo.record", verbosity=0)
+    call_command(
+        "zeroloss_worker",
+        "--burst",
+        "--no-sweep",
+        "--queue",
+        "demo.record",
+        "--poll-interval",
+        "0.05",
+        verbosity=0,
+    )
     assert Message.objects.get(message_id="r1").status == "completed"
 
 

@@ -27,7 +27,7 @@ from django.core.management import call_command
 from django.db import connection
 
 import zeroloss
-from tests.support import finish, run_worker
+from tests.support import backdate, finish, run_worker
 from tests.support.processes import Proc
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.processing import Delivery
@@ -59,14 +59,19 @@ def test_a_resend_with_other_options_returns_the_stored_message_unchanged():
 def test_a_purged_message_id_is_free_again_and_the_same_send_runs_again():
     service = ZeroLossMessageService()
     service.persist_message("once-1", "demo.record", {"n": 1})
-    call_command("zeroloss_worker", "--queue", "demo.record", "--burst", verbosity=0)
+    call_command(
+        "zeroloss_worker", "--queue", "demo.record", "--burst", "--poll-interval", "0.05", verbosity=0
+    )
     assert Message.objects.get(message_id="once-1").status == Status.COMPLETED
     assert service.persist_message("once-1", "demo.record", {"n": 1}).status == Status.COMPLETED
+    backdate(["once-1"], "completed_at", seconds_ago=1)  # older than 0 s within the same millisecond too
     assert service.purge_messages(status=Status.COMPLETED, older_than=0) == 1
     again = service.persist_message("once-1", "demo.record", {"n": 1})  # a new message
     assert again.status == Status.PENDING
     assert reasons("once-1") == ["persisted"]
-    call_command("zeroloss_worker", "--queue", "demo.record", "--burst", verbosity=0)
+    call_command(
+        "zeroloss_worker", "--queue", "demo.record", "--burst", "--poll-interval", "0.05", verbosity=0
+    )
     from project.demo.models import HandledRecord
 
     assert HandledRecord.objects.filter(message_id="once-1").count() == 2  # handled twice
@@ -75,7 +80,9 @@ def test_a_purged_message_id_is_free_again_and_the_same_send_runs_again():
 def test_a_normal_life_writes_three_audit_rows():
     service = ZeroLossMessageService()
     service.persist_messages([(f"life-{i}", "demo.record", {"i": i}) for i in range(50)])
-    call_command("zeroloss_worker", "--queue", "demo.record", "--burst", verbosity=0)
+    call_command(
+        "zeroloss_worker", "--queue", "demo.record", "--burst", "--poll-interval", "0.05", verbosity=0
+    )
     assert Message.objects.filter(status=Status.COMPLETED).count() == 50
     assert MessageEvent.objects.count() == 150
     assert set(MessageEvent.objects.values_list("reason", flat=True)) == {

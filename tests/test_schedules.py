@@ -361,6 +361,7 @@ def test_a_tick_the_ledger_refuses_does_not_hold_back_the_others(settings, db, c
 
 def test_the_command_loop_runs_rounds_until_told_to_stop(settings, db):
     schedules(settings, loop={"queue": "demo.record", "every": 5})
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "SCHEDULE_INTERVAL": 0.05}  # the rounds, not their pace
     result = json.loads(run("--loop", "--max-rounds", "2", "--json"))
     assert result["rounds"] == 2
     assert result["sent"] == len(tick_ids("loop")) >= 1  # the current tick, found on time

@@ -96,7 +96,7 @@ def test_the_workers_actors_are_its_parts_names():
 def test_a_restartable_part_that_dies_is_restarted_and_the_health_file_says_so(tmp_path):
     path = tmp_path / "health.json"
     runs: list[int] = []
-    worker = Worker([QUEUE], stop=StopFlag(), poll_interval=0.05, health_file=path)
+    worker = Worker([QUEUE], stop=StopFlag(), poll_interval=0.05, health_file=path, health_interval=0.02)
 
     def flaky() -> None:
         runs.append(1)
@@ -133,7 +133,7 @@ def test_a_part_whose_policy_is_exit_ends_the_worker_and_the_health_file_says_wh
         dying.wait(60)
         raise RuntimeError("probe broke")
 
-    worker = Worker([QUEUE], stop=StopFlag(), poll_interval=0.05, health_file=path)
+    worker = Worker([QUEUE], stop=StopFlag(), poll_interval=0.05, health_file=path, health_interval=0.02)
     worker.supervisor.add(Part("probe", Policy.EXIT, own_thread=True), fatal)
     runs_until_the_part_dies(worker, "e1", dying)
     assert worker.stats.crashed and not worker.stats.gave_up
@@ -150,7 +150,7 @@ def test_a_round_that_fails_is_tried_again_after_a_backoff(tmp_path):
     """The health file's own round: a write into a missing directory fails, logged, and the
     file appears once the directory does (policy: restart)."""
     path = tmp_path / "not-yet" / "health.json"
-    worker = Worker([QUEUE], stop=StopFlag(), poll_interval=0.05, health_file=path)
+    worker = Worker([QUEUE], stop=StopFlag(), poll_interval=0.05, health_file=path, health_interval=0.02)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
@@ -171,7 +171,7 @@ def test_a_worker_that_ends_leaves_no_part_failed(tmp_path):
     PostgreSQL) are done, not failed, and nothing is restarted."""
     path = tmp_path / "health.json"
     ZeroLossMessageService().persist_message("b1", QUEUE, {})
-    stats = Worker([QUEUE], burst=True, poll_interval=0.05, health_file=path).run()
+    stats = Worker([QUEUE], burst=True, poll_interval=0.05, health_file=path, health_interval=0.02).run()
     assert stats.handled == 1 and not stats.crashed and stats.exit_part == ""
     parts = health(path)["parts"]
     assert {"claimer-0", "keeper", "sweep", "scheduler", "health-file"} <= set(parts)

@@ -39,6 +39,41 @@ EMAILS = "demo.emails"
 TASKS = "demo.tasks"  # the Django task of project/demo/tasks.py (TASKS in project/settings.py)
 
 
+def celery_command(*args: str) -> list[str]:
+    """``celery -A project ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "celery", "-A", "project", *args]
+
+
+def celery_beat_command(*, loglevel: str, schedule: Path) -> list[str]:
+    """``celery beat``, its schedule state in ``schedule``."""
+    return celery_command("beat", "--loglevel", loglevel, "--schedule", str(schedule))
+
+
+def celery_worker_command(
+    *, concurrency: int, loglevel: str, hostname: str, heartbeat: bool = True
+) -> list[str]:
+    """``celery worker`` for the ledger's transport: the app's queues and the sweep's, prefork,
+    one message prefetched (a worker that dies holds no more than the one it runs)."""
+    return [
+        *celery_command("worker"),
+        "--queues",
+        "celery,zeroloss.sweep",
+        "--pool",
+        "prefork",
+        "--concurrency",
+        str(concurrency),
+        "--loglevel",
+        loglevel,
+        "--hostname",
+        hostname,
+        "--without-gossip",
+        "--without-mingle",
+        *([] if heartbeat else ["--without-heartbeat"]),
+        "--prefetch-multiplier",
+        "1",
+    ]
+
+
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -91,20 +126,7 @@ class Workers:
         self.workers = list(self.procs)
         if celery:
             self.procs.append(
-                self._spawn(
-                    [
-                        sys.executable,
-                        "-m",
-                        "celery",
-                        "-A",
-                        "project",
-                        "beat",
-                        "--loglevel",
-                        "WARNING",
-                        "--schedule",
-                        str(VAR / "demo-beat-schedule"),
-                    ]
-                )
+                self._spawn(celery_beat_command(loglevel="WARNING", schedule=VAR / "demo-beat-schedule"))
             )
 
     def _spawn(self, cmd: list[str], **env: str) -> subprocess.Popen[bytes]:
@@ -126,28 +148,7 @@ class Workers:
     def _start(self, n: int) -> subprocess.Popen[bytes]:
         if self.celery:
             return self._spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "project",
-                    "worker",
-                    "--queues",
-                    "celery,zeroloss.sweep",
-                    "--pool",
-                    "prefork",
-                    "--concurrency",
-                    "1",
-                    "--loglevel",
-                    "WARNING",
-                    "--hostname",
-                    f"demo{n}@%h",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--prefetch-multiplier",
-                    "1",
-                ],
+                celery_worker_command(concurrency=1, loglevel="WARNING", hostname=f"demo{n}@%h"),
                 PGAPPNAME=self.app_name(n),
             )
         return self._spawn(

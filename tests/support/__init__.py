@@ -95,6 +95,22 @@ def finish(worker: Any, thread: threading.Thread, timeout: float = 60) -> None:
     assert not thread.is_alive(), "the worker did not stop"
 
 
+def count_keeper_passes(keeper: Any) -> list[float]:
+    """Record (monotonic time) each pass of this lease keeper at its renewal interval, whether it
+    renews anything or not: a test waits for passes, not for a guessed number of seconds."""
+    import time
+
+    passes: list[float] = []
+    has_work = keeper._has_work
+
+    def counted() -> bool:
+        passes.append(time.monotonic())
+        return bool(has_work())
+
+    keeper._has_work = counted
+    return passes
+
+
 def make_available(message_ids: Iterable[str], *, using: str = "default") -> int:
     """End the backoff (or delay) of these pending messages now, by the database's clock."""
     from zeroloss.models import Message

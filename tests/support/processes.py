@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from project.demo.run import celery_beat_command, celery_worker_command
 from tests.support import ROOT
 from tests.support.waiting import wait_for
 
@@ -180,29 +181,9 @@ def worker_env(broker_url: str, **extra: str) -> dict[str, str]:
 
 def celery_worker(broker_url: str, *, concurrency: int = 2, name: str = "w1", **extra: str) -> Proc:
     proc = Proc(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "project",
-            "worker",
-            "--queues",
-            "celery,zeroloss.sweep",
-            "--pool",
-            "prefork",
-            "--concurrency",
-            str(concurrency),
-            "--loglevel",
-            "INFO",
-            "--hostname",
-            f"{name}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--prefetch-multiplier",
-            "1",
-        ],
+        celery_worker_command(
+            concurrency=concurrency, loglevel="INFO", hostname=f"{name}@%h", heartbeat=False
+        ),
         worker_env(broker_url, **extra),
     )
     proc.wait_for("ready.")
@@ -214,16 +195,7 @@ def celery_beat(broker_url: str, schedule_dir: Path, *, under: tuple[str, ...] =
     return Proc(
         [
             *under,
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "project",
-            "beat",
-            "--loglevel",
-            "INFO",
-            "--schedule",
-            str(schedule_dir / "beat-schedule"),
+            *celery_beat_command(loglevel="INFO", schedule=schedule_dir / "beat-schedule"),
             "--pidfile",
             "",
         ],

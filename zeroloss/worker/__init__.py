@@ -80,6 +80,7 @@ class Worker:
         instance_id: str | None = None,
         stop: StopFlag | None = None,
         health_file: str | Path | None = None,
+        health_interval: float = 1.0,
         pool: str = "thread",
         max_tasks_per_child: int | None = None,
     ) -> None:
@@ -113,6 +114,8 @@ class Worker:
         self._sweep_backoff = Backoff()
         self._next_sweep = 0.0
         self.health_file = Path(health_file) if health_file else None
+        #: Seconds between two writes of the health file (at most: one per supervisor round).
+        self.health_interval = health_interval
         self.stats = WorkerStats()
         self._lock = threading.Lock()
         self.base = ZeroLossMessageService(using=using, instance_id=instance_id)
@@ -273,11 +276,12 @@ class Worker:
         return Scheduler(self.using, instance_id=f"{self.base.instance_id}/{SCHEDULER.actor}", stop=self.stop)
 
     def _write_health(self, *, stopped: bool = False) -> None:
-        """``--health-file``: a small JSON a liveness probe can read (rewritten about every second)."""
+        """``--health-file``: a small JSON a liveness probe can read (rewritten every
+        ``health_interval`` seconds, one by default)."""
         if self.health_file is None:
             return
         now = time.time()
-        if not stopped and now - getattr(self, "_health_at", 0.0) < 1.0:
+        if not stopped and now - getattr(self, "_health_at", 0.0) < self.health_interval:
             return
         outage = self.monitor.status()
         data = {

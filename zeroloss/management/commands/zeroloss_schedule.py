@@ -179,7 +179,8 @@ class Command(ZeroLossCommand):
                     sent += len(report.sent)
                     if report.sent and verbosity >= 2:
                         self.log(_("sent %(message_id)s") % {"message_id": ", ".join(report.sent[:20])})
-                    stop.wait(scheduler.next_round_in())
+                    if max_rounds is None or rounds < max_rounds:  # none after the last round
+                        stop.wait(scheduler.next_round_in())
         if json:
             self.emit_json({"rounds": rounds, "sent": sent})
         self.log(
