@@ -12,6 +12,7 @@ expressions over the API. Everything it started is stopped at the end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,10 +56,11 @@ def wait_http(url: str, timeout: float = 60) -> None:
             time.sleep(0.2)
 
 
-def main() -> int:
-    if shutil.which("prometheus") is None:
-        print("prometheus is not on the PATH (apt-get install prometheus)", file=sys.stderr)
-        return 2
+@contextlib.contextmanager
+def real_run(rounds: int = 20, pause: float = 0.5) -> Iterator[str]:
+    """Start the worker, runserver and Prometheus on a scratch SQLite database, send ``rounds``
+    rounds of messages ``pause`` seconds apart, wait for the scrapes, and yield Prometheus's base
+    URL; stop everything on exit."""
     work = Path(tempfile.mkdtemp(prefix="zl-grafana-check-"))
     prom_dir = work / "multiproc"
     prom_dir.mkdir()
@@ -104,7 +107,9 @@ def main() -> int:
             subprocess.Popen(
                 [py, "manage.py", "runserver", "--noreload", f"127.0.0.1:{web_port}"],
                 cwd=ROOT,
-                env=env,
+                # Scraped for the ledger gauges only: with the shared directory it would serve
+                # the worker's and sender's event counts as well, and every sum would double.
+                env={k: v for k, v in env.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -126,11 +131,11 @@ def main() -> int:
         wait_http(f"http://127.0.0.1:{prom_port}/-/ready")
         send = (
             "import zeroloss\n"
-            "for round in range(20):\n"
-            "    zeroloss.send_many('demo.record', [{} for _ in range(20)])\n"
+            f"for round in range({rounds}):\n"
+            "    zeroloss.send_many('demo.record', [{} for _ in range(10 + 10 * (round % 4))])\n"
             "    zeroloss.send('demo.record', {'fail': True}, max_attempts=1)\n"
             "    zeroloss.send('demo.record', {}, delay=3600)\n"
-            "    import time; time.sleep(0.5)\n"
+            f"    import time; time.sleep({pause})\n"
             # A claim never acknowledged: its lease runs out, the worker's sweep recovers it.
             "from zeroloss.service import ZeroLossMessageService\n"
             "zeroloss.send('demo.record', {}, message_id='abandoned')\n"
@@ -138,7 +143,25 @@ def main() -> int:
         )
         subprocess.run([py, "manage.py", "shell", "-c", send], cwd=ROOT, env=env, check=True)
         time.sleep(15)  # several scrapes after the last messages ran: rate() needs two samples
-        base = f"http://127.0.0.1:{prom_port}/api/v1/query?query="
+        yield f"http://127.0.0.1:{prom_port}"
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        log.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    if shutil.which("prometheus") is None:
+        print("prometheus is not on the PATH (apt-get install prometheus)", file=sys.stderr)
+        return 2
+    with real_run() as prometheus:
+        base = f"{prometheus}/api/v1/query?query="
         failed = 0
         for panel in json.loads(DASHBOARD.read_text())["panels"]:
             for target in panel["targets"]:
@@ -157,16 +180,6 @@ def main() -> int:
                 print(f"{'ok  ' if ok else 'FAIL'} {panel['title']}: {expr}\n     -> {note}")
         print(f"\n{'all queries returned data' if not failed else f'{failed} queries failed'}")
         return 1 if failed else 0
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        log.close()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
