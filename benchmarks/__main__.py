@@ -41,8 +41,9 @@ MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered"]
 #: benchmarks/pool.py: the process pool's drain against the thread pool's, issue 27;
 #: benchmarks/limits.py: queue limits' cost and accuracy, issue 27;
 #: benchmarks/abort.py: abort latency on both databases, its own databases, a minute;
-#: benchmarks/telemetry.py: each telemetry backend against off, 24 drains, minutes a run).
-OPT_IN = ["retention", "pressure", "pool", "limits", "abort", "telemetry"]
+#: benchmarks/telemetry.py: each telemetry backend against off, 24 drains, minutes a run;
+#: benchmarks/wal_life.py: WAL a message writes over its life, on a private server, issue 31).
+OPT_IN = ["retention", "pressure", "pool", "limits", "abort", "telemetry", "wal_life"]
 #: Run only when named: the fault suite's soak (minutes; its own servers; benchmarks/faults.py).
 ON_REQUEST = ["faults"]
 
@@ -182,6 +183,10 @@ def _run_suite(args: argparse.Namespace) -> int:
                     from .retention import run_in_suite
 
                     run_in_suite(suite)
+                elif name == "wal_life":
+                    from .wal_life import run_in_suite as run_wal_life
+
+                    run_wal_life(suite)
                 elif name == "telemetry":
                     from .telemetry import run_in_suite as run_telemetry
 
