@@ -80,16 +80,18 @@ def latency_summary(values: list[float]) -> dict[str, float]:
 
 
 @contextmanager
-def private_server() -> Iterator[str]:
-    """A private PostgreSQL with the machine server's memory settings; yields the database URL."""
+def private_server(dbname: str = DB_NAME, **settings: str) -> Iterator[str]:
+    """A private PostgreSQL with the machine server's memory settings (and ``settings``, e.g.
+    ``autovacuum="off"``); yields the database URL."""
     sys.path.insert(0, str(ROOT))
     from tests.pgcluster import PgCluster
 
-    cluster = PgCluster(dbname=DB_NAME, max_connections=40)
+    cluster = PgCluster(dbname=dbname, max_connections=40)
     try:
         cluster.start()
         with cluster.connect(dbname="postgres") as conn:
-            for name, value in (("shared_buffers", "128MB"), ("max_wal_size", "1GB"), ("wal_keep_size", "0")):
+            chosen = {"shared_buffers": "128MB", "max_wal_size": "1GB", "wal_keep_size": "0", **settings}
+            for name, value in chosen.items():
                 conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
         cluster.restart_primary()
         yield cluster.url()
@@ -109,17 +111,22 @@ def child_env(url: str) -> dict[str, str]:
     return env
 
 
-def migrate(url: str) -> None:
+def manage(url: str, *args: str, timeout: float = 1800) -> None:
+    """``manage.py ARGS`` on ``url``'s database, with the benchmarks' settings; raise if it fails."""
     done = subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        [sys.executable, "manage.py", *args],
         cwd=ROOT,
         env=child_env(url),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"migrate failed: {done.stderr[-3000:]}")
+        raise RuntimeError(f"manage.py {' '.join(args[:2])} exited {done.returncode}: {done.stderr[-3000:]}")
+
+
+def migrate(url: str) -> None:
+    manage(url, "migrate", "--noinput", "-v", "0", timeout=300)
 
 
 def wal_lsn(conn: psycopg.Connection[Any]) -> str:

@@ -28,16 +28,13 @@ the estimate for it until it is.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 
-from .retention import ROOT, child_env, migrate, wal_bytes, wal_lsn
+from .retention import manage, migrate, private_server, wal_bytes, wal_lsn
 
 QUEUE = "bench.noop"
 SEND_ONE = """
@@ -54,37 +51,6 @@ for start in range(0, {count}, 100):
 """
 
 
-@contextmanager
-def private_server() -> Iterator[str]:
-    """A private PostgreSQL with autovacuum off (its WAL would land in whichever phase it ran)."""
-    sys.path.insert(0, str(ROOT))
-    from tests.pgcluster import PgCluster
-
-    cluster = PgCluster(dbname="zeroloss_wal", max_connections=40)
-    try:
-        cluster.start()
-        with cluster.connect(dbname="postgres") as conn:
-            for name, value in (("shared_buffers", "128MB"), ("max_wal_size", "4GB"), ("autovacuum", "off")):
-                conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-        cluster.restart_primary()
-        yield cluster.url()
-    finally:
-        cluster.stop()
-
-
-def manage(url: str, *args: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=child_env(url),
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"manage.py {' '.join(args[:2])} exited {done.returncode}: {done.stderr[-3000:]}")
-
-
 def count(conn: psycopg.Connection[Any], sql: str) -> int:
     row = conn.execute(sql).fetchone()
     assert row is not None
@@ -94,7 +60,8 @@ def count(conn: psycopg.Connection[Any], sql: str) -> int:
 def run(messages: int) -> dict[str, Any]:
     half = messages // 2
     phases: list[dict[str, Any]] = []
-    with private_server() as url:
+    # autovacuum off: its WAL would land in whichever phase it ran
+    with private_server("zeroloss_wal", max_wal_size="4GB", autovacuum="off") as url:
         migrate(url)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("CHECKPOINT")
