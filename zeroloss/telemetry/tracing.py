@@ -112,12 +112,15 @@ _ROOT = otel_context.Context()
 
 
 _extracted: dict[tuple[Any, ...], otel_context.Context] = {}
+#: The global propagator the cache is for, and the header names it reads (sorted).
 _fields: tuple[Any, tuple[str, ...]] = (None, ())
+_W3C = ("baggage", "traceparent", "tracestate")
 
 
 def _extract(headers: dict[str, Any] | None) -> otel_context.Context | None:
     """The producer's context in ``headers``, extracted once per distinct value of the
-    propagator's fields: the messages of one ``send_many`` (one claim batch, usually) share it."""
+    propagator's fields: the messages of one ``send_many`` (one claim batch, usually) share it,
+    and a batch's settle span finds each message's context its process span extracted."""
     global _fields
     if not headers or "traceparent" not in headers:
         return None
@@ -125,12 +128,16 @@ def _extract(headers: dict[str, Any] | None) -> otel_context.Context | None:
     if _fields[0] is not propagator:
         _fields = (propagator, tuple(sorted(propagator.fields)))
         _extracted.clear()
-    key = tuple(headers.get(name) for name in _fields[1])
+    names = _fields[1]
+    if names == _W3C:  # the default propagators: the key without a generator per message
+        key: tuple[Any, ...] = (headers["traceparent"], headers.get("tracestate"), headers.get("baggage"))
+    else:
+        key = tuple([headers.get(name) for name in names])
     found = _extracted.get(key)
     if found is None:
         if len(_extracted) > 1024:
             _extracted.clear()
-        found = _extracted[key] = propagate.extract({k: v for k, v in headers.items() if isinstance(v, str)})
+        found = _extracted[key] = propagator.extract({k: v for k, v in headers.items() if isinstance(v, str)})
     return found
 
 
