@@ -346,3 +346,29 @@ def test_a_prometheus_histogram_observed_as_a_batch_equals_one_observation_at_a_
     assert dict(((n, s["le"]) if "le" in s else n, v) for n, s, v in collected[1])[
         ("h_bucket", "+Inf")
     ] == len(values)
+
+
+def test_the_producers_context_is_what_the_global_propagator_extracts():
+    from opentelemetry import baggage, propagate, trace
+
+    from zeroloss.telemetry import tracing
+
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    for headers in (
+        {"traceparent": tp},
+        {"traceparent": tp, "tracestate": "vendor=1"},
+        {"traceparent": tp, "baggage": "user=alice", "other": 3},  # baggage: the whole propagator
+        {"traceparent": "00-not-a-context"},
+    ):
+        ours = tracing._extract(dict(headers))
+        theirs = propagate.extract({k: v for k, v in headers.items() if isinstance(v, str)})
+        assert ours is not None
+        assert (
+            trace.get_current_span(ours).get_span_context()
+            == trace.get_current_span(theirs).get_span_context()
+        )
+        assert baggage.get_all(ours) == baggage.get_all(theirs)
+    assert baggage.get_all(tracing._extract({"traceparent": tp, "baggage": "user=alice"})) == {
+        "user": "alice"
+    }
+    assert tracing._extract({"tracestate": "vendor=1"}) is None
