@@ -184,14 +184,14 @@ class _Process:
 
     def end(self, ok: bool, seconds: float, exc: BaseException | None = None) -> None:
         error = None if ok else _error_type(exc)
-        if self.span is not None:
-            self.span.end(ok, exc)
         pending = self.pending
         if pending is not None and not pending.closed:
             pending.handled(self.queue, error, seconds)
         else:
             for meter in self.meters:
                 meter.handled(self.queue, error, (seconds,))
+        if self.span is not None:
+            self.span.end(ok, exc)
 
 
 # --- one claim batch's metric events, recorded together --------------------------------------
