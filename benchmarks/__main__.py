@@ -69,6 +69,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="CELL",
         help="With --only pressure: run only these cells (idle_in_tx, readers, overload, burst).",
     )
+    parser.add_argument(
+        "--telemetry-sides",
+        nargs="+",
+        choices=["prom", "api", "traces", "sampled", "all"],
+        metavar="SIDE",
+        help="With --only telemetry: run only these sides against off (prom, api, traces, sampled, all).",
+    )
+    parser.add_argument(
+        "--telemetry-procs",
+        nargs="+",
+        type=int,
+        choices=[1, 4],
+        metavar="N",
+        help="With --only telemetry: only these worker process counts (1, 4).",
+    )
     parser.add_argument("--json", type=Path, help="Also save every figure and the machine to this file.")
     parser.add_argument(
         "--profile", type=Path, metavar="DIR", help="Profile persist and the worker drain with py-spy."
@@ -190,7 +205,7 @@ def _run_suite(args: argparse.Namespace) -> int:
                 elif name == "telemetry":
                     from .telemetry import run_in_suite as run_telemetry
 
-                    run_telemetry(suite)
+                    run_telemetry(suite, sides=args.telemetry_sides, process_counts=args.telemetry_procs)
                 elif name == "limits":
                     from .limits import run_in_suite as run_limits
 

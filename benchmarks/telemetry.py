@@ -96,12 +96,14 @@ def _drain(suite: Any, queue: str, procs: int, mode: str | None) -> tuple[float,
     return count / window, cpu * 1e6 / count, checks
 
 
-def run_in_suite(suite: Any) -> None:
+def run_in_suite(suite: Any, sides: list[str] | None = None, process_counts: list[int] | None = None) -> None:
+    """``sides``/``process_counts`` (``--telemetry-sides``/``--telemetry-procs``): only these "on" sides (always against off) and process counts."""
+    variants = VARIANTS if not sides else tuple(v for v in VARIANTS if v[0] == "off" or v[0] in sides)
     figs = {}
-    cells = [(h, procs) for h in HANDLERS for procs in (1, 4)]
+    cells = [(h, n) for h in HANDLERS for n in (process_counts or (1, 4))]
     for (handler, _, handler_label), procs in cells:
         plural = "es" if procs > 1 else ""
-        for key, label, mode in VARIANTS:
+        for key, label, mode in variants:
             figs[f"{handler}.{key}{procs}"] = suite.figure(
                 f"telemetry.{handler}.{key}{procs}",
                 f"drain, {handler_label}, {label}, {procs} process{plural}",
@@ -131,8 +133,8 @@ def run_in_suite(suite: Any) -> None:
     for run in range(suite.runs):
         for (handler, queue, _), procs in cells:
             # Rotate which side goes first, so a drift in the machine's load favours none.
-            shift = run % len(VARIANTS)
-            for key, _, mode in VARIANTS[shift:] + VARIANTS[:shift]:
+            shift = run % len(variants)
+            for key, _, mode in variants[shift:] + variants[:shift]:
                 rate, cpu, ok = _drain(suite, queue, procs, mode)
                 figs[f"{handler}.{key}{procs}"].values.append(rate)
                 figs[f"{handler}.{key}{procs}.cpu"].values.append(cpu)
@@ -140,11 +142,11 @@ def run_in_suite(suite: Any) -> None:
             _log(
                 f"telemetry run {run + 1}, {handler}, {procs} proc: "
                 + ", ".join(
-                    f"{key} {figs[f'{handler}.{key}{procs}'].values[-1]:,.0f}" for key, _, _ in VARIANTS
+                    f"{key} {figs[f'{handler}.{key}{procs}'].values[-1]:,.0f}" for key, _, _ in variants
                 )
                 + " msg/s; CPU "
                 + ", ".join(
-                    f"{key} {figs[f'{handler}.{key}{procs}.cpu'].values[-1]:,.0f}" for key, _, _ in VARIANTS
+                    f"{key} {figs[f'{handler}.{key}{procs}.cpu'].values[-1]:,.0f}" for key, _, _ in variants
                 )
                 + " µs/msg"
             )

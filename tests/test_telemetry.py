@@ -278,3 +278,97 @@ def test_messages_of_one_batch_keep_their_own_producers_context(spans):
         ("4bf92f3577b34da6a3ce929d0e0e4736", "a2"),
         ("0af7651916cd43dd8448eb211c80319c", "b1"),
     }
+
+
+def _lease(mid, queue="demo.record"):
+    import datetime as dt
+    import uuid
+
+    from zeroloss.ledger.types import Lease
+
+    now = dt.datetime.now(dt.UTC)
+    return Lease(
+        mid, uuid.uuid4(), now, 1, queue, {}, 5, headers={}, available_at=now - dt.timedelta(seconds=2)
+    )
+
+
+def _count(reader, name, queue="demo.record"):
+    return sum(
+        p.value if hasattr(p, "value") else p.count  # a counter's point, a histogram's
+        for key, p in _points(reader, name).items()
+        if ("messaging.destination.name", queue) in key
+    )
+
+
+def test_a_batchs_started_counts_and_durations_are_recorded_once_at_its_end(otel_metrics):
+    from zeroloss import telemetry
+    from zeroloss.delivery import Delivery
+
+    consumed, duration = "messaging.client.consumed.messages", "messaging.process.duration"
+    before = (_count(otel_metrics, consumed), _count(otel_metrics, duration))
+    with telemetry.batch():
+        for i, ok in enumerate((True, True, False)):
+            telemetry.process(Delivery(_lease(f"batched-{i}")), "w").end(
+                ok, 0.02, None if ok else ValueError("x")
+            )
+        # Nothing recorded yet: the batch's events wait for its end.
+        assert (_count(otel_metrics, consumed), _count(otel_metrics, duration)) == before
+    assert _count(otel_metrics, consumed) == before[0] + 3
+    assert _count(otel_metrics, duration) == before[1] + 3
+    pickup = _points(otel_metrics, "zeroloss.pickup.duration")
+    assert any(p.count >= 3 and p.sum >= 6 for p in pickup.values())  # each waited about 2 s
+    # Outside a batch each run is recorded as it ends.
+    telemetry.process(Delivery(_lease("alone")), "w").end(True, 0.01)
+    assert _count(otel_metrics, consumed) == before[0] + 4
+
+
+def test_a_prometheus_histogram_observed_as_a_batch_equals_one_observation_at_a_time():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from zeroloss.telemetry import buckets
+    from zeroloss.telemetry.prometheus import _observe
+
+    values = [0.0, 0.004, 0.005, 0.0051, 0.3, 0.3, 59.0, 300.0, 301.0, 1e9]
+    collected = []
+    for record in (lambda h: [h.observe(v) for v in values], lambda h: _observe(h, values)):
+        registry = CollectorRegistry()
+        histogram = Histogram("h", "h", ["queue"], buckets=buckets.DURATION, registry=registry)
+        record(histogram.labels("q"))
+        collected.append(
+            [
+                (s.name, s.labels, s.value)
+                for m in registry.collect()
+                for s in m.samples
+                if s.name != "h_created"
+            ]
+        )
+    assert collected[0] == collected[1]
+    assert dict(((n, s["le"]) if "le" in s else n, v) for n, s, v in collected[1])[
+        ("h_bucket", "+Inf")
+    ] == len(values)
+
+
+def test_the_producers_context_is_what_the_global_propagator_extracts():
+    from opentelemetry import baggage, propagate, trace
+
+    from zeroloss.telemetry import tracing
+
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    for headers in (
+        {"traceparent": tp},
+        {"traceparent": tp, "tracestate": "vendor=1"},
+        {"traceparent": tp, "baggage": "user=alice", "other": 3},  # baggage: the whole propagator
+        {"traceparent": "00-not-a-context"},
+    ):
+        ours = tracing._extract(dict(headers))
+        theirs = propagate.extract({k: v for k, v in headers.items() if isinstance(v, str)})
+        assert ours is not None
+        assert (
+            trace.get_current_span(ours).get_span_context()
+            == trace.get_current_span(theirs).get_span_context()
+        )
+        assert baggage.get_all(ours) == baggage.get_all(theirs)
+    assert baggage.get_all(tracing._extract({"traceparent": tp, "baggage": "user=alice"})) == {
+        "user": "alice"
+    }
+    assert tracing._extract({"tracestate": "vendor=1"}) is None

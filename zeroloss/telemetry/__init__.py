@@ -18,6 +18,8 @@ Without either package nothing is imported and every entry point is one attribut
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from ..ledger.types import Completion, Lease
 
 __all__ = [
+    "batch",
     "cancelled",
     "claimed",
     "dead_lettered",
@@ -163,23 +166,87 @@ def process(delivery: Delivery, worker: str) -> Any:
     waited = None
     if lease.available_at is not None:
         waited = max(0.0, time.time() - lease.available_at.timestamp())
-    for meter in b.meters:
-        meter.started(lease.queue_name, waited)
+    pending: _Pending | None = getattr(_local, "pending", None)
+    if pending is not None:
+        pending.start(lease.queue_name, waited)
+    else:
+        for meter in b.meters:
+            meter.started(lease.queue_name, 1, () if waited is None else (waited,))
     span = b.tracing.process(delivery, worker) if b.tracing is not None else None
-    return _Process(b.meters, lease.queue_name, span)
+    return _Process(b.meters, lease.queue_name, span, pending)
 
 
 class _Process:
-    __slots__ = ("meters", "queue", "span")
+    __slots__ = ("meters", "pending", "queue", "span")
 
-    def __init__(self, meters: list[Any], queue: str, span: Any) -> None:
-        self.meters, self.queue, self.span = meters, queue, span
+    def __init__(self, meters: list[Any], queue: str, span: Any, pending: _Pending | None) -> None:
+        self.meters, self.queue, self.span, self.pending = meters, queue, span, pending
 
     def end(self, ok: bool, seconds: float, exc: BaseException | None = None) -> None:
-        for meter in self.meters:
-            meter.handled(self.queue, seconds, None if ok else _error_type(exc))
+        error = None if ok else _error_type(exc)
+        pending = self.pending
+        if pending is not None and not pending.closed:
+            pending.handled(self.queue, error, seconds)
+        else:
+            for meter in self.meters:
+                meter.handled(self.queue, error, (seconds,))
         if self.span is not None:
             self.span.end(ok, exc)
+
+
+# --- one claim batch's metric events, recorded together --------------------------------------
+
+_local = threading.local()
+
+
+class _Pending:
+    """The started counts, pickup latencies and handler durations of one batch on one thread."""
+
+    __slots__ = ("closed", "durations", "started", "waits")
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.started: dict[str, int] = {}
+        self.waits: dict[str, list[float]] = {}
+        self.durations: dict[tuple[str, str | None], list[float]] = {}
+
+    def start(self, queue: str, waited: float | None) -> None:
+        self.started[queue] = self.started.get(queue, 0) + 1
+        if waited is not None:
+            self.waits.setdefault(queue, []).append(waited)
+
+    def handled(self, queue: str, error: str | None, seconds: float) -> None:
+        self.durations.setdefault((queue, error), []).append(seconds)
+
+    def flush(self, meters: list[Any]) -> None:
+        self.closed = True
+        for meter in meters:
+            for queue, n in self.started.items():
+                meter.started(queue, n, self.waits.get(queue, ()))
+            for (queue, error), seconds in self.durations.items():
+                meter.handled(queue, error, seconds)
+
+
+@contextlib.contextmanager
+def batch() -> Iterator[None]:
+    """Around running one claim batch's handlers on this thread (the worker's loop): their
+    started counts, pickup latencies and durations are recorded once, when the batch is done
+    (one counter update per queue, a histogram's observations together), not one record per
+    message while it runs. Spans are not deferred. Outside one (a Celery delivery, a process
+    pool's child, a test calling ``run_handler``) each is recorded as it happens."""
+    meters = backends().meters
+    if not meters or getattr(_local, "pending", None) is not None:
+        yield
+        return
+    pending = _local.pending = _Pending()
+    try:
+        yield
+    finally:
+        _local.pending = None
+        try:
+            pending.flush(meters)
+        except Exception:  # a broken metrics backend must not cost the batch its outcomes
+            logging.getLogger("zeroloss").exception("zeroloss: telemetry failed recording a batch's metrics")
 
 
 def _error_type(exc: BaseException | None) -> str:

@@ -8,6 +8,7 @@ meter provider set nothing is built or called (:func:`_i`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import metrics
@@ -109,24 +110,27 @@ def claimed(queue: str, n: int) -> None:
         i.batch.record(n, _attrs(queue, "receive"))
 
 
-def started(queue: str, waited: float | None) -> None:
+def started(queue: str, n: int, waits: Sequence[float]) -> None:
     i = _i()
     if i is None:
         return
     attrs = _attrs(queue)
-    i.consumed.add(1, attrs)
-    if waited is not None:
-        i.pickup.record(waited, attrs)
+    i.consumed.add(n, attrs)
+    record = i.pickup.record
+    for waited in waits:  # (the API has no record-many: one call per observation)
+        record(waited, attrs)
 
 
-def handled(queue: str, seconds: float, error_type: str | None) -> None:
+def handled(queue: str, error_type: str | None, seconds: Sequence[float]) -> None:
     i = _i()
     if i is None:
         return
     attrs = _attrs(queue)
     if error_type is not None:
         attrs = {**attrs, "error.type": error_type}
-    i.process.record(seconds, attrs)
+    record = i.process.record
+    for s in seconds:
+        record(s, attrs)
 
 
 _OUTCOME_NAMES = {"dead": "failed"}

@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Link, NoOpTracerProvider, ProxyTracerProvider, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
     from ..delivery import Delivery
@@ -112,25 +115,54 @@ _ROOT = otel_context.Context()
 
 
 _extracted: dict[tuple[Any, ...], otel_context.Context] = {}
-_fields: tuple[Any, tuple[str, ...]] = (None, ())
+#: The global propagator the cache is for, the header names it reads (sorted), and whether it
+#: is the default pair (W3C trace context, W3C baggage: what the SDK sets unless told otherwise).
+_fields: tuple[Any, tuple[str, ...], bool] = (None, (), False)
+_TRACECONTEXT = TraceContextTextMapPropagator()
+
+
+def _is_w3c_default(propagator: Any) -> bool:
+    inner = getattr(propagator, "_propagators", None)
+    return (
+        type(propagator) is CompositePropagator
+        and isinstance(inner, list | tuple)
+        and [type(p) for p in inner] == [TraceContextTextMapPropagator, W3CBaggagePropagator]
+    )
 
 
 def _extract(headers: dict[str, Any] | None) -> otel_context.Context | None:
     """The producer's context in ``headers``, extracted once per distinct value of the
-    propagator's fields: the messages of one ``send_many`` (one claim batch, usually) share it."""
+    propagator's fields: the messages of one ``send_many`` (one claim batch, usually) share it,
+    and a batch's settle span finds each message's context its process span extracted."""
     global _fields
-    if not headers or "traceparent" not in headers:
+    if not headers:
+        return None
+    traceparent = headers.get("traceparent")
+    if traceparent is None:
         return None
     propagator = propagate.get_global_textmap()
     if _fields[0] is not propagator:
-        _fields = (propagator, tuple(sorted(propagator.fields)))
+        _fields = (propagator, tuple(sorted(propagator.fields)), _is_w3c_default(propagator))
         _extracted.clear()
-    key = tuple(headers.get(name) for name in _fields[1])
+    tracestate, baggage = headers.get("tracestate"), headers.get("baggage")
+    w3c = _fields[2]
+    if w3c:
+        key: tuple[Any, ...] = (traceparent, tracestate, baggage)
+    else:
+        key = tuple([headers.get(name) for name in _fields[1]])
     found = _extracted.get(key)
     if found is None:
-        if len(_extracted) > 1024:
+        # Small: a claim batch's contexts are what is asked for again (by its settle span), and
+        # contexts kept longer outlive the young GC generation, costing more than they save.
+        if len(_extracted) >= 256:
             _extracted.clear()
-        found = _extracted[key] = propagate.extract({k: v for k, v in headers.items() if isinstance(v, str)})
+        if w3c and baggage is None and isinstance(traceparent, str) and isinstance(tracestate, str | None):
+            # What the default pair yields without a baggage header, minus its composite and
+            # the baggage propagator's pass (the trace context propagator reads only its fields).
+            found = _TRACECONTEXT.extract(headers, context=_ROOT)
+        else:
+            found = propagator.extract({k: v for k, v in headers.items() if isinstance(v, str)})
+        _extracted[key] = found
     return found
 
 
@@ -170,22 +202,36 @@ def _description(exc: BaseException | None) -> str:
         return type(exc).__name__
 
 
+_process_bases: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+
+
+def _process_base(queue: str, worker: str) -> tuple[str, dict[str, Any]]:
+    """The span name and the attributes every run of ``queue`` on ``worker`` shares, built once."""
+    found = _process_bases.get((queue, worker))
+    if found is None:
+        if len(_process_bases) > 4096:  # queue names and workers are few; never grow without bound
+            _process_bases.clear()
+        attributes = _base("process", "process", queue)
+        if worker:
+            attributes["messaging.client.id"] = worker
+        found = _process_bases[(queue, worker)] = (f"process {queue}", attributes)
+    return found
+
+
 def process(delivery: Delivery, worker: str) -> ProcessSpan | None:
     """The handler run's CONSUMER span; None with no SDK provider set."""
     tracer = live()
     if tracer is None:
         return None
     lease = delivery.lease
-    parent = _extract(delivery.headers)
-    attributes = _base("process", "process", lease.queue_name)
-    attributes["messaging.message.id"] = lease.message_id
-    attributes["zeroloss.attempt"] = lease.attempt
-    if worker:
-        attributes["messaging.client.id"] = worker
+    # The claim read the headers: no copy through Delivery.headers (it reads them when not).
+    parent = _extract(lease.headers if lease.headers is not None else delivery.headers)
+    name, base = _process_base(lease.queue_name, worker)
+    attributes = {**base, "messaging.message.id": lease.message_id, "zeroloss.attempt": lease.attempt}
     # One message, one trace: the producer's context is the parent (no link: it would say the
     # same, at a cost per message). A message sent without one starts a trace of its own.
     span = tracer.start_span(
-        f"process {lease.queue_name}",
+        name,
         context=parent if parent is not None else _ROOT,
         kind=SpanKind.CONSUMER,
         attributes=attributes,

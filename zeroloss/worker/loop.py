@@ -16,6 +16,7 @@ from typing import Protocol
 
 from django.db import connections, transaction
 
+from .. import telemetry
 from ..handlers import HandlerSpec, get_handler
 from ..ledger.types import Completion, CompletionReport, Lease, Verdict
 from ..loops import StopFlag
@@ -194,10 +195,11 @@ class ClaimLoop:
             spec = get_handler(queue)
             self.batch = Batch(leases)
             worker.keeper.hold(leases, self.batch, claimed_at=claimed_at, time_limit=spec.time_limit)
-            if spec.transactional:
-                self._run_transactional(spec, self.paces[queue])
-            else:
-                self._run_plain(spec, self.paces[queue])
+            with telemetry.batch():  # the batch's per-message metrics recorded once, at its end
+                if spec.transactional:
+                    self._run_transactional(spec, self.paces[queue])
+                else:
+                    self._run_plain(spec, self.paces[queue])
             self.batch = None
 
     def _record_and_claim(
