@@ -126,8 +126,36 @@ TIERS: dict[str, str] = {
 _TIER = pytest.StashKey[str]()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--postgres-shard",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Collect only the test files of the PostgreSQL pass's shard N (tests/shards.py).",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``--postgres-shard N``, the files of the other shards are not even imported."""
+    shard = config.getoption("--postgres-shard")
+    if shard is None or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    from tests import shards
+
+    return True if shards.shard_of(collection_path.name) != shard else None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     from django.conf import settings
+
+    from tests import shards
+
+    shard = config.getoption("--postgres-shard")
+    if shard is not None and not 1 <= shard <= shards.COUNT:
+        raise pytest.UsageError(
+            f"--postgres-shard {shard}: the shards are 1 to {shards.COUNT} (tests/shards.py)"
+        )
 
     # Django's default hasher takes ~0.5 s a password by design; the admin tests make a user each.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
