@@ -134,6 +134,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help="Collect only the test files of the PostgreSQL pass's shard N (tests/shards.py).",
     )
+    parser.addoption(
+        "--file-times",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Print the N test files that took longest (setup, call and teardown): how shards are balanced.",
+    )
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -219,6 +226,21 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     captured log of a test about lone surrogates in error texts would crash the worker."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         report.sections = [(title, _encodable(content)) for title, content in report.sections]
+    name = report.nodeid.split("::")[0]
+    _FILE_TIMES[name] = _FILE_TIMES.get(name, 0.0) + report.duration
+
+
+_FILE_TIMES: dict[str, float] = {}
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    count = config.getoption("--file-times")
+    if not count or not _FILE_TIMES:
+        return
+    slowest = sorted(_FILE_TIMES.items(), key=lambda item: -item[1])[:count]
+    terminalreporter.write_sep("=", f"the {len(slowest)} slowest test files (s, tests/shards.py)")
+    for name, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}  {name}")
 
 
 @pytest.fixture(autouse=True)

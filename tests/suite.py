@@ -264,6 +264,8 @@ def _tests(
     base_env.setdefault("ZEROLOSS_TEST_POSTGRES_URL", pg_url)
 
     pytest = [py, "-m", "pytest", *args.pytest_args]
+    if not args.fast:
+        pytest[3:3] = ["--file-times", "12"]  # what tests/shards.py is balanced by
     once = " and not once" if args.skip_once else ""
     if args.fast:
         args.tier = args.tier or ["unit", "ledger"]
