@@ -6,24 +6,19 @@ The pass is mostly waiting (worker processes, private servers, timeouts): one pr
 file spent ~1400 s of wall for ~770 s of CPU, so shards running at once fill the two cores.
 
 Shards 2 and 3 are explicit lists of files, balanced by their measured times in the PostgreSQL
-pass (seconds, under CI's load); shard 1 is every other file, so a new test file runs in shard 1
+pass (seconds, one process under CI's load; "~": measured on a loaded 2-core machine and halved); shard 1 is every other file, so a new test file runs in shard 1
 without a change here. Move a file when a shard grows past the others (``pytest --durations``,
 or each shard's time in ``make test``'s summary).
 """
 
 from __future__ import annotations
 
-#: The fault suite and PostgreSQL's own machinery under faults: private clusters, standbys,
-#: pg_auto_failover, PgBouncer (none of them uses the shared Redis but test_faults' Celery
-#: transport, which starts its own redis-server).
+#: The fault suite, the benchmark suite and the fault fixtures: private clusters, standbys,
+#: PgBouncer, network namespaces, a redis-server of their own.
 SHARD_3 = (
     "test_faults.py",  # 308
     "test_benchmarks.py",  # 151
-    "test_failover.py",  # 84
-    "test_replication.py",
-    "test_infra_fixtures.py",
-    "test_pgbouncer.py",
-    "test_schedules_failover.py",
+    "test_infra_fixtures.py",  # ~70
 )
 
 #: Worker processes: Celery workers over the shared Redis, the browser, the process pool.
@@ -34,8 +29,11 @@ SHARD_2 = (
     "test_abort_processes.py",  # with test_ordering_processes: 86
     "test_ordering_processes.py",
     "test_admin_browser.py",  # 74
-    "test_queue_limits_processes.py",  # 54
 )
+
+# Shard 1, besides the ledger and most process files (~190 s together), takes the rest of
+# PostgreSQL's own machinery: test_failover (84), test_pgbouncer (~60), test_replication (~50),
+# test_schedules_failover (~50), test_queue_limits_processes (54).
 
 #: How many shards there are; shard 1 is every file in neither list.
 COUNT = 3
