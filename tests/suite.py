@@ -7,9 +7,13 @@
    ``postgres_only``: those use PostgreSQL-only features such as streaming replication; tests
    marked ``sqlite_only`` are about SQLite itself and run only in this pass).
 
-Passes 2 and 3 run side by side (``--serial``: one after the other), each with its own var dir
-(``var/test-postgres``, ``var/test-sqlite``) and Redis database: the SQLite pass takes the one
-below ``ZEROLOSS_TEST_REDIS_URL``'s (``/15`` -> ``/14``), or ``ZEROLOSS_TEST_REDIS_URL_SQLITE``.
+Pass 2 is three shards (``tests/shards.py``; ``--postgres-shards 1`` makes it one pass, and so do
+test paths given as arguments). The shards and pass 3 run side by side (``--serial``: one after
+the other), each with its own database (shard N > 1: the name with N appended), var dir
+(``var/test-postgres``, ``var/test-postgres-N``, ``var/test-sqlite``), range of loopback ports
+(``ZEROLOSS_TEST_PORTS``) and Redis database: shard 1 ``ZEROLOSS_TEST_REDIS_URL``'s, the SQLite
+pass ``ZEROLOSS_TEST_REDIS_URL_SQLITE``'s, shard N ``ZEROLOSS_TEST_REDIS_URL_SHARD<N>``'s, by
+default the next free ones below the first (``/15`` -> ``/14``, ``/13``, ``/12``).
 
 ``--skip-once`` leaves out the tests marked ``once``: every test outside the tiers whose outcome
 can depend on the Django version (``tests/conftest.py``'s ``DJANGO_TIERS``: unit, ledger,
