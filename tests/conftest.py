@@ -126,8 +126,43 @@ TIERS: dict[str, str] = {
 _TIER = pytest.StashKey[str]()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--postgres-shard",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Collect only the test files of the PostgreSQL pass's shard N (tests/shards.py).",
+    )
+    parser.addoption(
+        "--file-times",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Print the N test files that took longest (setup, call and teardown): how shards are balanced.",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``--postgres-shard N``, the files of the other shards are not even imported."""
+    shard = config.getoption("--postgres-shard")
+    if shard is None or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    from tests import shards
+
+    return True if shards.shard_of(collection_path.name) != shard else None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     from django.conf import settings
+
+    from tests import shards
+
+    shard = config.getoption("--postgres-shard")
+    if shard is not None and not 1 <= shard <= shards.COUNT:
+        raise pytest.UsageError(
+            f"--postgres-shard {shard}: the shards are 1 to {shards.COUNT} (tests/shards.py)"
+        )
 
     # Django's default hasher takes ~0.5 s a password by design; the admin tests make a user each.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -191,6 +226,21 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     captured log of a test about lone surrogates in error texts would crash the worker."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         report.sections = [(title, _encodable(content)) for title, content in report.sections]
+    name = report.nodeid.split("::")[0]
+    _FILE_TIMES[name] = _FILE_TIMES.get(name, 0.0) + report.duration
+
+
+_FILE_TIMES: dict[str, float] = {}
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    count = config.getoption("--file-times")
+    if not count or not _FILE_TIMES:
+        return
+    slowest = sorted(_FILE_TIMES.items(), key=lambda item: -item[1])[:count]
+    terminalreporter.write_sep("=", f"the {len(slowest)} slowest test files (s, tests/shards.py)")
+    for name, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}  {name}")
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -56,6 +57,21 @@ class ClusterError(RuntimeError):
 
 
 def free_port() -> int:
+    """A loopback port free now. Under ``python -m tests.suite`` each pass run side by side has
+    its own range (``ZEROLOSS_TEST_PORTS``, ``first-last``, below the kernel's ephemeral ports):
+    a port one pass found free and released is never the one another pass picks next."""
+    span = os.environ.get("ZEROLOSS_TEST_PORTS", "")
+    first, _, last = span.partition("-")
+    if first.isdigit() and last.isdigit():
+        ports = list(range(int(first), int(last) + 1))
+        random.shuffle(ports)  # processes of one pass (tests and their children) rarely meet
+        for port in ports:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

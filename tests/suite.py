@@ -7,9 +7,13 @@
    ``postgres_only``: those use PostgreSQL-only features such as streaming replication; tests
    marked ``sqlite_only`` are about SQLite itself and run only in this pass).
 
-Passes 2 and 3 run side by side (``--serial``: one after the other), each with its own var dir
-(``var/test-postgres``, ``var/test-sqlite``) and Redis database: the SQLite pass takes the one
-below ``ZEROLOSS_TEST_REDIS_URL``'s (``/15`` -> ``/14``), or ``ZEROLOSS_TEST_REDIS_URL_SQLITE``.
+Pass 2 is three shards (``tests/shards.py``; ``--postgres-shards 1`` makes it one pass, and so do
+test paths given as arguments). The shards and pass 3 run side by side (``--serial``: one after
+the other), each with its own database (shard N > 1: the name with N appended), var dir
+(``var/test-postgres``, ``var/test-postgres-N``, ``var/test-sqlite``), range of loopback ports
+(``ZEROLOSS_TEST_PORTS``) and Redis database: shard 1 ``ZEROLOSS_TEST_REDIS_URL``'s, the SQLite
+pass ``ZEROLOSS_TEST_REDIS_URL_SQLITE``'s, shard N ``ZEROLOSS_TEST_REDIS_URL_SHARD<N>``'s, by
+default the next free ones below the first (``/15`` -> ``/14``, ``/13``, ``/12``).
 
 ``--skip-once`` leaves out the tests marked ``once``: every test outside the tiers whose outcome
 can depend on the Django version (``tests/conftest.py``'s ``DJANGO_TIERS``: unit, ledger,
@@ -40,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+from tests import shards
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/zeroloss"
@@ -151,7 +157,7 @@ class PrivateServices:
 def _run(title: str, cmd: list[str], env: dict[str, str] | None = None) -> bool:
     print(f"\n=== {title}: {' '.join(cmd)}", flush=True)
     started = time.monotonic()
-    ok = subprocess.call(cmd, cwd=ROOT, env=env) == 0
+    ok = _passed(title, subprocess.call(cmd, cwd=ROOT, env=env))
     print(f"=== {title}: {'ok' if ok else 'FAILED'} ({time.monotonic() - started:.0f}s)", flush=True)
     return ok
 
@@ -184,6 +190,15 @@ def main() -> int:
         "--fast",
         action="store_true",
         help="The unit and ledger tiers on SQLite in memory, no lint (make test-fast).",
+    )
+    parser.add_argument(
+        "--postgres-shards",
+        type=int,
+        choices=range(1, shards.COUNT + 1),
+        default=shards.COUNT,
+        metavar="{1,2,3}",
+        help="Split the PostgreSQL pass into this many shards run side by side (tests/shards.py; "
+        "default %(default)s). Test paths given as arguments make it one pass.",
     )
     parser.add_argument("pytest_args", nargs="*", help="Extra pytest arguments (e.g. -k sweep).")
     args = parser.parse_args()
@@ -253,6 +268,8 @@ def _tests(
     base_env.setdefault("ZEROLOSS_TEST_POSTGRES_URL", pg_url)
 
     pytest = [py, "-m", "pytest", *args.pytest_args]
+    if not args.fast:
+        pytest[3:3] = ["--file-times", "12"]  # what tests/shards.py is balanced by
     once = " and not once" if args.skip_once else ""
     if args.fast:
         args.tier = args.tier or ["unit", "ledger"]
@@ -267,20 +284,34 @@ def _tests(
         pytest[3:3] = ["-n", os.environ.get("ZEROLOSS_TEST_FAST_WORKERS", "0")]
     passes: list[tuple[str, list[str], dict[str, str]]] = []
     both = args.only is None
+    redis_urls = _redis_urls(base_env["ZEROLOSS_TEST_REDIS_URL"], both, _shard_count(args))
+    if isinstance(redis_urls, str):
+        print(redis_urls, flush=True)
+        return 2
     if args.only != "sqlite":
-        env = dict(base_env, DATABASE_URL=pg_url)
-        env.setdefault("ZEROLOSS_VAR_DIR", str(ROOT / "var" / "test-postgres"))
-        passes.append(("pytest postgres", [*pytest, "-m", f"not sqlite_only{once}"], env))
+        count = _shard_count(args)
+        for shard in range(1, count + 1):
+            url = shards.database_for(pg_url, shard)
+            # each shard its own database, Redis database and var dir: they share no state
+            env = dict(base_env, DATABASE_URL=url, ZEROLOSS_TEST_REDIS_URL=redis_urls[f"postgres{shard}"])
+            env["ZEROLOSS_TEST_POSTGRES_URL"] = url
+            suffix = "" if shard == 1 else f"-{shard}"
+            env.setdefault("ZEROLOSS_VAR_DIR", str(ROOT / "var" / f"test-postgres{suffix}"))
+            if "ZEROLOSS_VAR_DIR" in os.environ and shard > 1:
+                env["ZEROLOSS_VAR_DIR"] = f"{os.environ['ZEROLOSS_VAR_DIR']}{suffix}"
+            cmd = [*pytest, "-m", f"not sqlite_only{once}"]
+            name = "pytest postgres"
+            if count > 1:
+                cmd[3:3] = ["--postgres-shard", str(shard)]
+                name = f"pytest postgres{shard}"
+            passes.append((name, cmd, env))
     if args.only != "postgres":
-        env = dict(base_env)
+        env = dict(base_env, ZEROLOSS_TEST_REDIS_URL=redis_urls["sqlite"])
         env.setdefault("ZEROLOSS_VAR_DIR", str(ROOT / "var" / "test-sqlite"))
-        if both:
-            # The two passes run side by side: the SQLite one gets the Redis database
-            # below (tests flush theirs) unless ZEROLOSS_TEST_REDIS_URL_SQLITE names one.
-            env["ZEROLOSS_TEST_REDIS_URL"] = os.environ.get(
-                "ZEROLOSS_TEST_REDIS_URL_SQLITE", _other_redis_db(base_env["ZEROLOSS_TEST_REDIS_URL"])
-            )
         passes.append(("pytest sqlite", [*pytest, "-m", f"not postgres_only{once}"], env))
+    for index, (_, _, env) in enumerate(passes):
+        # tests/pgcluster.py's free_port(): each pass its own 1000 ports below 32768
+        env.setdefault("ZEROLOSS_TEST_PORTS", f"{21000 + 1000 * index}-{21999 + 1000 * index}")
     if len(passes) > 1 and not args.serial:
         results.update(_run_side_by_side(passes))
     else:
@@ -289,11 +320,45 @@ def _tests(
     return _summary(results)
 
 
-def _other_redis_db(url: str) -> str:
-    parsed = urlparse(url)
-    db = int((parsed.path or "/0").lstrip("/") or 0)
-    # the one below (the default /15 is the last of Redis's 16; /0 is the one applications use)
-    return parsed._replace(path=f"/{db - 1 if db > 0 else 1}").geturl()
+def _shard_count(args: argparse.Namespace) -> int:
+    """The PostgreSQL pass's shards: one when test paths are given (a shard would drop the
+    files of the others)."""
+    named = any(Path(arg.split("::")[0]).exists() for arg in args.pytest_args if not arg.startswith("-"))
+    return 1 if named or args.only == "sqlite" else args.postgres_shards
+
+
+def _redis_db(url: str) -> int:
+    return int((urlparse(url).path or "/0").lstrip("/") or 0)
+
+
+def _redis_urls(first: str, both: bool, count: int) -> dict[str, str] | str:
+    """Each pass's Redis database (tests flush theirs, so passes side by side never share one):
+    the first PostgreSQL shard ``first``'s; the SQLite pass ``ZEROLOSS_TEST_REDIS_URL_SQLITE``'s,
+    shard N ``ZEROLOSS_TEST_REDIS_URL_SHARD<N>``'s, each by default the next free one below
+    ``first``'s (``/15`` -> ``/14``, ``/13``, ``/12``; never ``/0``, the one applications use).
+    A string: why the databases named collide."""
+    parsed = urlparse(first)
+    wanted = [f"postgres{n}" for n in range(2, count + 1)]
+    if both:
+        wanted.insert(0, "sqlite")
+    urls = {"postgres1": first, "sqlite": first}
+    taken = {_redis_db(first)}
+    env_names = {"sqlite": "ZEROLOSS_TEST_REDIS_URL_SQLITE"}
+    env_names.update({f"postgres{n}": f"ZEROLOSS_TEST_REDIS_URL_SHARD{n}" for n in range(2, count + 1)})
+    for name in wanted:  # the ones named first, so a default never takes one of theirs
+        if os.environ.get(env_names[name]):
+            urls[name] = os.environ[env_names[name]]
+    named = [urls[n] for n in ("postgres1", *wanted) if n == "postgres1" or os.environ.get(env_names[n])]
+    if len({(urlparse(u).netloc, _redis_db(u)) for u in named}) < len(named):
+        return "Passes side by side need distinct Redis databases: " + ", ".join(named)
+    taken |= {_redis_db(u) for u in named}
+    candidates = [*range(_redis_db(first) - 1, 0, -1), *range(_redis_db(first) + 1, 16)]
+    for name in wanted:
+        if not os.environ.get(env_names[name]):
+            db = next(d for d in candidates if d not in taken)
+            taken.add(db)
+            urls[name] = parsed._replace(path=f"/{db}").geturl()
+    return urls
 
 
 def _run_side_by_side(passes: list[tuple[str, list[str], dict[str, str]]]) -> dict[str, bool]:
@@ -302,30 +367,40 @@ def _run_side_by_side(passes: list[tuple[str, list[str], dict[str, str]]]) -> di
     busy together instead of one after the other."""
     import threading
 
+    started = time.monotonic()
+    finished: dict[str, float] = {}
+
     def pump(name: str, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            print(f"[{name}] {line}", end="", flush=True)
+            print(f"[{name.split()[-1]}] {line}", end="", flush=True)
+        proc.wait()
+        finished[name] = time.monotonic() - started
+        print(
+            f"=== {name}: {'ok' if _passed(name, proc.returncode) else 'FAILED'} ({finished[name]:.0f}s)",
+            flush=True,
+        )
 
-    started = time.monotonic()
     running = []
     for name, cmd, env in passes:
         print(f"\n=== {name} (side by side): {' '.join(cmd)}", flush=True)
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        thread = threading.Thread(target=pump, args=(name.split()[-1], proc), daemon=True)
+        thread = threading.Thread(target=pump, args=(name, proc), daemon=True)
         thread.start()
         running.append((name, proc, thread))
     results = {}
     for name, proc, thread in running:
-        code = proc.wait()
         thread.join()
-        results[name] = code == 0
-        print(
-            f"=== {name}: {'ok' if code == 0 else 'FAILED'} ({time.monotonic() - started:.0f}s)", flush=True
-        )
+        results[f"{name} ({finished[name]:.0f}s)"] = _passed(name, proc.returncode)
     return results
+
+
+def _passed(name: str, code: int) -> bool:
+    """A shard other than the first may have nothing left to run (``--skip-once`` takes every
+    test of shard 3): pytest's "no tests collected" (5) is a pass for it."""
+    return code == 0 or (code == 5 and name in ("pytest postgres2", "pytest postgres3"))
 
 
 def _summary(results: dict[str, bool]) -> int:

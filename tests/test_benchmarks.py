@@ -52,6 +52,9 @@ def _server_url() -> str:
     return f"postgres://{user}@{host}:{port}/postgres"
 
 
+# A bound on a hang, not on speed: ~150 s alone, more beside the other shards of the PostgreSQL
+# pass (tests/shards.py) on a loaded 2-core machine, where it once passed 280 s.
+@pytest.mark.timeout(660)
 def test_quick_benchmark_suite_reports_every_figure(tmp_path: Path) -> None:
     # Marked postgres_only, so the SQLite pass deselects it; run alone on SQLite it fails loudly.
     assert connection.vendor == "postgresql", (
@@ -81,7 +84,7 @@ def test_quick_benchmark_suite_reports_every_figure(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=600,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
 

@@ -8,7 +8,6 @@ ends; this process's SDK keeps its own in memory. Metrics: workers write into on
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import zeroloss
 from project.demo.models import HandledRecord
+from tests.pgcluster import free_port
 from tests.support.processes import db_worker
 from zeroloss.models import Message, Status
 from zeroloss.service import wait_until
@@ -121,12 +121,6 @@ def test_a_retry_keeps_the_trace(spans, tmp_path):
     assert {r["parent_id"] for r in runs} == {_hex(producer.context.span_id, 16)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
@@ -151,7 +145,7 @@ def test_two_workers_write_one_multiprocess_dir_and_one_scrape_sums_them(tmp_pat
     handled_by_first = HandledRecord.objects.count()
     assert handled_by_first == 12
     zeroloss.send_many("demo.record", [{} for _ in range(8)])
-    port = _free_port()
+    port = free_port()
     second = db_worker("--queue", "demo.record", "--metrics-port", str(port), "--poll-interval", "0.1", **env)
     try:
         assert wait_until(lambda: HandledRecord.objects.count() == 20, timeout=120), second.text

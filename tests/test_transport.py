@@ -73,8 +73,11 @@ def test_sigkilled_celery_worker_loses_nothing(broker, procs, settings):
     settings.ZEROLOSS = {**settings.ZEROLOSS, "REDISPATCH_AFTER": 2.0}
     first = celery_worker(REDIS_URL, concurrency=2, **env)
     procs.append(first)
+    # The last 100 take 0.25 s each (~12 s on two processes), so the kill after the first 20 lands
+    # while some run even when this process is slow to see them done (a loaded machine once
+    # let 0.02 s handlers finish all 120 before it looked).
     for i in range(120):
-        zeroloss.send("demo.record_tx", {"i": i, "sleep": 0.02}, message_id=f"k{i}")
+        zeroloss.send("demo.record_tx", {"i": i, "sleep": 0.02 if i < 20 else 0.25}, message_id=f"k{i}")
     assert wait_until(lambda: Message.objects.filter(status=Status.COMPLETED).count() >= 20, timeout=60)
     first.sigkill_group()
     in_flight = set(Message.objects.filter(status=Status.PROCESSING).values_list("message_id", flat=True))
