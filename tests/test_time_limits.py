@@ -160,6 +160,21 @@ def test_the_soft_limit_is_never_raised_once_the_handler_has_returned():
     assert raised < 200
 
 
+def test_a_soft_limit_that_runs_out_before_its_timer_is_armed_is_raised_by_the_block():
+    """A timer firing while Thread.start() still runs must not interrupt it (that surfaced as a
+    KeyError from threading's bookkeeping): it marks itself due, and arming raises the limit."""
+    from zeroloss.timelimits import _SoftTimer
+
+    timer = _SoftTimer(3600, threading.get_ident())
+    timer._fire()  # ran out before arm(): nothing is sent to the thread
+    assert not timer.fired
+    with pytest.raises(SoftTimeLimitExceeded):
+        timer.arm()
+    timer.disarm()
+    timer._fire()  # a late firing after the block: nothing
+    assert not timer.fired and timer.state == "done"
+
+
 def test_an_async_handler_past_its_soft_limit_gets_the_exception_in_its_task():
     seen: list[str] = []
 

@@ -68,29 +68,46 @@ _set_async_exc.restype = ctypes.c_int
 
 
 class _SoftTimer:
-    """Raises SoftTimeLimitExceeded in one thread after ``seconds``, only while it is armed."""
+    """Raises SoftTimeLimitExceeded in one thread after ``seconds``, only while it is armed.
+
+    Armed only once its timer thread has started: an exception delivered inside
+    ``Thread.start()`` would break the threading module's bookkeeping (a ``KeyError`` from
+    its limbo table instead of the limit). A timer that fires before then marks itself due,
+    and :meth:`arm` raises the limit itself.
+    """
 
     def __init__(self, seconds: float, thread_id: int) -> None:
         self.thread_id = thread_id
         self.lock = threading.Lock()
-        self.armed = True
+        self.state = "starting"  # then "armed", then "done"
+        self.due = False
         self.fired = False
         self.timer = threading.Timer(seconds, self._fire)
         self.timer.daemon = True
 
     def _fire(self) -> None:
         with self.lock:
-            if not self.armed:
-                return  # the handler ended first
-            self.fired = True
-            _set_async_exc(self.thread_id, SoftTimeLimitExceeded)
+            if self.state == "starting":
+                self.due = True
+            elif self.state == "armed":
+                self.fired = True
+                _set_async_exc(self.thread_id, SoftTimeLimitExceeded)
+            # "done": the handler ended first
+
+    def arm(self) -> None:
+        """Start the timer; raise here if it ran out before it was armed."""
+        self.timer.start()
+        with self.lock:
+            self.state = "done" if self.due else "armed"
+        if self.due:
+            raise SoftTimeLimitExceeded
 
     def disarm(self) -> None:
         """After this returns nothing more is raised: a pending exception not yet delivered to
         the thread is withdrawn (``PyThreadState_SetAsyncExc(id, NULL)``) under the lock."""
         self.timer.cancel()
         with self.lock:
-            self.armed = False
+            self.state = "done"
             if self.fired:
                 _set_async_exc(self.thread_id, ctypes.py_object())  # NULL: clear what is pending
 
@@ -109,7 +126,7 @@ def soft_limit(seconds: float | None) -> Iterator[None]:
         return
     timer = _SoftTimer(seconds, threading.get_ident())
     try:
-        timer.timer.start()  # inside: a very short limit may fire before start() returns
+        timer.arm()
         yield
     finally:
         while True:
