@@ -162,7 +162,9 @@ def test_beat_runs_the_sweep(broker, procs, tmp_path, settings):
 def test_db_worker_handles_everything_once_and_survives_sigkill(procs):
     service = ZeroLossMessageService()
     service.persist_messages([(f"d{i}", "demo.record_tx", {"i": i, "sleep": 0.03}) for i in range(150)])
-    env = {"ZEROLOSS_SWEEP_INTERVAL": "0.3"}
+    # A long lease: the dead worker's run out by expire_leases(), never the living one's on a
+    # loaded machine (the keeper renews, but a 5 s lease can lapse under a saturated SQLite lock).
+    env = {"ZEROLOSS_SWEEP_INTERVAL": "0.3", "ZEROLOSS_ACK_TIMEOUT": "60"}
 
     def processing() -> set[str]:
         return set(Message.objects.filter(status=Status.PROCESSING).values_list("message_id", flat=True))
