@@ -322,6 +322,26 @@ def test_a_batchs_started_counts_and_durations_are_recorded_once_at_its_end(otel
     assert _count(otel_metrics, consumed) == before[0] + 4
 
 
+def test_a_run_ending_off_its_batchs_thread_is_recorded_at_once(otel_metrics):
+    """A handler run that ends on another thread (one abandoned past its time limit ends
+    later) records its duration when it ends, never into the batch its claim thread flushes."""
+    import threading
+
+    from zeroloss import telemetry
+    from zeroloss.delivery import Delivery
+
+    duration = "messaging.process.duration"
+    before = _count(otel_metrics, duration)
+    with telemetry.batch():
+        run = telemetry.process(Delivery(_lease("elsewhere")), "w")
+        ended = threading.Thread(target=run.end, args=(True, 0.01))
+        ended.start()
+        ended.join(timeout=10)
+        assert not ended.is_alive()
+        assert _count(otel_metrics, duration) == before + 1
+    assert _count(otel_metrics, duration) == before + 1  # and not again at the batch's end
+
+
 def test_a_prometheus_histogram_observed_as_a_batch_equals_one_observation_at_a_time():
     from prometheus_client import CollectorRegistry, Histogram
 

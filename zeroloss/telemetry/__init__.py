@@ -184,9 +184,11 @@ class _Process:
 
     def end(self, ok: bool, seconds: float, exc: BaseException | None = None) -> None:
         error = None if ok else _error_type(exc)
-        pending = self.pending
-        if pending is not None and not pending.closed:
-            pending.handled(self.queue, error, seconds)
+        # Only on the batch's own thread while it runs: a handler abandoned past its limit that
+        # ends later, or on another thread, records at once (never into a batch being flushed).
+        running: _Pending | None = getattr(_local, "pending", None)
+        if running is not None and running is self.pending:
+            running.handled(self.queue, error, seconds)
         else:
             for meter in self.meters:
                 meter.handled(self.queue, error, (seconds,))
@@ -202,10 +204,9 @@ _local = threading.local()
 class _Pending:
     """The started counts, pickup latencies and handler durations of one batch on one thread."""
 
-    __slots__ = ("closed", "durations", "started", "waits")
+    __slots__ = ("durations", "started", "waits")
 
     def __init__(self) -> None:
-        self.closed = False
         self.started: dict[str, int] = {}
         self.waits: dict[str, list[float]] = {}
         self.durations: dict[tuple[str, str | None], list[float]] = {}
@@ -219,7 +220,6 @@ class _Pending:
         self.durations.setdefault((queue, error), []).append(seconds)
 
     def flush(self, meters: list[Any]) -> None:
-        self.closed = True
         for meter in meters:
             for queue, n in self.started.items():
                 meter.started(queue, n, self.waits.get(queue, ()))
