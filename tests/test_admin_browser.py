@@ -208,10 +208,12 @@ def test_operator_desk_in_a_real_browser(live_server: Any, browser_page: Any, tm
     page.goto(f"{base}/admin/zeroloss/message/{pk}/change/")
     shots.take(page, "admin-detail.png")
     page.click("button[value=force_requeue]")
-    assert page.locator(".zl-warning", has_text="The running worker will lose its lease.").is_visible()
+    # is_visible() does not wait: wait for the confirmation page before asserting on it.
+    page.wait_for_selector(".zl-warning >> text=The running worker will lose its lease.")
     assert "acknowledgement will be refused" in page.locator(".zl-warning").inner_text()
     assert Message.objects.get(message_id="report-2024-q4").status == Status.PROCESSING
     page.click("input[type=submit][value='Yes, revoke the leases and requeue']")
+    page.wait_for_selector("ul.messagelist li.success")
     assert "1 message was requeued; its lease was revoked." in page.locator("ul.messagelist").inner_text()
     assert ledger["live"].acknowledge("report-2024-q4", ledger["live_lease"].token) is False
 
