@@ -24,6 +24,7 @@ from django.db import OperationalError, connection, transaction
 import zeroloss
 from tests.conftest import database_url
 from tests.support.waiting import wait_for
+from zeroloss.ledger.base import engine_for
 from zeroloss.models import Message, MessageEvent
 from zeroloss.service import ZeroLossMessageService
 
@@ -50,8 +51,10 @@ def session_ended_before_promotion() -> Iterator[None]:
     """Outside a transaction the promotion runs right after the autocommitted INSERT: the
     session is ended as the promotion is about to be sent."""
 
+    promotion = engine_for(connection).sql["PROMOTE"]
+
     def wrapper(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
-        if sql.startswith(f"UPDATE {Message._meta.db_table} SET available_at"):
+        if sql == promotion:
             terminate_own_session()
         return execute(sql, params, many, context)
 

@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 from tests.support import expire_leases, make_available
 from zeroloss.exceptions import InvalidMessage, MessageConflict, MessageNotFound
 from zeroloss.ledger.types import Completion, Lease, Verdict
-from zeroloss.models import DedupKey, Message, MessageEvent, PurgeRecord
+from zeroloss.models import DedupKey, Message, MessageEvent, MessageKey, OrderingHead, PurgeRecord
 from zeroloss.service import ZeroLossMessageService
 from zeroloss.states import TRANSITIONS, is_allowed
 
@@ -131,7 +131,7 @@ def backdate(column: str) -> None:
 
 def clean_ledger() -> None:
     with connection.cursor() as cursor:
-        for model in (MessageEvent, Message, PurgeRecord, DedupKey):
+        for model in (MessageEvent, Message, MessageKey, OrderingHead, PurgeRecord, DedupKey):
             cursor.execute(f"DELETE FROM {model._meta.db_table}")
 
 
@@ -781,7 +781,7 @@ def test_a_declaration_derives_its_audit_columns_and_refuses_an_ambiguous_edge()
     assert fail.reason_sql() == "CASE WHEN status = 'dead' THEN 'dead_lettered' ELSE 'failed' END"
     assert MOVES["ACK"].reason_sql() == "'acknowledged'" and MOVES["ACK"].finishes
     assert not MOVES["RELEASE"].finishes and MOVES["CLAIM"].source == "pending"
-    assert audit_row(MOVES["INSERT_STAGED"].edges[0], 7, 0, "t", "me", "") == (
+    assert audit_row(MOVES["INSERT_STAGED"].edges[0], 7, 0, "t", "me", "", "c") == (
         7,
         "",
         "pending",
@@ -790,6 +790,7 @@ def test_a_declaration_derives_its_audit_columns_and_refuses_an_ambiguous_edge()
         0,
         "",
         "t",
+        "c",
     )
     with pytest.raises(ValueError, match="one source"):
         Moving("operator", (edge("pending", "dead", "x"), edge("processing", "dead", "x")))

@@ -14,7 +14,9 @@ __all__ = [
     "DedupKey",
     "Message",
     "MessageEvent",
+    "MessageKey",
     "NodeRole",
+    "OrderingHead",
     "PurgeRecord",
     "Reason",
     "ReplicationNode",
@@ -202,6 +204,10 @@ class MessageEvent(models.Model):
     attempt = models.PositiveIntegerField(_("attempt"), default=0)
     detail = models.TextField(_("detail"), blank=True, default="")
     created_at = models.DateTimeField(_("created at"))
+    #: The message's ``created_at``, copied into each of its audit rows: the partition key of a
+    #: partitioned ledger (docs/scaling.md), so that a message and its whole history sit in the
+    #: same day's partitions. NULL on rows written before 0.3.
+    message_created_at = models.DateTimeField(_("message created at"), null=True, blank=True)
 
     objects = MessageEventQuerySet.as_manager()
 
@@ -233,6 +239,59 @@ class PurgeRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.count} {self.status} from {self.queue_name}"
+
+
+class MessageKey(models.Model):
+    """A stored message id and the day its message lives in (PostgreSQL; docs/scaling.md).
+
+    The unique index of message ids, apart from the message table: a partitioned table can have
+    no unique index without its partition key, and a resend days later must still find the first
+    message. Every send on PostgreSQL inserts here first, in the same statement, and stores the
+    message only if that insert did. SQLite's message table keeps its own unique index and
+    leaves this table empty.
+    """
+
+    message_id = models.CharField(_("message id"), max_length=255, primary_key=True)
+    #: The message's ``created_at``: which partition holds it.
+    created_at = models.DateTimeField(_("created at"))
+
+    class Meta:
+        db_table = "zeroloss_message_key"
+        verbose_name = _("message key")
+        verbose_name_plural = _("message keys")
+
+    def __str__(self) -> str:
+        return self.message_id
+
+
+class OrderingHead(models.Model):
+    """The one head (claimable or processing message) of an ordering key (PostgreSQL).
+
+    The message table's unique index ``zeroloss_ordering_head_uniq`` allows one head per key;
+    a partitioned table cannot have it (a unique index there must hold the partition key), so on
+    PostgreSQL the statement that releases a key's next message also claims the key's row here,
+    and the one that finishes a head hands the row on or deletes it: a second head of a key is
+    refused by this table's unique index, whatever the layout. SQLite keeps the message table's
+    index and leaves this table empty.
+    """
+
+    queue_name = models.CharField(_("queue name"), max_length=100)
+    ordering_key = models.CharField(_("ordering key"), max_length=255)
+    #: The head's ``Message.id``.
+    message_pk = models.BigIntegerField(_("message pk"))
+    #: When it became the head (a row that outlives its head is repaired only well after this).
+    since = models.DateTimeField(_("since"))
+
+    class Meta:
+        db_table = "zeroloss_ordering_head"
+        verbose_name = _("ordering head")
+        verbose_name_plural = _("ordering heads")
+        constraints = [
+            models.UniqueConstraint(fields=["queue_name", "ordering_key"], name="zeroloss_head_key_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name}:{self.ordering_key} -> {self.message_pk}"
 
 
 class DedupKey(models.Model):

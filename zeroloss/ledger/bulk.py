@@ -310,9 +310,21 @@ def _copy(
             start += len(chunk)
 
     # Every row of the batch has the same audit row but for its message: derived once.
-    _, *rest = audit_row(INSERT_STAGED_EDGE, None, 0, at, actor, "")
+    _, *rest = audit_row(INSERT_STAGED_EDGE, None, 0, at, actor, "", at)
     event = "\t" + "\t".join(_text(str(v)) for v in rest) + "\n"
     engine.copy_in(conn, engine.sql["COPY_MESSAGES"], messages())
+    # Their ids into the key table (prepared now: the messages' COPY prepared them): one stored
+    # already fails this COPY (or the one before, on an unpartitioned ledger), and the staged
+    # statement sorts new from stored, as a smaller batch's statement does (statements.KEY_FIRST).
+    keys = batch.prepared
+    engine.copy_in(
+        conn,
+        engine.sql["COPY_KEYS"],
+        (
+            "".join(f"{_text(p.message_id)}\t{at}\n" for p in keys[start : start + _COPY_CHUNK])
+            for start in range(0, len(keys), _COPY_CHUNK)
+        ),
+    )
     engine.copy_in(conn, engine.sql["COPY_EVENTS"], (f"{pk}{event}" for pk in pks))
     return {p.message_id: int(pk) for p, pk in zip(batch.prepared, pks, strict=True)}, created
 

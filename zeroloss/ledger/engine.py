@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
-from ..models import DedupKey, Message, MessageEvent, QueueControl
+from ..models import DedupKey, Message, MessageEvent, MessageKey, OrderingHead, QueueControl
 from . import statements
 from .statements_moves import AUDIT_COLUMNS, MOVED_NAMES, Moving
 
@@ -27,6 +27,8 @@ MSG = Message._meta.db_table
 EVT = MessageEvent._meta.db_table
 DEDUP = DedupKey._meta.db_table
 CTL = QueueControl._meta.db_table
+KEY = MessageKey._meta.db_table
+HEAD = OrderingHead._meta.db_table
 
 Rows = list[tuple[Any, ...]]
 
@@ -115,6 +117,8 @@ class Engine:
         return template.format(
             msg=MSG,
             evt=EVT,
+            key=KEY,
+            head=HEAD,
             dedup=DEDUP,
             ctl=CTL,
             now=self.now,
@@ -266,10 +270,10 @@ class Engine:
 
     @staticmethod
     def event_insert(source: str) -> str:
-        """INSERT of audit rows from a row source with the first eight ``MOVED`` columns."""
+        """INSERT of audit rows from a row source with the ``MOVED`` columns."""
         return (
             f"INSERT INTO {EVT} ({AUDIT_COLUMNS}) "
-            f"SELECT id, from_status, status, reason, %s, attempts, detail, updated_at FROM {source}"
+            f"SELECT id, from_status, status, reason, %s, attempts, detail, updated_at, created_at FROM {source}"
         )
 
     # -- the other areas' catalogues, and what a database can do --------------------------

@@ -204,6 +204,7 @@ class Operator(Part):
                     break
                 ids = engine.row_params("PURGE_EVENTS", [[r[0] for r in rows]])
                 engine.run(conn, statements_ops, "PURGE_EVENTS", ids)
+                engine.run(conn, statements_ops, "PURGE_KEYS", ids)
                 engine.run(conn, statements_ops, "PURGE_MESSAGES", ids)
                 counts: dict[str, int] = {}
                 for _, queue in rows:

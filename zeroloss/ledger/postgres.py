@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 from django.db import InternalError, OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from . import statements
 from .engine import MSG, Engine, Move, Rows, from_epoch
 
 # Timestamps handed back as epoch seconds: a float loads far cheaper than a timestamptz through
@@ -109,6 +110,17 @@ class PostgresEngine(Engine):
     stage_from = 1000
     keeps_dead_index_entries = True
     moves_in_one_statement = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: The CTEs a persisting statement begins with (statements.KEY_FIRST: its ids into the key
+        #: table first); the statement itself is then the message insert that follows them.
+        self.key_ctes: dict[str, str] = {}
+        for name, (ctes, insert) in statements.KEY_FIRST.items():
+            self.key_ctes[name] = self.render(name, ctes)
+            self.sql[name] = self.render(name, insert)
+        # A promotion claims the key's head row first (statements.PROMOTE_CLAIMING_HEAD).
+        self.sql["PROMOTE"] = self.render("PROMOTE", statements.PROMOTE_CLAIMING_HEAD)
 
     def after(self, seconds_sql: str, *, clock: bool = False) -> str:
         return f"({self.clock if clock else self.now} + {seconds_sql} * interval '1 second')"
@@ -294,10 +306,11 @@ class PostgresEngine(Engine):
     def _with_audit(self, name: str, promote: bool) -> str:
         result = self.moves[name].result
         returned = ", ".join(_EPOCH.get(c, c) for c in result) if result else "*"
-        promoted = f", pr AS ({self.sql['PROMOTE_FINISHED']})" if promote else ""
+        promoted = f", {self.sql['PROMOTE_FINISHED']}" if promote else ""
+        first = self.key_ctes.get(name)
         return (
-            f"WITH t AS ({self.sql[name]} RETURNING {self.returning[name]}), ev AS ({self.event_insert('t')})"
-            f"{promoted} SELECT {returned} FROM t"
+            f"WITH {first + ', ' if first else ''}t AS ({self.sql[name]} RETURNING {self.returning[name]}), "
+            f"ev AS ({self.event_insert('t')}){promoted} SELECT {returned} FROM t"
         )
 
     # -- what this database can do (see Engine) -------------------------------------------

@@ -74,9 +74,12 @@ class SqliteEngine(Engine):
         with transaction.atomic(using=conn.alias):
             rows, _ = self.execute(conn, full, move.params)
             if rows:
-                # id, message_id, status, attempts, updated_at, from_status, reason, detail: the
-                # edge's source and reason as the declaration's RETURNING columns computed them.
-                audit = [audit_row(Edge(r[5], r[2], r[6]), r[0], r[3], r[4], move.actor, r[7]) for r in rows]
+                # id, message_id, status, attempts, updated_at, from_status, reason, detail, ...,
+                # created_at: the edge's source and reason as the declaration's RETURNING columns
+                # computed them.
+                audit = [
+                    audit_row(Edge(r[5], r[2], r[6]), r[0], r[3], r[4], move.actor, r[7], r[10]) for r in rows
+                ]
                 self.execute(conn, events, [json.dumps(audit, default=str)])
                 if move.promote:
                     keys = {(r[8], r[9]) for r in rows if r[9] and r[2] in FINISHED}

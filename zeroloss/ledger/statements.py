@@ -30,6 +30,7 @@ from .statements_cancel import (  # noqa: F401  (named statements of the catalog
 )
 from .statements_leases import *  # noqa: F403  (named statements of the catalogue)
 from .statements_leases import LEASE_COLUMNS, PLANNED_PER_CALL  # noqa: F401
+from .statements_moves import AUDIT_COLUMNS as _AUDIT_COLUMNS
 from .statements_moves import Moving, edge
 
 INSERT_COLUMNS = (
@@ -73,9 +74,7 @@ COPY_MESSAGES = (
     "ordering_key, available_at, claimed_by, last_error, replication_targets, created_at, updated_at, "
     "dispatched_at, headers) FROM STDIN"
 )
-COPY_EVENTS = (
-    "COPY {evt} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at) FROM STDIN"
-)
+COPY_EVENTS = "COPY {evt} (" + _AUDIT_COLUMNS + ") FROM STDIN"
 # When an id of the batch is stored already (the COPY fails on it): COPY'd into a temporary
 # table, then stored by one statement like INSERT_MANY. Dropped at once (a second batch of the same transaction creates it again),
 # and at commit whatever happens. ``n`` keeps the batch's order in the ids.
@@ -86,6 +85,62 @@ STAGE_CREATE = (
 STAGE_COPY = "COPY zeroloss_staged FROM STDIN"
 INSERT_STAGED = _INSERT_SELECT_HEADERS + "zeroloss_staged b ORDER BY b.n ON CONFLICT (message_id) DO NOTHING"
 STAGE_DROP = "DROP TABLE zeroloss_staged"
+# -- PostgreSQL: each id claimed in the key table first ---------------------------------------
+# A partitioned message table can have no unique index on message_id alone (docs/scaling.md),
+# so on PostgreSQL each persisting statement above inserts its ids into the unpartitioned
+# zeroloss_message_key first, in a CTE of the same statement, and stores only the messages
+# whose key it inserted: the key's primary key serialises concurrent sends of one id, as the
+# message table's unique index did. The message insert keeps ``ON CONFLICT DO NOTHING``: on an
+# unpartitioned ledger the message table's unique index still refuses an id stored without a
+# key row (by a 0.2 process during a rolling upgrade).
+_KEY_OF_ONE = (
+    "k AS (INSERT INTO {key} (message_id, created_at) VALUES (%s, {now}) ON CONFLICT DO NOTHING "
+    "RETURNING message_id)"
+)
+# The batch's two scalars first, so that the parameters stay in the order of the statement above.
+_BATCH_SCALARS = "p AS (SELECT CAST(%s AS double precision) AS delay, CAST(%s AS boolean) AS dispatched)"
+_KEYS_OF = (
+    "k AS (INSERT INTO {key} (message_id, created_at) SELECT mid, {now} FROM {source} ON CONFLICT DO NOTHING "
+    "RETURNING message_id)"
+)
+# ``n``: the batch's order, which the ids keep (an ordering key's messages are claimed by id).
+_BATCH = "b AS MATERIALIZED (SELECT row_number() OVER () AS n, * FROM {rows})"
+_STORED_TAIL = " ON CONFLICT (message_id) DO NOTHING"
+
+
+def _key_first_one(statement: str) -> str:
+    body = statement.replace(") VALUES (%s, ", ") SELECT k.message_id, ", 1)
+    if not body.endswith(")" + _STORED_TAIL):
+        raise ValueError(f"not a one-row persisting statement: {statement}")
+    return body[: -len(")" + _STORED_TAIL)] + " FROM k ON CONFLICT DO NOTHING"
+
+
+def _key_first_select(select: str, source: str) -> str:
+    body = select.replace("{after}", "({now} + p.delay * interval '1 second')", 1)
+    body = body.replace("CASE WHEN %s THEN {now} END", "CASE WHEN p.dispatched THEN {now} END", 1)
+    return body + f"p, {source} JOIN k ON k.message_id = b.mid ORDER BY b.n ON CONFLICT DO NOTHING"
+
+
+#: PostgreSQL's persisting statements: ``name: (CTEs, the message insert)``; the engine puts the
+#: CTEs before its own (the moved rows ``t`` and their audit rows).
+KEY_FIRST: dict[str, tuple[str, str]] = {
+    "INSERT_ONE": (_KEY_OF_ONE, _key_first_one(INSERT_ONE)),
+    "INSERT_ONE_HEADERS": (_KEY_OF_ONE, _key_first_one(INSERT_ONE_HEADERS)),
+    "INSERT_MANY": (
+        f"{_BATCH_SCALARS}, {_BATCH}, " + _KEYS_OF.replace("{source}", "b"),
+        _key_first_select(_INSERT_SELECT, "b"),
+    ),
+    "INSERT_MANY_HEADERS": (
+        f"{_BATCH_SCALARS}, {_BATCH}, " + _KEYS_OF.replace("{source}", "b"),
+        _key_first_select(_INSERT_SELECT_HEADERS, "b"),
+    ),
+    "INSERT_STAGED": (
+        f"{_BATCH_SCALARS}, " + _KEYS_OF.replace("{source}", "zeroloss_staged"),
+        _key_first_select(_INSERT_SELECT_HEADERS, "zeroloss_staged b"),
+    ),
+}
+COPY_KEYS = "COPY {key} (message_id, created_at) FROM STDIN"
+
 # A deduplication window: claimed when new or expired; otherwise it names the first message.
 DEDUP_CLAIM = (
     "INSERT INTO {dedup} (queue_name, dedup_key, message_id, expires_at, created_at) "
@@ -101,14 +156,12 @@ DEDUP_TAKE_OVER = (
 DEDUP_PURGE = "DELETE FROM {dedup} WHERE expires_at < {now}"
 # An annotation, not a transition: the status is repeated (see states.ANNOTATIONS).
 ABSORBED = (
-    "INSERT INTO {evt} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at) "
-    "SELECT id, status, status, 'duplicate_absorbed', %s, attempts, %s, {now} FROM {msg} WHERE message_id = %s"
+    "INSERT INTO {evt} (" + _AUDIT_COLUMNS + ") "
+    "SELECT id, status, status, 'duplicate_absorbed', %s, attempts, %s, {now}, created_at FROM {msg} "
+    "WHERE message_id = %s"
 )
 
 # -- ordering keys ----------------------------------------------------------------------
-
-# Release the next message of each listed key that has no head (nothing claimable or
-# processing). Run after every commit that may have left a key without one.
 
 
 def head_of_key(alias: str = "") -> str:
@@ -119,31 +172,74 @@ def head_of_key(alias: str = "") -> str:
     )
 
 
-def _promote(queue: str, key: str, source: str, finished: str = "", excluded: str = "") -> str:
-    """Release the next waiting message of each key of ``source`` that has no head; ``excluded``
-    rows are left out of both looks (a CTE's rows, still seen as they were)."""
-    return (
-        "UPDATE {msg} SET available_at = {now}, updated_at = {now} WHERE id IN (SELECT (SELECT min(w.id) "
-        f"FROM {{msg}} w WHERE w.queue_name = {queue} AND w.ordering_key = {key} "
-        f"AND w.status = 'pending' AND w.available_at IS NULL{excluded.format('w')}) FROM {source} "
-        f"WHERE {finished}NOT EXISTS (SELECT 1 FROM {{msg}} h WHERE h.queue_name = {queue} "
-        f"AND h.ordering_key = {key} AND {head_of_key('h.')}{excluded.format('h')})) "
-    )
-
-
 # Release the next message of each listed key that has no head (nothing claimable or
-# processing). Run after every commit that may have left a key without one.
-PROMOTE = _promote("b.q", "b.k", "{rows}") + "RETURNING message_id, queue_name{notify}"
-# The same inside a move (PostgreSQL, a CTE after its ``t``): the keys of the messages it finished.
-PROMOTE_FINISHED = (
-    _promote(
-        "t.queue_name",
-        "t.ordering_key",
-        "t",
-        "t.ordering_key <> '' AND t.status IN ('completed', 'dead', 'cancelled') AND ",
-        " AND {}.id NOT IN (SELECT id FROM t)",
+# processing). Run after every commit that may have left a key without one (SQLite; PostgreSQL
+# runs PROMOTE_CLAIMING_HEAD in its place).
+PROMOTE = (
+    "UPDATE {msg} SET available_at = {now}, updated_at = {now} WHERE id IN (SELECT (SELECT min(w.id) "
+    "FROM {msg} w WHERE w.queue_name = b.q AND w.ordering_key = b.k AND w.status = 'pending' "
+    "AND w.available_at IS NULL) FROM {rows} WHERE NOT EXISTS (SELECT 1 FROM {msg} h WHERE h.queue_name = b.q "
+    "AND h.ordering_key = b.k AND " + head_of_key("h.") + ")) RETURNING message_id, queue_name{notify}"
+)
+
+
+# -- PostgreSQL: a key's head held in zeroloss_ordering_head ---------------------------------
+# (models.OrderingHead): a partitioned message table cannot have the one-head-per-key unique
+# index, so a promotion claims the key's row there first, in the same statement, and releases
+# only the message whose row it inserted; the statement finishing a head hands the row to the
+# next message, or deletes it when none waits. A second head of a key is then refused by that
+# table's unique index, whatever the layout.
+
+
+def _next_waiting(queue: str, key: str, excluded: str = "") -> str:
+    """The id of the key's first waiting message."""
+    return (
+        f"(SELECT min(w.id) FROM {{msg}} w WHERE w.queue_name = {queue} AND w.ordering_key = {key} "
+        f"AND w.status = 'pending' AND w.available_at IS NULL{excluded})"
     )
-    + "RETURNING message_id{notify}"
+
+
+#: PostgreSQL's PROMOTE: the head row of each key first (a conflict: the key has its head).
+PROMOTE_CLAIMING_HEAD = (
+    "WITH c AS (SELECT b.q, b.k, "
+    + _next_waiting("b.q", "b.k")
+    + " AS next FROM {rows} WHERE NOT EXISTS (SELECT 1 FROM {msg} h WHERE h.queue_name = b.q "
+    "AND h.ordering_key = b.k AND "
+    + head_of_key("h.")
+    + ")), hn AS (INSERT INTO {head} (queue_name, ordering_key, message_pk, since) SELECT q, k, next, {now} "
+    "FROM c WHERE next IS NOT NULL ON CONFLICT (queue_name, ordering_key) DO NOTHING RETURNING message_pk) "
+    "UPDATE {msg} SET available_at = {now}, updated_at = {now} WHERE id IN (SELECT message_pk FROM hn) "
+    "RETURNING message_id, queue_name{notify}"
+)
+# Inside a move (PostgreSQL's CTEs after its ``t``), for the keys of the messages it finished:
+# ``nx`` the next message of each (none while another head is live), ``hn`` the head row handed
+# to it (or inserted where the key had none), ``hd`` the row of a finished head deleted where no
+# message waits, ``pr`` the next messages released. The rows of ``t`` are seen as they were.
+PROMOTE_FINISHED = (
+    "nx AS (SELECT t.queue_name AS q, t.ordering_key AS k, t.id AS old, CASE WHEN NOT EXISTS (SELECT 1 "
+    "FROM {msg} h WHERE h.queue_name = t.queue_name AND h.ordering_key = t.ordering_key AND "
+    + head_of_key("h.")
+    + " AND h.id NOT IN (SELECT id FROM t)) THEN "
+    + _next_waiting("t.queue_name", "t.ordering_key", " AND w.id NOT IN (SELECT id FROM t)")
+    + " END AS next FROM t WHERE t.ordering_key <> '' AND t.status IN ('completed', 'dead', 'cancelled')), "
+    "hn AS (INSERT INTO {head} (queue_name, ordering_key, message_pk, since) SELECT DISTINCT ON (q, k) "
+    "q, k, next, {now} FROM nx WHERE next IS NOT NULL ON CONFLICT (queue_name, ordering_key) DO UPDATE SET "
+    "message_pk = excluded.message_pk, since = excluded.since WHERE {head}.message_pk IN (SELECT old FROM nx) "
+    "RETURNING message_pk), "
+    "hd AS (DELETE FROM {head} h USING nx WHERE nx.next IS NULL AND h.queue_name = nx.q "
+    "AND h.ordering_key = nx.k AND h.message_pk = nx.old), "
+    "pr AS (UPDATE {msg} SET available_at = {now}, updated_at = {now} WHERE id IN (SELECT message_pk FROM hn) "
+    "RETURNING message_id{notify})"
+)
+# The sweep's repair of a key whose head row outlived its head (its status changed outside the
+# ledger's statements): the keys' rows locked first, then, in a statement whose snapshot is
+# taken after the locks were granted (so that it sees every promotion that committed before),
+# those naming no head deleted, so that a promotion can take them.
+_HEAD_ROWS_OF = "queue_name || ' ' || ordering_key IN (SELECT b.q || ' ' || b.k FROM {rows})"
+HEAD_LOCK = "SELECT id FROM {head} WHERE " + _HEAD_ROWS_OF + "{lock_row}"
+HEAD_STALE = (
+    "DELETE FROM {head} WHERE " + _HEAD_ROWS_OF + " AND NOT EXISTS (SELECT 1 FROM {msg} m WHERE "
+    "m.id = {head}.message_pk AND " + head_of_key("m.") + ")"
 )
 # The sweep's safety net: keys whose head finished while no promotion could see their next
 # message (a process died between commit and promotion). Waiting rows younger than %s
@@ -267,6 +363,9 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
         ("headers", "text"),
     ),
     "PROMOTE": (("q", "text"), ("k", "text")),
+    "PROMOTE_CLAIMING_HEAD": (("q", "text"), ("k", "text")),
+    "HEAD_LOCK": (("q", "text"), ("k", "text")),
+    "HEAD_STALE": (("q", "text"), ("k", "text")),
     "REQUEUE": (("mid", "text"),),
     "REQUEUE_STUCK": (("mid", "text"),),
     "REDRIVE": (("mid", "text"),),

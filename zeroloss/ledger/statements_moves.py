@@ -18,10 +18,10 @@ from typing import Any, NamedTuple
 from ..states import Status
 
 #: The columns every moving statement returns, in this order (the audit row needs the first
-#: eight; callers read ``queue_name`` and ``ordering_key`` too).
+#: eight and ``created_at``; callers read ``queue_name`` and ``ordering_key`` too).
 MOVED = (
     "id, message_id, status, attempts, updated_at, {from_status} AS from_status, {reason} AS reason, "
-    "{detail} AS detail, queue_name, ordering_key"
+    "{detail} AS detail, queue_name, ordering_key, created_at"
 )
 #: The names of the :data:`MOVED` columns, in order.
 MOVED_NAMES = (
@@ -35,6 +35,7 @@ MOVED_NAMES = (
     "detail",
     "queue_name",
     "ordering_key",
+    "created_at",
 )
 #: The audit detail when it is a parameter of the move (its value passed by the caller).
 DETAIL_PARAMETER = "CAST(%s AS TEXT)"
@@ -107,15 +108,23 @@ class Moving:
 
 
 def audit_row(
-    edge: Edge, message_pk: Any, attempt: int, at: dt.datetime | str, actor: str, detail: str
+    edge: Edge,
+    message_pk: Any,
+    attempt: int,
+    at: dt.datetime | str,
+    actor: str,
+    detail: str,
+    message_created_at: dt.datetime | str,
 ) -> tuple[Any, ...]:
     """The values of one audit row (``MessageEvent``'s columns in order) for a message moved along
     ``edge``: the one derivation the engines' client-side writers and the bulk COPY share."""
-    return (message_pk, edge.source, edge.target, edge.reason, actor, attempt, detail, at)
+    return (message_pk, edge.source, edge.target, edge.reason, actor, attempt, detail, at, message_created_at)
 
 
 #: ``MessageEvent``'s columns, in the order of :func:`audit_row`.
-AUDIT_COLUMNS = "message_id, from_status, to_status, reason, actor, attempt, detail, created_at"
+AUDIT_COLUMNS = (
+    "message_id, from_status, to_status, reason, actor, attempt, detail, created_at, message_created_at"
+)
 
 
 def edge(source: Any, target: Any, reason: Any) -> Edge:

@@ -26,6 +26,9 @@ PURGE_PICK_CANCELLED = _PICK["PURGE_PICK_CANCELLED"]
 PURGE_PICK_CANCELLED_OF_QUEUE = _PICK["PURGE_PICK_CANCELLED_OF_QUEUE"]
 PURGE_EVENTS = "DELETE FROM {evt} WHERE message_id IN (SELECT b.id FROM {rows})"
 PURGE_MESSAGES = "DELETE FROM {msg} WHERE id IN (SELECT b.id FROM {rows})"
+# Their ids out of the key table (models.MessageKey; empty on SQLite): a resend after the purge
+# stores the message again, as it did before the key table.
+PURGE_KEYS = "DELETE FROM {key} WHERE message_id IN (SELECT m.message_id FROM {msg} m WHERE m.id IN (SELECT b.id FROM {rows}))"
 
 # -- payload sizes, for byte-bounded batches --------------------------------------------------
 
@@ -38,6 +41,7 @@ PAYLOAD_SIZES_OF = "SELECT id, {payload_size} FROM {msg} WHERE id IN (SELECT b.i
 ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "PURGE_EVENTS": (("id", "bigint"),),
     "PURGE_MESSAGES": (("id", "bigint"),),
+    "PURGE_KEYS": (("id", "bigint"),),
     "PAYLOAD_SIZES_OF": (("id", "bigint"),),
 }
 

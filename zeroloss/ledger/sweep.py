@@ -6,6 +6,8 @@ import datetime as dt
 import functools
 import time
 
+from django.db import transaction
+
 from .. import telemetry
 from ..models import Status
 from . import notices
@@ -110,4 +112,10 @@ class Recovery(Part):
         rows, _ = self._run("REPAIR_KEYS", [-REPAIR_AFTER, limit])
         if not rows:
             return []
-        return self.promote_keys((r[0], r[1]) for r in rows)
+        keys = sorted({(r[0], r[1]) for r in rows})
+        queues, names = zip(*keys, strict=True)
+        # A head row that outlived its head would refuse every promotion of its key.
+        with transaction.atomic(using=self.using):
+            self._run("HEAD_LOCK", self._rows("HEAD_LOCK", queues, names))
+            self._run("HEAD_STALE", self._rows("HEAD_STALE", queues, names))
+        return self.promote_keys(keys)
