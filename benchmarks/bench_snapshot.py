@@ -135,8 +135,8 @@ def load_completed(conn: Any, start: int, stop: int) -> None:
                 "updated_at, completed_at) "
                 f"SELECT 'done-' || g, (ARRAY{list(QUEUES)!r})[1 + g %% {len(QUEUES)}], ({payload})::jsonb, "
                 f"encode(sha256(convert_to({payload}, 'UTF8')), 'hex'), 'completed', 1, 5, "
-                "now() - interval '2 days', 'bench-old-worker', '', '[]'::jsonb, "
-                "now() - interval '2 days', now() - interval '1 day', now() - interval '1 day' "
+                "now() - interval '2 hours', 'bench-old-worker', '', '[]'::jsonb, "
+                "now() - interval '2 hours', now() - interval '1 hour', now() - interval '1 hour' "
                 "FROM generate_series(%s::bigint, %s::bigint) AS g",
                 [lo + 1, hi],
             )

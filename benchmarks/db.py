@@ -17,6 +17,8 @@ import psycopg
 
 MSG = "zeroloss_message"
 EVT = "zeroloss_messageevent"
+KEY = "zeroloss_message_key"
+HEAD = "zeroloss_ordering_head"
 #: Where the ``bench.kill`` handler writes its markers.
 MARKER_DIR_ENV = "ZEROLOSS_BENCH_MARKERS"
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -128,11 +130,17 @@ def load_messages(conn: psycopg.Connection[Any], *, queue: str, prefix: str, cou
         conn.execute(f"{common}{select} FROM generate_series(1, %(count)s) AS g ORDER BY g", params)
         for from_status, to_status, reason, attempt, age in events:
             conn.execute(
-                f"INSERT INTO {EVT} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at) "
-                f"SELECT id, %s, %s, %s, 'bench-loader', %s, '', now() - interval '{age}' FROM {MSG} "
-                "WHERE id > %s AND queue_name = %s ORDER BY id",
+                f"INSERT INTO {EVT} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at, "
+                f"message_created_at) SELECT id, %s, %s, %s, 'bench-loader', %s, '', now() - interval '{age}', "
+                f"created_at FROM {MSG} WHERE id > %s AND queue_name = %s ORDER BY id",
                 [from_status, to_status, reason, attempt, row[0], queue],
             )
+        # The ids, as every send records them on PostgreSQL (zeroloss_message_key).
+        conn.execute(
+            f"INSERT INTO {KEY} (message_id, created_at) SELECT message_id, created_at FROM {MSG} "
+            "WHERE id > %s AND queue_name = %s",
+            [row[0], queue],
+        )
 
 
 def analyze(conn: psycopg.Connection[Any], vacuum: bool = False) -> None:
@@ -144,10 +152,15 @@ def reset(conn: psycopg.Connection[Any], keep_up_to_id: int = 0) -> None:
     """Remove every message (and its audit rows) above ``keep_up_to_id``; 0 empties the ledger."""
     if keep_up_to_id:
         conn.execute(f"DELETE FROM {EVT} WHERE message_id > %s", [keep_up_to_id])
+        conn.execute(
+            f"DELETE FROM {KEY} WHERE message_id IN (SELECT message_id FROM {MSG} WHERE id > %s)",
+            [keep_up_to_id],
+        )
+        conn.execute(f"DELETE FROM {HEAD} WHERE message_pk > %s", [keep_up_to_id])
         conn.execute(f"DELETE FROM {MSG} WHERE id > %s", [keep_up_to_id])
         analyze(conn, vacuum=True)
     else:
-        conn.execute(f"TRUNCATE {MSG}, {EVT}")
+        conn.execute(f"TRUNCATE {MSG}, {EVT}, {KEY}, {HEAD}")
         analyze(conn)
 
 

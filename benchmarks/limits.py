@@ -77,7 +77,10 @@ def _reset(queue: str) -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE zeroloss_messageevent, zeroloss_message, zeroloss_queuecontrol CASCADE")
+        cursor.execute(
+            "TRUNCATE zeroloss_messageevent, zeroloss_message, zeroloss_message_key, zeroloss_ordering_head, "
+            "zeroloss_queuecontrol CASCADE"
+        )
 
 
 def _send(queue: str, n: int) -> None:

@@ -296,8 +296,12 @@ def _db_now(conn: psycopg.Connection[Any]) -> Any:
 
 
 def _dead_tuples(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    # A partitioned table's dead tuples are its partitions'.
     rows = conn.execute(
-        "SELECT relname, n_dead_tup FROM pg_stat_user_tables WHERE relname IN (%s, %s)", [MSG, EVT]
+        "SELECT p.relname, SUM(s.n_dead_tup) FROM pg_stat_user_tables s "
+        "LEFT JOIN pg_inherits i ON i.inhrelid = s.relid "
+        "JOIN pg_class p ON p.oid = COALESCE(i.inhparent, s.relid) WHERE p.relname IN (%s, %s) GROUP BY p.relname",
+        [MSG, EVT],
     ).fetchall()
     return {name: int(n) for name, n in rows}
 

@@ -13,22 +13,29 @@ from typing import Any
 
 import psycopg
 
-from .db import EVT, MSG
+from .db import EVT, KEY, MSG
 
 _EVENT = (
-    f"INSERT INTO {EVT} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at) "
-    "SELECT id, %(from)s, status, %(reason)s, %(actor)s, attempts, '', updated_at FROM t"
+    f"INSERT INTO {EVT} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at, "
+    "message_created_at) SELECT id, %(from)s, status, %(reason)s, %(actor)s, attempts, '', updated_at, created_at FROM t"
 )
 
-INSERT_BARE = (
+# The id claimed in the key table first, as zeroloss's own send does on PostgreSQL (the message
+# table's unique index cannot be relied on: a partitioned one has none).
+_KEY = (
+    f"k AS (INSERT INTO {KEY} (message_id, created_at) VALUES (%(id)s, statement_timestamp()) "
+    "ON CONFLICT DO NOTHING RETURNING message_id)"
+)
+_INSERT = (
     f"INSERT INTO {MSG} (message_id, queue_name, payload, checksum, status, attempts, max_attempts, "
     "available_at, claimed_by, last_error, replication_targets, created_at, updated_at) "
-    "VALUES (%(id)s, %(queue)s, %(payload)s::jsonb, %(checksum)s, 'pending', 0, 5, statement_timestamp(), "
-    "'', '', '[]'::jsonb, statement_timestamp(), statement_timestamp()) ON CONFLICT (message_id) DO NOTHING "
-    "RETURNING id, status, attempts, updated_at"
+    "SELECT k.message_id, %(queue)s, %(payload)s::jsonb, %(checksum)s, 'pending', 0, 5, statement_timestamp(), "
+    "'', '', '[]'::jsonb, statement_timestamp(), statement_timestamp() FROM k ON CONFLICT DO NOTHING "
+    "RETURNING id, status, attempts, updated_at, created_at"
 )
+INSERT_BARE = f"WITH {_KEY} {_INSERT}"
 
-INSERT_AUDITED = f"WITH t AS ({INSERT_BARE}), ev AS ({_EVENT}) SELECT id FROM t"
+INSERT_AUDITED = f"WITH {_KEY}, t AS ({_INSERT}), ev AS ({_EVENT}) SELECT id FROM t"
 
 CLAIM = (
     f"WITH t AS (UPDATE {MSG} SET status = 'processing', attempts = attempts + 1, "
@@ -37,7 +44,7 @@ CLAIM = (
     f"WHERE id = ANY(ARRAY(SELECT id FROM {MSG} WHERE status = 'pending' AND queue_name = %(queue)s "
     "AND available_at <= statement_timestamp() ORDER BY available_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
     "AND status = 'pending' "
-    "RETURNING id, message_id, status, attempts, updated_at, lease_token, payload), "
+    "RETURNING id, message_id, status, attempts, updated_at, lease_token, payload, created_at), "
     f"ev AS ({_EVENT}) SELECT message_id, lease_token, payload FROM t"
 )
 
@@ -45,7 +52,7 @@ ACK = (
     f"WITH t AS (UPDATE {MSG} SET status = 'completed', completed_at = statement_timestamp(), "
     "updated_at = statement_timestamp(), lease_token = NULL, lease_expires_at = NULL, last_error = '' "
     "WHERE message_id = %(id)s AND lease_token = %(token)s AND status = 'processing' "
-    "AND lease_expires_at > statement_timestamp() RETURNING id, status, attempts, updated_at), "
+    "AND lease_expires_at > statement_timestamp() RETURNING id, status, attempts, updated_at, created_at), "
     f"ev AS ({_EVENT}) SELECT id FROM t"
 )
 
@@ -111,7 +118,7 @@ ACK_BATCH = (
     "FROM unnest(%(ids)s::text[], %(tokens)s::uuid[]) AS b(mid, tok) "
     f"WHERE {MSG}.message_id = b.mid AND {MSG}.lease_token = b.tok AND {MSG}.status = 'processing' "
     f"AND {MSG}.lease_expires_at > statement_timestamp() RETURNING {MSG}.id, {MSG}.status, {MSG}.attempts, "
-    f"{MSG}.updated_at), ev AS ({_EVENT}) SELECT count(*) FROM t"
+    f"{MSG}.updated_at, {MSG}.created_at), ev AS ({_EVENT}) SELECT count(*) FROM t"
 )
 
 
@@ -178,10 +185,14 @@ def copy_messages(url: str, *, queue: str, prefix: str, count: int) -> float:
                         )
                     )
             cur.execute(
-                f"INSERT INTO {EVT} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at) "
-                f"SELECT id, '', 'pending', 'persisted', 'raw-copy', 0, '', created_at FROM {MSG} "
-                "WHERE id > %s AND queue_name = %s",
+                f"INSERT INTO {EVT} (message_id, from_status, to_status, reason, actor, attempt, detail, created_at, "
+                f"message_created_at) SELECT id, '', 'pending', 'persisted', 'raw-copy', 0, '', created_at, created_at "
+                f"FROM {MSG} WHERE id > %s AND queue_name = %s",
                 [first[0] if first else 0, queue],
             )
+            # The ids, as zeroloss's bulk send COPYs them (zeroloss_message_key).
+            with cur.copy(f"COPY {KEY} (message_id, created_at) FROM STDIN") as copy:
+                for n in range(count):
+                    copy.write_row((f"{prefix}-{n}", "now"))
         conn.commit()
         return time.perf_counter() - started

@@ -605,7 +605,12 @@ class TestVerify:
         Message.objects.filter(message_id="m1").update(status=Status.COMPLETED)
         m2 = Message.objects.get(message_id="m2")
         MessageEvent.objects.create(
-            message=m2, to_status="pending", reason="persisted", actor="rogue", created_at=m2.created_at
+            message=m2,
+            to_status="pending",
+            reason="persisted",
+            actor="rogue",
+            created_at=m2.created_at,
+            message_created_at=m2.created_at,
         )
         MessageEvent.objects.filter(message__message_id="m3").delete()
         r = run("zeroloss_verify", "--json")

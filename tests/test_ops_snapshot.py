@@ -175,11 +175,14 @@ def rows_read_from_the_message_table() -> int:
     """Rows PostgreSQL's statistics say were read from the message table and its indexes."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_force_next_flush()")  # flush this backend's counters now
+        # The table and, partitioned, each of its partitions (the parent itself holds no rows).
         cursor.execute(
-            "SELECT COALESCE(t.seq_tup_read, 0) + COALESCE(SUM(i.idx_tup_read), 0) "
-            "FROM pg_stat_user_tables t JOIN pg_stat_user_indexes i ON i.relid = t.relid "
-            "WHERE t.relname = %s GROUP BY t.seq_tup_read",
-            [Message._meta.db_table],
+            "SELECT COALESCE(SUM(t.seq_tup_read), 0) + COALESCE((SELECT SUM(i.idx_tup_read) FROM "
+            "pg_stat_user_indexes i WHERE i.relid IN (SELECT relid FROM pg_stat_user_tables WHERE relname = %s "
+            "OR relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = %s::regclass))), 0) "
+            "FROM pg_stat_user_tables t WHERE t.relname = %s "
+            "OR t.relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = %s::regclass)",
+            [Message._meta.db_table] * 4,
         )
         return int(cursor.fetchone()[0])
 

@@ -179,6 +179,7 @@ def test_an_audit_row_off_the_state_machine_is_critical():
         actor="forger",
         attempt=1,
         created_at=event.created_at,
+        message_created_at=event.message_created_at,
     )
     result = run("zeroloss_verify", "--json")
     assert result.code == 2

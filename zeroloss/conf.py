@@ -29,6 +29,7 @@ from .conf_values import (
     parse_integer,
     parse_json_encoder,
     parse_number,
+    parse_partition_period,
 )
 from .conf_values import MAX_SECONDS as MAX_SECONDS  # public: the longest duration a setting may name
 from .ledger import validation as _validation
@@ -143,6 +144,17 @@ class ZeroLossSettings:
     ASYNC_CONCURRENCY: int = 10
     #: Completed messages older than this are purged by ``cleanup_completed_messages``.
     COMPLETED_RETENTION: float = 7 * 24 * 3600.0
+    #: Dead letters older than this may go with their period when a purge of completed messages
+    #: drops it (a partitioned ledger, docs/scaling.md). None: a period holding a dead letter is
+    #: kept whole (its completed messages are purged row by row); ``zeroloss_purge --status dead``
+    #: purges dead letters by hand either way.
+    DEAD_LETTER_RETENTION: float | None = None
+    #: A partitioned ledger's period (PostgreSQL): one partition of messages and audit rows per
+    #: period, in seconds: whole hours dividing a day, or whole days. Read when partitions are
+    #: created (the migration, the sweep); changing it applies to partitions created after.
+    PARTITION_PERIOD: float = 24 * 3600.0
+    #: Periods the sweep keeps created ahead of now: sends fail once none covers now.
+    PARTITIONS_AHEAD: int = 7
     #: Default deduplication window for ``send(..., dedup_key=...)``, in seconds.
     DEDUP_WINDOW: float = 300.0
     #: Largest accepted payload, in bytes of canonical UTF-8 JSON.
@@ -197,7 +209,15 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             values[key] = parse_number(key, value, allow_zero=NUMBER_FIELDS[key][0])
         elif key in INT_FIELDS:
             values[key] = parse_integer(key, value, INT_FIELDS[key])
-        elif key in ("HEARTBEAT_INTERVAL", "DB_OUTAGE_TOLERANCE", "HANDLER_TIMEOUT", "DEAD_PEER_TIMEOUT"):
+        elif key == "PARTITION_PERIOD":
+            values[key] = parse_partition_period(key, value)
+        elif key in (
+            "HEARTBEAT_INTERVAL",
+            "DB_OUTAGE_TOLERANCE",
+            "HANDLER_TIMEOUT",
+            "DEAD_PEER_TIMEOUT",
+            "DEAD_LETTER_RETENTION",
+        ):
             values[key] = None if value is None else parse_number(key, value, allow_zero=False)
         elif key == "QUEUE_DATABASES":
             if not isinstance(value, dict) or not all(

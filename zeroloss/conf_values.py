@@ -48,6 +48,7 @@ INT_FIELDS = {
     "MAX_HEADERS_BYTES": 1,
     "HEALTH_MAX_STUCK": 0,
     "HEALTH_MAX_DEAD": 0,
+    "PARTITIONS_AHEAD": 1,
 }
 
 
@@ -70,6 +71,19 @@ def parse_number(key: str, value: Any, *, allow_zero: bool) -> float:
     if value > MAX_SECONDS:
         raise SettingError(key, f"must be at most 100 years ({MAX_SECONDS:g} seconds), got {value!r}.")
     return float(value)
+
+
+def parse_partition_period(key: str, value: Any) -> float:
+    """Whole hours dividing a day, or whole days: every period starts at an hour, and a day's
+    periods start at midnight UTC."""
+    seconds = parse_number(key, value, allow_zero=False)
+    hours = seconds / 3600
+    if hours != int(hours) or not (24 % int(hours) == 0 or int(hours) % 24 == 0):
+        raise SettingError(
+            key,
+            f"must be whole hours dividing a day (3600, 7200, ..., 43200) or whole days (86400, ...), got {value!r}.",
+        )
+    return seconds
 
 
 def is_printable(text: str) -> bool:

@@ -93,6 +93,9 @@ class Engine:
     #: Whether a move and its audit rows are one statement (PostgreSQL's CTE), atomic without a
     #: transaction around it; otherwise :meth:`transition` opens one.
     moves_in_one_statement: ClassVar[bool] = False
+    #: Whether its message and audit tables may be range-partitioned by period (PostgreSQL;
+    #: :mod:`.partitions`): partitions created ahead, whole periods dropped by the purge.
+    partitions_by_period: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.sql: dict[str, str] = {}

@@ -236,6 +236,11 @@ class Facade:
         """Release the next message of every ordering key that has waiting messages but no head."""
         return self.recovery.repair_ordering_keys(limit=limit)
 
+    def ensure_partitions(self) -> list[str]:
+        """A partitioned ledger (PostgreSQL): create the periods missing from now's to
+        ``PARTITIONS_AHEAD`` ahead (the sweep does it once a minute); the partitions created."""
+        return self.recovery.ensure_partitions()
+
     # -- operator ------------------------------------------------------------------------
     def requeue_messages(
         self, message_ids: Sequence[str], *, actor: str | None = None, force: bool = False, detail: str = ""

@@ -11,7 +11,7 @@ from django.db import transaction
 from .. import telemetry
 from ..exceptions import InvalidMessage, MessageNotFound
 from ..models import PurgeRecord, Status
-from . import statements_ops
+from . import partitions, statements_ops
 from .base import Part
 from .types import CancelOutcome, CancelResult
 from .validation import clean_text, seconds, validate_count, validate_message_id, validate_queue_name
@@ -196,6 +196,8 @@ class Operator(Part):
         queue_params = [queue_name] if queue_name else []
         actor = validate_message_id(actor, "actor") if actor is not None else self.instance_id
         purged = 0
+        if status == Status.COMPLETED and queue_name is None and limit is None:
+            purged += self._drop_expired_periods(age, actor)
         while limit is None or purged < limit:
             size = batch_size if limit is None else min(batch_size, limit - purged)
             with transaction.atomic(using=self.using):
@@ -221,6 +223,33 @@ class Operator(Part):
                 break
         self._run("DEDUP_PURGE", [])
         return purged
+
+    def _drop_expired_periods(self, age: float, actor: str) -> int:
+        """A partitioned ledger, outside a transaction: every period whose messages are all past
+        retention detached and dropped whole, counted into ``PurgeRecord`` rows
+        (:func:`.partitions.drop_expired`); the messages it held. Elsewhere: 0, and the batches
+        below purge row by row."""
+        conn = self.connection
+        if conn.in_atomic_block or not partitions.is_partitioned(conn):
+            return 0
+        now = self.database_now()
+        dead_retention = self.settings.DEAD_LETTER_RETENTION
+
+        def record(counts: dict[tuple[str, str], int]) -> None:
+            PurgeRecord.objects.using(self.using).bulk_create(
+                [
+                    PurgeRecord(queue_name=q, status=s, count=n, actor=actor, purged_at=now)
+                    for (q, s), n in sorted(counts.items())
+                ]
+            )
+
+        dropped = partitions.drop_expired(
+            conn,
+            completed_before=now - dt.timedelta(seconds=age),
+            dead_before=None if dead_retention is None else now - dt.timedelta(seconds=dead_retention),
+            record=record,
+        )
+        return sum(d.total for d in dropped)
 
     def cleanup_completed_messages(self, older_than: float | dt.timedelta | None = None) -> int:
         """Purge completed messages older than ``older_than`` (default ``COMPLETED_RETENTION``)."""

@@ -110,6 +110,7 @@ class PostgresEngine(Engine):
     stage_from = 1000
     keeps_dead_index_entries = True
     moves_in_one_statement = True
+    partitions_by_period = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -10,14 +10,22 @@ _PURGE = PurgeRecord._meta.db_table
 
 # -- planner statistics (PostgreSQL) --------------------------------------------------------
 
+# A partitioned table's own entry holds no rows: its partitions' are summed (a plain table has
+# none, and counts alone). Autovacuum analyses partitions, never their parent.
+_TABLE_AND_PARTITIONS = (
+    "FROM pg_class c, (SELECT %s::regclass AS oid) t WHERE c.oid = t.oid "
+    "OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = t.oid)"
+)
 #: A table's rows as the planner would estimate them now (its last density times its size).
 TABLE_ROWS = (
-    "SELECT CASE WHEN c.relpages > 0 AND c.reltuples >= 0 THEN c.reltuples / c.relpages * "
-    "(pg_relation_size(c.oid) / current_setting('block_size')::bigint) END FROM pg_class c "
-    "WHERE c.oid = %s::regclass"
+    "SELECT SUM(CASE WHEN c.relpages > 0 AND c.reltuples >= 0 THEN c.reltuples / c.relpages * "
+    "(pg_relation_size(c.oid) / current_setting('block_size')::bigint) END) " + _TABLE_AND_PARTITIONS
 )
 #: The last analysed row count of a table (-1: never analysed).
-TABLE_ROWS_ANALYSED = "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)"
+TABLE_ROWS_ANALYSED = (
+    "SELECT COALESCE(SUM(c.reltuples) FILTER (WHERE c.reltuples >= 0 AND c.relkind <> 'p'), -1)::bigint "
+    + _TABLE_AND_PARTITIONS
+)
 QUEUE_SHARES = (
     "SELECT s.most_common_vals::text::text[], s.most_common_freqs, s.n_distinct, s.null_frac FROM pg_stats s "
     "JOIN pg_class c ON c.relname = s.tablename JOIN pg_namespace n ON n.oid = c.relnamespace "

@@ -6,12 +6,12 @@ import datetime as dt
 import functools
 import time
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from .. import telemetry
 from ..models import Status
-from . import notices
-from .base import Part
+from . import notices, partitions
+from .base import Part, logger
 from .types import RecoveryReport
 from .validation import validate_count
 
@@ -25,6 +25,10 @@ SWEEP_REWIND = dt.timedelta(seconds=30)
 #: And every this many seconds, every expired lease however old (whatever a bound missed).
 SWEEP_FROM_HEAD_EVERY = 60.0
 _LONG_AGO = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
+#: How often a sweeping process looks at a partitioned ledger's partitions ahead, in seconds.
+PARTITIONS_EVERY = 60.0
+#: When each database's partitions were last looked at by this process (monotonic clock).
+PARTITIONS_CHECKED: dict[str, float] = {}
 
 
 class Recovery(Part):
@@ -77,6 +81,7 @@ class Recovery(Part):
         if finished_keys:
             self.promote_keys(finished_keys)
         repaired = self.repair_ordering_keys()
+        self._partitions_ahead()
         return RecoveryReport(
             requeued=requeued,
             dead_lettered=dead,
@@ -119,3 +124,32 @@ class Recovery(Part):
             self._run("HEAD_LOCK", self._rows("HEAD_LOCK", queues, names))
             self._run("HEAD_STALE", self._rows("HEAD_STALE", queues, names))
         return self.promote_keys(keys)
+
+    def ensure_partitions(self) -> list[str]:
+        """A partitioned ledger (PostgreSQL): create the partitions missing from now's period to
+        ``PARTITIONS_AHEAD`` periods ahead; the names of the message partitions created."""
+        return partitions.ensure_ahead(
+            self.connection, int(self.settings.PARTITION_PERIOD), self.settings.PARTITIONS_AHEAD
+        )
+
+    def _partitions_ahead(self) -> None:
+        """The sweep's share of partition management, at most every PARTITIONS_EVERY seconds a
+        process; a failure (a lock not granted within a second) waits for the next round."""
+        if not self.engine.partitions_by_period:
+            return
+        now = time.monotonic()
+        if now - PARTITIONS_CHECKED.get(self.using, -PARTITIONS_EVERY) < PARTITIONS_EVERY:
+            return
+        PARTITIONS_CHECKED[self.using] = now
+        try:
+            created = self.ensure_partitions()
+        except DatabaseError as exc:
+            logger.warning(
+                "zeroloss: partitions ahead not created on %r (%s); next try in %.0f s",
+                self.using,
+                exc,
+                PARTITIONS_EVERY,
+            )
+            return
+        if created:
+            logger.info("zeroloss: partitions created on %r: %s", self.using, ", ".join(created))

@@ -1,0 +1,243 @@
+"""The partitioned ledger (issue 31, docs/scaling.md): what ``migrate`` creates on PostgreSQL,
+the unique ids and ordering heads outside the partitions, partitions created ahead by the
+sweep, and a purge that detaches and drops whole periods while keeping the conservation check
+exact. Periods are moved into the past by the database clock (rows' timestamps), never waited for."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+import zeroloss
+from tests.conftest import database_url
+from tests.support.cli import run
+from zeroloss.ledger import partitions, sweep
+from zeroloss.ledger.base import engine_for
+from zeroloss.models import Message, MessageEvent, MessageKey, OrderingHead, PurgeRecord
+from zeroloss.service import ZeroLossMessageService
+
+pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
+
+QUEUE = "demo.record"
+DAY = 86400
+
+
+def day_start(days_ago: int) -> dt.datetime:
+    now = partitions.database_now(connection)
+    return partitions.period_start(now, DAY) - dt.timedelta(days=days_ago)
+
+
+def move_to_day(message_ids: list[str], days_ago: int) -> None:
+    """Rewrite the messages' (and their audit rows' and keys') times as if sent at noon
+    ``days_ago`` days ago and finished an hour later: their rows move to that day's partitions."""
+    sent = day_start(days_ago) + dt.timedelta(hours=12)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE zeroloss_messageevent SET message_created_at = %s, created_at = %s WHERE message_id IN "
+            "(SELECT id FROM zeroloss_message WHERE message_id = ANY(%s))",
+            [sent, sent, message_ids],
+        )
+        cursor.execute(
+            "UPDATE zeroloss_message SET created_at = %s, updated_at = %s, "
+            "completed_at = CASE WHEN completed_at IS NULL THEN NULL ELSE %s END, "
+            "dead_at = CASE WHEN dead_at IS NULL THEN NULL ELSE %s END WHERE message_id = ANY(%s)",
+            [
+                sent,
+                sent + dt.timedelta(hours=1),
+                sent + dt.timedelta(hours=1),
+                sent + dt.timedelta(hours=1),
+                message_ids,
+            ],
+        )
+        cursor.execute(
+            "UPDATE zeroloss_message_key SET created_at = %s WHERE message_id = ANY(%s)", [sent, message_ids]
+        )
+
+
+def complete(service: ZeroLossMessageService, message_ids: list[str]) -> None:
+    for mid in message_ids:
+        lease = service.claim_message(mid)
+        assert lease is not None
+        assert service.acknowledge(mid, lease.token)
+
+
+def verify() -> dict[str, Any]:
+    result = run("zeroloss_verify", "--json")
+    assert result.code == 0, result
+    report: dict[str, Any] = json.loads(result.out)
+    return report
+
+
+def names(table: str = partitions.MESSAGES) -> list[str]:
+    return [p.name for p in partitions.partitions(connection, table)]
+
+
+def test_migrate_creates_the_partitioned_layout_with_periods_ahead_and_no_default():
+    assert partitions.is_partitioned(connection)
+    today = day_start(0)
+    expected = [f"zeroloss_message_p{(today + dt.timedelta(days=d)):%Y%m%d}" for d in range(-1, 8)]
+    assert names()[: len(expected)] == expected
+    assert [n.replace("messageevent", "message") for n in names(partitions.EVENTS)] == names()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_partitioned_table p WHERE p.partrelid IN "
+            "(to_regclass('zeroloss_message'), to_regclass('zeroloss_messageevent')) AND p.partdefid = 0"
+        )
+        assert cursor.fetchone() == (2,)  # both partitioned, neither with a default partition
+        cursor.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = to_regclass('zeroloss_message') "
+            "AND contype IN ('p', 'u')"
+        )
+        assert [r[0] for r in cursor.fetchall()] == ["PRIMARY KEY (id, created_at)"]
+    assert partitions.coverage(connection) == today + dt.timedelta(days=8)
+
+
+def test_a_resend_days_later_finds_the_first_message_through_the_key_table():
+    partitions.create_partitions(connection, day_start(5), day_start(2), DAY)
+    first = zeroloss.send(QUEUE, {"n": 1}, message_id="resent")
+    move_to_day(["resent"], 3)
+    again = zeroloss.send(QUEUE, {"n": 1}, message_id="resent")
+    assert again.pk == first.pk and Message.objects.filter(message_id="resent").count() == 1
+    stored = Message.objects.get(message_id="resent")
+    assert MessageKey.objects.get(message_id="resent").created_at == stored.created_at
+    assert list(MessageEvent.objects.for_message("resent").values_list("reason", flat=True)) == ["persisted"]
+    # A send absorbed by a deduplication window annotates the first message, in its period too.
+    windowed = zeroloss.send(QUEUE, {"n": 2}, message_id="w1", dedup_key="once")
+    assert zeroloss.send(QUEUE, {"n": 2}, message_id="w2", dedup_key="once").pk == windowed.pk
+    reasons = list(MessageEvent.objects.for_message("w1").values_list("reason", flat=True))
+    assert reasons == ["persisted", "duplicate_absorbed"]
+    # Every audit row carries its message's created_at: it sits in its message's period.
+    for event in MessageEvent.objects.select_related("message"):
+        assert event.message_created_at == event.message.created_at, event
+
+
+def test_the_sweep_creates_the_periods_ahead_once_a_minute():
+    last = names()[-1]
+    with connection.cursor() as cursor:
+        for table in (partitions.MESSAGES, partitions.EVENTS):
+            part = last.replace(partitions.MESSAGES, table)
+            cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {part}")
+            cursor.execute(f"DROP TABLE {part}")
+    assert names()[-1] != last
+    sweep.PARTITIONS_CHECKED.clear()
+    service = ZeroLossMessageService(instance_id="sweeper")
+    service.sweep()
+    assert names()[-1] == last and names(partitions.EVENTS)[-1] == last.replace("message", "messageevent")
+    # Within the minute the sweep does not look again; asked directly, there is nothing to do.
+    assert service.ensure_partitions() == []
+
+
+def test_a_purge_drops_whole_expired_days_and_keeps_the_conservation_check_exact():
+    partitions.create_partitions(connection, day_start(12), day_start(7), DAY)
+    service = ZeroLossMessageService(instance_id="purger")
+    done = [f"done{i}" for i in range(5)]
+    for mid in [*done, "live", "late", "dead"]:
+        zeroloss.send(QUEUE, {"n": mid}, message_id=mid)
+    complete(service, [*done, "late"])
+    service.dead_letter_messages(["dead"], reason="poison")
+    move_to_day(done, 10)  # a whole day of completed messages: dropped
+    move_to_day(["live"], 9)  # still pending: its day is kept
+    move_to_day(["dead"], 11)  # a dead letter: kept (DEAD_LETTER_RETENTION is None)
+    move_to_day(["late"], 8)
+    with connection.cursor() as cursor:  # sent 8 days ago, completed a minute ago: kept
+        cursor.execute(
+            "UPDATE zeroloss_message SET completed_at = statement_timestamp() WHERE message_id = 'late'"
+        )
+    before = names()
+    assert service.purge_messages(older_than=7 * DAY) == 5
+    # The day of completed messages, and the empty day before the dead letter's.
+    dropped = [f"zeroloss_message_p{day_start(d):%Y%m%d}" for d in (12, 10)]
+    assert [n for n in before if n not in names()] == dropped
+    assert not {n.replace("message", "messageevent") for n in dropped} & set(names(partitions.EVENTS))
+    assert set(Message.objects.values_list("message_id", flat=True)) == {"live", "late", "dead"}
+    assert not MessageKey.objects.filter(message_id__in=done).exists()
+    assert list(PurgeRecord.objects.values_list("queue_name", "status", "count", "actor")) == [
+        (QUEUE, "completed", 5, "purger")
+    ]
+    report = verify()
+    assert report["status"] == "ok", report
+    # A dropped id is forgotten, as a purged one always was: sent again, it is a new message.
+    assert zeroloss.send(QUEUE, {"n": "done0"}, message_id="done0").status == "pending"
+
+
+def test_dead_letters_past_their_own_retention_go_with_their_day(settings):
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "DEAD_LETTER_RETENTION": 3 * DAY}
+    partitions.create_partitions(connection, day_start(12), day_start(9), DAY)
+    service = ZeroLossMessageService(instance_id="purger")
+    zeroloss.send(QUEUE, {"n": 1}, message_id="old-dead")
+    zeroloss.send(QUEUE, {"n": 2}, message_id="old-done")
+    service.dead_letter_messages(["old-dead"], reason="poison")
+    complete(service, ["old-done"])
+    move_to_day(["old-dead", "old-done"], 10)
+    assert service.purge_messages(older_than=7 * DAY) == 2
+    assert sorted(PurgeRecord.objects.values_list("status", "count")) == [("completed", 1), ("dead", 1)]
+    assert not Message.objects.exists()
+    assert verify()["status"] == "ok"
+
+
+def test_an_interrupted_drop_is_finished_and_a_changed_period_attached_again():
+    partitions.create_partitions(connection, day_start(12), day_start(9), DAY)
+    service = ZeroLossMessageService(instance_id="purger")
+    for mid in ("a", "b"):
+        zeroloss.send(QUEUE, {"n": mid}, message_id=mid)
+    complete(service, ["a", "b"])
+    move_to_day(["a"], 11)
+    move_to_day(["b"], 10)
+    first, second = (f"zeroloss_message_p{day_start(d):%Y%m%d}" for d in (11, 10))
+    with connection.cursor() as cursor:
+        # A drop cut off after its detaches: the first period detached, its audit rows too.
+        cursor.execute(f"ALTER TABLE zeroloss_message DETACH PARTITION {first} CONCURRENTLY")
+        cursor.execute(
+            f"ALTER TABLE zeroloss_messageevent DETACH PARTITION {first.replace('message', 'messageevent')} CONCURRENTLY"
+        )
+        # The second detached, then changed under it (as a redrive would): it must come back.
+        cursor.execute(f"ALTER TABLE zeroloss_message DETACH PARTITION {second} CONCURRENTLY")
+        cursor.execute(
+            f"UPDATE {second} SET status = 'pending', completed_at = NULL, available_at = created_at"
+        )
+    assert service.purge_messages(older_than=7 * DAY, status="completed") == 1
+    assert first not in names() and second in names()
+    assert second.replace("message", "messageevent") in names(partitions.EVENTS)
+    assert list(Message.objects.values_list("message_id", "status")) == [("b", "pending")]
+    assert list(PurgeRecord.objects.values_list("status", "count")) == [("completed", 1)]
+
+
+def test_a_second_head_of_a_key_is_refused_by_the_head_table_under_concurrent_promotions():
+    """The race the message table's unique head index closed before it was partitioned: two
+    promotions of one key, each seeing no head, choosing different messages."""
+    service = ZeroLossMessageService(instance_id="heads")
+    zeroloss.send(QUEUE, {"n": 0}, message_id="k-old", ordering_key="acct")
+    service.dead_letter_messages(["k-old"], reason="poison")  # the key has no head now
+    zeroloss.send(QUEUE, {"n": 1}, message_id="k-next", ordering_key="acct")
+    # What the sender's own promotion did is undone: k-next waits, the key has no head row.
+    Message.objects.filter(message_id="k-next").update(available_at=None)
+    OrderingHead.objects.all().delete()
+    promote = engine_for(connection).sql["PROMOTE"]
+    params = engine_for(connection).row_params("PROMOTE", [[QUEUE], ["acct"]])
+    with psycopg.connect(database_url()) as first, psycopg.connect(database_url(), autocommit=True) as other:
+        promoted = first.execute(promote, params).fetchall()
+        assert [r[0] for r in promoted] == ["k-next"]  # not committed yet
+        # Meanwhile the older message is redriven (it waits behind its key; its own promotion
+        # left out), and a second
+        # promotion, seeing no committed head, picks it: it must wait for the first, then lose.
+        Message.objects.filter(message_id="k-old").update(status="pending", dead_at=None, available_at=None)
+        result: list[Any] = []
+        waiter = threading.Thread(target=lambda: result.append(other.execute(promote, params).fetchall()))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive()  # blocked on the key's head row
+        first.commit()
+        waiter.join(10)
+        assert not waiter.is_alive()
+    assert result == [[]]
+    heads = Message.objects.filter(status="pending", available_at__isnull=False, ordering_key="acct")
+    assert list(heads.values_list("message_id", flat=True)) == ["k-next"]
+    assert list(OrderingHead.objects.values_list("message_pk", flat=True)) == [
+        Message.objects.get(message_id="k-next").pk
+    ]
