@@ -302,7 +302,7 @@ def child(args: dict[str, Any]) -> int:
 def run_real(url: str, rows: int) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True) as conn:
         started = time.perf_counter()
-        load(conn, db.MSG, db.EVT, rows, spread_days=0)
+        load(conn, db.MSG, db.EVT, rows, spread_days=0, carry=True)
         db.analyze(conn, vacuum=True)
         conn.execute("CHECKPOINT")
         _log(
@@ -354,7 +354,79 @@ def run_real(url: str, rows: int) -> dict[str, Any]:
     }
 
 
-def purge_child() -> int:
+#: The built layout's day to drop: this many days ago, older than the 7-day retention.
+DROP_DAYS_AGO = 10
+RETENTION_DAYS = 7
+
+
+def run_partitioned(url: str, rows: int) -> dict[str, Any]:
+    """The built layout (a new install's, partitioned by day): ``rows`` completed messages sent
+    DROP_DAYS_AGO days ago, their day dropped by ``purge_messages(older_than=7 days)``."""
+    manage(
+        url,
+        "shell",
+        "-c",
+        "import datetime as dt; from django.db import connection; from zeroloss.ledger import partitions as p; "
+        f"n = p.database_now(connection); p.create_partitions(connection, n - dt.timedelta(days={DROP_DAYS_AGO + 2}), "
+        "n, 86400)",
+    )
+    with psycopg.connect(url, autocommit=True) as conn:
+        started = time.perf_counter()
+        load(conn, db.MSG, db.EVT, rows, spread_days=0, carry=True, days_ago=DROP_DAYS_AGO)
+        conn.execute(
+            f"INSERT INTO {db.KEY} (message_id, created_at) SELECT message_id, created_at FROM {db.MSG}"
+        )
+        db.analyze(conn, vacuum=True)
+        conn.execute(f"VACUUM (ANALYZE) {db.KEY}")
+        conn.execute("CHECKPOINT")
+        _log(f"partitioned: loaded {rows:,} completed messages in {time.perf_counter() - started:.0f}s")
+        size_before = table_bytes(conn, db.MSG, db.EVT)
+        baseline, _ = measured(url, "service", "bench.noop", "", None)
+        _log(
+            f"partitioned: claims without purge p50 {baseline['p50_ms']:.2f} ms, p99 {baseline['p99_ms']:.2f} ms"
+        )
+
+        def purge() -> dict[str, Any]:
+            lsn = wal_lsn(conn)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.retention",
+                    "--purge-child",
+                    json.dumps({"older_than": RETENTION_DAYS * 86400}),
+                ],
+                cwd=ROOT,
+                env=child_env(url),
+                capture_output=True,
+                text=True,
+                timeout=3600,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"purge failed: {done.stderr[-3000:]}")
+            result = dict(json.loads(done.stdout.strip().splitlines()[-1]))
+            result["wal_bytes"] = wal_bytes(conn, lsn, wal_lsn(conn))
+            return result
+
+        during, result = measured(url, "service", "bench.noop", "", purge)
+        _log(
+            f"partitioned: dropped {result['purged']:,} in {result['seconds']:.1f}s, "
+            f"WAL {result['wal_bytes'] / 2**20:.0f} MiB"
+        )
+        left = conn.execute(f"SELECT count(*) FROM {db.MSG} WHERE queue_name = 'bench.retention'").fetchone()
+        records = conn.execute("SELECT coalesce(sum(count), 0) FROM zeroloss_purgerecord").fetchone()
+    return {
+        "rows": rows,
+        "purge": result,
+        "claims_baseline": baseline,
+        "claims_during": during,
+        "left": int(left[0]) if left else -1,
+        "purge_records": int(records[0]) if records else -1,
+        "bytes_before": size_before,
+    }
+
+
+def purge_child(args: dict[str, Any]) -> int:
     import django
 
     django.setup()
@@ -362,7 +434,7 @@ def purge_child() -> int:
 
     service = ZeroLossMessageService(instance_id="retention-bench")
     t0 = time.perf_counter()
-    purged = service.purge_messages(older_than=60)
+    purged = service.purge_messages(older_than=float(args.get("older_than", 60)))
     print(json.dumps({"purged": purged, "seconds": time.perf_counter() - t0}), flush=True)
     return 0
 
@@ -422,17 +494,27 @@ def create_scratch(conn: psycopg.Connection[Any]) -> None:
 
 
 def load(
-    conn: psycopg.Connection[Any], msg: str, evt: str, rows: int, *, spread_days: int, carry: bool = False
+    conn: psycopg.Connection[Any],
+    msg: str,
+    evt: str,
+    rows: int,
+    *,
+    spread_days: int,
+    carry: bool = False,
+    days_ago: int = 0,
 ) -> None:
     """``rows`` completed messages (persisted, claimed, acknowledged: three audit rows each) and
     PROBE_PENDING pending ones for the claim probe, set-based, in one transaction.
 
-    ``spread_days`` 0: completed an hour ago; otherwise created at noon on one of the
-    ``spread_days`` days before today. ``carry``: the audit table has ``message_created_at``.
+    ``spread_days`` 0: completed an hour ago (``days_ago``: sent on that day, at noon UTC);
+    otherwise created at noon on one of the ``spread_days`` days before today. ``carry``: the
+    audit table has ``message_created_at``.
     """
     payload = "format('{\"n\":%%s}', g)"
     if spread_days:
         created = f"(current_date - 1 - (g %% {spread_days}) + time '12:00')::timestamptz"
+    elif days_ago:
+        created = f"((now() AT TIME ZONE 'UTC')::date - {int(days_ago)} + time '12:00') AT TIME ZONE 'UTC'"
     else:
         created = "(now() - interval '1 hour')"
     columns = (
@@ -634,6 +716,19 @@ def report(results: dict[str, Any]) -> str:
             f"  acknowledge latency p50/p99: {b['ack_p50_ms']:.2f}/{b['ack_p99_ms']:.2f} ms without, "
             f"{d['ack_p50_ms']:.2f}/{d['ack_p99_ms']:.2f} ms during",
         ]
+    built = results.get("partitioned")
+    if built:
+        p, b, d = built["purge"], built["claims_baseline"], built["claims_during"]
+        lines += [
+            f"built partitioned layout, {built['rows']:,} completed messages sent {DROP_DAYS_AGO} days ago + "
+            f"{3 * built['rows']:,} audit rows ({built['bytes_before'] / mib:,.0f} MiB with indexes, every partition):",
+            f"  purge_messages(older_than={RETENTION_DAYS} days): {p['purged']:,} dropped in {p['seconds']:.1f}s, "
+            f"WAL {p['wal_bytes'] / mib:,.1f} MiB ({p['wal_bytes'] / max(p['purged'], 1):,.0f} B/message); "
+            f"left {built['left']}, PurgeRecord total {built['purge_records']:,}",
+            f"  claim_next(1) latency without purge: p50 {b['p50_ms']:.2f} ms, p99 {b['p99_ms']:.2f} ms "
+            f"({b['claims']:,} claims); during: p50 {d['p50_ms']:.2f} ms, p99 {d['p99_ms']:.2f} ms, "
+            f"max {d['max_ms']:.1f} ms ({d['claims']:,} claims)",
+        ]
     scratch = results.get("scratch")
     if scratch:
         lines.append(
@@ -660,6 +755,8 @@ def run(rows: int, scratch_rows: int, only: str | None = None) -> dict[str, Any]
         migrate(url)
         if only in (None, "real"):
             results["real"] = run_real(url, rows)
+        if only == "partitioned":
+            results["partitioned"] = run_partitioned(url, rows)
         if only in (None, "scratch"):
             results["scratch"] = run_scratch(url, scratch_rows)
     results["loadavg_end"] = os.getloadavg()
@@ -678,7 +775,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         return child(json.loads(argv[1]))
     if argv[:1] == ["--purge-child"]:
-        return purge_child()
+        return purge_child(json.loads(argv[1]))
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.retention",
         description=__doc__,
@@ -686,7 +783,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rows", type=int, default=1_000_000, help="Completed messages in the real schema.")
     parser.add_argument("--scratch-rows", type=int, default=1_000_000, help="... in each scratch schema.")
-    parser.add_argument("--only", choices=["real", "scratch"])
+    parser.add_argument(
+        "--only",
+        choices=["real", "scratch", "partitioned"],
+        help="partitioned: a day of --rows completed messages dropped by the built layout's purge.",
+    )
     parser.add_argument("--json", type=Path, help="Also save the figures to this file.")
     args = parser.parse_args(argv)
     started = time.monotonic()
