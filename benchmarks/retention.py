@@ -299,6 +299,31 @@ def child(args: dict[str, Any]) -> int:
 # -- A: the real schema, the real service --------------------------------------------------
 
 
+def purge_measured(conn: psycopg.Connection[Any], url: str, older_than: float) -> dict[str, Any]:
+    """``purge_messages(older_than=...)`` in a child process (the service's own code), and the WAL
+    it wrote."""
+    lsn = wal_lsn(conn)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.retention",
+            "--purge-child",
+            json.dumps({"older_than": older_than}),
+        ],
+        cwd=ROOT,
+        env=child_env(url),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"purge failed: {done.stderr[-3000:]}")
+    result = dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    result["wal_bytes"] = wal_bytes(conn, lsn, wal_lsn(conn))
+    return result
+
+
 def run_real(url: str, rows: int) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True) as conn:
         started = time.perf_counter()
@@ -313,23 +338,7 @@ def run_real(url: str, rows: int) -> dict[str, Any]:
         baseline, _ = measured(url, "service", "bench.noop", "", None)
         _log(f"real: claims without purge p50 {baseline['p50_ms']:.2f} ms, p99 {baseline['p99_ms']:.2f} ms")
 
-        def purge() -> dict[str, Any]:
-            lsn = wal_lsn(conn)
-            done = subprocess.run(
-                [sys.executable, "-m", "benchmarks.retention", "--purge-child", "{}"],
-                cwd=ROOT,
-                env=child_env(url),
-                capture_output=True,
-                text=True,
-                timeout=3600,
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"purge failed: {done.stderr[-3000:]}")
-            result = dict(json.loads(done.stdout.strip().splitlines()[-1]))
-            result["wal_bytes"] = wal_bytes(conn, lsn, wal_lsn(conn))
-            return result
-
-        during, result = measured(url, "service", "bench.noop", "", purge)
+        during, result = measured(url, "service", "bench.noop", "", lambda: purge_measured(conn, url, 60))
         _log(
             f"real: purged {result['purged']:,} in {result['seconds']:.1f}s, WAL {result['wal_bytes'] / 2**20:.0f} MiB"
         )
@@ -386,29 +395,9 @@ def run_partitioned(url: str, rows: int) -> dict[str, Any]:
             f"partitioned: claims without purge p50 {baseline['p50_ms']:.2f} ms, p99 {baseline['p99_ms']:.2f} ms"
         )
 
-        def purge() -> dict[str, Any]:
-            lsn = wal_lsn(conn)
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "benchmarks.retention",
-                    "--purge-child",
-                    json.dumps({"older_than": RETENTION_DAYS * 86400}),
-                ],
-                cwd=ROOT,
-                env=child_env(url),
-                capture_output=True,
-                text=True,
-                timeout=3600,
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"purge failed: {done.stderr[-3000:]}")
-            result = dict(json.loads(done.stdout.strip().splitlines()[-1]))
-            result["wal_bytes"] = wal_bytes(conn, lsn, wal_lsn(conn))
-            return result
-
-        during, result = measured(url, "service", "bench.noop", "", purge)
+        during, result = measured(
+            url, "service", "bench.noop", "", lambda: purge_measured(conn, url, RETENTION_DAYS * 86400)
+        )
         _log(
             f"partitioned: dropped {result['purged']:,} in {result['seconds']:.1f}s, "
             f"WAL {result['wal_bytes'] / 2**20:.0f} MiB"

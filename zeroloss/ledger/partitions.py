@@ -56,10 +56,6 @@ class Partition:
     end: dt.datetime
     name: str
 
-    @property
-    def suffix(self) -> str:
-        return self.name[len(MESSAGES) + 1 :]
-
 
 @dataclass(frozen=True)
 class Dropped:
