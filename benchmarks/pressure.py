@@ -185,7 +185,8 @@ class ExplainSampler(threading.Thread):
         from zeroloss.ledger.postgres import PostgresEngine
 
         self.url, self.every, self.cell, self.clock = url, every, cell, clock
-        self.sql = PostgresEngine().sql
+        self.engine = PostgresEngine()
+        self.sql = self.engine.sql
         self.ack_timeout = get_settings().ACK_TIMEOUT
         self.samples: list[Explained] = []
         self.rounds = 0
@@ -221,10 +222,12 @@ class ExplainSampler(threading.Thread):
 
     def sample(self, conn: psycopg.Connection[Any]) -> None:
         held = conn.execute(
-            f"SELECT message_id, lease_token FROM {MSG} WHERE status = 'processing' "
+            f"SELECT message_id, lease_token, created_at FROM {MSG} WHERE status = 'processing' "
             "AND lease_expires_at > statement_timestamp() LIMIT 10"
         ).fetchall()
         mids, toks = [r[0] for r in held], [r[1] for r in held]
+        # The leases' creation times bound both to their partitions, as the worker's do.
+        period = self.engine.period_params([r[2] for r in held])
         self.rounds += 1
         # The variants from the head only every third round: under a held xmin each is the
         # heaviest statement of the cell, and the worker makes one a minute itself.
@@ -235,8 +238,8 @@ class ExplainSampler(threading.Thread):
         for name, params in sweep_params(conn, self.sql["SWEEP"], 1000).items():
             if heads or not name.endswith("head"):
                 self._explain(conn, name, self.sql["SWEEP"], params)
-        self._explain(conn, "RENEW", self.sql["RENEW"], [self.ack_timeout, mids, toks])
-        self._explain(conn, "ACK", self.sql["ACK"], [mids, toks, ["null"] * len(mids)])
+        self._explain(conn, "RENEW", self.sql["RENEW"], [self.ack_timeout, mids, toks, *period, *period])
+        self._explain(conn, "ACK", self.sql["ACK"], [mids, toks, ["null"] * len(mids), *period])
 
     def run(self) -> None:
         try:

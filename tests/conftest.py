@@ -83,6 +83,7 @@ TIERS: dict[str, str] = {
     "test_ops_verify.py": "ledger",
     "test_ordering.py": "ledger",
     "test_partitions.py": "ledger",
+    "test_conversion.py": "process",
     "test_ordering_processes.py": "process",
     "test_packaging.py": "process",
     "test_payload_encoding.py": "ledger",

@@ -9,7 +9,8 @@ records, fenced like the others (the current token, still processing, lease unex
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import datetime as dt
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .base import Part
@@ -32,16 +33,28 @@ class Aborts(Part):
         engine = self.engine
         rows, _ = self._run(
             "ABORTS_REQUESTED",
-            self._rows(
-                "ABORTS_REQUESTED", [x.message_id for x in held], [engine.token(x.token) for x in held]
-            ),
+            [
+                *self._rows(
+                    "ABORTS_REQUESTED", [x.message_id for x in held], [engine.token(x.token) for x in held]
+                ),
+                *engine.period_params([x.created_at for x in held]),
+            ],
             prepare=True,
         )
         return {r[0] for r in rows}
 
-    def cancel_aborted(self, ids: list[str], tokens: list[Any], *, locked: bool = False) -> list[str]:
+    def cancel_aborted(
+        self,
+        ids: list[str],
+        tokens: list[Any],
+        created: Sequence[dt.datetime | None] = (),
+        *,
+        locked: bool = False,
+    ) -> list[str]:
         """Record ``cancelled`` for those of the leases whose abort was requested (the others are
-        left as they are: the caller's outcome statements skipped them for another reason)."""
+        left as they are: the caller's outcome statements skipped them for another reason).
+        ``created``: the leases' creation times (empty: unknown)."""
         name = "CANCEL_ABORTED_LOCKED" if locked else "CANCEL_ABORTED"
-        rows = self._move(name, self._rows(name, ids, tokens), detail=_ABORTED_DETAIL)
+        params = [*self._rows(name, ids, tokens), *self.engine.period_params(created)]
+        rows = self._move(name, params, detail=_ABORTED_DETAIL)
         return [r[1] for r in rows]

@@ -96,6 +96,9 @@ class Engine:
     #: Whether its message and audit tables may be range-partitioned by period (PostgreSQL;
     #: :mod:`.partitions`): partitions created ahead, whole periods dropped by the purge.
     partitions_by_period: ClassVar[bool] = False
+    #: A lease holder's batch statement bounded to the creation times of its leases' messages
+    #: (``{in_period}``, with :meth:`period_params`): planned for their partitions alone.
+    in_period: ClassVar[str] = ""
 
     def __init__(self) -> None:
         self.sql: dict[str, str] = {}
@@ -138,6 +141,7 @@ class Engine:
             in_open=self.in_open,
             in_close=self.in_close,
             notify=self.notify,
+            in_period=self.in_period,
             rows=self.rows(statements.ROWS.get(name, ())),
         )
 
@@ -157,6 +161,11 @@ class Engine:
 
     def token(self, value: uuid.UUID) -> Any:
         return value
+
+    def period_params(self, created: Sequence[dt.datetime | None]) -> list[Any]:
+        """Parameters for ``{in_period}``: the bounds of the messages' creation times (``None``:
+        a lease built without it, which leaves the statement unbounded)."""
+        return []
 
     def session_of(self, conn: BaseDatabaseWrapper) -> int | None:
         """An id of the server session behind ``conn`` (None where a lost statement cannot

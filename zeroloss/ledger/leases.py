@@ -98,6 +98,7 @@ class Leases(Part):
                 priority=r[9],
                 headers=engine.to_json(r[10]) if r[10] else {},
                 available_at=engine.at(r[11]) if r[11] is not None else None,
+                created_at=engine.at(r[12]),
             )
             for r in rows
         ]
@@ -143,9 +144,10 @@ class Leases(Part):
         """Extend a live lease by ``ACK_TIMEOUT``. ``False`` once the lease was lost or expired."""
         validate_message_id(message_id)
         token = self._token(lease_token)
+        unbounded = self.engine.period_params([None])
         rows, _ = self._run(
             "RENEW",
-            [self.settings.ACK_TIMEOUT, *self._rows("RENEW", [message_id], [token])],
+            [self.settings.ACK_TIMEOUT, *self._rows("RENEW", [message_id], [token]), *unbounded, *unbounded],
             prepare=True,
         )
         return bool(rows)
@@ -156,11 +158,14 @@ class Leases(Part):
         if not held:
             return set()
         engine = self.engine
+        period = engine.period_params([x.created_at for x in held])
         rows, _ = self._run(
             "RENEW",
             [
                 self.settings.ACK_TIMEOUT,
                 *self._rows("RENEW", [x.message_id for x in held], [engine.token(x.token) for x in held]),
+                *period,
+                *period,
             ],
             prepare=True,
         )
@@ -175,7 +180,12 @@ class Leases(Part):
         engine = self.engine
         rows, _ = self._run(
             "RENEW_BUSY",
-            self._rows("RENEW_BUSY", [x.message_id for x in held], [engine.token(x.token) for x in held]),
+            [
+                *self._rows(
+                    "RENEW_BUSY", [x.message_id for x in held], [engine.token(x.token) for x in held]
+                ),
+                *engine.period_params([x.created_at for x in held]),
+            ],
             prepare=True,
         )
         return {r[0] for r in rows}

@@ -8,6 +8,7 @@ outcome for any number of messages, each row fenced on its own.
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -53,7 +54,7 @@ class Outcomes(Part):
         if not rows:
             return False
         delay = self.settings.RETRY_BACKOFF.delay_for(rows[0][0])
-        if self._fail("FAIL", [message_id], [token], [clean_text(error)], [delay]):
+        if self._fail("FAIL", [message_id], [token], [clean_text(error)], [delay], [None]):
             return True
         self.ctx.aborts.cancel_aborted([message_id], [token])  # refused: an aborted message is cancelled
         return False
@@ -65,7 +66,7 @@ class Outcomes(Part):
         """
         validate_message_id(message_id)
         token = self._token(lease_token)
-        if self._release([message_id], [token], "released unstarted at worker shutdown"):
+        if self._release([message_id], [token], [None], "released unstarted at worker shutdown"):
             return True
         self.ctx.aborts.cancel_aborted([message_id], [token])  # refused: an aborted message is cancelled
         return False
@@ -107,6 +108,7 @@ class Outcomes(Part):
                     [c.lease.message_id for c in acks],
                     [engine.token(c.lease.token) for c in acks],
                     results,
+                    [c.lease.created_at for c in acks],
                     promote=any(c.lease.ordering_key for c in acks),
                 )
                 report.acknowledged.extend(done)
@@ -118,6 +120,7 @@ class Outcomes(Part):
                     [engine.token(c.lease.token) for c in fails],
                     [clean_text(c.error) for c in fails],
                     delays,
+                    [c.lease.created_at for c in fails],
                     statuses=True,
                     promote=any(c.lease.ordering_key for c in fails),
                 )
@@ -129,6 +132,7 @@ class Outcomes(Part):
                     self._release(
                         [c.lease.message_id for c in releases],
                         [engine.token(c.lease.token) for c in releases],
+                        [c.lease.created_at for c in releases],
                         detail,
                     )
                 )
@@ -137,7 +141,9 @@ class Outcomes(Part):
                 left = [c.lease for c in batch if c.lease.message_id not in recorded]
                 tokens = [engine.token(x.token) for x in left]
                 report.cancelled.extend(
-                    self.ctx.aborts.cancel_aborted([x.message_id for x in left], tokens, locked=locked)
+                    self.ctx.aborts.cancel_aborted(
+                        [x.message_id for x in left], tokens, [x.created_at for x in left], locked=locked
+                    )
                 )
                 recorded.update(report.cancelled)
         report.refused.extend(c.lease.message_id for c in batch if c.lease.message_id not in recorded)
@@ -177,7 +183,12 @@ class Outcomes(Part):
         engine = self.engine
         rows, _ = self._run(
             "LOCK_HELD",
-            self._rows("LOCK_HELD", [x.message_id for x in leases], [engine.token(x.token) for x in leases]),
+            [
+                *self._rows(
+                    "LOCK_HELD", [x.message_id for x in leases], [engine.token(x.token) for x in leases]
+                ),
+                *engine.period_params([x.created_at for x in leases]),
+            ],
         )
         return {r[0] for r in rows}
 
@@ -201,11 +212,19 @@ class Outcomes(Part):
     # -- the statements ---------------------------------------------------------------------
 
     def _ack(
-        self, name: str, ids: list[str], tokens: list[Any], results: list[str | None], *, promote: bool = True
+        self,
+        name: str,
+        ids: list[str],
+        tokens: list[Any],
+        results: list[str | None],
+        created: Sequence[dt.datetime | None],
+        *,
+        promote: bool = True,
     ) -> list[str]:
         # ``promote``: the statement also releases the next message of each finished ordering
         # key; a batch whose leases carry no key leaves that part out (a smaller plan to run).
-        rows = self._move(name, self._rows(name, ids, tokens, results), keyed=promote)
+        params = [*self._rows(name, ids, tokens, results), *self.engine.period_params(created)]
+        rows = self._move(name, params, keyed=promote)
         return [r[1] for r in rows]
 
     def _fail(
@@ -215,13 +234,18 @@ class Outcomes(Part):
         tokens: list[Any],
         errors: list[str],
         delays: list[float],
+        created: Sequence[dt.datetime | None],
         *,
         statuses: bool = False,
         promote: bool = True,
     ) -> list[Any]:
-        rows = self._move(name, self._rows(name, ids, tokens, errors, delays), keyed=promote)
+        params = [*self._rows(name, ids, tokens, errors, delays), *self.engine.period_params(created)]
+        rows = self._move(name, params, keyed=promote)
         return [(r[0], r[1]) for r in rows] if statuses else [r[0] for r in rows]
 
-    def _release(self, ids: list[str], tokens: list[Any], detail: str) -> list[str]:
-        rows = self._move("RELEASE", self._rows("RELEASE", ids, tokens), detail=detail)
+    def _release(
+        self, ids: list[str], tokens: list[Any], created: Sequence[dt.datetime | None], detail: str
+    ) -> list[str]:
+        params = [*self._rows("RELEASE", ids, tokens), *self.engine.period_params(created)]
+        rows = self._move("RELEASE", params, detail=detail)
         return [r[1] for r in rows]

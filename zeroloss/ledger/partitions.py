@@ -38,6 +38,9 @@ _BOUNDS = re.compile(r"FROM \('([^']+)'\) TO \('([^']+)'\)")
 #: How long partition DDL waits for its lock before it gives up (and is tried again later):
 #: an ATTACH queued behind a long transaction would hold up every statement queued after it.
 LOCK_TIMEOUT_MS = 1000
+#: The suffix of the tables (and their indexes and sequences) a conversion builds beside the
+#: ledger's own until they replace them (:mod:`.conversion`).
+BUILDING = "_partitioned"
 #: The advisory lock of the partitions' DDL (one sweeper at a time creates them).
 DDL_LOCK = 0x7A6C5041
 #: The unique indexes of the unpartitioned layout, and the plain indexes that serve the same
@@ -114,6 +117,13 @@ def partitions(conn: BaseDatabaseWrapper, table: str = MESSAGES) -> list[Partiti
     return sorted(found)
 
 
+def estimated_rows(conn: BaseDatabaseWrapper, found: list[Partition]) -> dict[str, int]:
+    """Each partition's messages as the planner estimates them (0 before it was analysed)."""
+    if not found:
+        return {}
+    return {name: max(int(n), 0) for name, n in _rows(conn, sql.PARTITION_ROWS, [[p.name for p in found]])}
+
+
 def coverage(conn: BaseDatabaseWrapper) -> dt.datetime | None:
     """Until when sends have a partition to go to (None: unpartitioned, or none covers now)."""
     if not is_partitioned(conn):
@@ -136,7 +146,7 @@ def _slots(start: dt.datetime, end: dt.datetime, period: int) -> Iterator[tuple[
         at += dt.timedelta(seconds=period)
 
 
-def _indexes(conn: BaseDatabaseWrapper, table: str) -> list[tuple[str, str, bool, bool]]:
+def indexes(conn: BaseDatabaseWrapper, table: str) -> list[tuple[str, str, bool, bool]]:
     """(name, definition, unique, primary) of each index of ``table``."""
     return [(n, d, bool(u), bool(p)) for n, d, u, p in _rows(conn, sql.INDEXES, [table])]
 
@@ -147,11 +157,13 @@ def _columns(definition: str) -> str:
 
 
 def create_partitions(
-    conn: BaseDatabaseWrapper, start: dt.datetime, end: dt.datetime, period: int
+    conn: BaseDatabaseWrapper, start: dt.datetime, end: dt.datetime, period: int, *, building: bool = False
 ) -> list[str]:
     """Create the partitions of both tables for every period from ``start``'s to ``end`` that no
-    partition covers yet, each period's two in one transaction; the message partitions created."""
-    existing = partitions(conn)
+    partition covers yet, each period's two in one transaction; the message partitions created.
+    ``building``: of the tables a conversion builds (``BUILDING``), named as the ledger's own."""
+    grown = BUILDING if building else ""
+    existing = partitions(conn, MESSAGES + grown)
     created = []
     for low, high in _slots(start, end, period):
         if any(p.start < high and low < p.end for p in existing):
@@ -160,17 +172,18 @@ def create_partitions(
         with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
             cursor.execute(sql.LOCK_TIMEOUT.format(ms=LOCK_TIMEOUT_MS))
             for table, _ in TABLES:
-                part = f"{table}_{suffix}"
-                cursor.execute(sql.CREATE_LIKE.format(part=part, table=table))
-                for name, definition, _, primary in _indexes(conn, table):
+                part, parent_table = f"{table}_{suffix}", table + grown
+                cursor.execute(sql.CREATE_LIKE.format(part=part, table=parent_table))
+                for name, definition, _, primary in indexes(conn, parent_table):
                     if primary:
                         cursor.execute(sql.PRIMARY_KEY.format(table=part, columns=_columns(definition)))
                     else:
-                        parent = f" {name} ON ONLY public.{table} "
+                        parent = f" {name} ON ONLY public.{parent_table} "
                         if parent not in definition:
-                            raise RuntimeError(f"unexpected index of {table}: {definition}")
-                        cursor.execute(definition.replace(parent, f" {name}_{suffix} ON {part} ", 1))
-                cursor.execute(sql.ATTACH.format(table=table, part=part), [low, high])
+                            raise RuntimeError(f"unexpected index of {parent_table}: {definition}")
+                        named = f" {name.removesuffix(grown) if grown else name}_{suffix} ON {part} "
+                        cursor.execute(definition.replace(parent, named, 1))
+                cursor.execute(sql.ATTACH.format(table=parent_table, part=part), [low, high])
         created.append(f"{MESSAGES}_{suffix}")
         existing.append(Partition(low, high, f"{MESSAGES}_{suffix}"))
     return created
@@ -180,7 +193,12 @@ def ensure_ahead(conn: BaseDatabaseWrapper, period: int, ahead: int) -> list[str
     """Create the partitions missing from now's period to ``ahead`` periods after it (the sweep's
     duty); nothing on an unpartitioned ledger, or while another process creates them."""
     if not is_partitioned(conn):
-        return []
+        # A conversion under way (conversion.py) mirrors new rows into the tables it builds.
+        building = bool(_rows(conn, sql.TABLE_EXISTS, [MESSAGES + BUILDING])[0][0])
+        if not building or not engine_for(conn).partitions_by_period:
+            return []
+        now = database_now(conn)
+        return create_partitions(conn, now, now + dt.timedelta(seconds=period * ahead), period, building=True)
     now = database_now(conn)
     horizon = now + dt.timedelta(seconds=period * ahead)
     current = partitions(conn)
@@ -192,6 +210,18 @@ def ensure_ahead(conn: BaseDatabaseWrapper, period: int, ahead: int) -> list[str
         return create_partitions(conn, now, horizon, period)
 
 
+def parent_index(definition: str, name: str, unique: bool, table: str, parent: str, grown: str = "") -> str:
+    """An index of the unpartitioned ``table`` made for its partitioned ``parent``: unique ones
+    replaced by REPLACED_INDEXES (the key and head tables hold the uniqueness), named ``+ grown``."""
+    found = f" {name} ON public.{table} "
+    if found not in definition:
+        raise RuntimeError(f"unexpected index of {table}: {definition}")
+    if unique:
+        definition = definition.replace("CREATE UNIQUE INDEX", "CREATE INDEX", 1)
+    renamed = REPLACED_INDEXES[name] if unique else name
+    return definition.replace(found, f" {renamed}{grown} ON public.{parent} ", 1)
+
+
 def partition_tables(conn: BaseDatabaseWrapper, period: int, ahead: int) -> bool:
     """Make the message and audit tables partitioned, with partitions from the period before
     now's to ``ahead`` after it, if both are empty (a new install; the migration's step).
@@ -200,7 +230,7 @@ def partition_tables(conn: BaseDatabaseWrapper, period: int, ahead: int) -> bool
         return False
     with conn.cursor() as cursor:
         for table, key in TABLES:
-            indexes = _indexes(conn, table)
+            held = indexes(conn, table)
             (sequence,) = _rows(conn, sql.SERIAL_SEQUENCE, [table])[0]
             cursor.execute(sql.CREATE_PARTITIONED.format(table=table, key=key))
             cursor.execute(sql.DROP.format(table=table))
@@ -210,14 +240,9 @@ def partition_tables(conn: BaseDatabaseWrapper, period: int, ahead: int) -> bool
             cursor.execute(sql.OWN_SEQUENCE.format(table=table, sequence=sequence))
             cursor.execute(sql.KEY_NOT_NULL.format(table=table, key=key))
             cursor.execute(sql.PRIMARY_KEY.format(table=table, columns=f"(id, {key})"))
-            for name, definition, unique, primary in indexes:
-                if primary:
-                    continue
-                if unique:
-                    definition = definition.replace("CREATE UNIQUE INDEX", "CREATE INDEX", 1).replace(
-                        f" {name} ", f" {REPLACED_INDEXES[name]} ", 1
-                    )
-                cursor.execute(definition)
+            for name, definition, unique, primary in held:
+                if not primary:
+                    cursor.execute(parent_index(definition, name, unique, table, table))
     now = database_now(conn)
     create_partitions(
         conn,

@@ -16,8 +16,11 @@ from .engine import MSG, Engine, Move, Rows, from_epoch
 # Timestamps handed back as epoch seconds: a float loads far cheaper than a timestamptz through
 # Django's time-zone-aware loader (measured: 15% of a no-op worker's time went there).
 _EPOCH = {
-    name: f"extract(epoch FROM {name})::float8" for name in ("lease_expires_at", "updated_at", "available_at")
+    name: f"extract(epoch FROM {name})::float8"
+    for name in ("lease_expires_at", "updated_at", "available_at", "created_at")
 }
+#: How far :meth:`PostgresEngine.period_params` widens the bounds (epoch seconds are floats).
+_PERIOD_SLACK = dt.timedelta(milliseconds=1)
 # libpq's PGRES_TUPLES_OK (psycopg.pq.ExecStatus.TUPLES_OK; psycopg is imported only when used).
 _TUPLES_OK = 2
 #: SQLSTATE read_only_sql_transaction: a hot standby, or ``default_transaction_read_only``.
@@ -111,6 +114,9 @@ class PostgresEngine(Engine):
     keeps_dead_index_entries = True
     moves_in_one_statement = True
     partitions_by_period = True
+    in_period = (
+        f" AND {MSG}.created_at >= CAST(%s AS timestamptz) AND {MSG}.created_at <= CAST(%s AS timestamptz)"
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -181,6 +187,13 @@ class PostgresEngine(Engine):
                 return False
             time.sleep(0.02)
         return True
+
+    def period_params(self, created: Sequence[dt.datetime | None]) -> list[Any]:
+        if not created or any(at is None for at in created):
+            return ["-infinity", "infinity"]
+        known = [at for at in created if at is not None]
+        # A millisecond either side: the claim handed the time back as epoch seconds (a float).
+        return [min(known) - _PERIOD_SLACK, max(known) + _PERIOD_SLACK]
 
     def row_params(self, name: str, columns: Sequence[Sequence[Any]]) -> list[Any]:
         return [list(column) for column in columns]

@@ -15,7 +15,8 @@ from ..states import Status as S
 from .statements_moves import Moving, edge
 
 _BY_IDS = "WHERE message_id IN (SELECT b.mid FROM {rows})"
-_HELD = "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
+# ``{in_period}``: see statements_leases._FENCE.
+_HELD = "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'{in_period}"
 
 #: Added to every fenced outcome statement of a lease holder: an aborted message's handler
 #: ended, whatever it returned; only CANCEL_ABORTED may record it.

@@ -59,13 +59,19 @@ LEASED_ATTEMPT = (
 )
 # Every lease-holder statement is fenced: the current token, still processing, lease unexpired.
 # (An aborted message's outcome is recorded by CANCEL_ABORTED only: NOT_ABORTED.)
+# ``{in_period}``: bounded by the leases' creation times (PostgreSQL: two parameters, the
+# batch's earliest and latest), so that the statement is planned for the partitions holding
+# them alone (docs/scaling.md#retention-by-partition); nothing where nothing is partitioned.
 _FENCE = (
     "FROM {rows} WHERE {msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
     + _NOT_ABORTED
+    + "{in_period}"
 )
 _UNEXPIRED = " AND {msg}.lease_expires_at > {clock}"
 _FENCED_LEASE = (
-    "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'" + _UNEXPIRED
+    "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
+    + _UNEXPIRED
+    + "{in_period}"
 )
 # The keeper's renewal never waits for a row lock: a row locked elsewhere (a transactional
 # batch recording its outcome, an operator's move) is skipped, and RENEW_BUSY tells it apart
@@ -73,7 +79,7 @@ _FENCED_LEASE = (
 RENEW = (
     "UPDATE {msg} SET lease_expires_at = {clock_after}, updated_at = {clock} WHERE {in_open}SELECT {msg}.id "
     "FROM {msg}, {rows} WHERE " + _FENCED_LEASE + "{skip_locked_of}{in_close} AND status = 'processing' "
-    "AND lease_expires_at > {clock} RETURNING message_id"
+    "AND lease_expires_at > {clock}{in_period} RETURNING message_id"
 )
 RENEW_BUSY = "SELECT {msg}.message_id FROM {msg}, {rows} WHERE " + _FENCED_LEASE
 # The acknowledged state; ``{{result}}`` is the stored result (a batch column or a parameter).
@@ -111,8 +117,8 @@ RELEASE = (
 # A transactional batch locks its rows, fenced, before running any handler.
 LOCK_HELD = (
     "SELECT {msg}.message_id FROM {msg}, {rows} WHERE {msg}.message_id = b.mid "
-    "AND {msg}.lease_token = b.tok AND {msg}.status = 'processing' AND {msg}.lease_expires_at > {clock} "
-    "ORDER BY {msg}.id{for_update}"
+    "AND {msg}.lease_token = b.tok AND {msg}.status = 'processing' AND {msg}.lease_expires_at > {clock}"
+    "{in_period} ORDER BY {msg}.id{for_update}"
 )
 # A transactional batch's transaction: opened with a guard row that only zeroloss's own commit
 # may commit (a handler's raw COMMIT fails on it), and with the server-side bounds derived from
@@ -214,6 +220,7 @@ LEASE_COLUMNS = (
     "priority",
     "headers",
     "available_at",
+    "created_at",
 )
 _CLAIMED = Moving(
     "worker",

@@ -28,6 +28,8 @@ INDEXES = (
 CHECKS = (
     "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = to_regclass(%s) AND contype = 'c'"
 )
+#: Each partition's rows as the planner estimates them (-1: never analysed).
+PARTITION_ROWS = "SELECT c.relname, c.reltuples::bigint FROM pg_class c WHERE c.relname = ANY(%s)"
 SERIAL_SEQUENCE = "SELECT pg_get_serial_sequence(%s, 'id')"
 HOLDS_ROWS = "SELECT EXISTS (SELECT 1 FROM {table})"
 NOW = "SELECT statement_timestamp()"
@@ -77,3 +79,64 @@ ELIGIBLE = "(status = 'completed' AND completed_at < %s) OR (status = 'cancelled
 ELIGIBLE_DEAD = " OR (status = 'dead' AND dead_at < %s)"
 #: The dropped messages' ids, out of the key table (a resend stores the message again).
 DELETE_KEYS = "DELETE FROM {keys} WHERE message_id IN (SELECT message_id FROM {part})"
+
+# -- a populated ledger converted online (conversion.py) -------------------------------------------
+
+#: A table's columns, in order.
+COLUMNS = (
+    "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped "
+    "ORDER BY attnum"
+)
+TABLE_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
+#: Where a conversion stands, one row per table: the highest id stored before its mirror
+#: trigger existed (what the copy must reach), and how far the copy got.
+PROGRESS_CREATE = (
+    "CREATE TABLE IF NOT EXISTS {progress} (table_name text PRIMARY KEY, high_water bigint NOT NULL, "
+    "copied_to bigint NOT NULL)"
+)
+PROGRESS = "SELECT table_name, high_water, copied_to FROM {progress}"
+PROGRESS_START = "INSERT INTO {progress} VALUES (%s, %s, %s) ON CONFLICT (table_name) DO NOTHING"
+PROGRESS_COPIED = "UPDATE {progress} SET copied_to = %s WHERE table_name = %s"
+PROGRESS_DROP = "DROP TABLE IF EXISTS {progress}"
+SEQUENCE_LAST = "SELECT last_value FROM {sequence}"
+SEQUENCE_SET = "SELECT setval(%s, %s)"
+MIN_ID = "SELECT coalesce(min(id), 1) FROM {table}"
+#: Every change of a row of the old table made to its copy in the new one, in the changing
+#: transaction: an update is the old version deleted and the new one inserted (``{fill}``: the
+#: audit rows' ``message_created_at``, NULL on rows written before 0.3, from their message).
+MIRROR_FUNCTION = (
+    "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $body$ "
+    "DECLARE r {source}%ROWTYPE; BEGIN "
+    "IF TG_OP <> 'INSERT' THEN DELETE FROM {target} WHERE id = OLD.id; END IF; "
+    "IF TG_OP <> 'DELETE' THEN r := NEW;{fill} INSERT INTO {target} SELECT (r).*; END IF; "
+    "RETURN NULL; END $body$"
+)
+MIRROR_FILL = (
+    " IF r.message_created_at IS NULL THEN r.message_created_at := coalesce("
+    "(SELECT m.created_at FROM {messages} m WHERE m.id = r.message_id), r.created_at); END IF;"
+)
+MIRROR_TRIGGER_DROP = "DROP TRIGGER IF EXISTS {function} ON {source}"
+MIRROR_TRIGGER = (
+    "CREATE TRIGGER {function} AFTER INSERT OR UPDATE OR DELETE ON {source} FOR EACH ROW "
+    "EXECUTE FUNCTION {function}()"
+)
+MIRROR_FUNCTION_DROP = "DROP FUNCTION IF EXISTS {function}()"
+#: One range of ids copied. ``FOR SHARE``: a transition or purge of a row being copied waits
+#: for the copy's commit (its mirror then replaces the copy), and a row changed after the copy's
+#: snapshot is copied as it is now, or skipped when its mirror stored it already.
+COPY_RANGE = (
+    "INSERT INTO {target} SELECT {columns} FROM {source} s WHERE s.id >= %s AND s.id < %s FOR SHARE OF s "
+    "ON CONFLICT DO NOTHING"
+)
+COPY_FILL = "coalesce(s.message_created_at, (SELECT m.created_at FROM {messages} m WHERE m.id = s.message_id), s.created_at)"
+#: A table and its copy, compared in one snapshot (every transaction changed both or neither).
+FINGERPRINT = "SELECT count(*), coalesce(sum(hashtextextended(ROW({columns})::text, 0)), 0) FROM {table}"
+REPEATABLE_READ = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"
+LOCK_EXCLUSIVE = "LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE"
+RENAME_TABLE = "ALTER TABLE {table} RENAME TO {name}"
+RENAME_CONSTRAINT = "ALTER TABLE {table} RENAME CONSTRAINT {old} TO {name}"
+RENAME_INDEX = "ALTER INDEX {index} RENAME TO {name}"
+RENAME_SEQUENCE = "ALTER SEQUENCE {sequence} RENAME TO {name}"
+ANALYZE = "ANALYZE {table}"
+#: The periods (numbered from the epoch) a table's rows were created in.
+PERIODS_HELD = "SELECT DISTINCT floor(extract(epoch FROM created_at) / %s)::bigint FROM {table}"

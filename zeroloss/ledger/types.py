@@ -34,6 +34,9 @@ class Lease:
     #: When the message became claimable (database time: sent, or its delay or backoff over),
     #: as the claim read it; None when the lease was built otherwise. The pickup latency's start.
     available_at: dt.datetime | None = None
+    #: When the message was stored (database time), as the claim read it; None when the lease
+    #: was built otherwise. Bounds the lease holder's statements to its partition.
+    created_at: dt.datetime | None = None
 
     def __bool__(self) -> bool:
         return True
