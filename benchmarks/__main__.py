@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import platform
 import subprocess
@@ -83,6 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=[1, 4],
         metavar="N",
         help="With --only telemetry: only these worker process counts (1, 4).",
+    )
+    parser.add_argument(
+        "--retained-rows",
+        type=int,
+        metavar="N",
+        help="With retained: this many completed messages retained (default 1,000,000; --quick 100,000).",
     )
     parser.add_argument("--json", type=Path, help="Also save every figure and the machine to this file.")
     parser.add_argument(
@@ -177,6 +184,8 @@ def _run_suite(args: argparse.Namespace) -> int:
         call_command("migrate", verbosity=0, interactive=False, database="retained")
         with tempfile.TemporaryDirectory(prefix="zeroloss-bench-") as workdir:
             sizes = Sizes.for_profile(args.quick)
+            if args.retained_rows:
+                sizes = dataclasses.replace(sizes, retained=args.retained_rows)
             suite = Suite(database, retained, sizes, args.runs, Path(workdir))
             machine = machine_info(suite.conn)
             print(

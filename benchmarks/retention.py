@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def child_env(url: str) -> dict[str, str]:
     return env
 
 
-def manage(url: str, *args: str, timeout: float = 1800) -> None:
+def manage(url: str, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
     """``manage.py ARGS`` on ``url``'s database, with the benchmarks' settings; raise if it fails."""
     done = subprocess.run(
         [sys.executable, "manage.py", *args],
@@ -123,6 +124,7 @@ def manage(url: str, *args: str, timeout: float = 1800) -> None:
     )
     if done.returncode != 0:
         raise RuntimeError(f"manage.py {' '.join(args[:2])} exited {done.returncode}: {done.stderr[-3000:]}")
+    return done
 
 
 def migrate(url: str) -> None:
@@ -236,7 +238,21 @@ def child(args: dict[str, Any]) -> int:
     claim_latencies: list[float] = []
     ack_latencies: list[float] = []
     empty = 0
-    if args["mode"] == "service":
+    if args["mode"] == "send":
+        import django
+
+        django.setup()
+        import zeroloss
+
+        sent = iter(range(1 << 62))
+
+        def once() -> bool:
+            t0 = time.perf_counter()
+            zeroloss.send(args["queue"], {"probe": next(sent)})
+            claim_latencies.append((time.perf_counter() - t0) * 1000)
+            return True
+
+    elif args["mode"] == "service":
         import django
 
         django.setup()
@@ -412,6 +428,66 @@ def run_partitioned(url: str, rows: int) -> dict[str, Any]:
         "left": int(left[0]) if left else -1,
         "purge_records": int(records[0]) if records else -1,
         "bytes_before": size_before,
+    }
+
+
+def migrate_unpartitioned(url: str) -> None:
+    """A ledger as 0.2 left it and ``migrate`` upgraded it: migrated to 0009, a message stored,
+    then to the end (0010 leaves a populated ledger unpartitioned)."""
+    manage(url, "migrate", "zeroloss", "0009", "--noinput", "-v", "0", timeout=300)
+    manage(url, "shell", "-c", "import zeroloss; zeroloss.send('bench.noop', {'seed': 1})")
+    migrate(url)
+
+
+def run_convert(url: str, rows: int) -> dict[str, Any]:
+    """An upgraded unpartitioned ledger of ``rows`` completed messages (and their audit rows)
+    converted by ``zeroloss_partition convert`` while a claimer claims and acknowledges and a
+    producer sends, each at CLAIM_RATE a second: their latencies during the conversion (the
+    longest is the longest any of them waited for a lock)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        started = time.perf_counter()
+        load(conn, db.MSG, db.EVT, rows, spread_days=0, carry=True)
+        conn.execute(
+            f"INSERT INTO {db.KEY} (message_id, created_at) SELECT message_id, created_at FROM {db.MSG} "
+            "ON CONFLICT DO NOTHING"
+        )
+        db.analyze(conn, vacuum=True)
+        conn.execute("CHECKPOINT")
+        _log(f"convert: loaded {rows:,} completed messages in {time.perf_counter() - started:.0f}s")
+        baseline, _ = measured(url, "service", "bench.noop", "", None)
+        _log(f"convert: claims before p50 {baseline['p50_ms']:.2f} ms, p99 {baseline['p99_ms']:.2f} ms")
+        sender = Probe(url, "send", "bench.noop")
+        sender.go()
+
+        def conversion() -> dict[str, Any]:
+            t0 = time.perf_counter()
+            done = manage(url, "zeroloss_partition", "convert", "--yes", timeout=3600)
+            held = re.search(r"locks held (\d+) ms", done.stderr)
+            return {
+                "seconds": time.perf_counter() - t0,
+                "swap_lock_ms": int(held[1]) if held else -1,
+                "log": done.stderr.strip().splitlines(),
+            }
+
+        try:
+            during, result = measured(url, "service", "bench.noop", "", conversion)
+        finally:
+            sends = sender.stop()
+        _log(
+            f"convert: {result['seconds']:.1f}s, swap held its locks {result['swap_lock_ms']} ms; claims during "
+            f"p50 {during['p50_ms']:.2f} ms, p99 {during['p99_ms']:.2f} ms, max {during['max_ms']:.0f} ms; sends max "
+            f"{sends['max_ms']:.0f} ms"
+        )
+        partitioned = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = 'zeroloss_message'::regclass)"
+        ).fetchone()
+    return {
+        "rows": rows,
+        "convert": result,
+        "claims_baseline": baseline,
+        "claims_during": during,
+        "sends_during": sends,
+        "partitioned": bool(partitioned and partitioned[0]),
     }
 
 
@@ -718,6 +794,20 @@ def report(results: dict[str, Any]) -> str:
             f"({b['claims']:,} claims); during: p50 {d['p50_ms']:.2f} ms, p99 {d['p99_ms']:.2f} ms, "
             f"max {d['max_ms']:.1f} ms ({d['claims']:,} claims)",
         ]
+    converted = results.get("convert")
+    if converted:
+        c, b, d, s = (converted[k] for k in ("convert", "claims_baseline", "claims_during", "sends_during"))
+        lines += [
+            f"zeroloss_partition convert of an upgraded unpartitioned ledger, {converted['rows']:,} completed "
+            f"messages + {3 * converted['rows']:,} audit rows, under claims + acks and sends ({CLAIM_RATE}/s each):",
+            f"  converted in {c['seconds']:.1f}s (partitioned: {converted['partitioned']}); the swap held its "
+            f"ACCESS EXCLUSIVE locks {c['swap_lock_ms']} ms",
+            f"  claim_next(1) latency before: p50 {b['p50_ms']:.2f} ms, p99 {b['p99_ms']:.2f} ms, max "
+            f"{b['max_ms']:.1f} ms; during: p50 {d['p50_ms']:.2f} ms, p99 {d['p99_ms']:.2f} ms, max "
+            f"{d['max_ms']:.1f} ms ({d['claims']:,} claims)",
+            f"  acknowledge p50/p99 during: {d['ack_p50_ms']:.2f}/{d['ack_p99_ms']:.2f} ms; send latency during: "
+            f"p50 {s['p50_ms']:.2f} ms, p99 {s['p99_ms']:.2f} ms, max {s['max_ms']:.1f} ms ({s['claims']:,} sends)",
+        ]
     scratch = results.get("scratch")
     if scratch:
         lines.append(
@@ -741,7 +831,11 @@ def report(results: dict[str, Any]) -> str:
 def run(rows: int, scratch_rows: int, only: str | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"loadavg_start": os.getloadavg()}
     with private_server() as url:
-        migrate(url)
+        if only == "convert":
+            migrate_unpartitioned(url)
+            results["convert"] = run_convert(url, rows)
+        else:
+            migrate(url)
         if only in (None, "real"):
             results["real"] = run_real(url, rows)
         if only == "partitioned":
@@ -774,8 +868,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch-rows", type=int, default=1_000_000, help="... in each scratch schema.")
     parser.add_argument(
         "--only",
-        choices=["real", "scratch", "partitioned"],
-        help="partitioned: a day of --rows completed messages dropped by the built layout's purge.",
+        choices=["real", "scratch", "partitioned", "convert"],
+        help="partitioned: a day of --rows completed messages dropped by the built layout's purge; "
+        "convert: an upgraded unpartitioned ledger of --rows converted online under claims and sends.",
     )
     parser.add_argument("--json", type=Path, help="Also save the figures to this file.")
     args = parser.parse_args(argv)

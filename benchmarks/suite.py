@@ -189,15 +189,18 @@ class Suite(ThroughputWorkloads):
             db.load_messages(conn, queue=queue, prefix=self.prefix(queue), count=count, state="pending")
             db.analyze(conn)
 
-    def drain_window(self, queue: str) -> tuple[float, dict[str, bool]]:
+    def drain_window(
+        self, queue: str, conn: psycopg.Connection[Any] | None = None
+    ) -> tuple[float, dict[str, bool]]:
         """Seconds from the first claim to the last acknowledgement (database clock), and checks."""
-        row = self.conn.execute(
+        conn = conn or self.conn
+        row = conn.execute(
             f"SELECT extract(epoch FROM max(m.completed_at) - min(e.created_at)), count(DISTINCT m.id), "
             f"count(*) FILTER (WHERE m.status = 'completed' AND m.attempts = 1) FROM {MSG} m "
             f"JOIN {EVT} e ON e.message_id = m.id AND e.reason = 'claimed' WHERE m.queue_name = %s",
             [queue],
         ).fetchone()
-        acks = self.conn.execute(
+        acks = conn.execute(
             f"SELECT count(*), count(DISTINCT e.message_id) FROM {EVT} e JOIN {MSG} m ON m.id = e.message_id "
             "WHERE m.queue_name = %s AND e.reason = 'acknowledged'",
             [queue],
@@ -207,10 +210,11 @@ class Suite(ThroughputWorkloads):
         checks = {"exactly once": row[2] == total and acks[0] == total and acks[1] == total}
         return float(row[0]), checks
 
-    def wait_drained(self, queue: str, count: int) -> None:
+    def wait_drained(self, queue: str, count: int, conn: psycopg.Connection[Any] | None = None) -> None:
+        conn = conn or self.conn
         deadline = time.monotonic() + 120 + count / 50
         while True:
-            row = self.conn.execute(
+            row = conn.execute(
                 f"SELECT count(*) FROM {MSG} WHERE queue_name = %s AND status = 'completed'", [queue]
             ).fetchone()
             if row and row[0] >= count:
@@ -429,6 +433,13 @@ class Suite(ThroughputWorkloads):
                 ratio_label="empty",
                 target=within,
             ),
+            "drain": self.figure(
+                "drain.retained",
+                f"zeroloss_worker batched drain, 1 process, with {tag} retained",
+                "msg/s",
+                ratio_label="empty",
+                target=within,
+            ),
             "sweep": self.figure(
                 "sweep.retained",
                 f"recovery sweep of {self.sizes.sweep:,} with {tag} retained",
@@ -450,7 +461,8 @@ class Suite(ThroughputWorkloads):
                 f"{time.perf_counter() - started:.1f}s (setup, not measured)"
             )
             sides = [(self.conn, "default", 0), (other, "retained", keep)]
-            ok = {"claim": True, "sweep": True}
+            urls = {"default": self.url, "retained": self.retained.url}
+            ok = {"claim": True, "sweep": True, "drain": True}
             for run in range(self.runs):
                 for n, (conn, alias, kept) in enumerate(sides if run % 2 == 0 else sides[::-1]):
                     empty = kept == 0
@@ -463,15 +475,20 @@ class Suite(ThroughputWorkloads):
                     elapsed, good = self.sweep_once(conn, alias, kept)
                     (figs["sweep"].baseline if empty else figs["sweep"].values).append(elapsed)
                     ok["sweep"] &= good
+                    rate, good = self.drain_once(conn, urls[alias], kept)
+                    (figs["drain"].baseline if empty else figs["drain"].values).append(rate)
+                    ok["drain"] &= good
                     del n
                 _log(
                     f"retained run {run + 1}: persist {figs['persist'].values[-1]:,.0f} "
                     f"(empty {figs['persist'].baseline[-1]:,.0f}) msg/s, claim+ack {figs['claim'].values[-1]:,.0f} "
                     f"(empty {figs['claim'].baseline[-1]:,.0f}) msg/s, sweep {figs['sweep'].values[-1]:.2f} "
-                    f"(empty {figs['sweep'].baseline[-1]:.2f}) s"
+                    f"(empty {figs['sweep'].baseline[-1]:.2f}) s, drain {figs['drain'].values[-1]:,.0f} "
+                    f"(empty {figs['drain'].baseline[-1]:,.0f}) msg/s"
                 )
             figs["claim"].checks["exactly once"] = ok["claim"]
             figs["sweep"].checks["exactly once"] = ok["sweep"]
+            figs["drain"].checks["exactly once"] = ok["drain"]
             row = other.execute(
                 f"SELECT count(*) FROM {MSG} WHERE id <= %s AND status = 'completed'", [keep]
             ).fetchone()
@@ -482,6 +499,19 @@ class Suite(ThroughputWorkloads):
         finally:
             other.close()
         db.reset(self.conn)
+
+    def drain_once(self, conn: psycopg.Connection[Any], url: str, kept: int) -> tuple[float, bool]:
+        """One batched drain of sizes.drain messages by one zeroloss_worker on ``url``'s ledger."""
+        worker = WorkerProcess(url, "bench.noop", self.workdir, "--poll-interval", "0.1")
+        try:
+            worker.wait_ready()
+            self.load_pending("bench.noop", self.sizes.drain, conn)
+            self.wait_drained("bench.noop", self.sizes.drain, conn)
+            window, checks = self.drain_window("bench.noop", conn)
+        finally:
+            worker.stop()
+        db.reset(conn, kept)
+        return self.sizes.drain / window, all(checks.values())
 
     # -- drains: raw limit and zeroloss_worker, 1 and 4 processes ------------------------
 

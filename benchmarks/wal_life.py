@@ -1,7 +1,9 @@
 """WAL written per message over its whole life: send, claim, acknowledgement (with their audit
-rows) and purge, on today's layout.
+rows) and purge, on both layouts: a 0.2 ledger upgraded (unpartitioned) and a new install's
+(partitioned by day).
 
-``python -m benchmarks.wal_life [--messages N]`` (or ``python -m benchmarks --only wal_life``)
+``python -m benchmarks.wal_life [--messages N] [--layout unpartitioned|partitioned|both]`` (or
+``python -m benchmarks --only wal_life``)
 
 Everything runs on a private PostgreSQL server started for the run (as benchmarks/retention.py
 does), so ``pg_current_wal_lsn()`` before and after each phase counts this benchmark's WAL alone;
@@ -17,12 +19,11 @@ The phases, each by zeroloss's own code in a child process:
 - **send, batches of 100**: ``zeroloss.send_many()``, the other half;
 - **drain**: ``zeroloss_worker --burst`` with a no-op handler (the batched claim and fenced
   outcome path, audit rows included);
-- **purge**: ``zeroloss_purge --older-than 1s`` (batches of 1,000: audit rows, messages, a
-  ``PurgeRecord`` each);
+- **purge**: unpartitioned, ``zeroloss_purge --older-than 1s`` (batches of 1,000: audit rows,
+  messages, a ``PurgeRecord`` each); partitioned, the purge's own period drop
+  (``_drop_expired_periods``) with its cut-off two days ahead, so that today's period is past
+  retention: detach, count, key deletes, ``PurgeRecord`` rows, ``DROP``;
 - **vacuum**: ``VACUUM`` of the message and audit tables after the purge.
-
-The partitioned layout (issue 31) is not built yet; docs/scaling.md's scratch measurement is
-the estimate for it until it is.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 
 import psycopg
 
-from .retention import manage, migrate, private_server, wal_bytes, wal_lsn
+from .retention import manage, migrate, migrate_unpartitioned, private_server, wal_bytes, wal_lsn
 
 QUEUE = "bench.noop"
 SEND_ONE = """
@@ -57,12 +58,25 @@ def count(conn: psycopg.Connection[Any], sql: str) -> int:
     return int(row[0])
 
 
-def run(messages: int) -> dict[str, Any]:
+#: The partitioned layout's purge: the period the messages were sent in detached and dropped by
+#: the purge's own code (``_drop_expired_periods``), with a cut-off two days ahead so that
+#: today's period counts as past retention (nothing else is changed to get there).
+DROP_TODAY = """
+from zeroloss.service import ZeroLossMessageService
+dropped = ZeroLossMessageService(instance_id="wal-life").operator._drop_expired_periods(-2 * 86400, "wal-life")
+assert dropped == {count}, dropped
+"""
+
+
+def run(messages: int, layout: str = "unpartitioned") -> dict[str, Any]:
     half = messages // 2
     phases: list[dict[str, Any]] = []
     # autovacuum off: its WAL would land in whichever phase it ran
     with private_server("zeroloss_wal", max_wal_size="4GB", autovacuum="off") as url:
-        migrate(url)
+        if layout == "partitioned":
+            migrate(url)
+        else:
+            migrate_unpartitioned(url)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("CHECKPOINT")
 
@@ -92,12 +106,17 @@ def run(messages: int) -> dict[str, Any]:
                 messages,
                 lambda: manage(url, "zeroloss_worker", "--queue", QUEUE, "--burst"),
             )
+            seeded = 1 if layout == "unpartitioned" else 0  # migrate_unpartitioned's one message
             completed = count(conn, "SELECT count(*) FROM zeroloss_message WHERE status = 'completed'")
-            if completed != messages:
-                raise RuntimeError(f"the drain completed {completed} of {messages} messages")
+            if completed != messages + seeded:
+                raise RuntimeError(f"the drain completed {completed - seeded} of {messages} messages")
             audit = count(conn, "SELECT count(*) FROM zeroloss_messageevent")
             time.sleep(1.1)  # the purge takes what completed over a second ago: all of it
-            phase("purge", messages, lambda: manage(url, "zeroloss_purge", "--older-than", "1s", "--yes"))
+            if layout == "partitioned":
+                drop = DROP_TODAY.format(count=messages)
+                phase("purge (the period dropped)", messages, lambda: manage(url, "shell", "-c", drop))
+            else:
+                phase("purge", messages, lambda: manage(url, "zeroloss_purge", "--older-than", "1s", "--yes"))
             left = count(conn, "SELECT count(*) FROM zeroloss_message")
             if left:
                 raise RuntimeError(f"the purge left {left} messages")
@@ -106,12 +125,12 @@ def run(messages: int) -> dict[str, Any]:
                 messages,
                 lambda: conn.execute("VACUUM zeroloss_message, zeroloss_messageevent"),
             )
-    return {"messages": messages, "audit_rows": audit, "phases": phases}
+    return {"messages": messages, "audit_rows": audit, "phases": phases, "layout": layout}
 
 
 def report(result: dict[str, Any]) -> str:
     lines = [
-        f"WAL per message over its life, today's layout ({result['messages']:,} messages, "
+        f"WAL per message over its life, {result.get('layout', 'unpartitioned')} layout ({result['messages']:,} messages, "
         f"{result['audit_rows']:,} audit rows before the purge)",
         "",
         "| phase | WAL a message | time |",
@@ -131,7 +150,8 @@ def report(result: dict[str, Any]) -> str:
 
 def run_in_suite(suite: Any) -> None:
     """``python -m benchmarks --only wal_life``: 20,000 messages, the report after the table."""
-    print("\nwal_life:\n" + report(run(20_000)), flush=True)
+    for layout in ("unpartitioned", "partitioned"):
+        print(f"\nwal_life ({layout}):\n" + report(run(20_000, layout)), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,10 +159,17 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument(
+        "--layout",
+        choices=["unpartitioned", "partitioned", "both"],
+        default="both",
+        help="unpartitioned: a 0.2 ledger upgraded; partitioned: a new install's (default: both).",
+    )
     args = parser.parse_args(argv)
     if args.messages < 200:
         parser.error("--messages must be at least 200")
-    print(report(run(args.messages)))
+    for layout in ("unpartitioned", "partitioned") if args.layout == "both" else (args.layout,):
+        print(report(run(args.messages, layout)) + "\n", flush=True)
     return 0
 
 

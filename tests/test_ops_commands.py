@@ -43,6 +43,7 @@ STATUS_KEYS = {
     "sweep",
     "blocked_keys",
     "blocked_keys_truncated",
+    "partitions",
 }
 QUEUE_KEYS = {
     "name",

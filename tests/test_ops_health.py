@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 
 from tests.support import backdate
 from tests.support.factories import clear_cache, make_completed, make_dead, make_stuck
 from zeroloss.exceptions import InvalidMessage
+from zeroloss.ledger import partitions
 from zeroloss.service import ZeroLossMessageService
 from zeroloss.snapshot import Snapshot, cache_key, compute_snapshot, get_snapshot, invalidate
 
@@ -201,3 +203,38 @@ class TestSnapshot:
         assert snap.queues["r"].oldest_pending_age is not None
         assert snap.queues["r"].oldest_pending_age >= 0.2
         assert snap.oldest_pending_age == snap.queues["r"].oldest_pending_age
+
+
+def test_healthy_shows_the_partitions_covered(client):
+    code, data = health(client)
+    assert code == 200
+    check = data["checks"]["partitions"]
+    if connection.vendor == "sqlite":
+        assert check == {"ok": True, "partitioned": False, "covered_until": None}
+        return
+    assert check["ok"] and check["partitioned"]
+    assert check["covered_until"] == partitions.coverage(connection).isoformat()
+
+
+@pytest.mark.postgres_only
+def test_a_partitioned_ledger_without_partitions_ahead_fails(client):
+    """The partitions after today's dropped (inside the test's transaction, rolled back): sends
+    would have nowhere to go at midnight, less than a PARTITION_PERIOD away."""
+    today = next(
+        p for p in partitions.partitions(connection) if p.start <= partitions.database_now(connection) < p.end
+    )
+    with connection.cursor() as cursor:
+        for p in partitions.partitions(connection):
+            if p.start >= today.end:
+                cursor.execute(f"DROP TABLE {p.name}, {p.name.replace('message', 'messageevent', 1)}")
+    code, data = health(client)
+    assert code == 503
+    assert data["checks"]["partitions"] == {
+        "ok": False,
+        "partitioned": True,
+        "covered_until": today.end.isoformat(),
+    }
+    assert data["problems"] == [
+        f"sends have a partition only until {today.end.isoformat()}, less than PARTITION_PERIOD ahead: "
+        "is a sweep running? (zeroloss_partition show)"
+    ]

@@ -6,6 +6,8 @@ Unhealthy when any of these holds (thresholds in ``ZEROLOSS``):
 - more dead letters than ``HEALTH_MAX_DEAD`` (default 100);
 - the replication requirement (``REPLICATION_FACTOR``/``PERSISTENCE_LEVEL``) is unmet, as
   *measured* from the primary's streaming standbys;
+- on a partitioned ledger, sends have a partition for less than one ``PARTITION_PERIOD``
+  ahead (no sweep has created the next ones);
 - the database cannot be read.
 
 :func:`health_view` is a plain JSON view (HTTP 200 healthy, 503 unhealthy), routed at
@@ -101,13 +103,29 @@ def health_report(service: ZeroLossMessageService | None = None, *, use_cache: b
     problems += rep.problems if not rep.ok else []
     if not rep.ok and not rep.problems:
         problems.append("replication requirement unmet")
+    # A partitioned ledger refuses sends once no partition covers now: unhealthy when less than
+    # one PARTITION_PERIOD is left (the sweep creates PARTITIONS_AHEAD of them, once a minute).
+    period = float(cfg.PARTITION_PERIOD)
+    ahead = (snap.partitions_until - snap.taken_at).total_seconds() if snap.partitions_until else 0.0
+    partitions_ok = not snap.partitioned or ahead >= period
+    if not partitions_ok:
+        until = snap.partitions_until.isoformat() if snap.partitions_until else "now"
+        problems.append(
+            f"sends have a partition only until {until}, less than PARTITION_PERIOD ahead: "
+            "is a sweep running? (zeroloss_partition show)"
+        )
     return HealthReport(
-        healthy=stuck_ok and dead_ok and rep.ok,
+        healthy=stuck_ok and dead_ok and rep.ok and partitions_ok,
         checks={
             "database": {"ok": True},
             "stuck": {"ok": stuck_ok, "value": snap.stuck, "max": cfg.HEALTH_MAX_STUCK},
             "dead": {"ok": dead_ok, "value": snap.dead, "max": cfg.HEALTH_MAX_DEAD},
             "replication": {"ok": rep.ok, **dataclasses.asdict(rep)},
+            "partitions": {
+                "ok": partitions_ok,
+                "partitioned": snap.partitioned,
+                "covered_until": snap.partitions_until.isoformat() if snap.partitions_until else None,
+            },
         },
         problems=problems,
         taken_at=snap.taken_at.isoformat(),

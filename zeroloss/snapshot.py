@@ -40,11 +40,12 @@ import datetime as dt
 import logging
 
 from django.core.cache import caches
+from django.db import connections
 from django.db.models import Count, Min, Q
 
 from . import replication
 from .durations import format_duration
-from .ledger import statements_reads
+from .ledger import partitions, statements_reads
 from .models import Message, MessageEvent, Status
 from .service import ZeroLossMessageService
 from .snapshot_types import QueueSnapshot, ReplicationSnapshot, Snapshot, zero_counts
@@ -234,6 +235,8 @@ def compute_snapshot(service: ZeroLossMessageService) -> Snapshot:
         else 0
     )
     blocked = service.blocked_keys(limit=MAX_BLOCKED_KEYS + 1)
+    conn = connections[alias]
+    partitioned = partitions.is_partitioned(conn)
     return Snapshot(
         database=alias,
         taken_at=now,
@@ -248,4 +251,6 @@ def compute_snapshot(service: ZeroLossMessageService) -> Snapshot:
         completed_estimated=estimated is not None,
         blocked_keys=tuple(blocked[:MAX_BLOCKED_KEYS]),
         blocked_keys_truncated=len(blocked) > MAX_BLOCKED_KEYS,
+        partitioned=partitioned,
+        partitions_until=partitions.coverage(conn) if partitioned else None,
     )

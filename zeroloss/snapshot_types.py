@@ -92,6 +92,10 @@ class Snapshot:
     #: :data:`zeroloss.snapshot.MAX_BLOCKED_KEYS`; ``blocked_keys_truncated`` says there were more).
     blocked_keys: tuple[KeyHead, ...] = ()
     blocked_keys_truncated: bool = False
+    #: Whether the ledger is partitioned by period (PostgreSQL, docs/scaling.md), and until when
+    #: sends have a partition to go to (None: no partition covers now).
+    partitioned: bool = False
+    partitions_until: dt.datetime | None = None
 
     @property
     def totals(self) -> dict[str, int]:
@@ -150,6 +154,10 @@ class Snapshot:
             },
             "blocked_keys": [k.as_dict() for k in self.blocked_keys],
             "blocked_keys_truncated": self.blocked_keys_truncated,
+            "partitions": {
+                "partitioned": self.partitioned,
+                "covered_until": self.partitions_until.isoformat() if self.partitions_until else None,
+            },
         }
 
     @classmethod
@@ -179,4 +187,10 @@ class Snapshot:
             completed_estimated=bool(data["completed_estimated"]),
             blocked_keys=tuple(KeyHead.from_dict(k) for k in data["blocked_keys"]),
             blocked_keys_truncated=bool(data["blocked_keys_truncated"]),
+            partitioned=bool(data["partitions"]["partitioned"]),
+            partitions_until=(
+                dt.datetime.fromisoformat(data["partitions"]["covered_until"])
+                if data["partitions"]["covered_until"]
+                else None
+            ),
         )

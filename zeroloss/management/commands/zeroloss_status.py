@@ -175,6 +175,12 @@ class Command(ZeroLossCommand):
             self.stdout.write(f"  - {problem}")
         self.blocked_keys(data)
         self.controls(data)
+        parts = data["partitions"]
+        if parts["partitioned"]:
+            self.stdout.write(
+                _("partitions: sends have one until %(until)s")
+                % {"until": parts["covered_until"] or _("NONE COVERS NOW")}
+            )
         sweep = data["sweep"]
         self.stdout.write(
             _("sweep (audit trail): %(requeued)s requeued, %(dead)s dead-lettered in %(runs)s run(s)")
