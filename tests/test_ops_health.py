@@ -213,7 +213,8 @@ def test_healthy_shows_the_partitions_covered(client):
         assert check == {"ok": True, "partitioned": False, "covered_until": None}
         return
     assert check["ok"] and check["partitioned"]
-    assert check["covered_until"] == partitions.coverage(connection).isoformat()
+    covered = partitions.coverage(connection)
+    assert covered is not None and check["covered_until"] == covered.isoformat()
 
 
 @pytest.mark.postgres_only
