@@ -146,7 +146,11 @@ def wal_bytes(conn: psycopg.Connection[Any], start: str, end: str) -> int:
 def table_bytes(conn: psycopg.Connection[Any], *tables: str) -> int:
     total = 0
     for table in tables:
-        row = conn.execute("SELECT coalesce(pg_total_relation_size(%s::regclass), 0)", [table]).fetchone()
+        # Every partition's (pg_partition_tree is the table alone when it is not partitioned).
+        row = conn.execute(
+            "SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree(%s::regclass)",
+            [table],
+        ).fetchone()
         total += int(row[0]) if row else 0
     return total
 

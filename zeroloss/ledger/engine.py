@@ -99,6 +99,8 @@ class Engine:
     #: A lease holder's batch statement bounded to the creation times of its leases' messages
     #: (``{in_period}``, with :meth:`period_params`): planned for their partitions alone.
     in_period: ClassVar[str] = ""
+    #: A claim's bound to messages created by now: the partitions of periods to come pruned.
+    created_by_now: ClassVar[str] = ""
 
     def __init__(self) -> None:
         self.sql: dict[str, str] = {}
@@ -142,6 +144,7 @@ class Engine:
             in_close=self.in_close,
             notify=self.notify,
             in_period=self.in_period,
+            created_by_now=self.created_by_now,
             rows=self.rows(statements.ROWS.get(name, ())),
         )
 

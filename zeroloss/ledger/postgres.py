@@ -114,6 +114,8 @@ class PostgresEngine(Engine):
     keeps_dead_index_entries = True
     moves_in_one_statement = True
     partitions_by_period = True
+    # A row visible to a claim was stored by a statement that began before the claim's.
+    created_by_now = f" AND {MSG}.created_at <= statement_timestamp()"
     in_period = (
         f" AND {MSG}.created_at >= CAST(%s AS timestamptz) AND {MSG}.created_at <= CAST(%s AS timestamptz)"
     )

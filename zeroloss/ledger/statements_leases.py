@@ -26,7 +26,9 @@ CLAIM_RETURNING = ", lease_token, lease_expires_at, payload, max_attempts, prior
 # priorities from their head. A priority below -100 (none is) makes the first range the whole
 # queue: the claim from the head, which every claimer also makes every few seconds for what
 # committed further behind (leases.CLAIM_FROM_HEAD_EVERY).
-_CLAIMABLE = "SELECT id FROM {msg} WHERE status = 'pending' AND queue_name = %s AND available_at <= {now}"
+# ``{created_by_now}``: PostgreSQL prunes the partitions of periods to come (the sweep keeps
+# PARTITIONS_AHEAD of them, all empty) when the statement starts; nothing where unpartitioned.
+_CLAIMABLE = "SELECT id FROM {msg} WHERE status = 'pending' AND queue_name = %s AND available_at <= {now}{created_by_now}"
 _CLAIM_ORDER = " ORDER BY priority DESC, available_at, id LIMIT %s{skip_locked}"
 _HIGHER = "(" + _CLAIMABLE + " AND priority > %s" + _CLAIM_ORDER + ") a"
 _AFTER = "(" + _CLAIMABLE + " AND priority = %s AND available_at >= %s" + _CLAIM_ORDER + ") r"
@@ -39,7 +41,7 @@ CLAIM = (
     + _AFTER
     + " UNION ALL SELECT id FROM "
     + _LOWER
-    + ") c LIMIT %s{in_close} AND status = 'pending'"
+    + ") c LIMIT %s{in_close} AND status = 'pending'{created_by_now}"
 )
 # A claim of a queue under a concurrency limit, inside the transaction that locked the queue's
 # control row (control.py): CLAIM, claiming at most the limit less what is processing, counted
