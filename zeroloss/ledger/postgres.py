@@ -117,7 +117,7 @@ class PostgresEngine(Engine):
     # A row visible to a claim was stored by a statement that began before the claim's.
     created_by_now = f" AND {MSG}.created_at <= statement_timestamp()"
     in_period = (
-        f" AND {MSG}.created_at >= CAST(%s AS timestamptz) AND {MSG}.created_at <= CAST(%s AS timestamptz)"
+        f" AND {MSG}.created_at >= CAST(%s AS timestamptz) AND {MSG}.created_at < CAST(%s AS timestamptz)"
     )
 
     def __init__(self) -> None:
@@ -194,8 +194,18 @@ class PostgresEngine(Engine):
         if not created or any(at is None for at in created):
             return ["-infinity", "infinity"]
         known = [at for at in created if at is not None]
-        # A millisecond either side: the claim handed the time back as epoch seconds (a float).
-        return [min(known) - _PERIOD_SLACK, max(known) + _PERIOD_SLACK]
+        # Whole UTC days, not the batch's own span: the bound is for pruning, and a span of a
+        # few milliseconds would tempt the planner to the creation-time index on a retained
+        # ledger (rows a send stored in one statement share one created_at: a bitmap of them
+        # all for every batch). A millisecond of slack: the claim handed the times back as
+        # epoch seconds (floats).
+        first = (min(known) - _PERIOD_SLACK).astimezone(dt.UTC)
+        last = (max(known) + _PERIOD_SLACK).astimezone(dt.UTC)
+        day = dt.timedelta(days=1)
+        return [
+            dt.datetime.combine(first.date(), dt.time(), dt.UTC),
+            dt.datetime.combine(last.date(), dt.time(), dt.UTC) + day,
+        ]
 
     def row_params(self, name: str, columns: Sequence[Sequence[Any]]) -> list[Any]:
         return [list(column) for column in columns]
