@@ -24,6 +24,7 @@ from django.db import connection
 from tests.support.cli import manage
 from tests.support.processes import Proc
 from tests.support.waiting import wait_for
+from zeroloss.service import ZeroLossMessageService
 
 from .conftest import child_env, database_url
 
@@ -228,3 +229,4 @@ def test_sqlite_keeps_its_one_table(capsys: Any) -> None:
     with pytest.raises(CommandError, match="only a PostgreSQL ledger is partitioned") as refused:
         call_command("zeroloss_partition", "convert", "--yes")
     assert refused.value.returncode == 2
+    assert ZeroLossMessageService().ensure_partitions() == []

@@ -194,8 +194,9 @@ def ensure_ahead(conn: BaseDatabaseWrapper, period: int, ahead: int) -> list[str
     duty); nothing on an unpartitioned ledger, or while another process creates them."""
     if not is_partitioned(conn):
         # A conversion under way (conversion.py) mirrors new rows into the tables it builds.
-        building = bool(_rows(conn, sql.TABLE_EXISTS, [MESSAGES + BUILDING])[0][0])
-        if not building or not engine_for(conn).partitions_by_period:
+        if not engine_for(conn).partitions_by_period:
+            return []
+        if not _rows(conn, sql.TABLE_EXISTS, [MESSAGES + BUILDING])[0][0]:
             return []
         now = database_now(conn)
         return create_partitions(conn, now, now + dt.timedelta(seconds=period * ahead), period, building=True)
