@@ -32,6 +32,7 @@ EVERY_FIGURE = {
     "persist.retained": "msg/s",
     "claimack.retained": "msg/s",
     "sweep.retained": "s",
+    "drain.retained": "msg/s",
     "raw.drain1": "msg/s",
     "drain.1": "msg/s",
     "raw.drain4": "msg/s",
@@ -108,7 +109,14 @@ def test_quick_benchmark_suite_reports_every_figure(tmp_path: Path) -> None:
         assert all(isinstance(ok, bool) for ok in fig["checks"].values()), key
         # Every row is printed in the one table.
         assert fig["label"] in proc.stdout, key
-    for key in ("persist.single", "drain.1", "drain.4", "persist.retained", "sweep.retained"):
+    for key in (
+        "persist.single",
+        "drain.1",
+        "drain.4",
+        "persist.retained",
+        "sweep.retained",
+        "drain.retained",
+    ):
         assert figures[key]["ratio"] is not None and figures[key]["ratio"] > 0, key
     for key in (
         "persist.single",
