@@ -41,6 +41,17 @@ from .partitions import BUILDING, EVENTS, LOCK_TIMEOUT_MS, MESSAGES, TABLES
 
 #: Where a conversion's copy stands (created by it, dropped when it is done).
 PROGRESS = "zeroloss_conversion"
+#: The server-side bounds of a conversion transaction that holds locks (sql.BOUND_IDLE): idle
+#: between two of its statements, and one statement (a range copied, a rename).
+IDLE_BOUND_MS = 1000
+STATEMENT_BOUND_MS = 30_000
+
+
+def _bound_held(cursor: Any) -> None:
+    cursor.execute(sql.BOUND_IDLE.format(ms=IDLE_BOUND_MS))
+    cursor.execute(sql.BOUND_STATEMENT.format(ms=STATEMENT_BOUND_MS))
+
+
 #: How many times a step that could not get its lock within LOCK_TIMEOUT_MS tries again.
 LOCK_ATTEMPTS = 60
 _MIRRORS = {MESSAGES: "zeroloss_mirror_message", EVENTS: "zeroloss_mirror_event"}
@@ -89,6 +100,7 @@ def _with_lock_retries(conn: BaseDatabaseWrapper, step: Callable[[], None], *, a
         try:
             with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
                 cursor.execute(sql.LOCK_TIMEOUT.format(ms=LOCK_TIMEOUT_MS))
+                _bound_held(cursor)
                 step()
             return
         except OperationalError as exc:
@@ -224,6 +236,7 @@ def _copy(conn: BaseDatabaseWrapper, batch_size: int, report: Callable[[Progress
         while at <= high:
             upto = min(at + batch_size, high + 1)
             with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+                _bound_held(cursor)
                 cursor.execute(statement, [at, upto])
                 copied += max(cursor.rowcount, 0)
                 cursor.execute(sql.PROGRESS_COPIED.format(progress=PROGRESS), [upto, table])

@@ -37,6 +37,11 @@ NOW = "SELECT statement_timestamp()"
 TRY_DDL_LOCK = "SELECT pg_try_advisory_xact_lock(%s)"
 #: DDL never queues the ledger behind a long transaction: it gives up, and is tried again.
 LOCK_TIMEOUT = "SET LOCAL lock_timeout = {ms}"
+#: A conversion's transactions that hold locks workers wait for (its copied rows FOR SHARE, the
+#: swap's ACCESS EXCLUSIVE) are ended by the server if the converting process stalls or dies
+#: mid-way, whatever its client does (milliseconds).
+BOUND_IDLE = "SET LOCAL idle_in_transaction_session_timeout = {ms}"
+BOUND_STATEMENT = "SET LOCAL statement_timeout = {ms}"
 
 # -- a new install's tables made partitioned (empty) ----------------------------------------------
 
