@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/zeroloss"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/15"
 STARTED = time.monotonic()
+FAILURES: list[str] = []  # the FAILED/ERROR lines of pytest's short summaries
 
 
 def _reachable(url: str, default_port: int) -> bool:
@@ -374,6 +375,8 @@ def _run_side_by_side(passes: list[tuple[str, list[str], dict[str, str]]]) -> di
         assert proc.stdout is not None
         for line in proc.stdout:
             print(f"[{name.split()[-1]}] {line}", end="", flush=True)
+            if line.startswith(("FAILED ", "ERROR ")):
+                FAILURES.append(f"[{name.split()[-1]}] {line.rstrip()}")
         proc.wait()
         finished[name] = time.monotonic() - started
         print(
@@ -407,6 +410,9 @@ def _summary(results: dict[str, bool]) -> int:
     print("\n=== summary")
     for name, ok in results.items():
         print(f"  {'ok    ' if ok else 'FAILED'} {name}")
+    # pytest's short summary lines of the passes side by side, so a log's tail names them
+    for line in FAILURES[:40]:
+        print(f"  {line[:300]}")
     print(f"=== {time.monotonic() - STARTED:.1f}s wall in all", flush=True)
     return 0 if all(results.values()) else 1
 

@@ -17,9 +17,10 @@ from django.db import connection
 import zeroloss
 from tests.conftest import database_url
 from tests.support.cli import run
+from zeroloss.exceptions import MessageConflict
 from zeroloss.ledger import partitions, sweep
 from zeroloss.ledger.base import engine_for
-from zeroloss.models import Message, MessageEvent, MessageKey, OrderingHead, PurgeRecord
+from zeroloss.models import DroppedPeriod, Message, MessageEvent, MessageKey, OrderingHead, PurgeRecord
 from zeroloss.service import ZeroLossMessageService
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
@@ -208,6 +209,62 @@ def test_an_interrupted_drop_is_finished_and_a_changed_period_attached_again():
     assert second.replace("message", "messageevent") in names(partitions.EVENTS)
     assert list(Message.objects.values_list("message_id", "status")) == [("b", "pending")]
     assert list(PurgeRecord.objects.values_list("status", "count")) == [("completed", 1)]
+
+
+def test_a_dropped_periods_keys_leave_in_batches_and_a_resend_meanwhile_is_stored_again():
+    partitions.create_partitions(connection, day_start(12), day_start(9), DAY)
+    service = ZeroLossMessageService(instance_id="purger")
+    done = [f"k{i}" for i in range(7)]
+    zeroloss.send_many(QUEUE, [{"n": mid} for mid in done], message_ids=done)
+    complete(service, done)
+    # A batch as large as the bulk path's (COPY) takes: completed here by statement.
+    bulk = [f"b{i}" for i in range(engine_for(connection).stage_from)]
+    zeroloss.send_many(QUEUE, [{"n": mid} for mid in bulk], message_ids=bulk)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE zeroloss_message SET status = 'completed', completed_at = updated_at WHERE message_id = ANY(%s)",
+            [bulk],
+        )
+    move_to_day([*done, *bulk], 10)
+    part = f"zeroloss_message_p{day_start(10):%Y%m%d}"
+    dropped = partitions.drop_expired(
+        connection, completed_before=day_start(7), dead_before=None, record=lambda counts: None
+    )
+    assert [(d.name, d.total) for d in dropped if d.total] == [(part, 7 + len(bulk))]
+    # Gone from every read at once; the detached table stays as the list of keys to delete.
+    assert not Message.objects.exists() and part not in names()
+    assert list(DroppedPeriod.objects.values_list("table_name", "cleaned_to")) == [(part, 0)]
+    assert MessageKey.objects.count() == 7 + len(bulk)
+    # A resend of a dropped id meanwhile is a new message: one at a time, in a batch and in a
+    # bulk batch. Its new key survives the cleanup.
+    assert zeroloss.send(QUEUE, {"n": "k0"}, message_id="k0").status == "pending"
+    again = zeroloss.send_many(
+        QUEUE, [{"n": m} for m in ("k1", "k2", "fresh")], message_ids=["k1", "k2", "fresh"]
+    )
+    assert [m.status for m in again] == ["pending"] * 3
+    resent = zeroloss.send_many(QUEUE, [{"n": mid} for mid in bulk], message_ids=bulk)
+    assert {m.status for m in resent} == {"pending"} and Message.objects.count() == 4 + len(bulk)
+    with pytest.raises(MessageConflict):  # a stored id still refuses another payload
+        zeroloss.send(QUEUE, {"n": "other"}, message_id="k0")
+    # Cut off after a batch: the next call goes on from the id the batch reached.
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id, message_id FROM {part} ORDER BY id")
+        ids = cursor.fetchall()
+        first_two = [ids[0][0], ids[1][0]]
+        cursor.execute(
+            "DELETE FROM zeroloss_message_key WHERE message_id = ANY(%s) AND created_at < %s",
+            [[ids[0][1], ids[1][1]], day_start(7)],
+        )
+        cursor.execute("UPDATE zeroloss_dropped_period SET cleaned_to = %s", [max(first_two)])
+    remaining = {mid for _, mid in ids[2:]} - {"k0", "k1", "k2", *bulk}
+    assert partitions.delete_dropped_keys(connection, batch=2) == len(remaining)
+    assert not DroppedPeriod.objects.exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s)", [part])
+        assert cursor.fetchone() == (None,)
+    kept = {"fresh", "k0", "k1", "k2", *bulk}
+    assert set(MessageKey.objects.values_list("message_id", flat=True)) == kept
+    assert set(Message.objects.values_list("message_id", flat=True)) == kept
 
 
 def test_a_second_head_of_a_key_is_refused_by_the_head_table_under_concurrent_promotions():

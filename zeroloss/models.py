@@ -12,6 +12,7 @@ from .states import LIVE_STATUSES, Reason, Status
 __all__ = [
     "LIVE_STATUSES",
     "DedupKey",
+    "DroppedPeriod",
     "Message",
     "MessageEvent",
     "MessageKey",
@@ -262,6 +263,33 @@ class MessageKey(models.Model):
 
     def __str__(self) -> str:
         return self.message_id
+
+
+class DroppedPeriod(models.Model):
+    """A period a partition drop took whose message ids are still leaving the key table
+    (PostgreSQL; docs/scaling.md, "Retention by partition").
+
+    The drop counts the period into ``PurgeRecord`` rows and drops its audit partition at once;
+    its message partition, detached, stays as the list of ids to delete from
+    ``zeroloss_message_key`` in short batches, then is dropped with this row. Meanwhile a key
+    stored within ``[starts_at, ends_at)`` belongs to no message: a resend of its id takes it.
+    """
+
+    #: The detached message partition (``zeroloss_message_p20261201``).
+    table_name = models.CharField(_("table name"), max_length=63, primary_key=True)
+    starts_at = models.DateTimeField(_("starts at"))
+    ends_at = models.DateTimeField(_("ends at"))
+    #: The highest message ``id`` whose key is deleted.
+    cleaned_to = models.BigIntegerField(_("cleaned to"), default=0)
+    dropped_at = models.DateTimeField(_("dropped at"))
+
+    class Meta:
+        db_table = "zeroloss_dropped_period"
+        verbose_name = _("dropped period")
+        verbose_name_plural = _("dropped periods")
+
+    def __str__(self) -> str:
+        return self.table_name
 
 
 class OrderingHead(models.Model):

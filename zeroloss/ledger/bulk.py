@@ -246,6 +246,11 @@ def _store(store: Store, batch: _Batch, delay_s: float, actor: str, dispatched: 
         "updated_at": created,
     }
     existing = _read_existing(store, [p.message_id for p in prepared if p.message_id not in stored])
+    existing.update(
+        store.stored_again(
+            [p for p in prepared if p.message_id not in stored], existing, delay_s, actor, dispatched
+        )
+    )
     result = []
     for p in prepared:
         pk = stored.get(p.message_id)

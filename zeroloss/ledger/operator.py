@@ -227,7 +227,8 @@ class Operator(Part):
     def _drop_expired_periods(self, age: float, actor: str) -> int:
         """A partitioned ledger, outside a transaction: every period whose messages are all past
         retention detached and dropped whole, counted into ``PurgeRecord`` rows
-        (:func:`.partitions.drop_expired`); the messages it held. Elsewhere: 0, and the batches
+        (:func:`.partitions.drop_expired`), then its ids deleted from the key table in short
+        batches (:func:`.partitions.delete_dropped_keys`); the messages it held. Elsewhere: 0, and the batches
         below purge row by row."""
         conn = self.connection
         if conn.in_atomic_block or not partitions.is_partitioned(conn):
@@ -249,6 +250,8 @@ class Operator(Part):
             dead_before=None if dead_retention is None else now - dt.timedelta(seconds=dead_retention),
             record=record,
         )
+        # counted and gone from every read already; their ids leave the key table in batches
+        partitions.delete_dropped_keys(conn)
         return sum(d.total for d in dropped)
 
     def cleanup_completed_messages(self, older_than: float | dt.timedelta | None = None) -> int:

@@ -24,13 +24,17 @@ from typing import Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..models import Message, MessageEvent, MessageKey
+from ..models import DroppedPeriod, Message, MessageEvent, MessageKey
 from . import statements_partitions as sql
 from .base import engine_for
 
 MESSAGES = Message._meta.db_table
 EVENTS = MessageEvent._meta.db_table
 KEYS = MessageKey._meta.db_table
+DROPPED = DroppedPeriod._meta.db_table
+#: A dropped period's keys deleted this many a transaction (each a short one: no long xmin, no
+#: burst of locks or WAL that claims would wait behind).
+KEY_BATCH = 5000
 #: Each partitioned table and its partition key.
 TABLES = ((MESSAGES, "created_at"), (EVENTS, "message_created_at"))
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -286,9 +290,11 @@ def drop_expired(
     Each period: ``DETACH PARTITION ... CONCURRENTLY`` of both tables (sends, claims and
     transitions go on; it waits for the transactions that could see the partition), then, in one
     transaction, the detached rows counted again (one changed meanwhile, a dead letter redriven:
-    both attached again, kept), their ids deleted from the key table, the records written, both
-    tables dropped. Cut off part way, the next call finishes what it detached. Runs outside a
-    transaction (PostgreSQL refuses ``CONCURRENTLY`` inside one).
+    both attached again, kept), the records written, the audit partition dropped and the
+    message partition kept as a :class:`DroppedPeriod`: the list of ids whose keys
+    :func:`delete_dropped_keys` then deletes in short batches before dropping it. Cut off part
+    way, the next call finishes what it detached. Runs outside a transaction (PostgreSQL
+    refuses ``CONCURRENTLY`` inside one).
     """
     if conn.in_atomic_block:
         raise RuntimeError("a partition drop runs outside a transaction")
@@ -297,8 +303,9 @@ def drop_expired(
             for name, _, pending in _rows(conn, sql.PARTITIONS, [table]):
                 if pending:
                     cursor.execute(sql.DETACH_FINALIZE.format(table=table, part=name))
-    attached = [p.name for p in partitions(conn) if p.end <= completed_before]
-    detached = [r[0] for r in _rows(conn, sql.DETACHED, [f"{MESSAGES}\\_p%"])]
+    attached = {p.name: p for p in partitions(conn) if p.end <= completed_before}
+    dropping = {r[0] for r in _rows(conn, sql.DROPPED_PERIODS.format(dropped=DROPPED))}
+    detached = [r[0] for r in _rows(conn, sql.DETACHED, [f"{MESSAGES}\\_p%"]) if r[0] not in dropping]
     dropped = []
     for part in sorted(set(attached) | set(detached)):
         events = EVENTS + part[len(MESSAGES) :]
@@ -307,6 +314,9 @@ def drop_expired(
                 continue
             with conn.cursor() as cursor:
                 cursor.execute(sql.DETACH_CONCURRENTLY.format(table=MESSAGES, part=part))
+            bounds: tuple[Any, Any] = (attached[part].start, attached[part].end)
+        else:
+            bounds = _detached_bounds(conn, part)
         if any(p.name == events for p in partitions(conn, EVENTS)):
             with conn.cursor() as cursor:
                 cursor.execute(sql.DETACH_CONCURRENTLY.format(table=EVENTS, part=events))
@@ -316,24 +326,65 @@ def drop_expired(
                 _attach_again(conn, part, events)
                 continue
             with conn.cursor() as cursor:
-                cursor.execute(sql.DELETE_KEYS.format(keys=KEYS, part=part))
                 if counts:
                     record(counts)
-                cursor.execute(sql.DROP.format(table=part))
+                    cursor.execute(sql.DROPPED_PERIOD.format(dropped=DROPPED), [part, *bounds])
+                else:  # no key to delete
+                    cursor.execute(sql.DROP.format(table=part))
                 cursor.execute(sql.DROP_IF_EXISTS.format(table=events))
         dropped.append(Dropped(part, counts))
     return dropped
 
 
-def _attach_again(conn: BaseDatabaseWrapper, part: str, events: str) -> None:
-    """Attach a detached period again: the CHECK constraint its detach added names its bounds
-    (and spares the attach its scan)."""
+def delete_dropped_keys(conn: BaseDatabaseWrapper, *, batch: int = KEY_BATCH) -> int:
+    """The keys of every dropped period deleted, ``batch`` a transaction, each period's detached
+    message partition dropped with its :class:`DroppedPeriod` row once its keys are gone; the
+    keys deleted. Cut off part way, the next call goes on from the last batch committed. Runs
+    outside a transaction (each batch is one)."""
+    if conn.in_atomic_block:
+        raise RuntimeError("a dropped period's keys are deleted outside a transaction")
+    deleted = 0
+    for part, starts_at, ends_at, cleaned_to in _rows(conn, sql.DROPPED_PERIODS.format(dropped=DROPPED)):
+        done = False
+        while not done:
+            with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+                cursor.execute(
+                    sql.DELETE_KEYS_BATCH.format(part=part, keys=KEYS),
+                    [cleaned_to, batch, starts_at, ends_at],
+                )
+                last, count, gone = cursor.fetchone()
+                deleted += gone
+                if count < batch:
+                    cursor.execute(sql.DROP_IF_EXISTS.format(table=part))
+                    cursor.execute(sql.DROPPED_DONE.format(dropped=DROPPED), [part])
+                    done = True
+                else:
+                    cleaned_to = last
+                    cursor.execute(sql.DROPPED_CLEANED_TO.format(dropped=DROPPED), [last, part])
+    return deleted
+
+
+def free_stale_keys(conn: BaseDatabaseWrapper, message_ids: list[str]) -> list[str]:
+    """Of these ids, those whose key belongs to a dropped period still being cleaned up (its
+    message is gone): their keys deleted, so that the caller can store them again."""
+    if not message_ids or not is_partitioned(conn):
+        return []
+    return [r[0] for r in _rows(conn, sql.FREE_STALE_KEYS.format(keys=KEYS, dropped=DROPPED), [message_ids])]
+
+
+def _detached_bounds(conn: BaseDatabaseWrapper, part: str) -> tuple[str, str]:
+    """A detached period's bounds: the CHECK constraint its detach added names them."""
     for (definition,) in _rows(conn, sql.CHECKS, [part]):
         bounds = re.findall(r"'([^']+)'", definition)
         if len(bounds) == 2:
-            break
-    else:
-        raise RuntimeError(f"{part} has lost its bounds: attach it by hand (docs/scaling.md)")
+            return bounds[0], bounds[1]
+    raise RuntimeError(f"{part} has lost its bounds: attach it by hand (docs/scaling.md)")
+
+
+def _attach_again(conn: BaseDatabaseWrapper, part: str, events: str) -> None:
+    """Attach a detached period again (the CHECK constraint its detach added spares the attach
+    its scan)."""
+    bounds = _detached_bounds(conn, part)
     with conn.cursor() as cursor:
         cursor.execute(sql.LOCK_TIMEOUT.format(ms=LOCK_TIMEOUT_MS))
         cursor.execute(sql.ATTACH.format(table=MESSAGES, part=part), bounds)

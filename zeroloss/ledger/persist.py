@@ -12,6 +12,7 @@ from django.db.models.base import ModelState
 
 from ..exceptions import InvalidMessage, MessageConflict, PayloadTooLarge
 from ..models import Message
+from . import partitions
 from .base import Part, engine_for
 from .bulk import NEW_ROW, persist_staged
 from .bulk import Prepared as _Prepared
@@ -251,6 +252,11 @@ class Store(Part):
             key_of = {p.message_id: p.ordering_key for p in chunk}
             stored.update({mid: (pk, created, None if key_of[mid] else later) for pk, mid in rows})
         existing = self._stored_rows([p.message_id for p in prepared if p.message_id not in stored])
+        existing.update(
+            self.stored_again(
+                [p for p in prepared if p.message_id not in stored], existing, delay_s, actor, dispatched
+            )
+        )
         result = []
         for p in prepared:
             if p.message_id in stored:
@@ -290,7 +296,9 @@ class Store(Part):
             params.append(p.headers)
         rows = self._move(name, params, actor=actor, conn=conn)
         if not rows:  # the id existed
-            return self.existing_match(p)
+            existing = self._stored_rows([p.message_id])
+            again = self.stored_again([p], existing, delay_s, actor, dispatched)
+            return again.get(p.message_id) or self.existing_match(p, existing.get(p.message_id))
         pk, created, available = rows[0]
         created_at = engine.at(created)
         # Undelayed and unordered, it became available when it was stored: one conversion.
@@ -346,6 +354,26 @@ class Store(Part):
             params = self._rows("STORED_ROWS", message_ids[start : start + _MANY_CHUNK])
             found.update((m.message_id, m) for m in Message.objects.using(self.using).raw(sql, params))
         return found
+
+    def stored_again(
+        self,
+        refused: Sequence[_Prepared],
+        existing: dict[str, Message],
+        delay_s: float,
+        actor: str,
+        dispatched: bool,
+    ) -> dict[str, Message]:
+        """Of ids whose key refused them, those whose key belongs to a dropped period still
+        being cleaned up (no message holds it: :func:`.partitions.free_stale_keys`) stored
+        again, as a resend after a row-by-row purge is."""
+        gone = [p for p in refused if p.message_id not in existing]
+        if not gone:
+            return {}
+        freed = set(partitions.free_stale_keys(self.connection, [p.message_id for p in gone]))
+        if not freed:
+            return {}
+        again = self._store([p for p in gone if p.message_id in freed], delay_s, actor, dispatched)
+        return {m.message_id: m for m in again}
 
     def existing_match(self, p: _Prepared, existing: Message | None = None) -> Message:
         """The stored message for an id whose insert conflicted: same content, or a conflict.

@@ -82,8 +82,30 @@ CENSUS = (
 #: completed messages' cut-off, twice; then the dead letters', with ELIGIBLE_DEAD).
 ELIGIBLE = "(status = 'completed' AND completed_at < %s) OR (status = 'cancelled' AND updated_at < %s)"
 ELIGIBLE_DEAD = " OR (status = 'dead' AND dead_at < %s)"
-#: The dropped messages' ids, out of the key table (a resend stores the message again).
-DELETE_KEYS = "DELETE FROM {keys} WHERE message_id IN (SELECT message_id FROM {part})"
+#: The detached message partition kept as the list of ids whose keys go (models.DroppedPeriod).
+DROPPED_PERIOD = (
+    "INSERT INTO {dropped} (table_name, starts_at, ends_at, cleaned_to, dropped_at) "
+    "VALUES (%s, %s, %s, 0, statement_timestamp())"
+)
+DROPPED_PERIODS = "SELECT table_name, starts_at, ends_at, cleaned_to FROM {dropped} ORDER BY starts_at"
+#: One batch of a dropped period's keys deleted, in the order of its ids (parameters: the last
+#: id done, the batch size, the period's bounds): the highest id of the batch, its size and the
+#: keys deleted. A key stored again since (a resend took it over) has a later ``created_at`` and
+#: stays.
+DELETE_KEYS_BATCH = (
+    "WITH d AS (SELECT id, message_id FROM {part} WHERE id > %s ORDER BY id LIMIT %s), "
+    "gone AS (DELETE FROM {keys} k USING d WHERE k.message_id = d.message_id "
+    "AND k.created_at >= %s AND k.created_at < %s RETURNING 1) "
+    "SELECT (SELECT max(id) FROM d), (SELECT count(*) FROM d), (SELECT count(*) FROM gone)"
+)
+DROPPED_CLEANED_TO = "UPDATE {dropped} SET cleaned_to = %s WHERE table_name = %s"
+DROPPED_DONE = "DELETE FROM {dropped} WHERE table_name = %s"
+#: Keys of these ids that belong to no message any more (their period was dropped, the keys not
+#: yet deleted): deleted, so that a resend stores its message again, as after a row-by-row purge.
+FREE_STALE_KEYS = (
+    "DELETE FROM {keys} k WHERE k.message_id = ANY(%s) AND EXISTS (SELECT 1 FROM {dropped} d "
+    "WHERE k.created_at >= d.starts_at AND k.created_at < d.ends_at) RETURNING k.message_id"
+)
 
 # -- a populated ledger converted online (conversion.py) -------------------------------------------
 
