@@ -319,9 +319,12 @@ def child(args: dict[str, Any]) -> int:
 # -- A: the real schema, the real service --------------------------------------------------
 
 
-def purge_measured(conn: psycopg.Connection[Any], url: str, older_than: float) -> dict[str, Any]:
+def purge_measured(
+    conn: psycopg.Connection[Any], url: str, older_than: float, phase: str = "all"
+) -> dict[str, Any]:
     """``purge_messages(older_than=...)`` in a child process (the service's own code), and the WAL
-    it wrote."""
+    it wrote. ``phase`` (a partitioned ledger): ``drop``, the purge without its key deletes
+    afterwards; ``keys``, those deletes alone (``partitions.delete_dropped_keys``)."""
     lsn = wal_lsn(conn)
     done = subprocess.run(
         [
@@ -329,7 +332,7 @@ def purge_measured(conn: psycopg.Connection[Any], url: str, older_than: float) -
             "-m",
             "benchmarks.retention",
             "--purge-child",
-            json.dumps({"older_than": older_than}),
+            json.dumps({"older_than": older_than, "phase": phase}),
         ],
         cwd=ROOT,
         env=child_env(url),
@@ -416,11 +419,26 @@ def run_partitioned(url: str, rows: int) -> dict[str, Any]:
         )
 
         during, result = measured(
-            url, "service", "bench.noop", "", lambda: purge_measured(conn, url, RETENTION_DAYS * 86400)
+            url,
+            "service",
+            "bench.noop",
+            "",
+            lambda: purge_measured(conn, url, RETENTION_DAYS * 86400, "drop"),
         )
         _log(
             f"partitioned: dropped {result['purged']:,} in {result['seconds']:.1f}s, "
             f"WAL {result['wal_bytes'] / 2**20:.0f} MiB"
+        )
+        during_keys, keys = measured(
+            url,
+            "service",
+            "bench.noop",
+            "",
+            lambda: purge_measured(conn, url, RETENTION_DAYS * 86400, "keys"),
+        )
+        _log(
+            f"partitioned: then {keys['keys_deleted']:,} keys deleted in {keys['seconds']:.1f}s, "
+            f"WAL {keys['wal_bytes'] / 2**20:.0f} MiB"
         )
         left = conn.execute(f"SELECT count(*) FROM {db.MSG} WHERE queue_name = 'bench.retention'").fetchone()
         records = conn.execute("SELECT coalesce(sum(count), 0) FROM zeroloss_purgerecord").fetchone()
@@ -429,6 +447,8 @@ def run_partitioned(url: str, rows: int) -> dict[str, Any]:
         "purge": result,
         "claims_baseline": baseline,
         "claims_during": during,
+        "keys": keys,
+        "claims_during_keys": during_keys,
         "left": int(left[0]) if left else -1,
         "purge_records": int(records[0]) if records else -1,
         "bytes_before": size_before,
@@ -499,10 +519,22 @@ def purge_child(args: dict[str, Any]) -> int:
     import django
 
     django.setup()
+    from django.db import connection
+
+    from zeroloss.ledger import partitions
     from zeroloss.service import ZeroLossMessageService
 
     service = ZeroLossMessageService(instance_id="retention-bench")
+    phase = args.get("phase", "all")
     t0 = time.perf_counter()
+    if phase == "keys":
+        keys = partitions.delete_dropped_keys(connection)
+        print(
+            json.dumps({"purged": 0, "keys_deleted": keys, "seconds": time.perf_counter() - t0}), flush=True
+        )
+        return 0
+    if phase == "drop":  # the purge as it is, its key deletes left for the phase "keys"
+        partitions.delete_dropped_keys = lambda conn, **kwargs: 0
     purged = service.purge_messages(older_than=float(args.get("older_than", 60)))
     print(json.dumps({"purged": purged, "seconds": time.perf_counter() - t0}), flush=True)
     return 0
@@ -794,10 +826,17 @@ def report(results: dict[str, Any]) -> str:
             f"  purge_messages(older_than={RETENTION_DAYS} days): {p['purged']:,} dropped in {p['seconds']:.1f}s, "
             f"WAL {p['wal_bytes'] / mib:,.1f} MiB ({p['wal_bytes'] / max(p['purged'], 1):,.0f} B/message); "
             f"left {built['left']}, PurgeRecord total {built['purge_records']:,}",
+            f"  then its keys deleted ({built['keys']['keys_deleted']:,}, in batches): "
+            f"{built['keys']['seconds']:.1f}s, WAL {built['keys']['wal_bytes'] / mib:,.1f} MiB",
             f"  claim_next(1) latency without purge: p50 {b['p50_ms']:.2f} ms, p99 {b['p99_ms']:.2f} ms "
-            f"({b['claims']:,} claims); during: p50 {d['p50_ms']:.2f} ms, p99 {d['p99_ms']:.2f} ms, "
+            f"({b['claims']:,} claims); during the drop: p50 {d['p50_ms']:.2f} ms, p99 {d['p99_ms']:.2f} ms, "
             f"max {d['max_ms']:.1f} ms ({d['claims']:,} claims)",
         ]
+        k = built["claims_during_keys"]
+        lines.append(
+            f"  during the key deletes: p50 {k['p50_ms']:.2f} ms, p99 {k['p99_ms']:.2f} ms, "
+            f"max {k['max_ms']:.1f} ms ({k['claims']:,} claims)"
+        )
     converted = results.get("convert")
     if converted:
         c, b, d, s = (converted[k] for k in ("convert", "claims_baseline", "claims_during", "sends_during"))
