@@ -235,6 +235,9 @@ def test_a_dropped_periods_keys_leave_in_batches_and_a_resend_meanwhile_is_store
     assert not Message.objects.exists() and part not in names()
     assert list(DroppedPeriod.objects.values_list("table_name", "cleaned_to")) == [(part, 0)]
     assert MessageKey.objects.count() == 7 + len(bulk)
+    shown = run("zeroloss_partition", "show", "--json")
+    assert shown.code == 0, shown
+    assert [(d["name"], d["keys_deleted_to_id"]) for d in json.loads(shown.out)["dropping"]] == [(part, 0)]
     # A resend of a dropped id meanwhile is a new message: one at a time, in a batch and in a
     # bulk batch. Its new key survives the cleanup.
     assert zeroloss.send(QUEUE, {"n": "k0"}, message_id="k0").status == "pending"
@@ -259,6 +262,7 @@ def test_a_dropped_periods_keys_leave_in_batches_and_a_resend_meanwhile_is_store
     remaining = {mid for _, mid in ids[2:]} - {"k0", "k1", "k2", *bulk}
     assert partitions.delete_dropped_keys(connection, batch=2) == len(remaining)
     assert not DroppedPeriod.objects.exists()
+    assert json.loads(run("zeroloss_partition", "show", "--json").out)["dropping"] == []
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass(%s)", [part])
         assert cursor.fetchone() == (None,)

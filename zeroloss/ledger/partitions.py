@@ -364,6 +364,20 @@ def delete_dropped_keys(conn: BaseDatabaseWrapper, *, batch: int = KEY_BATCH) ->
     return deleted
 
 
+def dropping(conn: BaseDatabaseWrapper) -> list[tuple[str, dt.datetime, dt.datetime, int]]:
+    """The dropped periods whose keys are still being deleted: ``(table, start, end, cleaned to id)``."""
+    if not engine_for(conn).partitions_by_period:
+        return []
+    return [
+        (name, _aware(start), _aware(end), int(done))
+        for name, start, end, done in _rows(conn, sql.DROPPED_PERIODS.format(dropped=DROPPED))
+    ]
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
 def free_stale_keys(conn: BaseDatabaseWrapper, message_ids: list[str]) -> list[str]:
     """Of these ids, those whose key belongs to a dropped period still being cleaned up (its
     message is gone): their keys deleted, so that the caller can store them again."""

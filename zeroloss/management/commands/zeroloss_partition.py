@@ -94,11 +94,21 @@ class Command(ZeroLossCommand):
         found = partitions.partitions(conn) if state == "partitioned" else []
         estimates = partitions.estimated_rows(conn, found)
         covered = partitions.coverage(conn)
+        dropping = partitions.dropping(conn)
         if as_json:
             self.emit_json(
                 {
                     "layout": state,
                     "covered_until": covered.isoformat() if covered else None,
+                    "dropping": [
+                        {
+                            "name": name,
+                            "start": start.isoformat(),
+                            "end": end.isoformat(),
+                            "keys_deleted_to_id": done,
+                        }
+                        for name, start, end, done in dropping
+                    ],
                     "partitions": [
                         {
                             "name": p.name,
@@ -118,4 +128,9 @@ class Command(ZeroLossCommand):
             self.table(
                 [_("partition"), _("from"), _("to"), _("messages (estimate)")],
                 [(p.name, p.start.isoformat(), p.end.isoformat(), estimates.get(p.name, 0)) for p in found],
+            )
+        for name, start, end, _done in dropping:
+            self.stdout.write(
+                _("dropped, its keys still being deleted: %(name)s (%(start)s to %(end)s)")
+                % {"name": name, "start": start.isoformat(), "end": end.isoformat()}
             )
