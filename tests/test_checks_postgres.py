@@ -21,9 +21,9 @@ from .conftest import ROOT, child_env
 from .pgcluster import PgCluster
 
 E040 = Error(
-    "Database 'default' is PostgreSQL 12 (server_version_num 120017); zeroloss needs PostgreSQL 13 or "
-    "newer (gen_random_uuid(), pg_current_xact_id_if_assigned()).",
-    hint="Upgrade the server to PostgreSQL 13 or newer.",
+    "Database 'default' is PostgreSQL 12 (server_version_num 120017); zeroloss needs PostgreSQL 14 or "
+    "newer (DETACH PARTITION ... CONCURRENTLY, gen_random_uuid()).",
+    hint="Upgrade the server to PostgreSQL 14 or newer.",
     obj="settings.DATABASES",
     id="zeroloss.E040",
 )
@@ -47,7 +47,7 @@ W041 = Warning(
 
 def test_a_supported_durable_server_is_clean():
     assert checks.postgres_messages("default", 150020, "on", "on") == []
-    assert checks.postgres_messages("default", 130000, "on", "remote_apply") == []
+    assert checks.postgres_messages("default", 140000, "on", "remote_apply") == []
     # "local" and "remote_write" still flush the primary's WAL before the commit returns.
     assert checks.postgres_messages("default", 170002, "on", "local") == []
     assert checks.postgres_messages("default", 160004, "on", "remote_write") == []

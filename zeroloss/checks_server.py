@@ -92,9 +92,10 @@ def pooler_messages(
 
 # -- PostgreSQL's own settings (docs/production.md) -------------------------------------------
 
-#: The oldest PostgreSQL the ledger's SQL runs on: ``gen_random_uuid()`` is built in from 13
-#: (a contrib extension before), like ``pg_current_xact_id_if_assigned()``.
-MIN_POSTGRES_VERSION_NUM = 130000
+#: The oldest PostgreSQL the ledger runs on: a partitioned ledger's purge detaches its periods
+#: with ``DETACH PARTITION ... CONCURRENTLY`` (14); ``gen_random_uuid()`` and
+#: ``pg_current_xact_id_if_assigned()`` are built in from 13.
+MIN_POSTGRES_VERSION_NUM = 140000
 
 
 def postgres_readings(alias: str) -> tuple[int, str, str]:
@@ -119,8 +120,8 @@ def postgres_messages(
         messages.append(
             Error(
                 f"Database {alias!r} is PostgreSQL {major} (server_version_num {version_num}); zeroloss "
-                "needs PostgreSQL 13 or newer (gen_random_uuid(), pg_current_xact_id_if_assigned()).",
-                hint="Upgrade the server to PostgreSQL 13 or newer.",
+                "needs PostgreSQL 14 or newer (DETACH PARTITION ... CONCURRENTLY, gen_random_uuid()).",
+                hint="Upgrade the server to PostgreSQL 14 or newer.",
                 obj="settings.DATABASES",
                 id="zeroloss.E040",
             )
