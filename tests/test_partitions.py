@@ -260,6 +260,10 @@ def test_a_dropped_periods_keys_leave_in_batches_and_a_resend_meanwhile_is_store
         )
         cursor.execute("UPDATE zeroloss_dropped_period SET cleaned_to = %s", [max(first_two)])
     remaining = {mid for _, mid in ids[2:]} - {"k0", "k1", "k2", *bulk}
+    with psycopg.connect(database_url()) as other:  # another purger at it: this one leaves it
+        other.execute("SELECT 1 FROM zeroloss_dropped_period FOR UPDATE")
+        assert partitions.delete_dropped_keys(connection, batch=2) == 0
+    assert DroppedPeriod.objects.get().cleaned_to == max(first_two)
     assert partitions.delete_dropped_keys(connection, batch=2) == len(remaining)
     assert not DroppedPeriod.objects.exists()
     assert json.loads(run("zeroloss_partition", "show", "--json").out)["dropping"] == []

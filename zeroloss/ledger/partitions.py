@@ -339,18 +339,22 @@ def drop_expired(
 def delete_dropped_keys(conn: BaseDatabaseWrapper, *, batch: int = KEY_BATCH) -> int:
     """The keys of every dropped period deleted, ``batch`` a transaction, each period's detached
     message partition dropped with its :class:`DroppedPeriod` row once its keys are gone; the
-    keys deleted. Cut off part way, the next call goes on from the last batch committed. Runs
-    outside a transaction (each batch is one)."""
+    keys deleted. Cut off part way, the next call goes on from the last batch committed; a
+    period another purger is deleting the keys of is left to it. Runs outside a transaction
+    (each batch is one)."""
     if conn.in_atomic_block:
         raise RuntimeError("a dropped period's keys are deleted outside a transaction")
     deleted = 0
-    for part, starts_at, ends_at, cleaned_to in _rows(conn, sql.DROPPED_PERIODS.format(dropped=DROPPED)):
+    for part, starts_at, ends_at, _ in _rows(conn, sql.DROPPED_PERIODS.format(dropped=DROPPED)):
         done = False
         while not done:
             with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+                cursor.execute(sql.DROPPED_LOCK.format(dropped=DROPPED), [part])
+                held = cursor.fetchone()
+                if held is None:  # another purger has it, or has finished it
+                    break
                 cursor.execute(
-                    sql.DELETE_KEYS_BATCH.format(part=part, keys=KEYS),
-                    [cleaned_to, batch, starts_at, ends_at],
+                    sql.DELETE_KEYS_BATCH.format(part=part, keys=KEYS), [held[0], batch, starts_at, ends_at]
                 )
                 last, count, gone = cursor.fetchone()
                 deleted += gone
@@ -359,7 +363,6 @@ def delete_dropped_keys(conn: BaseDatabaseWrapper, *, batch: int = KEY_BATCH) ->
                     cursor.execute(sql.DROPPED_DONE.format(dropped=DROPPED), [part])
                     done = True
                 else:
-                    cleaned_to = last
                     cursor.execute(sql.DROPPED_CLEANED_TO.format(dropped=DROPPED), [last, part])
     return deleted
 

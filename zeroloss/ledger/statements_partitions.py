@@ -88,6 +88,8 @@ DROPPED_PERIOD = (
     "VALUES (%s, %s, %s, 0, statement_timestamp())"
 )
 DROPPED_PERIODS = "SELECT table_name, starts_at, ends_at, cleaned_to FROM {dropped} ORDER BY starts_at"
+#: One purger at a time deletes a period's keys (another one, cron beside the beat task, skips it).
+DROPPED_LOCK = "SELECT cleaned_to FROM {dropped} WHERE table_name = %s FOR UPDATE SKIP LOCKED"
 #: One batch of a dropped period's keys deleted, in the order of its ids (parameters: the last
 #: id done, the batch size, the period's bounds): the highest id of the batch, its size and the
 #: keys deleted. A key stored again since (a resend took it over) has a later ``created_at`` and
