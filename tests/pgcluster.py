@@ -63,7 +63,7 @@ def free_port() -> int:
     span = os.environ.get("ZEROLOSS_TEST_PORTS", "")
     first, _, last = span.partition("-")
     if first.isdigit() and last.isdigit():
-        ports = list(range(int(first), int(last) + 1))
+        ports = [p for p in range(int(first), int(last) + 1) if p not in _HANDED_OUT]
         random.shuffle(ports)  # processes of one pass (tests and their children) rarely meet
         for port in ports:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -71,10 +71,21 @@ def free_port() -> int:
                     s.bind(("127.0.0.1", port))
                 except OSError:
                     continue
-                return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+            _HANDED_OUT.add(port)
+            return port
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no loopback port left that this process has not handed out")
+
+
+#: Every port :func:`free_port` returned in this process: a fixture that picks several ports
+#: before it starts any server (a monitor and its nodes) never gets the same one twice.
+_HANDED_OUT: set[int] = set()
 
 
 def _as_postgres(cmd: list[str]) -> list[str]:
