@@ -224,6 +224,7 @@ def test_sqlite_keeps_its_one_table(capsys: Any) -> None:
     assert json.loads(capsys.readouterr().out) == {
         "layout": "unpartitioned",
         "covered_until": None,
+        "dropping": [],
         "partitions": [],
     }
     with pytest.raises(CommandError, match="only a PostgreSQL ledger is partitioned") as refused:
