@@ -211,6 +211,38 @@ def test_an_interrupted_drop_is_finished_and_a_changed_period_attached_again():
     assert list(PurgeRecord.objects.values_list("status", "count")) == [("completed", 1)]
 
 
+def test_a_period_holding_anything_a_drop_may_not_take_is_found_by_its_probe():
+    partitions.create_partitions(connection, day_start(20), day_start(9), DAY)
+    service = ZeroLossMessageService(instance_id="purger")
+    for mid in ("pending", "processing", "cancelled", "dead", "old-done", "recent-done"):
+        zeroloss.send(QUEUE, {"n": mid}, message_id=mid)
+    zeroloss.send(QUEUE, {"n": "head"}, message_id="head", ordering_key="k")
+    zeroloss.send(QUEUE, {"n": "waiting"}, message_id="waiting", ordering_key="k")
+    assert Message.objects.get(message_id="waiting").available_at is None
+    assert service.claim_message("processing") is not None
+    zeroloss.cancel("cancelled")
+    service.dead_letter_messages(["dead"], reason="poison")
+    complete(service, ["old-done", "recent-done"])
+    days = {"pending": 19, "head": 19, "waiting": 18, "processing": 17, "cancelled": 16, "dead": 15}
+    days.update({"old-done": 14, "recent-done": 13})
+    for mid, days_ago in days.items():
+        move_to_day([mid], days_ago)
+    with connection.cursor() as cursor:  # finished a minute ago: within the retention
+        cursor.execute(
+            "UPDATE zeroloss_message SET updated_at = statement_timestamp(), "
+            "completed_at = CASE WHEN status = 'completed' THEN statement_timestamp() END "
+            "WHERE message_id IN ('cancelled', 'recent-done')"
+        )
+
+    def kept(days_ago: int, dead_before: dt.datetime | None = None) -> bool:
+        part = f"zeroloss_message_p{day_start(days_ago):%Y%m%d}"
+        return partitions._holds_kept(connection, part, day_start(7), dead_before)
+
+    assert [kept(d) for d in (19, 18, 17, 16, 15, 14, 13, 12)] == [True] * 5 + [False, True, False]
+    # With a dead letters' retention, an old dead letter no longer keeps its day.
+    assert not kept(15, dead_before=day_start(7)) and kept(15, dead_before=day_start(20))
+
+
 def test_a_dropped_periods_keys_leave_in_batches_and_a_resend_meanwhile_is_stored_again():
     partitions.create_partitions(connection, day_start(12), day_start(9), DAY)
     service = ZeroLossMessageService(instance_id="purger")

@@ -277,6 +277,15 @@ def _census(
     return counts, kept
 
 
+def _holds_kept(
+    conn: BaseDatabaseWrapper, part: str, completed_before: dt.datetime, dead_before: dt.datetime | None
+) -> bool:
+    """Whether a period holds a message a drop may not take (an index probe or two, no scan)."""
+    dead = sql.DEAD_KEPT if dead_before is None else sql.DEAD_KEPT_BEFORE
+    params: list[Any] = [completed_before, completed_before] + ([] if dead_before is None else [dead_before])
+    return bool(_rows(conn, sql.HOLDS_KEPT.format(part=part, dead=dead), params)[0][0])
+
+
 def drop_expired(
     conn: BaseDatabaseWrapper,
     *,
@@ -287,9 +296,10 @@ def drop_expired(
     """Detach and drop every period all of whose messages are finished and past retention.
 
     ``record(counts)`` writes the ``PurgeRecord`` rows, in the transaction that drops the period.
-    Each period: ``DETACH PARTITION ... CONCURRENTLY`` of both tables (sends, claims and
-    transitions go on; it waits for the transactions that could see the partition), then, in one
-    transaction, the detached rows counted again (one changed meanwhile, a dead letter redriven:
+    Each period holding nothing a drop may not take (a probe of its partial indexes):
+    ``DETACH PARTITION ... CONCURRENTLY`` of both tables (sends, claims and transitions go on;
+    it waits for the transactions that could see the partition), then, in one transaction, the
+    detached rows counted (one changed since the probe, a dead letter redriven:
     both attached again, kept), the records written, the audit partition dropped and the
     message partition kept as a :class:`DroppedPeriod`: the list of ids whose keys
     :func:`delete_dropped_keys` then deletes in short batches before dropping it. Cut off part
@@ -310,7 +320,7 @@ def drop_expired(
     for part in sorted(set(attached) | set(detached)):
         events = EVENTS + part[len(MESSAGES) :]
         if part in attached:
-            if _census(conn, part, completed_before, dead_before)[1]:
+            if _holds_kept(conn, part, completed_before, dead_before):
                 continue
             with conn.cursor() as cursor:
                 cursor.execute(sql.DETACH_CONCURRENTLY.format(table=MESSAGES, part=part))

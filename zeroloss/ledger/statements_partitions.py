@@ -78,6 +78,21 @@ CENSUS = (
     "SELECT queue_name, status, count(*), count(*) FILTER (WHERE NOT ({eligible})) FROM {part} "
     "GROUP BY queue_name, status"
 )
+#: Whether a period holds a message a drop may not take, read from the partial indexes (no scan
+#: of the period; its census after the detach is the exact count). ``{dead}``: ``DEAD_KEPT`` or,
+#: with a dead letters' retention, ``DEAD_KEPT_BEFORE`` (parameters: the completed messages'
+#: cut-off, twice; then the dead letters').
+HOLDS_KEPT = (
+    "SELECT EXISTS (SELECT 1 FROM {part} WHERE status = 'pending' AND available_at IS NOT NULL) "
+    "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'pending' AND available_at IS NULL) "
+    "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'processing') "
+    "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'completed' AND (completed_at >= %s OR completed_at IS NULL)) "
+    "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'cancelled' AND updated_at >= %s) "
+    "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'dead'{dead}) "
+    "OR EXISTS (SELECT 1 FROM {part} WHERE status NOT IN ('pending', 'processing', 'completed', 'cancelled', 'dead'))"
+)
+DEAD_KEPT = ""
+DEAD_KEPT_BEFORE = " AND (dead_at >= %s OR dead_at IS NULL)"
 #: What a drop may take: finished, and past the retention of its status (parameters: the
 #: completed messages' cut-off, twice; then the dead letters', with ELIGIBLE_DEAD).
 ELIGIBLE = "(status = 'completed' AND completed_at < %s) OR (status = 'cancelled' AND updated_at < %s)"
