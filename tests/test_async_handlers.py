@@ -49,6 +49,28 @@ def test_an_async_handler_runs_to_completion_before_it_is_acknowledged():
     assert set(Message.objects.values_list("attempts", flat=True)) == {1}
 
 
+def test_outcomes_due_while_async_handlers_are_in_flight_are_flushed_mid_batch(settings):
+    """An outcome due (ACK_FLUSH_INTERVAL 0) while other handlers of its batch still run is
+    flushed then, between two turns of the event loop: a flush inside the loop was refused by
+    Django (SynchronousOnlyOperation) and stopped the worker."""
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "ASYNC_CONCURRENCY": 2, "ACK_FLUSH_INTERVAL": 0}
+
+    async def handle(delivery: Delivery) -> None:
+        for _ in range(int(delivery.payload["turns"])):  # unequal lengths: one ends, one runs on
+            await suspend()
+
+    register("a.midflush", handle)
+    ZeroLossMessageService().persist_messages(
+        [(f"m{i}", "a.midflush", {"turns": 1 + 3 * (i % 2)}) for i in range(6)]
+    )
+    worker, thread = run_worker("a.midflush", burst=True)
+    thread.join(60)
+    assert not worker.stats.crashed
+    assert set(statuses().values()) == {Status.COMPLETED}
+    acknowledged = MessageEvent.objects.filter(reason="acknowledged").values_list("created_at", flat=True)
+    assert len(acknowledged) == 6 and len(set(acknowledged)) >= 2  # several flushes in one batch
+
+
 def test_several_async_handlers_of_one_batch_are_in_flight_on_one_thread(settings):
     settings.ZEROLOSS = {**settings.ZEROLOSS, "ASYNC_CONCURRENCY": 4}
     in_flight = 0

@@ -42,11 +42,29 @@ class AsyncBatchRunner:
         self.worker = worker
 
     def run(self, spec: HandlerSpec, batch: Batch, update_pace: Callable[[float], None]) -> None:
-        thread_event_loop().run_until_complete(self._drive(spec, batch, update_pace))
-
-    async def _drive(self, spec: HandlerSpec, batch: Batch, update_pace: Callable[[float], None]) -> None:
-        keeper = self.keeper
+        loop = thread_event_loop()
         in_flight: dict[asyncio.Task[HandlerRun], Lease] = {}
+        # Outcomes due mid-batch are flushed between two turns of the loop, never inside one:
+        # Django refuses a database call from a thread while an event loop runs on it. The
+        # handlers in flight wait meanwhile (a flush is one statement).
+        while not loop.run_until_complete(self._drive(spec, batch, update_pace, in_flight)):
+            self.completer.flush()
+        batch.done()
+        if self.stopping():
+            for rest in batch.take_unstarted():
+                self.completer.add(Completion(rest, Verdict.RELEASE, SHUTDOWN))
+        # What is left is recorded with the next claim, in its transaction.
+
+    async def _drive(
+        self,
+        spec: HandlerSpec,
+        batch: Batch,
+        update_pace: Callable[[float], None],
+        in_flight: dict[asyncio.Task[HandlerRun], Lease],
+    ) -> bool:
+        """Run the batch's handlers until none is left (True) or outcomes are due a flush while
+        more are to come (False: ``in_flight`` holds the handlers still running)."""
+        keeper = self.keeper
 
         def start_more() -> None:
             while len(in_flight) < self.concurrency and not self.stopping():
@@ -74,10 +92,6 @@ class AsyncBatchRunner:
                 update_pace(run.seconds / width)
                 self.completer.add(run.completion(lease))
             if self.completer.due and (in_flight or batch.has_more):
-                self.completer.flush()
+                return False
             start_more()
-        batch.done()
-        if self.stopping():
-            for rest in batch.take_unstarted():
-                self.completer.add(Completion(rest, Verdict.RELEASE, SHUTDOWN))
-        # What is left is recorded with the next claim, in its transaction.
+        return True
