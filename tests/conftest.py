@@ -82,6 +82,7 @@ TIERS: dict[str, str] = {
     "test_ops_snapshot.py": "ledger",
     "test_ops_verify.py": "ledger",
     "test_ordering.py": "ledger",
+    "test_claim_plan.py": "ledger",
     "test_partitions.py": "ledger",
     "test_conversion.py": "process",
     "test_ordering_processes.py": "process",

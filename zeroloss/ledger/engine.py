@@ -101,6 +101,9 @@ class Engine:
     in_period: ClassVar[str] = ""
     #: A claim's bound to messages created by now: the partitions of periods to come pruned.
     created_by_now: ClassVar[str] = ""
+    #: Whether a claim by queue runs in a transaction that first sets how it is planned
+    #: (statements.PLAN_CLAIM; PostgreSQL).
+    plans_claims: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.sql: dict[str, str] = {}

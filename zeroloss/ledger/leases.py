@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import OperationalError
+from django.db import OperationalError, transaction
 
 from .. import telemetry
 from .base import Part
@@ -34,6 +34,11 @@ CLAIM_BEHIND = dt.timedelta(seconds=60)
 CLAIM_FROM_HEAD_EVERY = 60.0
 #: Below every priority (-100..100): a claim from the head.
 _FROM_HEAD = -101
+#: The claims by queue (ordered by priority and age), planned by statements.PLAN_CLAIM.
+_ORDERED_CLAIMS = frozenset({"CLAIM", "CLAIM_LIMITED"})
+#: On a connection wrapper: the outermost atomic block of the worker's outcome-and-claim
+#: transaction, whose claims :meth:`Leases.bound_claim_transaction` already planned.
+_PLANNED = "_zeroloss_claims_planned"
 #: When this process last claimed from the head of each (database alias, queue), and from
 #: CLAIM_BEHIND back: one such claim finds what is behind every claimer's position, so one is
 #: made for all of them.
@@ -80,7 +85,11 @@ class Leases(Part):
         self.connection.ensure_connection()
         # Remembered in case this claim's outcome is lost (see release_unknown_claims).
         self._claim_session = engine.session_of(self.connection)
-        rows = self._move(name, [self.settings.ACK_TIMEOUT, self.instance_id, *params])
+        moving = [self.settings.ACK_TIMEOUT, self.instance_id, *params]
+        if engine.plans_claims and name in _ORDERED_CLAIMS:
+            rows = self._planned_claim(name, moving)
+        else:
+            rows = self._move(name, moving)
         if cursor_of:
             self._remember_claim(cursor_of, rows)
         # Oldest first within a priority: the order the claim chose (RETURNING keeps none).
@@ -105,6 +114,36 @@ class Leases(Part):
         if leases and telemetry.active():
             telemetry.claimed(cursor_of or leases[0].queue_name, leases)
         return leases
+
+    def _planned_claim(self, name: str, params: Sequence[Any]) -> list[Any]:
+        """Run a claim by queue planned by statements.PLAN_CLAIM: in a transaction of its own
+        (bounded like the worker's) when the caller has none; in the caller's, with the setting
+        put back after it, unless the transaction is the worker's, planned when it began."""
+        conn = self.connection
+        if not conn.in_atomic_block and conn.get_autocommit():
+            ms = int(self.settings.ACK_TIMEOUT * 1000)
+            with transaction.atomic(using=self.using, savepoint=False):
+                self._run("PLAN_CLAIM", [ms, str(ms)], prepare=True)
+                return self._move(name, params)
+        if conn.atomic_blocks and conn.__dict__.get(_PLANNED) is conn.atomic_blocks[0]:
+            return self._move(name, params)
+        before, _ = self._run("PLAN_CLAIM", [0, "0"], prepare=True)
+        rows = self._move(name, params)
+        self._run("UNPLAN_CLAIM", [before[0][0], before[0][1]], prepare=True)
+        return rows
+
+    def bound_claim_transaction(self) -> None:
+        """At the start of the worker's outcome-and-claim transaction (inside its atomic block):
+        the server ends it should it stay idle longer than ``ACK_TIMEOUT`` (a worker frozen
+        between its statements), and its claims are planned (statements.PLAN_CLAIM), in one
+        statement."""
+        conn = self.connection
+        if not self.engine.plans_claims:
+            self.engine.bound_transaction(conn, self.settings.ACK_TIMEOUT)
+            return
+        ms = int(self.settings.ACK_TIMEOUT * 1000)
+        self._run("PLAN_CLAIM", [ms, str(ms)], prepare=True)
+        conn.__dict__[_PLANNED] = conn.atomic_blocks[0]
 
     def claim(self, queue_name: str, limit: int = 1) -> list[Lease]:
         """Claim up to ``limit`` available messages of a queue (highest priority, then oldest),

@@ -116,6 +116,7 @@ class PostgresEngine(Engine):
     partitions_by_period = True
     # A row visible to a claim was stored by a statement that began before the claim's.
     created_by_now = f" AND {MSG}.created_at <= statement_timestamp()"
+    plans_claims = True
     in_period = (
         f" AND {MSG}.created_at >= CAST(%s AS timestamptz) AND {MSG}.created_at < CAST(%s AS timestamptz)"
     )

@@ -134,6 +134,22 @@ BATCH_OPEN = (
 )
 # Bounds an idle gap of one of zeroloss's own multi-statement transactions (milliseconds).
 BOUND_TRANSACTION = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
+# A claim by queue reads each of its ranges in the claim index's order and stops at its LIMIT;
+# across partitions that order is a merge of their index scans. Beside a period of many retained
+# messages the planner estimates a queue's pending rows as one or two (queue, status and time
+# taken as independent) and sorts every pending message after the claim's position instead:
+# 14 ms a claim with 3 million retained and 14,000 pending, 0.3 ms merged (docs/scaling.md). So
+# the claim's transaction plans without sorts, and without JIT compilation (a range the planner
+# knows is empty still takes a sort, which then costs enough to compile the statement: tens of
+# milliseconds a claim); for that transaction only (``true``: nothing outlives it, safe behind a
+# transaction pooler). The settings before are returned for UNPLAN_CLAIM; an idle gap is
+# bounded as BOUND_TRANSACTION does (``%s`` ms, 0: not).
+PLAN_CLAIM = (
+    "SELECT current_setting('enable_sort'), current_setting('jit'), set_config('enable_sort', 'off', true), "
+    "set_config('jit', 'off', true), "
+    "CASE WHEN %s > 0 THEN set_config('idle_in_transaction_session_timeout', %s, true) END"
+)
+UNPLAN_CLAIM = "SELECT set_config('enable_sort', %s, true), set_config('jit', %s, true)"
 BATCH_CLOSE = (
     "WITH d AS (DELETE FROM zeroloss_batch_guard WHERE txid = txid_current() RETURNING txid) "
     "SELECT (SELECT txid FROM d), set_config('zeroloss.batch_commit', txid_current()::text, true)"

@@ -207,13 +207,13 @@ class ClaimLoop:
     ) -> tuple[CompletionReport | None, list[Lease]]:
         service = self.service
         if not outcomes:
-            # One statement, committed by the server on its own: nothing for a worker that
-            # stalls to hold.
+            # No transaction of the worker's: nothing for a worker that stalls to hold (on
+            # PostgreSQL the claim's own, bounded; Leases._planned_claim).
             return None, service.claim(queue, limit=size)
         with transaction.atomic(using=service.using):
             # Two statements, one commit: the server ends the transaction should this worker
             # stall between them (cut off or dead, its session's keepalives do).
-            service.engine.bound_transaction(service.connection, service.settings.ACK_TIMEOUT)
+            service.leases.bound_claim_transaction()
             return service.record_outcomes(outcomes), service.claim(queue, limit=size)
 
     def _run_plain(self, spec: HandlerSpec, pace: Pace) -> None:
