@@ -250,12 +250,13 @@ def test_idle_db_worker_wakes_on_notify_not_on_poll(procs):
 
     def idle_and_listening() -> bool:
         # Its LISTEN session is open, and a claim of it has run and found nothing: from here on
-        # it waits up to 60 s between polls.
+        # it waits up to 60 s between polls. (A claim outside the worker's outcome transaction
+        # runs in one of its own, ended by a COMMIT: Leases._planned_claim.)
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT bool_or(query LIKE 'LISTEN %%'), bool_or(query LIKE '%%zeroloss_message%%' "
-                "AND state = 'idle') FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid()"
+                "SELECT bool_or(query LIKE 'LISTEN %%'), bool_or((query LIKE '%%zeroloss_message%%' "
+                "OR query = 'COMMIT') AND state = 'idle') FROM pg_stat_activity WHERE "
+                "datname = current_database() AND pid <> pg_backend_pid()"
             )
             listening, claimed = cursor.fetchone()
         return bool(listening and claimed)
