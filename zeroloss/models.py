@@ -405,5 +405,32 @@ class QueueControl(models.Model):
         return self.queue_name
 
 
+class RateBucket(models.Model):
+    """One advisory slot's share of a queue's rate limit (docs/control.md, PostgreSQL).
+
+    A rate large enough for slot claims keeps its token bucket in ``SLOTS`` shares, one per
+    slot, each holding ``1/SLOTS`` of the burst and refilling at ``1/SLOTS`` of the rate: a slot
+    claim spends from its own slot's share only (no row another slot's claim waits for), the
+    exact path from all of them. No row: a full share. Written only through the ledger.
+    """
+
+    queue_name = models.CharField(_("queue name"), max_length=100)
+    slot = models.PositiveSmallIntegerField(_("slot"))
+    #: Tokens left at ``refilled_at`` (the database clock).
+    tokens = models.FloatField(_("tokens"))
+    refilled_at = models.DateTimeField(_("refilled at"))
+
+    class Meta:
+        db_table = "zeroloss_rate_bucket"
+        verbose_name = _("rate bucket")
+        verbose_name_plural = _("rate buckets")
+        constraints = [
+            models.UniqueConstraint(fields=["queue_name", "slot"], name="zeroloss_rate_bucket_slot"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name}#{self.slot}"
+
+
 # Database-defined schedules live with their code; imported here so the app registry has them.
 from .schedules.models import Schedule, ScheduleState  # noqa: E402, F401

@@ -19,19 +19,18 @@ control (:data:`REFRESH` seconds at most old) and claims any other queue as befo
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from django.db import transaction
 
 from ..rates import Rate, parse_concurrency, parse_rate
 from . import hooks
 from .base import Part
+from .limits import SLOTS, QueueLimits, QueueState, in_shares, row_level, share_level, slot_room, slotted
 from .types import Lease
 from .validation import validate_message_id, validate_queue_name
 
@@ -47,44 +46,17 @@ _CONTROLLED: dict[str, tuple[float, frozenset[str], frozenset[str]]] = {}
 #: process that found none computed it (a worker waits that long, not its whole poll interval:
 #: idle claimers woken together would otherwise take one token per poll between them).
 _NEXT_TOKEN: dict[tuple[str, str], float] = {}
-#: How many advisory slots a limited queue has on PostgreSQL: how many of its claims may run
-#: side by side while far from its limits (docs/control.md).
-SLOTS = 8
 #: (database alias, queue) -> until when (monotonic) this process claims the queue by the exact
 #: path: a slot claim found it near a limit.
 _EXACT: dict[tuple[str, str], float] = {}
 #: (database alias, queue) -> whether its limits, as this process last read them, are large
-#: enough for slot claims (unknown: the exact path, which reads them).
+#: enough for slot claims (unknown: read from the row, unlocked, before the first claim).
 _SLOTTED: dict[tuple[str, str], bool] = {}
 
 
-@dataclass(frozen=True)
-class QueueLimits:
-    """The limits in effect for a queue: its override, else its ``ZEROLOSS["QUEUES"]`` entry."""
-
-    concurrency: int | None = None
-    rate: Rate | None = None
-
-    @property
-    def limited(self) -> bool:
-        return self.concurrency is not None or self.rate is not None
-
-
-@dataclass(frozen=True)
-class QueueState:
-    """One queue as ``zeroloss_queue show`` reports it."""
-
-    queue_name: str
-    paused: bool
-    #: In effect (override, else setting).
-    limits: QueueLimits
-    #: The operator's overrides (None: none).
-    concurrency_override: int | None
-    rate_override: Rate | None
-    processing: int
-    pending: int
-    changed_by: str
-    changed_at: dt.datetime | None
+class _NearLimit(Exception):
+    """A slot claim found less room than it may take: the exact path decides (never while the
+    slot is held: that path waits for every slot)."""
 
 
 class Control(Part):
@@ -119,6 +91,7 @@ class Control(Part):
         with transaction.atomic(using=self.using):
             self._lock_slots(queue_name)
             self._run("CONTROL_LIMIT", [queue_name, concurrency, text, who])
+            self._run("CONTROL_BUCKETS_RESET", [queue_name])
             self._release_held(queue_name)
         self._changed(queue_name, who, f"limits concurrency={concurrency} rate={text or None}")
 
@@ -176,7 +149,7 @@ class Control(Part):
         """PostgreSQL: wait for the queue's slot claims in flight, and start none until this
         transaction commits (an operator's change, an exact claim)."""
         if self.engine.lock_row:
-            self._run("CONTROL_SLOTS_ALL", [queue_name, SLOTS])
+            self._run("CONTROL_SLOTS_ALL", [queue_name, SLOTS], prepare=True)
 
     def _release_held(self, queue_name: str) -> None:
         """The Celery transport: publish the queue's waiting messages again right after the
@@ -262,127 +235,157 @@ class Control(Part):
         if not self._claims_lock(queue_name):
             # Paused only, as far as this process knows: an unlocked read decides (no row lock
             # for every poll of a paused queue); a limit set meanwhile is found there too.
-            rows, _ = self._run("CONTROL_READ", [queue_name])
+            rows, _ = self._run("CONTROL_READ", [queue_name], prepare=True)
             paused, concurrency, rate = rows[0] if rows else (False, None, "")
             if paused:
                 return []
             if not self.queue_limits(queue_name, concurrency, rate).limited:
                 return claim(limit)
-        engine = self.engine
-        slots = engine.lock_row != ""  # PostgreSQL: the concurrent path; SQLite: one writer anyway
+        slots = self.engine.lock_row != ""  # PostgreSQL: the concurrent path; SQLite: one writer anyway
+        key = (self.using, queue_name)
+        own = not self.connection.in_atomic_block
         # No savepoint inside the worker's outcome-and-claim transaction: its release would be
-        # one more round trip while the row is locked. A failure here fails that transaction.
+        # one more round trip. A failure here fails that transaction.
+        if slots and self._slotted(key) and _EXACT.get(key, 0.0) <= time.monotonic():
+            with transaction.atomic(using=self.using, savepoint=False):
+                try:
+                    leases = self._claim_in_slot(queue_name, limit, claim)
+                except _NearLimit:
+                    if not own:  # holding a slot in the caller's transaction: its next claim is exact
+                        return []
+                else:
+                    if leases is not None:
+                        return leases
+                    if not own:  # no row yet, no slot taken
+                        return self._claim_exact(queue_name, key, slots, limit, claim, claim_counting)
+            # In a transaction of its own: the slot let go with its end, the exact path at once.
         with transaction.atomic(using=self.using, savepoint=False):
-            key = (self.using, queue_name)
-            if slots and _SLOTTED.get(key) and _EXACT.get(key, 0.0) <= time.monotonic():
-                leases = self._claim_in_slot(queue_name, limit, claim)
-                if leases is not None:
-                    return leases
-            self._lock_slots(queue_name)
-            # The row lock: the claims of this queue, one after another (SQLite: the write lock).
-            rows = self._run("CONTROL_LOCK", [queue_name])[0] if slots else []
-            if not rows:  # SQLite, or the queue's first claim
-                rows, _ = self._run("CONTROL_LOCK_UPSERT", [queue_name])
-            paused, concurrency, rate, tokens, refilled_at, clock = rows[0]
-            limits = self.queue_limits(queue_name, concurrency, rate)
-            _SLOTTED[key] = slotted(limits)
-            if paused:
-                return []
-            room = limit
-            if limits.concurrency is not None and claim_counting is None:
-                counted, _ = self._run("CONTROL_IN_FLIGHT", [queue_name])
-                room = min(room, limits.concurrency - counted[0][0])
-            available = self._tokens(queue_name, limits, tokens, refilled_at, clock)
-            if limits.rate is not None:
-                room = min(room, math.floor(available + 1e-9))
-            if room <= 0:
-                return []
-            if limits.concurrency is not None and claim_counting is not None:
-                leases = claim_counting(room, limits.concurrency)
+            return self._claim_exact(queue_name, key, slots, limit, claim, claim_counting)
+
+    def _claim_exact(
+        self,
+        queue_name: str,
+        key: tuple[str, str],
+        slots: bool,
+        limit: int,
+        claim: Callable[[int], list[Lease]],
+        claim_counting: Callable[[int, int], list[Lease]] | None,
+    ) -> list[Lease]:
+        """The exact path: every slot and the row locked, then the limits counted and spent."""
+        self._lock_slots(queue_name)
+        # The row lock: the claims of this queue, one after another (SQLite: the write lock).
+        rows = self._run("CONTROL_LOCK", [queue_name], prepare=True)[0] if slots else []
+        if not rows:  # SQLite, or the queue's first claim
+            rows, _ = self._run("CONTROL_LOCK_UPSERT", [queue_name])
+        paused, concurrency, rate, tokens, refilled_at, clock = rows[0]
+        limits = self.queue_limits(queue_name, concurrency, rate)
+        _SLOTTED[key] = slotted(limits)
+        if paused:
+            return []
+        room = limit
+        if limits.concurrency is not None and claim_counting is None:
+            counted, _ = self._run("CONTROL_IN_FLIGHT", [queue_name], prepare=True)
+            room = min(room, limits.concurrency - counted[0][0])
+        # A rate kept in slot shares (PostgreSQL): all of them; else the row's bucket.
+        shares = self._shares(queue_name, limits.rate, clock) if slots and in_shares(limits.rate) else None
+        if shares is not None:
+            available = sum(level for _, level, _ in shares)
+        else:
+            available = self._tokens(limits, tokens, refilled_at, clock)
+        if limits.rate is not None:
+            if available < 1:
+                _NEXT_TOKEN[key] = (1 - available) / limits.rate.per_second
+            room = min(room, math.floor(available + 1e-9))
+        if room <= 0:
+            return []
+        if limits.concurrency is not None and claim_counting is not None:
+            leases = claim_counting(room, limits.concurrency)
+        else:
+            leases = claim(room)
+        if limits.rate is not None and leases:
+            if shares is not None:  # each share pays its part: none left emptier than another
+                params = [
+                    [s for s, _, _ in shares],
+                    [v - len(leases) * v / available for _, v, _ in shares],
+                ]
+                self._run("CONTROL_BUCKETS_SPEND", [queue_name, *params, [r for _, _, r in shares]])
             else:
-                leases = claim(room)
-            if limits.rate is not None and leases:
-                self._run("CONTROL_SPEND", [available - len(leases), clock, queue_name])
-            return leases
+                self._run("CONTROL_SPEND", [available - len(leases), clock, queue_name], prepare=True)
+        return leases
+
+    def _slotted(self, key: tuple[str, str]) -> bool:
+        """Whether this process's claims of the queue may take the slot path. Not known yet (its
+        first claim): the row read unlocked decides, before any slot is taken, so the claims a
+        process starts with run side by side instead of queueing on the exact path's lock."""
+        known = _SLOTTED.get(key)
+        if known is None:
+            rows, _ = self._run("CONTROL_READ", [key[1]], prepare=True)
+            known = bool(rows) and slotted(self.queue_limits(key[1], rows[0][1], rows[0][2]))
+            _SLOTTED[key] = known
+        return known
 
     def _claim_in_slot(
         self, queue_name: str, limit: int, claim: Callable[[int], list[Lease]]
     ) -> list[Lease] | None:
         """PostgreSQL's concurrent path: claim holding one of the queue's :data:`SLOTS` advisory
-        locks (waiting for one if all are taken), at most :func:`slot_share` of each limit and
-        only while even every other slot's claim at its most stays within it. ``None``: the
-        queue has no row yet, the exact path creates it. Holding a slot, this never waits for
-        the exact path's lock (which waits for the slots): near a limit it claims nothing and
-        sends this process's next claims of the queue to the exact path for :data:`REFRESH`
-        seconds."""
+        locks (waiting for one if all are taken): at most :func:`slot_share` of a concurrency and
+        only while even every other slot's claim at its most stays within it; at most what the
+        slot's share of the rate's bucket holds (:class:`~zeroloss.models.RateBucket`, written by
+        no other claim). ``None``: the queue has no row yet, the exact path creates it. Holding a
+        slot, this never waits for the exact path's lock (which waits for the slots): near a
+        limit it claims nothing and sends this process's next claims of the queue to the exact
+        path for :data:`REFRESH` seconds."""
         first = random.randrange(SLOTS)
-        rows, _ = self._run("CONTROL_SLOT", [SLOTS, queue_name, first, SLOTS, queue_name])
+        rows, _ = self._run("CONTROL_SLOT", [SLOTS, queue_name, first, SLOTS, queue_name], prepare=True)
         if not rows:  # no row yet: the exact path creates it
             return None
+        slot = first if rows[0][3] is None else (first + rows[0][3]) % SLOTS
         if rows[0][3] is None:
-            self._run("CONTROL_SLOT_WAIT", [first, queue_name, first])
-        rows, _ = self._run("CONTROL_SLOT_READ", [queue_name, queue_name])
+            self._run("CONTROL_SLOT_WAIT", [first, queue_name, first], prepare=True)
+        rows, _ = self._run("CONTROL_SLOT_READ", [queue_name, slot, queue_name], prepare=True)
         paused, concurrency, rate, tokens, refilled_at, clock, processing = rows[0]
         if paused:
             return []
         limits = self.queue_limits(queue_name, concurrency, rate)
         _SLOTTED[(self.using, queue_name)] = slotted(limits)
-        room = limit
+        room = limit if slotted(limits) else 0
         if limits.concurrency is not None:
             room = min(room, slot_room(limits.concurrency, processing))
-        available = self._tokens(queue_name, limits, tokens, refilled_at, clock)
-        if limits.rate is not None:
-            room = min(room, slot_room(limits.rate.burst, limits.rate.burst - available))
+        share = (0.0, clock)
+        if limits.rate is not None and room > 0:
+            share = self._level(limits.rate, tokens, refilled_at, clock)
+            room = min(room, math.floor(share[0] + 1e-9))
         if room <= 0:
             _EXACT[(self.using, queue_name)] = time.monotonic() + REFRESH
             _NEXT_TOKEN[(self.using, queue_name)] = 0.0  # claim again at once, by the exact path
-            return []
+            raise _NearLimit
         leases = claim(room)
         if limits.rate is not None and leases:
-            burst = limits.rate.burst
-            self._run("CONTROL_SLOT_SPEND", [burst, burst, limits.rate.per_second, len(leases), queue_name])
+            self._run(
+                "CONTROL_BUCKET_SPEND", [queue_name, slot, share[0] - len(leases), share[1]], prepare=True
+            )
         return leases
 
-    def _tokens(
-        self, queue_name: str, limits: QueueLimits, tokens: float, refilled_at: object, clock: object
-    ) -> float:
-        """What the rate's bucket holds at ``clock`` (0 without a rate); none whole: when the
-        next is due, for :meth:`next_token_in`."""
-        if limits.rate is None:
-            return 0.0
-        engine = self.engine
-        available = float(limits.rate.burst)
-        if refilled_at is not None:
-            # The clock may step back (a failover, NTP): never a negative refill.
-            elapsed = max(0.0, (engine.at(clock) - engine.at(refilled_at)).total_seconds())
-            available = min(available, tokens + elapsed * limits.rate.per_second)
-        if available < 1:
-            _NEXT_TOKEN[(self.using, queue_name)] = (1 - available) / limits.rate.per_second
-        return available
+    def _level(
+        self, rate: Rate, tokens: float | None, refilled_at: object, clock: object
+    ) -> tuple[float, object]:
+        at = self.engine.at
+        return share_level(rate, tokens, None if refilled_at is None else at(refilled_at), at(clock))
+
+    def _shares(self, queue_name: str, rate: Rate | None, clock: object) -> list[tuple[int, float, object]]:
+        """Every slot's share of the rate's bucket, as (slot, tokens at ``clock``, counted from)."""
+        assert rate is not None
+        rows, _ = self._run("CONTROL_BUCKETS", [queue_name], prepare=True)
+        found = {slot: (tokens, at) for slot, tokens, at in rows}
+        return [(s, *self._level(rate, *found.get(s, (None, None)), clock)) for s in range(SLOTS)]
+
+    def _tokens(self, limits: QueueLimits, tokens: float, refilled_at: object, clock: object) -> float:
+        """What the row's rate bucket holds at ``clock`` (0 without a rate)."""
+        at = self.engine.at
+        return row_level(limits.rate, tokens, None if refilled_at is None else at(refilled_at), at(clock))
 
     # The claim path's entry points, for :class:`~.leases.Leases` (through ``ctx.control``).
     is_controlled = _is_controlled
     any_controlled = _any_controlled
     queue_of = _queue_of
     claim_controlled = _claim_controlled
-
-
-def slotted(limits: QueueLimits) -> bool:
-    """Whether slot claims can take anything under these limits (each a share of at least 1)."""
-    return (limits.concurrency is None or slot_share(limits.concurrency) > 0) and (
-        limits.rate is None or slot_share(limits.rate.burst) > 0
-    )
-
-
-def slot_share(limit: int) -> int:
-    """The most one slot claim takes of a limit of ``limit`` (0: the limit is too small for
-    slot claims, every claim is exact)."""
-    return limit // (2 * SLOTS)
-
-
-def slot_room(limit: int, used: float) -> int:
-    """What one slot claim may take when ``used`` of ``limit`` is taken as far as it can see:
-    up to its share, and only so much that the other ``SLOTS - 1`` slots' claims, in flight
-    unseen, each at its share, still keep the total within the limit."""
-    share = slot_share(limit)
-    return max(0, min(share, math.floor(limit - used + 1e-9) - (SLOTS - 1) * share))

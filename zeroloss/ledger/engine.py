@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
-from ..models import DedupKey, Message, MessageEvent, MessageKey, OrderingHead, QueueControl
+from ..models import DedupKey, Message, MessageEvent, MessageKey, OrderingHead, QueueControl, RateBucket
 from . import statements
 from .statements_moves import AUDIT_COLUMNS, MOVED_NAMES, Moving
 
@@ -27,6 +27,7 @@ MSG = Message._meta.db_table
 EVT = MessageEvent._meta.db_table
 DEDUP = DedupKey._meta.db_table
 CTL = QueueControl._meta.db_table
+BUCKET = RateBucket._meta.db_table
 KEY = MessageKey._meta.db_table
 HEAD = OrderingHead._meta.db_table
 
@@ -132,6 +133,7 @@ class Engine:
             head=HEAD,
             dedup=DEDUP,
             ctl=CTL,
+            bucket=BUCKET,
             now=self.now,
             clock=self.clock,
             after=self.after("%s"),

@@ -21,12 +21,13 @@ from ..models import Message, MessageEvent, ReplicationNode, Status
 from ..rates import Rate
 from .aborts import Aborts
 from .base import LedgerContext
-from .control import Control, QueueLimits, QueueState
+from .control import Control
 from .dispatch import Dispatch
 from .engine import Engine
 from .integrity import Reads
 from .keys import Keys
 from .leases import Leases
+from .limits import QueueLimits, QueueState
 from .nodes import Nodes
 from .operator import Operator
 from .outcomes import Outcomes

@@ -72,21 +72,34 @@ CONTROL_SLOT = (
 #: slots; queueing there would turn one exact claim into a convoy of them).
 CONTROL_SLOT_WAIT = "SELECT %s FROM pg_advisory_xact_lock(hashtext('zeroloss.limit:' || %s), %s)"
 #: Read after the slot was granted (a statement of its own, so its snapshot sees every claim that
-#: committed before): the row and what of the queue is processing.
+#: committed before): the row, what of the queue is processing, and the slot's share of the
+#: rate's bucket (``{bucket}``; no row: a full share).
 CONTROL_SLOT_READ = (
-    "SELECT paused, concurrency, rate, tokens, refilled_at, {clock}, (SELECT count(*) FROM {msg} "
-    "WHERE queue_name = %s AND status = 'processing') FROM {ctl} WHERE queue_name = %s"
+    "SELECT c.paused, c.concurrency, c.rate, b.tokens, b.refilled_at, {clock}, (SELECT count(*) FROM {msg} "
+    "WHERE queue_name = %s AND status = 'processing') FROM {ctl} c LEFT JOIN {bucket} b "
+    "ON b.queue_name = c.queue_name AND b.slot = %s WHERE c.queue_name = %s"
 )
 #: The exact path's and the operator's lock: every slot of the queue, in order (so two of them
 #: never wait for each other), held to the commit; no slot claim runs meanwhile.
 CONTROL_SLOTS_ALL = "SELECT count(pg_advisory_xact_lock(hashtext('zeroloss.limit:' || %s), s)) FROM generate_series(0, %s::int - 1) s"
-#: A slot claim's tokens, taken from the bucket as it is now (other slot claims spend too):
-#: refilled to the clock (never backwards), capped at the burst, less what was claimed.
-CONTROL_SLOT_SPEND = (
-    "UPDATE {ctl} SET tokens = least(%s, CASE WHEN refilled_at IS NULL THEN %s ELSE tokens + "
-    "greatest(0, extract(epoch FROM c.t - refilled_at)::float8) * %s END) - %s, "
-    "refilled_at = greatest(coalesce(refilled_at, c.t), c.t) FROM (SELECT {clock} AS t) c WHERE queue_name = %s"
+#: A slot claim's tokens, from its own slot's share of the bucket, which no other claim writes
+#: (each holds its own slot; the exact path and an operator's change hold all of them): what
+#: the share held at the read's clock, less what was claimed. The row the queue's other claims
+#: wait for is never written on this path.
+CONTROL_BUCKET_SPEND = (
+    "INSERT INTO {bucket} (queue_name, slot, tokens, refilled_at) VALUES (%s, %s, %s, %s) "
+    "ON CONFLICT (queue_name, slot) DO UPDATE SET tokens = excluded.tokens, refilled_at = excluded.refilled_at"
 )
+#: The exact path of a rate kept in slot shares (holding every slot): all of the queue's shares.
+CONTROL_BUCKETS = "SELECT slot, tokens, refilled_at FROM {bucket} WHERE queue_name = %s"
+#: ... and every share after its claim: refilled to the clock, less its part of what was claimed.
+CONTROL_BUCKETS_SPEND = (
+    "INSERT INTO {bucket} (queue_name, slot, tokens, refilled_at) SELECT %s, u.s, u.t, u.r "
+    "FROM unnest(%s::int[], %s::float8[], %s::timestamptz[]) AS u(s, t, r) ON CONFLICT (queue_name, slot) "
+    "DO UPDATE SET tokens = excluded.tokens, refilled_at = excluded.refilled_at"
+)
+#: A changed limit starts full shares (as it starts a full bucket).
+CONTROL_BUCKETS_RESET = "DELETE FROM {bucket} WHERE queue_name = %s"
 #: The Celery transport at a resume or a limit change: the queue's waiting messages were
 #: published and their tasks absorbed (paused, at a limit); no broker message carries them any
 #: more, so they are marked for the redispatch that follows the change's commit.

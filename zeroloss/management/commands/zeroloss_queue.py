@@ -28,7 +28,7 @@ from django.utils.translation import gettext_noop
 from ...conf import get_settings
 from ...exceptions import InvalidMessage
 from ...handlers import registered_queues
-from ...ledger.control import QueueState
+from ...ledger.limits import QueueState
 from ...ledger.validation import validate_queue_name
 from ...models import QueueControl
 from ...rates import parse_concurrency, parse_rate
