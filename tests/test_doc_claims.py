@@ -270,6 +270,44 @@ def test_a_renewal_that_lands_after_the_lease_ran_out_here_leaves_it_lost():
     assert [held.message_id for held in keeper.held()] == ["late-1"]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_an_outcome_committed_before_the_keeper_hears_of_it_is_not_a_lost_lease(caplog):
+    """Regression (seen in benchmark drains, a batch of 100 at a time): the keeper renewed the
+    leases in hand just after their outcomes' commit and just before the worker told it, found
+    them no longer processing, and warned that each lease "was lost before it could be renewed".
+    An outcome being recorded is not a lost lease; one whose recording failed is watched again."""
+    from zeroloss.ledger.types import Completion, CompletionReport, Verdict
+    from zeroloss.worker.completer import Completer
+    from zeroloss.worker.keeper import LeaseKeeper
+
+    service = ZeroLossMessageService(instance_id="settling")
+    service.persist_messages([("settled-1", "claims.settle", {}), ("failed-1", "claims.settle", {})])
+    settled, failed = service.claim("claims.settle", limit=2)
+    keeper = LeaseKeeper(service, interval=60)  # not started: the test drives it
+    keeper.hold([settled, failed])
+    reports: list[CompletionReport] = []
+    completer = Completer(service, keeper, on_report=reports.append, wait=lambda s: False)
+    completer.add(Completion(settled, Verdict.ACKNOWLEDGE))
+    batch, retried = completer.take()  # as the worker does before its outcome-and-claim transaction
+    report = service.record_outcomes(batch)  # committed; the worker has not told the keeper yet
+    with caplog.at_level("WARNING", logger="zeroloss"):
+        keeper.renew_now()
+    assert not keeper.is_lost(settled.message_id)
+    assert "lost before it could be renewed" not in caplog.text
+    completer.settle(batch, report, retried=retried)
+    assert [held.message_id for held in keeper.held()] == [failed.message_id]
+
+    # An attempt that did not record its outcome gives it back: a lease lost meanwhile is found.
+    completer.add(Completion(failed, Verdict.ACKNOWLEDGE))
+    batch, _ = completer.take()
+    completer.restore(batch)
+    assert expire_leases([failed.message_id]) == 1
+    with caplog.at_level("WARNING", logger="zeroloss"):
+        keeper.renew_now()
+    assert keeper.is_lost(failed.message_id)
+    assert f"lease of {failed.message_id} was lost before it could be renewed" in caplog.text
+
+
 def test_lease_lost_turns_true_when_no_renewal_lands_before_the_lease_runs_out():
     seen, started, done = _watch_lease("claims.silent")
     ZeroLossMessageService().persist_message("silent-1", "claims.silent", {})

@@ -69,10 +69,12 @@ class Completer:
         with self._lock:
             batch, self.pending = self.pending, []
             retried, self._retried = self._retried, False
+        self.keeper.settling(c.lease.message_id for c in batch)
         return batch, retried
 
     def restore(self, batch: list[Completion]) -> None:
         """Give back outcomes a failed attempt did not record (it may have: they are checked)."""
+        self.keeper.settling((c.lease.message_id for c in batch), being=False)
         with self._lock:
             self.pending[:0] = batch
             self._retried = self._retried or bool(batch)

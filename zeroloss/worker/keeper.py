@@ -86,6 +86,8 @@ class LeaseKeeper(AbortWatch):
         self.aborted: set[str] = set()  # see AbortWatch
         self.gave_up: BaseException | None = None
         self._held: dict[str, _Held] = {}
+        #: Held, their outcomes being recorded (taken by the completer, not settled yet).
+        self._settling: set[str] = set()
         #: Given back but not recorded yet (a failed release is tried again at every tick).
         self._releasing: dict[str, Completion] = {}
         self._watched: dict[int, TransactionWatch] = {}
@@ -117,9 +119,21 @@ class LeaseKeeper(AbortWatch):
                 self._held[lease.message_id] = _Held(lease, now + ttl, now, batch, limit=limit)
                 self.lost.discard(lease.message_id)
 
+    def settling(self, message_ids: Iterable[str], *, being: bool = True) -> None:
+        """Their outcomes are being recorded (``being=False``: the attempt failed, they are not).
+        A renewal refused meanwhile is the outcome's commit having come first, not a lost lease:
+        nothing is marked lost for it (the outcome's own statement is fenced either way)."""
+        with self._lock:
+            for mid in message_ids:
+                if being:
+                    self._settling.add(mid)
+                else:
+                    self._settling.discard(mid)
+
     def drop(self, message_ids: Iterable[str]) -> None:
         with self._lock:
             for mid in message_ids:
+                self._settling.discard(mid)
                 self._held.pop(mid, None)
                 self._releasing.pop(mid, None)
                 self.lost.discard(mid)
@@ -145,6 +159,7 @@ class LeaseKeeper(AbortWatch):
         out: their handlers ran, so nothing may release them as never started."""
         with self._lock:
             for mid in message_ids:
+                self._settling.discard(mid)
                 if mid in self._held:
                     self.lost.add(mid)
 
@@ -227,8 +242,8 @@ class LeaseKeeper(AbortWatch):
         with self._lock:
             for h in due:
                 mid = h.lease.message_id
-                if mid not in self._held or mid in busy:
-                    continue  # recorded meanwhile, or to be renewed at the next tick
+                if mid not in self._held or mid in busy or (mid in self._settling and mid not in renewed):
+                    continue  # recorded meanwhile (or being: committed first), or renewed at the next tick
                 if mid in renewed and answered < h.expires:
                     h.expires = started + ttl
                 elif mid in renewed and mid not in self.lost:
