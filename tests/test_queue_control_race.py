@@ -4,7 +4,8 @@ holds"): the slot path and the exact path together never let more than the limit
 Sixteen threads, each with its own connection, claim a queue whose concurrency limit is large
 enough for slot claims (a share of 1 per slot) but far smaller than what they ask for together,
 hold what they claimed a moment, then acknowledge it: the limit is reached and released over
-and over, and claims switch between the two paths at its edge.
+and over, and claims switch between the two paths at its edge. The same for a rate kept in slot
+shares: sixteen claimers never start more than its burst (an hourly rate refills under a token).
 """
 
 from __future__ import annotations
@@ -55,22 +56,28 @@ def _every_claim_tries_a_slot(monkeypatch):
     control._SLOTTED.clear()
 
 
-def test_slot_and_exact_claims_racing_at_the_limit_never_exceed_it(monkeypatch):
+@pytest.fixture
+def in_slot(monkeypatch) -> list[int]:
+    """How many messages each slot claim took: the real slot claim, counted."""
+    taken: list[int] = []
+    claim_in_slot = control.Control._claim_in_slot
+
+    def counted(self, queue_name, limit, claim):
+        leases = claim_in_slot(self, queue_name, limit, claim)
+        if leases:
+            taken.append(len(leases))
+        return leases
+
+    monkeypatch.setattr(control.Control, "_claim_in_slot", counted)
+    return taken
+
+
+def test_slot_and_exact_claims_racing_at_the_limit_never_exceed_it(in_slot):
     service = ZeroLossMessageService()
     service.persist_messages([(f"m{i}", "q", {}) for i in range(CLAIMERS * ROUNDS * 3)])
     service.limit_queue("q", concurrency=LIMIT)
     assert limits.slot_share(LIMIT) == 1
 
-    in_slot: list[int] = []
-    claim_in_slot = control.Control._claim_in_slot
-
-    def counted(self, queue_name, limit, claim):  # the real slot claim, counted
-        leases = claim_in_slot(self, queue_name, limit, claim)
-        if leases:
-            in_slot.append(len(leases))
-        return leases
-
-    monkeypatch.setattr(control.Control, "_claim_in_slot", counted)
     spans: list[tuple[float, float]] = []
     seen: list[int] = []
     errors: list[BaseException] = []
@@ -128,7 +135,7 @@ def age_shares(queue: str, seconds: float) -> None:
         )
 
 
-def test_slot_and_exact_claims_racing_for_a_rate_never_take_more_than_its_bucket(monkeypatch):
+def test_slot_and_exact_claims_racing_for_a_rate_never_take_more_than_its_bucket(in_slot):
     """A rate large enough for slot claims keeps its bucket in one share per slot: slot claims
     spend their own slot's share, exact claims all of them, and together they never start more
     than the burst plus what the rate refilled meanwhile (an hourly rate: under a token here)."""
@@ -137,16 +144,6 @@ def test_slot_and_exact_claims_racing_for_a_rate_never_take_more_than_its_bucket
     service.limit_queue("q", rate=RATE)
     assert parse_rate(RATE).burst == BURST and limits.slot_share(BURST) == 1
 
-    in_slot: list[int] = []
-    claim_in_slot = control.Control._claim_in_slot
-
-    def counted(self, queue_name, limit, claim):  # the real slot claim, counted
-        leases = claim_in_slot(self, queue_name, limit, claim)
-        if leases:
-            in_slot.append(len(leases))
-        return leases
-
-    monkeypatch.setattr(control.Control, "_claim_in_slot", counted)
     claimed: list[int] = []
     errors: list[BaseException] = []
     go = threading.Barrier(CLAIMERS)
