@@ -271,6 +271,8 @@ def _census(
     )
     counts: dict[tuple[str, str], int] = {}
     kept = 0
+    with conn.cursor() as cursor:
+        cursor.execute(sql.SERIAL_SCAN)  # the caller's transaction: the drop's
     for queue, status, count, refused in _rows(conn, sql.CENSUS.format(part=part, eligible=eligible), params):
         counts[(queue, status)] = count
         kept += refused
