@@ -25,6 +25,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..models import DroppedPeriod, Message, MessageEvent, MessageKey
+from ..states import Status
 from . import statements_partitions as sql
 from .base import engine_for
 
@@ -263,19 +264,17 @@ def partition_tables(conn: BaseDatabaseWrapper, period: int, ahead: int) -> bool
 
 def _census(
     conn: BaseDatabaseWrapper, part: str, completed_before: dt.datetime, dead_before: dt.datetime | None
-) -> tuple[dict[tuple[str, str], int], int]:
-    """A period's messages by queue and status, and how many of them a drop may not take."""
-    eligible = sql.ELIGIBLE + (sql.ELIGIBLE_DEAD if dead_before is not None else "")
-    params: list[Any] = [completed_before, completed_before] + (
-        [dead_before] if dead_before is not None else []
-    )
-    counts: dict[tuple[str, str], int] = {}
-    kept = 0
+) -> tuple[dict[tuple[str, str], int], bool]:
+    """A detached period's messages by queue and status, and whether it holds any a drop may
+    not take (its probes, asked again now that nothing changes it, or a status they do not name)."""
     with conn.cursor() as cursor:
-        cursor.execute(sql.SERIAL_SCAN)  # the caller's transaction: the drop's
-    for queue, status, count, refused in _rows(conn, sql.CENSUS.format(part=part, eligible=eligible), params):
-        counts[(queue, status)] = count
-        kept += refused
+        cursor.execute(sql.CENSUS_PLAN)  # the caller's transaction: the drop's
+        counts = {(queue, status): n for queue, status, n in _rows(conn, sql.CENSUS.format(part=part))}
+        cursor.execute(sql.CENSUS_PLAN_DONE)
+    named = {str(s) for s in Status}
+    kept = any(status not in named for _, status in counts) or _holds_kept(
+        conn, part, completed_before, dead_before
+    )
     return counts, kept
 
 
