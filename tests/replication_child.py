@@ -121,8 +121,9 @@ def run(role: str, args: dict[str, Any]) -> int:
         # Register two nodes, keep one heartbeating; time when the silent one turns down.
         ttl = service.settings.NODE_TTL
         service.register_replication_node("beating")
-        service.register_replication_node("silent")
+        # Before the insert: its last_seen_at is the server's statement time, after this.
         registered = time.monotonic()
+        service.register_replication_node("silent")
         down_after = None
         beating_always_live = True
         while time.monotonic() - registered < ttl + 2:
