@@ -19,9 +19,11 @@ from tests.conftest import database_url
 from tests.support.cli import run
 from zeroloss.exceptions import MessageConflict
 from zeroloss.ledger import partitions, sweep
+from zeroloss.ledger import statements_partitions as sql_partitions
 from zeroloss.ledger.base import engine_for
 from zeroloss.models import DroppedPeriod, Message, MessageEvent, MessageKey, OrderingHead, PurgeRecord
 from zeroloss.service import ZeroLossMessageService
+from zeroloss.states import Status
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -241,6 +243,14 @@ def test_a_period_holding_anything_a_drop_may_not_take_is_found_by_its_probe():
     assert [kept(d) for d in (19, 18, 17, 16, 15, 14, 13, 12)] == [True] * 5 + [False, True, False]
     # With a dead letters' retention, an old dead letter no longer keeps its day.
     assert not kept(15, dead_before=day_start(7)) and kept(15, dead_before=day_start(20))
+
+
+def test_the_drops_probes_name_every_status_the_ledger_writes():
+    # A status added to the ledger fails here until HOLDS_KEPT decides about it: till then the
+    # census keeps every period holding one (the test below), and no drop takes it.
+    assert {str(s) for s in Status} == sql_partitions.PROBED_STATUSES
+    for status in sql_partitions.PROBED_STATUSES:
+        assert f"status = '{status}'" in sql_partitions.HOLDS_KEPT
 
 
 def test_a_status_no_probe_names_is_kept_by_the_census_and_its_day_attached_again():

@@ -25,7 +25,6 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..models import DroppedPeriod, Message, MessageEvent, MessageKey
-from ..states import Status
 from . import statements_partitions as sql
 from .base import engine_for
 
@@ -271,8 +270,7 @@ def _census(
         cursor.execute(sql.CENSUS_PLAN)  # the caller's transaction: the drop's
         counts = {(queue, status): n for queue, status, n in _rows(conn, sql.CENSUS.format(part=part))}
         cursor.execute(sql.CENSUS_PLAN_DONE)
-    named = {str(s) for s in Status}
-    kept = any(status not in named for _, status in counts) or _holds_kept(
+    kept = any(status not in sql.PROBED_STATUSES for _, status in counts) or _holds_kept(
         conn, part, completed_before, dead_before
     )
     return counts, kept

@@ -96,6 +96,9 @@ HOLDS_KEPT = (
     "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'cancelled' AND updated_at >= %s) "
     "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'dead'{dead})"
 )
+#: The statuses HOLDS_KEPT decides about: the census keeps a period holding any other (one a
+#: later version adds and these probes do not know yet), whatever ``Status`` says.
+PROBED_STATUSES = frozenset({"pending", "processing", "completed", "cancelled", "dead"})
 DEAD_KEPT = ""
 DEAD_KEPT_BEFORE = " AND (dead_at >= %s OR dead_at IS NULL)"
 #: The detached message partition kept as the list of ids whose keys go (models.DroppedPeriod).
