@@ -5,6 +5,7 @@
 #                    (~85 s CPU over one xdist worker per core: ~45 s wall on 2 idle cores, estimated)
 #   make lint   - only the static checks: ruff, mypy over zeroloss/tests/benchmarks, migrations, check
 #   make docs   - the documentation site (MkDocs), built strict into site/
+#   make dist   - the sdist and the wheel a private package index serves, checked, into dist/
 # Both create their own virtual environment. PYTHON picks the interpreter (3.11+), DJANGO
 # pins a Django release, VENV names the environment (one per interpreter/Django pair):
 #   make test PYTHON=python3.12 DJANGO='Django>=6.0,<6.2' VENV=.venv-dj6
@@ -19,7 +20,7 @@ PSYCOPG ?= 3
 BIN := $(VENV)/bin
 STAMP := $(BIN)/.zeroloss-installed
 
-.PHONY: demo test test-fast lint docs bench chaos clean
+.PHONY: demo test test-fast lint docs dist bench chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "zeroloss needs Python 3.11 or newer: make ... PYTHON=python3.12")'
@@ -42,6 +43,13 @@ $(DOCS_STAMP): pyproject.toml
 
 docs: $(DOCS_STAMP)
 	.venv-docs/bin/python -m mkdocs build --strict --site-dir site
+
+# What a company puts on its private index until zeroloss is on PyPI (docs/quickstart.md):
+# built as a distribution builds it (an isolated PEP 517 build), then checked as PyPI would.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python -m twine check --strict dist/*
 
 demo: $(STAMP)
 	$(BIN)/python -m project.demo.run $(DEMO_ARGS)

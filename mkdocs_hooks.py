@@ -1,8 +1,8 @@
 """MkDocs hooks for the documentation site (``mkdocs.yml``; ``make docs``).
 
-The pages are written to read on GitHub too: the README and ``CHANGELOG.md`` live at the
-repository's root and the pages link to them as ``../README.md``. These hooks add both files as
-pages of the site (``readme.md``, ``changelog.md``) and point those links, and the root files'
+The pages are written to read on GitHub too: the README, ``CHANGELOG.md`` and ``CONTRIBUTING.md``
+live at the repository's root and the pages link to them as ``../README.md``. These hooks add
+those files as pages of the site (``readme.md``, ``changelog.md``, ``contributing.md``) and point those links, and the root files'
 own ``docs/...`` links, at the site's pages; mkdocstrings' rendering of the docstrings' reST
 roles (``:class:`~a.B```) is reduced to the code it names.
 """
@@ -17,9 +17,13 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parent
 #: Root files published as pages: repository path -> page path.
-ROOT_PAGES = {"README.md": "readme.md", "CHANGELOG.md": "changelog.md"}
+ROOT_PAGES = {
+    "README.md": "readme.md",
+    "CHANGELOG.md": "changelog.md",
+    "CONTRIBUTING.md": "contributing.md",
+}
 
-_ROOT_LINK = re.compile(r"\]\((?:\.\./)+(README|CHANGELOG)\.md(#[^)]*)?\)")
+_ROOT_LINK = re.compile(r"\]\((?:\.\./)+(README|CHANGELOG|CONTRIBUTING)\.md(#[^)]*)?\)")
 _DOCS_LINK = re.compile(r"\]\(docs/([^)]*)\)")
 _ROLE = re.compile(r":(?:class|func|meth|data|attr|mod|exc|obj):(<code>)~?(?:[\w.]+\.)?")
 

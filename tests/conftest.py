@@ -69,6 +69,7 @@ TIERS: dict[str, str] = {
     "test_hostile_inputs.py": "ledger",
     "test_import_cycles.py": "unit",
     "test_infra_fixtures.py": "chaos",
+    "test_install_docs.py": "docs",
     "test_keys.py": "ledger",
     "test_lease_bounds.py": "ledger",
     "test_lease_model.py": "process",

@@ -6,6 +6,8 @@
 - ``zeroloss_sweep --loop`` and ``zeroloss_worker`` exit with code 4 once the database has been
   unreachable longer than ``DB_OUTAGE_TOLERANCE``;
 - a message's normal life writes three audit rows (docs/production.md, retention);
+- docs/comparison.md says "yes" for every feature zeroloss has (each checked against the code),
+  and its "What zeroloss does not have" names none of them;
 - ``delivery.lease_lost`` turns true when a renewal is refused, and when no renewal lands
   before the lease runs out (the database not answering: here, its writes blocked by a lock
   another connection holds, on PostgreSQL and on SQLite).
@@ -14,12 +16,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -325,3 +329,134 @@ def test_lease_lost_turns_true_when_no_renewal_lands_before_the_lease_runs_out()
         assert reasons("silent-1") == ["persisted", "claimed", "lease_expired", "claimed", "acknowledged"]
     finally:
         finish(worker, thread)
+
+
+# -- docs/comparison.md: what zeroloss has ---------------------------------------------------
+
+COMPARISON = ROOT / "docs" / "comparison.md"
+
+
+def _zeroloss_cells() -> dict[str, str]:
+    """The comparison's rows (between its zeroloss-claims markers): feature -> zeroloss's cell."""
+    text = COMPARISON.read_text(encoding="utf-8")
+    between = text.split("<!-- zeroloss-claims:start -->", 1)[1].split("<!-- zeroloss-claims:end -->", 1)[0]
+    cells: dict[str, str] = {}
+    for line in between.splitlines():
+        parts = [p.strip() for p in line.strip().strip("|").split("|")]
+        if len(parts) < 3 or not parts[0] or set(parts[0]) <= {"-", " "}:
+            continue  # a header or separator row
+        assert parts[1] != "", f"docs/comparison.md: the row {parts[0]!r} has no zeroloss cell"
+        cells[parts[0]] = parts[1]
+    return cells
+
+
+def _accepts(command: str, *args: str) -> bool:
+    from django.core.management import load_command_class
+
+    parser = load_command_class("zeroloss", command).create_parser("manage.py", command)
+    try:
+        parser.parse_args(list(args))
+    except SystemExit:
+        return False
+    return True
+
+
+def _has_scheduler() -> bool:
+    import zeroloss.schedules  # noqa: F401
+    from zeroloss.conf import ZeroLossSettings
+
+    return "SCHEDULES" in {f.name for f in dataclasses.fields(ZeroLossSettings)} and _accepts(
+        "zeroloss_schedule", "list"
+    )
+
+
+def _has_queue_limit(option: dict[str, object]) -> bool:
+    from zeroloss.conf import parse_settings
+
+    return bool(parse_settings({"QUEUES": {"limited": option}}).QUEUES["limited"])
+
+
+def _has_async_handlers() -> bool:
+    from zeroloss.handlers import HandlerSpec
+
+    async def handle(delivery: Delivery) -> None:
+        return None
+
+    return HandlerSpec("claims.async", handle).is_async
+
+
+def _has_admin() -> bool:
+    from django.contrib import admin
+
+    return admin.site.is_registered(Message)
+
+
+def _has_tasks_backend() -> bool:
+    from zeroloss.tasks_backend import ZeroLossBackend
+
+    return ZeroLossBackend is not None
+
+
+def _parameters(func: object) -> set[str]:
+    return set(inspect.signature(func).parameters)  # type: ignore[arg-type]
+
+
+#: Each feature zeroloss has (the comparison's row), with the code that shows it has it.
+HAS: dict[str, Callable[[], bool]] = {
+    "where messages live": lambda: True,
+    "enqueue joins your transaction": lambda: True,
+    "a killed worker's message comes back": lambda: _accepts("zeroloss_sweep", "--loop"),
+    "a late worker cannot complete a re-run message (fencing)": lambda: "lease_token" in {
+        f.name for f in Message._meta.get_fields()
+    },
+    "retries with backoff, dead letters": lambda: hasattr(Status, "DEAD")
+    and "max_attempts" in _parameters(zeroloss.send),
+    "audit trail of every transition": lambda: "actor" in {f.name for f in MessageEvent._meta.get_fields()},
+    "handler writes commit with the acknowledgement": lambda: "transactional" in _parameters(zeroloss.handler),
+    "periodic tasks": _has_scheduler,
+    "priorities": lambda: "priority" in _parameters(zeroloss.send),
+    "cancel before it runs": lambda: _accepts("zeroloss_cancel", "some-id"),
+    "stop a running task": lambda: "abort" in _parameters(zeroloss.cancel)
+    and hasattr(Delivery, "abort_requested"),
+    "time limits": lambda: {"soft_time_limit", "time_limit"} <= _parameters(zeroloss.handler),
+    "rate limits": lambda: _has_queue_limit({"rate": "10/s"}),
+    "concurrency limits across workers": lambda: _has_queue_limit({"concurrency": 2}),
+    "pause a queue": lambda: _accepts("zeroloss_queue", "pause", "emails"),
+    "ordering keys, deduplication windows": lambda: {"ordering_key", "dedup_key", "dedup_window"}
+    <= _parameters(zeroloss.send),
+    "Django's Tasks API (`@task`, `.enqueue()`)": _has_tasks_backend,
+    "operator's admin": _has_admin,
+    "concurrency model": lambda: _accepts("zeroloss_worker", "--pool", "process") and _has_async_handlers(),
+    "needs beside Django": lambda: True,
+}
+#: What the comparison lists as missing but zeroloss has (the old page said all of these).
+NOT_MISSING = (
+    "scheduler", "periodic", "cancel", "abort", "rate limit", "concurrency limit", "priorit",
+    "pause", "async handler", "process pool", "time limit", "dead letter", "deduplication", "admin",
+)  # fmt: skip
+
+
+def test_the_comparison_says_yes_for_every_feature_zeroloss_has():
+    cells = _zeroloss_cells()
+    missing_rows = sorted(set(HAS) - set(cells))
+    assert not missing_rows, f"docs/comparison.md has no row for {missing_rows}"
+    for feature, has_it in HAS.items():
+        assert has_it(), f"the code no longer has {feature!r}: correct docs/comparison.md"
+        assert cells[feature].lower().startswith("yes"), (
+            f"docs/comparison.md, {feature!r}: zeroloss has it, the cell says {cells[feature]!r}"
+        )
+    # The lease default the row quotes is the code's.
+    from zeroloss.conf import ZeroLossSettings
+
+    assert f"{ZeroLossSettings.ACK_TIMEOUT:g} s by default" in cells["a killed worker's message comes back"]
+    # The one row where zeroloss says no is a thing it really does not have.
+    assert cells["workflows (chain, group, chord)"].lower().startswith("no")
+    assert not hasattr(zeroloss, "chain") and not hasattr(zeroloss, "group")
+
+
+def test_what_zeroloss_does_not_have_names_nothing_it_has():
+    text = COMPARISON.read_text(encoding="utf-8")
+    section = text.split("## What zeroloss does not have", 1)[1].split("\n## ", 1)[0].lower()
+    assert "workflows" in section and "retry policy per handler" in section
+    claimed = [word for word in NOT_MISSING if word in section]
+    assert not claimed, f"docs/comparison.md says zeroloss lacks what it has: {claimed}"

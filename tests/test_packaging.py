@@ -184,7 +184,7 @@ def test_classifiers_name_what_ci_runs(built: dict[str, Any]) -> None:
 def test_sdist_holds_the_tests_docs_license_and_changelog(built: dict[str, Any]) -> None:
     with tarfile.open(built["sdist"]) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    for required in ("LICENSE", "CHANGELOG.md", "README.md", "mkdocs.yml", "manage.py", "tests/conftest.py",
+    for required in ("LICENSE", "CHANGELOG.md", "README.md", "CONTRIBUTING.md", "mkdocs.yml", "manage.py", "tests/conftest.py",
                      "zeroloss/locale/de/LC_MESSAGES/django.mo", "docs/reference/index.md"):  # fmt: skip
         assert required in names, f"the sdist has no {required}"
     source = built["source"]
