@@ -406,24 +406,29 @@ HAS: dict[str, Callable[[], bool]] = {
     "where messages live": lambda: True,
     "enqueue joins your transaction": lambda: True,
     "a killed worker's message comes back": lambda: _accepts("zeroloss_sweep", "--loop"),
-    "a late worker cannot complete a re-run message (fencing)": lambda: "lease_token" in {
-        f.name for f in Message._meta.get_fields()
-    },
-    "retries with backoff, dead letters": lambda: hasattr(Status, "DEAD")
-    and "max_attempts" in _parameters(zeroloss.send),
+    "a late worker cannot complete a re-run message (fencing)": lambda: (
+        "lease_token" in {f.name for f in Message._meta.get_fields()}
+    ),
+    "retries with backoff, dead letters": lambda: (
+        hasattr(Status, "DEAD") and "max_attempts" in _parameters(zeroloss.send)
+    ),
     "audit trail of every transition": lambda: "actor" in {f.name for f in MessageEvent._meta.get_fields()},
-    "handler writes commit with the acknowledgement": lambda: "transactional" in _parameters(zeroloss.handler),
+    "handler writes commit with the acknowledgement": lambda: (
+        "transactional" in _parameters(zeroloss.handler)
+    ),
     "periodic tasks": _has_scheduler,
     "priorities": lambda: "priority" in _parameters(zeroloss.send),
     "cancel before it runs": lambda: _accepts("zeroloss_cancel", "some-id"),
-    "stop a running task": lambda: "abort" in _parameters(zeroloss.cancel)
-    and hasattr(Delivery, "abort_requested"),
+    "stop a running task": lambda: (
+        "abort" in _parameters(zeroloss.cancel) and hasattr(Delivery, "abort_requested")
+    ),
     "time limits": lambda: {"soft_time_limit", "time_limit"} <= _parameters(zeroloss.handler),
     "rate limits": lambda: _has_queue_limit({"rate": "10/s"}),
     "concurrency limits across workers": lambda: _has_queue_limit({"concurrency": 2}),
     "pause a queue": lambda: _accepts("zeroloss_queue", "pause", "emails"),
-    "ordering keys, deduplication windows": lambda: {"ordering_key", "dedup_key", "dedup_window"}
-    <= _parameters(zeroloss.send),
+    "ordering keys, deduplication windows": lambda: (
+        {"ordering_key", "dedup_key", "dedup_window"} <= _parameters(zeroloss.send)
+    ),
     "Django's Tasks API (`@task`, `.enqueue()`)": _has_tasks_backend,
     "operator's admin": _has_admin,
     "concurrency model": lambda: _accepts("zeroloss_worker", "--pool", "process") and _has_async_handlers(),

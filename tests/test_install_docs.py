@@ -136,7 +136,9 @@ def test_the_quickstart_runs_as_written_in_a_fresh_environment(machine: Path, qu
     # The worker ran the handler: the console email backend printed the email.
     assert "Subject: Welcome!" in quickstart and "To: grace@example.com" in quickstart, quickstart[-4000:]
     with sqlite3.connect(machine / "mysite" / "db.sqlite3") as db:
-        status = db.execute("SELECT status, attempts FROM zeroloss_message WHERE message_id = 'welcome-1'").fetchall()
+        status = db.execute(
+            "SELECT status, attempts FROM zeroloss_message WHERE message_id = 'welcome-1'"
+        ).fetchall()
         reasons = db.execute(
             "SELECT e.reason FROM zeroloss_messageevent e JOIN zeroloss_message m ON e.message_id = m.id "
             "WHERE m.message_id = 'welcome-1' ORDER BY e.id"
@@ -144,7 +146,8 @@ def test_the_quickstart_runs_as_written_in_a_fresh_environment(machine: Path, qu
     assert status == [("completed", 1)]
     assert [r for (r,) in reasons] == ["persisted", "claimed", "acknowledged"]
     # The page's TestCase ran and passed.
-    assert re.search(r"^Ran 1 test", quickstart, re.M) and re.search(r"^OK$", quickstart, re.M), quickstart[-4000:]
+    tail = quickstart[-4000:]
+    assert re.search(r"^Ran 1 test", quickstart, re.M) and re.search(r"^OK$", quickstart, re.M), tail
 
 
 def test_the_readme_adds_it_to_a_project_as_written(machine: Path, quickstart: str) -> None:
@@ -156,7 +159,11 @@ def test_the_readme_adds_it_to_a_project_as_written(machine: Path, quickstart: s
     output = run_script(". .venv/bin/activate\n" + commands, machine, "readme")
     assert re.search(r"^Ran 1 test", output, re.M) and re.search(r"^OK$", output, re.M), output[-4000:]
     installed = subprocess.run(
-        [str(machine / ".venv" / "bin" / "python"), "-c", "import celery, psycopg; print(psycopg.pq.__impl__)"],
+        [
+            str(machine / ".venv" / "bin" / "python"),
+            "-c",
+            "import celery, psycopg; print(psycopg.pq.__impl__)",
+        ],
         env=fresh_env(),
         capture_output=True,
         text=True,
