@@ -46,10 +46,18 @@ docs: $(DOCS_STAMP)
 
 # What a company puts on its private index until zeroloss is on PyPI (docs/quickstart.md):
 # built as a distribution builds it (an isolated PEP 517 build), then checked as PyPI would.
-dist: $(STAMP)
+# Its own small environment (build and twine only): no test dependencies needed to package it.
+DIST_STAMP := .venv-dist/bin/.zeroloss-dist-installed
+
+$(DIST_STAMP): pyproject.toml
+	$(PYTHON) -m venv .venv-dist
+	.venv-dist/bin/python -m pip install --quiet --disable-pip-version-check 'build>=1.2' 'twine>=6.1'
+	@touch $@
+
+dist: $(DIST_STAMP)
 	rm -rf dist
-	$(BIN)/python -m build --outdir dist .
-	$(BIN)/python -m twine check --strict dist/*
+	.venv-dist/bin/python -m build --outdir dist .
+	.venv-dist/bin/python -m twine check --strict dist/*
 
 demo: $(STAMP)
 	$(BIN)/python -m project.demo.run $(DEMO_ARGS)
