@@ -305,6 +305,19 @@ def test_force_requeue_confirms_first_and_fences_the_old_worker(ledger: Ledger) 
     assert status("l1") == Status.PENDING
 
 
+def test_force_requeue_of_no_live_lease_shows_no_red_warning(ledger: Ledger) -> None:
+    client = client_for(make_user("op", "force_requeue_message"))
+    html = post_action(client, "force_requeue", "s1").content.decode()  # processing, its lease expired
+    assert "No selected message is held under a live lease: no running worker loses its lease." in html
+    assert "1 selected message is processing and will be requeued" in html
+    assert "zl-warning" not in html and 'role="alert"' not in html and "zl-danger" not in html
+    assert "The running worker will lose its lease." not in html
+    assert "Requeue the selected messages?" in html and "Yes, requeue" in html
+    live = post_action(client, "force_requeue", "s1", "l1").content.decode()
+    assert 'class="zl-warning" role="alert"' in live and "zl-danger" in live
+    assert "1 selected message is held under a live lease right now." in live
+
+
 def test_dead_letter_asks_for_a_reason(ledger: Ledger) -> None:
     client = client_for(make_user("op", "deadletter_message"))
     response = post_action(client, "dead_letter", "p1", "l1")

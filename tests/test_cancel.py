@@ -287,6 +287,25 @@ def test_command_finished_exit_1() -> None:
     assert "cmd4: already finished (completed)" in result.out
 
 
+def test_command_already_cancelled_exit_0_says_it_already_was() -> None:
+    service = worker()
+    service.persist_message("cmd6", Q, {})
+    assert run("zeroloss_cancel", "cmd6").code == 0
+    result = run("zeroloss_cancel", "cmd6")
+    assert result.code == 0, result.out + result.err
+    assert "cmd6: already cancelled (cancelled)" in result.out
+    document = json.loads(run("zeroloss_cancel", "cmd6", "--json").out)
+    assert document["ok"] is True and document["results"][0]["outcome"] == "already_cancelled"
+    assert [e.reason for e in MessageEvent.objects.for_message("cmd6")].count("cancelled_by_operator") == 1
+    service.persist_message("cmd7", Q, {})
+    service.claim_message("cmd7")
+    assert run("zeroloss_cancel", "cmd7", "--abort").code == 0
+    again = run("zeroloss_cancel", "cmd7", "--abort")
+    assert again.code == 0, again.out + again.err
+    assert "cmd7: running: its abort was already requested" in again.out
+    assert run("zeroloss_cancel", "cmd7").code == 1  # without --abort a running message is not cancelled
+
+
 def test_command_unknown_or_malformed_id_exit_2_nothing_changed() -> None:
     worker().persist_message("cmd5", Q, {})
     result = run("zeroloss_cancel", "cmd5", "missing")

@@ -79,6 +79,17 @@ def test_without_an_encoder_datetime_decimal_and_uuid_are_refused():
     assert Message.objects.count() == 0
 
 
+def test_the_refusal_names_json_encoder_and_the_encoder_for_datetime_decimal_uuid(settings):
+    with pytest.raises(InvalidPayload) as refused:
+        zeroloss.send(QUEUE, {"when": SPECIAL["when"]})
+    assert "ZEROLOSS['JSON_ENCODER']" in str(refused.value)
+    assert "django.core.serializers.json.DjangoJSONEncoder" in str(refused.value)
+    settings.ZEROLOSS = {"JSON_ENCODER": "django.core.serializers.json.DjangoJSONEncoder"}
+    with pytest.raises(InvalidPayload, match=r"JSON_ENCODER'\] does not handle it either"):
+        zeroloss.send(QUEUE, {"set": {1, 2}})
+    assert Message.objects.count() == 0
+
+
 def test_json_encoder_encodes_what_json_has_no_type_for(settings):
     settings.ZEROLOSS = {"JSON_ENCODER": "django.core.serializers.json.DjangoJSONEncoder"}
     sent = zeroloss.send(QUEUE, SPECIAL, message_id="special")

@@ -269,6 +269,19 @@ def test_the_frameworks_signals_are_sent():
     ]
 
 
+def test_a_task_failure_is_logged_under_the_tasks_name(caplog: pytest.LogCaptureFixture):
+    failing = dataclasses.replace(tf.always_fails, max_attempts=1)
+    result = failing.enqueue("logged")
+    with caplog.at_level("WARNING", logger="zeroloss"):
+        run()
+    (record,) = [r for r in caplog.records if "failed (attempt" in r.getMessage()]
+    assert record.getMessage().startswith(
+        f"{result.id}: task tests.task_functions.always_fails failed (attempt 1 of 1): ValueError: logged"
+    )
+    assert "run_task" not in record.getMessage() and record.name == "zeroloss"
+    assert (record.message_id, record.queue) == (result.id, "default")  # type: ignore[attr-defined]
+
+
 def test_max_attempts_per_task_and_from_options():
     three_attempts: Any = tf.three_attempts  # a Task, whatever the decorator's stubs say
     result = three_attempts.enqueue()

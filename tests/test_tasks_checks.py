@@ -176,3 +176,27 @@ print(json.dumps({
     assert result["record"] == "project.demo.zeroloss_handlers.record"
     assert "demo.record" in result["queues"] and "demo.tasks" not in result["queues"]  # TASKS is inert
     assert result["checks"] == ["zeroloss.W020"]
+
+
+def test_zeroloss_missing_from_installed_apps_is_e024_and_enqueue_refuses(settings):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from tests import task_functions as tf
+    from zeroloss.tasks_backend import compat
+
+    expected = Error(
+        "TASKS['default'] is zeroloss's backend, but \"zeroloss\" is not in INSTALLED_APPS: its tasks would "
+        "be stored in tables that do not exist, and no zeroloss check would run.",
+        hint='Add "zeroloss" to INSTALLED_APPS, then run manage.py migrate (it creates the ledger\'s tables).',
+        obj="settings.TASKS",
+        id="zeroloss.E024",
+    )
+    backend = compat.task_backends["default"]
+    assert list(backend.check()) == []  # installed: zeroloss's own checks speak
+    settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app not in ("zeroloss", "project.demo")]
+    assert list(backend.check()) == [expected]
+    with pytest.raises(SystemCheckError) as failed:
+        call_command("check")
+    assert str(failed.value).count("zeroloss.E024") == 1  # the framework's check or ours, never both
+    with pytest.raises(ImproperlyConfigured, match=r'"zeroloss" is not in INSTALLED_APPS.*manage.py migrate'):
+        tf.add.enqueue(1, 2)

@@ -22,6 +22,7 @@
 | zeroloss.E021   | a task queue is also the queue of a ``@zeroloss.handler`` |
 | zeroloss.E022   | a zeroloss task backend's ``OPTIONS`` is not a dict, or has an unknown key |
 | zeroloss.E023   | a zeroloss task backend's ``OPTIONS["MAX_ATTEMPTS"]`` is invalid |
+| zeroloss.E024   | a zeroloss task backend in ``TASKS`` without ``"zeroloss"`` in ``INSTALLED_APPS`` |
 | zeroloss.W020   | ``TASKS`` names the zeroloss backend but no Tasks framework is installed |
 |                 | (Django < 6 without ``django-tasks``): ``TASKS`` does nothing |
 | zeroloss.W030   | PostgreSQL on port 6432 (PgBouncer's default) with ``PREPARED_STATEMENTS`` on |

@@ -24,6 +24,7 @@ start-up, like ``admin.py``), or anywhere that is imported before workers start:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Iterable
@@ -54,6 +55,9 @@ class HandlerSpec:
     #: Seconds after which the run is stopped: the handler's own ``HANDLER_TIMEOUT`` (None: that
     #: setting). See :mod:`zeroloss.timelimits`.
     time_limit: float | None = None
+    #: What a log record calls the code a message (its payload) runs (None: ``handler
+    #: <module.function>``): a task queue's names the task, not the runner that calls it.
+    describe: Callable[[Any], str] | None = None
     #: ``async def`` (or an object whose ``__call__`` is): awaited on an event loop, never called bare.
     is_async: bool = field(init=False, default=False)
 
@@ -68,6 +72,13 @@ class HandlerSpec:
         return (
             f"{getattr(self.func, '__module__', '?')}.{getattr(self.func, '__qualname__', repr(self.func))}"
         )
+
+    def runs(self, payload: Any) -> str:
+        """``handler module.function``, or what :attr:`describe` says of ``payload`` (``task module.function``)."""
+        if self.describe is not None:
+            with contextlib.suppress(Exception):  # a log line must not cost the message its record
+                return self.describe(payload)
+        return f"handler {self.name}"
 
 
 def is_coroutine_function(func: Any) -> bool:

@@ -143,9 +143,9 @@ def _failed(
     error = describe_error(exc)
     with contextlib.suppress(Exception):  # a broken log handler must not cost the message its record
         logger.warning(
-            "%s: handler %s failed (attempt %d of %d): %s",
+            "%s: %s failed (attempt %d of %d): %s",
             delivery.message_id,
-            spec.name,
+            spec.runs(delivery.payload),
             delivery.attempt,
             delivery.lease.max_attempts,
             error.partition("\n")[0][:500],

@@ -58,15 +58,17 @@ def force_requeue(
         return None
     processing = queryset.filter(status=Status.PROCESSING)
     live = processing.filter(lease_expires_at__gte=Now())
+    live_count = live.count()
     return confirmation(
         modeladmin,
         request,
         queryset,
         action="force_requeue",
-        title=_("Revoke live leases and requeue?"),
+        # No live lease among them: nothing is revoked, so no warning to heed.
+        title=_("Revoke live leases and requeue?") if live_count else _("Requeue the selected messages?"),
         template="zeroloss/admin/force_requeue_confirmation.html",
         live=live.order_by("id")[:SHOWN_ON_CONFIRMATION],
-        live_count=live.count(),
+        live_count=live_count,
         processing_count=processing.count(),
     )
 

@@ -207,8 +207,15 @@ def _default(value: Any) -> Any:
     by the encoder only for such values: a payload of plain JSON types never gets here."""
     custom = json_default()
     if custom is None:
-        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-    return custom(value)
+        raise TypeError(
+            f"Object of type {type(value).__name__} is not JSON serializable: convert it before sending, "
+            "or set ZEROLOSS['JSON_ENCODER'] to an encoder that handles it (for datetime, Decimal and "
+            "UUID: 'django.core.serializers.json.DjangoJSONEncoder')"
+        )
+    try:
+        return custom(value)
+    except TypeError as exc:
+        raise TypeError(f"{exc} (ZEROLOSS['JSON_ENCODER'] does not handle it either)") from None
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.

@@ -10,7 +10,9 @@ import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -35,6 +37,34 @@ if TYPE_CHECKING:
     from ..models import Message
 
 __all__ = ["STATUS_MAP", "InvalidTask", "InvalidTaskArguments", "ZeroLossBackend", "ZeroLossTask"]
+
+NOT_INSTALLED_HINT = (
+    'Add "zeroloss" to INSTALLED_APPS, then run manage.py migrate (it creates the ledger\'s tables).'
+)
+
+
+def not_installed_error(alias: str) -> checks.Error:
+    """zeroloss.E024: a zeroloss task backend without zeroloss in ``INSTALLED_APPS``."""
+    return checks.Error(
+        f"TASKS[{alias!r}] is zeroloss's backend, but \"zeroloss\" is not in INSTALLED_APPS: its tasks "
+        "would be stored in tables that do not exist, and no zeroloss check would run.",
+        hint=NOT_INSTALLED_HINT,
+        obj="settings.TASKS",
+        id="zeroloss.E024",
+    )
+
+
+@checks.register()
+def check_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """zeroloss.E024 where the framework's own check, which asks each backend, does not run: the
+    backport on Django 5.2 checks only once ``django_tasks`` is an installed app. Registered when
+    this module is imported, i.e. once a zeroloss task backend is loaded (a ``@task`` defined)."""
+    from .compat import FRAMEWORK, task_backends
+
+    if FRAMEWORK != "django_tasks" or apps.is_installed("django_tasks") or apps.is_installed("zeroloss"):
+        return []
+    return [not_installed_error(b.alias) for b in task_backends.all() if isinstance(b, ZeroLossBackend)]
+
 
 #: Ledger status -> the framework's. A failed attempt that will be retried is ``pending`` again:
 #: READY, with its error in ``errors``.
@@ -147,8 +177,11 @@ class ZeroLossBackend(BaseTaskBackend):
             self.max_attempts_for(task)
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
-        # zeroloss's own checks (zeroloss.E020-E023, W020) cover every zeroloss task backend,
-        # whichever framework (and whether its app is installed): none here, so none twice.
+        # zeroloss's own checks (zeroloss.E020-E023, W020) cover every zeroloss task backend
+        # once its app is installed: none here then, so none twice. Without the app they are
+        # not registered, and the ledger's tables do not exist: the framework's check says so.
+        if not apps.is_installed("zeroloss"):
+            return [not_installed_error(self.alias)]
         return []
 
     # -- enqueue ------------------------------------------------------------------------------
@@ -188,6 +221,8 @@ class ZeroLossBackend(BaseTaskBackend):
         """Store the task as a ledger message in the caller's transaction (see :func:`zeroloss.send`)."""
         from ..transports import send
 
+        if not apps.is_installed("zeroloss"):
+            raise ImproperlyConfigured(f"{not_installed_error(self.alias).msg} {NOT_INSTALLED_HINT}")
         self.validate_task(task)
         payload = self._payload(task, args, kwargs)
         delay = 0.0

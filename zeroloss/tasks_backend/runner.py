@@ -81,7 +81,13 @@ def task_spec(queue_name: str) -> HandlerSpec | None:
 
     if queue_name not in task_queues() and not any_queue():
         return None
-    return HandlerSpec(queue_name, run_task, store_result=True)
+    return HandlerSpec(queue_name, run_task, store_result=True, describe=describe_task)
+
+
+def describe_task(payload: Any) -> str:
+    """``task module.function``: what a failure's log record names (not :func:`run_task`)."""
+    name = payload.get("task") if isinstance(payload, dict) else None
+    return f"task {name}" if isinstance(name, str) else "task (a message that is not a task)"
 
 
 class TaskQueues:

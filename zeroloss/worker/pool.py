@@ -212,14 +212,14 @@ class ChildSlot:
                 reason = _exit_reason(process.exitcode)
                 self._kill()
                 logger.warning(
-                    "%s: child process %s running handler %s %s; a new child takes its slot",
+                    "%s: child process %s running %s %s; a new child takes its slot",
                     lease.message_id,
                     process.pid,
-                    spec.name,
+                    spec.runs(lease.payload),
                     reason,
                 )
                 exc: BaseException = ChildDied(
-                    f"the child process running handler {spec.name} {reason} before it answered"
+                    f"the child process running {spec.runs(lease.payload)} {reason} before it answered"
                 )
                 return HandlerRun(False, time.monotonic() - started, error=describe_error(exc))
             now = time.monotonic()
@@ -230,15 +230,15 @@ class ChildSlot:
             if hard is not None and now >= started + hard:
                 self._kill()
                 logger.warning(
-                    "%s: handler %s ran past its hard time limit (%gs): its child process %s was killed; "
+                    "%s: %s ran past its hard time limit (%gs): its child process %s was killed; "
                     "a new child takes its slot",
                     lease.message_id,
-                    spec.name,
+                    spec.runs(lease.payload),
                     hard,
                     process.pid,
                 )
                 exc = TimeLimitExceeded(
-                    f"handler {spec.name} ran past its hard time limit ({hard:g}s: time_limit, else "
+                    f"{spec.runs(lease.payload)} ran past its hard time limit ({hard:g}s: time_limit, else "
                     f"HANDLER_TIMEOUT); its child process {process.pid} was killed"
                 )
                 return HandlerRun(False, time.monotonic() - started, error=describe_error(exc))

@@ -7,10 +7,10 @@ alone and reported as running, unless ``--abort``: then its handler sees
 ``delivery.abort_requested`` within a second and its outcome is ``cancelled`` when it ends.
 Completed, dead and already cancelled messages are reported, unchanged.
 
-Exit codes: 0 every message was cancelled (or its abort requested); 1 some were not (running
-without ``--abort``, finished, already cancelled or already asked to abort); 2 bad arguments
-(a malformed or unknown id); 4 the ledger could not be reached (nothing changed). JSON schema:
-docs/control.md.
+Exit codes: 0 every message is now cancelled (by this call or before it) or, with ``--abort``,
+asked to abort (by this call or before it); 1 some are not (running without ``--abort``, or
+finished); 2 bad arguments (a malformed or unknown id); 4 the ledger could not be reached
+(nothing changed). JSON schema: docs/control.md.
 """
 
 from __future__ import annotations
@@ -39,6 +39,14 @@ SAYS = {
     CancelOutcome.FINISHED: gettext_noop("already finished"),
     CancelOutcome.ALREADY_CANCELLED: gettext_noop("already cancelled"),
 }
+
+
+def settled(result: CancelResult, abort: bool) -> bool:
+    """The message is where the call asked it to be, whether this call or an earlier one put it there:
+    asking again is not a failure."""
+    return result.ok or result.outcome == CancelOutcome.ALREADY_CANCELLED or (
+        abort and result.outcome == CancelOutcome.ABORT_ALREADY_REQUESTED
+    )
 
 
 class Command(ZeroLossCommand):
@@ -80,7 +88,7 @@ class Command(ZeroLossCommand):
         if any(r.ok for r in results):
             invalidate(service)
         self.report(results, abort=abort, as_json=json)
-        failed = [r for r in results if not r.ok]
+        failed = [r for r in results if not settled(r, abort)]
         if failed:
             raise Incomplete(
                 _("%(failed)s of %(total)s message(s) were not cancelled")
@@ -95,7 +103,7 @@ class Command(ZeroLossCommand):
                     "abort": abort,
                     "results": [r.as_dict() for r in results],
                     "counts": counts,
-                    "ok": all(r.ok for r in results),
+                    "ok": all(settled(r, abort) for r in results),
                 }
             )
             return
