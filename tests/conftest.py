@@ -52,6 +52,7 @@ TIERS: dict[str, str] = {
     "test_bulk_send.py": "ledger",
     "test_cancel.py": "ledger",
     "test_cancel_admin.py": "ledger",
+    "test_celery_traps.py": "process",
     "test_checks.py": "ledger",
     "test_checks_postgres.py": "ledger",
     "test_claim_cursor.py": "ledger",

@@ -44,6 +44,7 @@ STATUS_KEYS = {
     "blocked_keys",
     "blocked_keys_truncated",
     "partitions",
+    "overdue_schedules",
 }
 QUEUE_KEYS = {
     "name",

@@ -193,7 +193,9 @@ def test_zeroloss_missing_from_installed_apps_is_e024_and_enqueue_refuses(settin
     )
     backend = compat.task_backends["default"]
     assert list(backend.check()) == []  # installed: zeroloss's own checks speak
-    settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app not in ("zeroloss", "project.demo")]
+    settings.INSTALLED_APPS = [
+        app for app in settings.INSTALLED_APPS if app not in ("zeroloss", "project.demo")
+    ]
     assert list(backend.check()) == [expected]
     with pytest.raises(SystemCheckError) as failed:
         call_command("check")

@@ -40,6 +40,9 @@
 | zeroloss.E056   | a schedule's ``queue`` has no handler, or it has both or neither of ``queue`` / ``task`` |
 | zeroloss.E057   | a schedule's ``task`` cannot be imported or is not a Django task |
 | zeroloss.E058   | a schedule's other key has an invalid value (``payload``, ``priority``, ``catch_up``, ...) |
+| zeroloss.E070   | ``TRANSPORT = "celery"`` and the loaded Celery app is not the project's: Celery's |
+|                 | default app (``proj/__init__.py`` does not import the app), or one whose broker  |
+|                 | is not ``CELERY_BROKER_URL``                                                      |
 | zeroloss.E060   | a handler's ``soft_time_limit`` is not shorter than its hard bound (``HANDLER_TIMEOUT``) |
 | zeroloss.E040   | PostgreSQL older than 13 (``check --database default``) |
 | zeroloss.W040   | PostgreSQL with ``fsync = off`` (``check --database default``) |
@@ -275,3 +278,8 @@ from .tasks_backend.checks import check_tasks, tasks_messages  # noqa: E402, F40
 from .timelimit_checks import check_time_limits  # noqa: E402
 
 register()(check_time_limits)
+
+# E070 lives with the Celery transport's choice of app.
+from .transports.celery_app import check_celery_app  # noqa: E402
+
+register()(check_celery_app)

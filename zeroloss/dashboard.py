@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db.models import Count, F, Q
 from django.db.models.functions import TruncMinute
@@ -187,6 +188,11 @@ class Dashboard:
     @property
     def completed_estimated(self) -> bool:
         return self.snapshot.completed_estimated
+
+    @property
+    def overdue_schedules(self) -> list[dict[str, Any]]:
+        """Schedules whose tick is overdue: no scheduler is sending them."""
+        return [{**o.as_dict(), "late": format_duration(o.late)} for o in self.snapshot.overdue_schedules]
 
     @property
     def nodes_live(self) -> int:

@@ -78,6 +78,12 @@ class UnknownQueue(ZeroLossError, LookupError):
         self.queue_name = queue_name
 
 
+class CeleryAppNotConfigured(ZeroLossError):
+    """``TRANSPORT = "celery"``, but what would publish is not the project's Celery app: Celery's
+    default app (the project's app is never imported), or an app whose broker is not
+    ``CELERY_BROKER_URL``. Nothing was stored; the message says what to fix."""
+
+
 class SoftTimeLimitExceeded(Exception):
     """Raised inside a handler that ran past its ``soft_time_limit`` (``@zeroloss.handler``).
 

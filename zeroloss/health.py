@@ -8,6 +8,8 @@ Unhealthy when any of these holds (thresholds in ``ZEROLOSS``):
   *measured* from the primary's streaming standbys;
 - on a partitioned ledger, sends have a partition for less than one ``PARTITION_PERIOD``
   ahead (no sweep has created the next ones);
+- a schedule's tick is overdue: unsent a minute (or three ``SCHEDULE_INTERVAL``) past its time,
+  so no scheduler is running (:mod:`zeroloss.schedules.overdue`);
 - the database cannot be read.
 
 :func:`health_view` is a plain JSON view (HTTP 200 healthy, 503 unhealthy), routed at
@@ -114,8 +116,11 @@ def health_report(service: ZeroLossMessageService | None = None, *, use_cache: b
             f"sends have a partition only until {until}, less than PARTITION_PERIOD ahead: "
             "is a sweep running? (zeroloss_partition show)"
         )
+    # A tick unsent well past its time: no scheduler is running for this database.
+    overdue = snap.overdue_schedules
+    problems += [f"{o.describe()}: is a scheduler running?" for o in overdue]
     return HealthReport(
-        healthy=stuck_ok and dead_ok and rep.ok and partitions_ok,
+        healthy=stuck_ok and dead_ok and rep.ok and partitions_ok and not overdue,
         checks={
             "database": {"ok": True},
             "stuck": {"ok": stuck_ok, "value": snap.stuck, "max": cfg.HEALTH_MAX_STUCK},
@@ -126,6 +131,7 @@ def health_report(service: ZeroLossMessageService | None = None, *, use_cache: b
                 "partitioned": snap.partitioned,
                 "covered_until": snap.partitions_until.isoformat() if snap.partitions_until else None,
             },
+            "schedules": {"ok": not overdue, "overdue": [o.as_dict() for o in overdue]},
         },
         problems=problems,
         taken_at=snap.taken_at.isoformat(),

@@ -4,7 +4,11 @@ It touches no model, so it works before Django's app registry is ready::
 
     from zeroloss.schedule import beat_schedule_entry
 
-    app.conf.beat_schedule = {**beat_schedule_entry(), **scheduler_beat_entry()}
+    app.conf.beat_schedule = {**app.conf.beat_schedule, **beat_schedule_entry()}
+
+One entry helper, so beat cannot run the sweep and silently not the schedules: the sweep's
+entry brings the scheduler's with it (``schedules=False`` leaves it out, for a project that
+runs its schedulers elsewhere: ``zeroloss_schedule --loop`` or the database worker).
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from typing import Any
 
 
 def beat_schedule_entry(
-    interval: float | None = None, *, queue: str | None = None
+    interval: float | None = None, *, queue: str | None = None, schedules: bool = True
 ) -> dict[str, dict[str, Any]]:
-    """The ``beat_schedule`` entry that runs the sweep every ``SWEEP_INTERVAL`` seconds.
+    """The ``beat_schedule`` entries that run the sweep every ``SWEEP_INTERVAL`` seconds (or
+    ``interval``) and, unless ``schedules=False``, a scheduler round every ``SCHEDULE_INTERVAL``
+    seconds (:func:`scheduler_beat_entry`, on the same ``queue``).
 
     It goes to its own queue (``SWEEP_QUEUE``, default ``zeroloss.sweep``) so deliveries queued
     ahead of it cannot delay it; a worker must consume that queue (``-Q celery,zeroloss.sweep``).
@@ -30,7 +36,8 @@ def beat_schedule_entry(
     target = queue if queue is not None else settings.SWEEP_QUEUE
     if target:
         options["queue"] = target
-    return {"zeroloss-sweep": {"task": "zeroloss.sweep", "schedule": seconds, "options": options}}
+    entries = {"zeroloss-sweep": {"task": "zeroloss.sweep", "schedule": seconds, "options": options}}
+    return {**entries, **scheduler_beat_entry(queue=queue)} if schedules else entries
 
 
 def scheduler_beat_entry(

@@ -47,6 +47,7 @@ from . import replication
 from .durations import format_duration
 from .ledger import partitions, statements_reads
 from .models import Message, MessageEvent, Status
+from .schedules.overdue import overdue_schedules
 from .service import ZeroLossMessageService
 from .snapshot_types import QueueSnapshot, ReplicationSnapshot, Snapshot, zero_counts
 
@@ -253,4 +254,5 @@ def compute_snapshot(service: ZeroLossMessageService) -> Snapshot:
         blocked_keys_truncated=len(blocked) > MAX_BLOCKED_KEYS,
         partitioned=partitioned,
         partitions_until=partitions.coverage(conn) if partitioned else None,
+        overdue_schedules=tuple(overdue_schedules(alias, now)),
     )

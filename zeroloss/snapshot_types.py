@@ -14,6 +14,7 @@ from typing import Any
 
 from .ledger.types import KeyHead
 from .models import Status
+from .schedules.overdue import OverdueSchedule
 
 
 def zero_counts() -> dict[str, int]:
@@ -96,6 +97,9 @@ class Snapshot:
     #: sends have a partition to go to (None: no partition covers now).
     partitioned: bool = False
     partitions_until: dt.datetime | None = None
+    #: Schedules whose tick is overdue (no scheduler is sending them: zeroloss.schedules.overdue),
+    #: most overdue first.
+    overdue_schedules: tuple[OverdueSchedule, ...] = ()
 
     @property
     def totals(self) -> dict[str, int]:
@@ -158,6 +162,7 @@ class Snapshot:
                 "partitioned": self.partitioned,
                 "covered_until": self.partitions_until.isoformat() if self.partitions_until else None,
             },
+            "overdue_schedules": [o.as_dict() for o in self.overdue_schedules],
         }
 
     @classmethod
@@ -193,4 +198,5 @@ class Snapshot:
                 if data["partitions"]["covered_until"]
                 else None
             ),
+            overdue_schedules=tuple(OverdueSchedule.from_dict(o) for o in data.get("overdue_schedules", [])),
         )

@@ -13,6 +13,7 @@ from django.utils.html import format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
+from ..durations import format_duration
 from ..schedules.models import Schedule
 from ..schedules.spec import ScheduleError, ScheduleSpec, parse_schedule, settings_schedules
 from ..schedules.ticks import next_ticks
@@ -187,5 +188,18 @@ class ScheduleAdmin(admin.ModelAdmin):
                     "overlap": spec.overlap,
                 }
             )
-        context = {**(extra_context or {}), "settings_schedules": rows, "settings_error": error}
+        from ..schedules.overdue import overdue_schedules
+        from ..transports import ledger_aliases
+
+        overdue = [
+            {**o.as_dict(), "late": format_duration(o.late)}
+            for alias in ledger_aliases()
+            for o in overdue_schedules(alias, now)
+        ]
+        context = {
+            **(extra_context or {}),
+            "settings_schedules": rows,
+            "settings_error": error,
+            "overdue_schedules": overdue,
+        }
         return super().changelist_view(request, extra_context=context)

@@ -132,8 +132,12 @@ class Scheduler:
             if spec.enabled and database_for(spec.queue) == self.using
         }
         states = {s.name: s for s in ScheduleState.objects.using(self.using).filter(name__in=list(specs))}
+        unseen = [name for name in specs if name not in states]
+        if unseen:
+            # Its row says since when a scheduler has been running it (zeroloss.schedules.overdue).
+            create_states(self.using, unseen)
         self._next = {}
-        self._have_state = set(states)
+        self._have_state = set(states) | set(unseen)
         for name, spec in specs.items():
             state = states.get(name)
             after = state.last_tick if state is not None and state.last_tick else None

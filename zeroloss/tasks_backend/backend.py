@@ -46,7 +46,7 @@ NOT_INSTALLED_HINT = (
 def not_installed_error(alias: str) -> checks.Error:
     """zeroloss.E024: a zeroloss task backend without zeroloss in ``INSTALLED_APPS``."""
     return checks.Error(
-        f"TASKS[{alias!r}] is zeroloss's backend, but \"zeroloss\" is not in INSTALLED_APPS: its tasks "
+        f'TASKS[{alias!r}] is zeroloss\'s backend, but "zeroloss" is not in INSTALLED_APPS: its tasks '
         "would be stored in tables that do not exist, and no zeroloss check would run.",
         hint=NOT_INSTALLED_HINT,
         obj="settings.TASKS",

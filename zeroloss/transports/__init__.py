@@ -121,7 +121,12 @@ def _check_transaction(alias: str) -> None:
 
 
 def _check_alias(service: ZeroLossMessageService) -> None:
-    if service.settings.TRANSPORT == "celery" and service.using not in ledger_aliases():
+    if service.settings.TRANSPORT != "celery":
+        return
+    from .celery_app import project_app
+
+    project_app(sending=True)  # CeleryAppNotConfigured before anything is stored
+    if service.using not in ledger_aliases():
         from ..exceptions import InvalidMessage
 
         raise InvalidMessage(

@@ -92,12 +92,12 @@ def publish(service: ZeroLossMessageService, items: Sequence[tuple[str, float]])
     """
     if not items:
         return []
-    from celery import current_app
+    from .celery_app import project_app
 
     budget = service.settings.PUBLISH_TIMEOUT
-    app = current_app
     sent: list[str] = []
     try:
+        app = project_app()  # never Celery's own default app: that is a broker nobody consumes
         with app.connection_for_write(**_connection_options(app, budget)) as conn:
             conn.ensure_connection(max_retries=1, timeout=math.ceil(budget))
             producer = app.amqp.Producer(conn, auto_declare=False)

@@ -44,8 +44,10 @@ SAYS = {
 def settled(result: CancelResult, abort: bool) -> bool:
     """The message is where the call asked it to be, whether this call or an earlier one put it there:
     asking again is not a failure."""
-    return result.ok or result.outcome == CancelOutcome.ALREADY_CANCELLED or (
-        abort and result.outcome == CancelOutcome.ABORT_ALREADY_REQUESTED
+    return (
+        result.ok
+        or result.outcome == CancelOutcome.ALREADY_CANCELLED
+        or (abort and result.outcome == CancelOutcome.ABORT_ALREADY_REQUESTED)
     )
 
 

@@ -181,6 +181,7 @@ class Command(ZeroLossCommand):
                 _("partitions: sends have one until %(until)s")
                 % {"until": parts["covered_until"] or _("NONE COVERS NOW")}
             )
+        self.overdue_schedules(data)
         sweep = data["sweep"]
         self.stdout.write(
             _("sweep (audit trail): %(requeued)s requeued, %(dead)s dead-lettered in %(runs)s run(s)")
@@ -207,6 +208,25 @@ class Command(ZeroLossCommand):
                 self.stdout.write(
                     _("queue %(queue)s: %(control)s") % {"queue": q["name"], "control": ", ".join(parts)}
                 )
+
+    def overdue_schedules(self, data: dict[str, Any]) -> None:
+        """Schedules whose tick is overdue (no scheduler running), one line each; nothing when none."""
+        overdue = data.get("overdue_schedules", [])
+        if not overdue:
+            return
+        self.stdout.write(
+            _(
+                "OVERDUE SCHEDULES: %(count)s, no scheduler is sending their ticks (run zeroloss_worker, "
+                "zeroloss_schedule --loop, or beat with beat_schedule_entry())"
+            )
+            % {"count": len(overdue)}
+        )
+        for o in overdue:
+            self.stdout.write(
+                _("  - %(name)s: tick %(due)s not sent, %(late)s late")
+                % {"name": o["name"], "due": o["due"], "late": format_duration(o["late"])}
+                + ("" if o["seen"] else " " + _("(never loaded by a scheduler)"))
+            )
 
     def blocked_keys(self, data: dict[str, Any]) -> None:
         keys = data["blocked_keys"]
