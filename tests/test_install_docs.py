@@ -15,7 +15,7 @@ The commands are read from the docs themselves, so the test breaks when the docs
   ``check``, a send in the shell, a worker, the status commands and the page's ``TestCase``.
 - The README's "Add it to a project" section runs in a project of its own, in the same
   environment (the section is about an existing project: the test makes one, ``proj`` with the
-  app ``myapp`` the section's paths name, right before its first file).
+  app ``myapp`` the section's paths name, installed, right before its first file).
 
 Marked ``once`` (its tier) and ``postgres_only``: the projects are SQLite, whichever pass runs it.
 """
@@ -38,8 +38,12 @@ pytestmark = [pytest.mark.postgres_only]
 QUICKSTART = ROOT / "docs" / "quickstart.md"
 README = ROOT / "README.md"
 README_SECTION = "## Add it to a project"
-#: What the README's section takes for granted: an existing project, with the app its paths name.
-README_PROJECT = "django-admin startproject proj\ncd proj\npython manage.py startapp myapp\n"
+#: What the README's section takes for granted: an existing project, with the app its paths name
+#: installed.
+README_PROJECT = (
+    "django-admin startproject proj\ncd proj\npython manage.py startapp myapp\n"
+    "echo 'INSTALLED_APPS += [\"myapp\"]' >> proj/settings.py\n"
+)
 #: The checkout's own outputs and environments: not part of what a user clones.
 NOT_SOURCE = (
     ".git", ".venv*", "var", "site", "build", "dist", "*.egg-info", "__pycache__", "*.py[cod]",
