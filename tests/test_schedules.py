@@ -10,11 +10,13 @@ from django.core.checks import Error
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from tests.support.waiting import wait_for
 from zeroloss import checks
 from zeroloss.models import Message
 from zeroloss.schedules.models import Schedule, ScheduleState
 from zeroloss.schedules.scheduler import ON_TIME_WINDOW, Scheduler
 from zeroloss.schedules.spec import ScheduleError, parse_schedule, tick_message_id
+from zeroloss.schedules.state_rows import read_clock
 from zeroloss.schedules.ticks import latest_ticks, next_ticks
 
 UTC = dt.UTC
@@ -112,14 +114,62 @@ def test_dst_days_through_the_scheduler_with_an_injected_clock(settings, db):
         assert tick_ids("nightly") == [f"nightly@{t}+00:00" for t in ticks]
 
 
+LORD_HOWE_NIGHT = [  # 0 */2 * * * around the 30-minute fall-back (02:00 LHDT -> 01:30 LHST)
+    at(2026, 4, 4, 11),  # 22:00 LHDT
+    at(2026, 4, 4, 13),  # 00:00 LHDT
+    at(2026, 4, 4, 15, 30),  # 02:00 LHST: the wall clock reaches 02:00 once, after the repeat
+    at(2026, 4, 4, 17, 30),  # 04:00 LHST
+    at(2026, 4, 4, 19, 30),  # 06:00 LHST
+]
+
+
+def test_one_walk_decides_which_ticks_are_due_and_which_are_sent_lord_howe():
+    spec = parse_schedule(
+        "lh",
+        {"queue": "demo.record", "cron": "0 */2 * * *", "timezone": "Australia/Lord_Howe"},
+        check_targets=False,
+    )
+    start, end = at(2026, 4, 4, 10), at(2026, 4, 4, 20)
+    assert next_ticks(spec, start, 5) == LORD_HOWE_NIGHT
+    assert latest_ticks(spec, start, end, 100) == LORD_HOWE_NIGHT
+    # Due one after another: each tick the next of the one before.
+    assert [next_ticks(spec, t, 1)[0] for t in LORD_HOWE_NIGHT[:-1]] == LORD_HOWE_NIGHT[1:]
+
+
+@pytest.mark.parametrize("policy", ["latest", "all"])
+def test_the_lord_howe_fall_back_tick_is_sent_on_time_through_the_scheduler(settings, db, policy):
+    schedules(
+        settings,
+        lh={
+            "queue": "demo.record",
+            "cron": "0 */2 * * *",
+            "timezone": "Australia/Lord_Howe",
+            "catch_up": policy,
+        },
+    )
+    clock = Clock(at(2026, 4, 4, 10))
+    scheduler = Scheduler(clock=clock)
+    scheduler.run_once()
+    created = {}
+    while clock.now < at(2026, 4, 4, 20):
+        clock.advance(300)
+        for message_id in scheduler.run_once().sent:
+            created[message_id] = clock.now
+    expected = [tick_message_id("lh", t) for t in LORD_HOWE_NIGHT]
+    assert tick_ids("lh") == expected
+    # Each within the round after its tick (five minutes), none two hours late.
+    for tick in LORD_HOWE_NIGHT:
+        assert tick <= created[tick_message_id("lh", tick)] <= tick + dt.timedelta(seconds=300)
+
+
 # -- a round --------------------------------------------------------------------------------
 
 
 def test_a_tick_is_sent_once_by_any_number_of_schedulers(settings, db):
     schedules(settings, hb={"queue": "demo.record", "every": 2, "payload": {"kind": "hb"}})
-    clock = Clock(at(2026, 12, 2, 10, 0, 0, 500000))
+    clock = Clock(at(2026, 12, 2, 9, 59, 59, 500000))  # each starts the schedule here, or sees it started
     many = [Scheduler(clock=clock) for _ in range(3)]
-    for _ in range(5):
+    for _ in range(6):
         for scheduler in many:
             scheduler.run_once()
         clock.advance(1)
@@ -151,10 +201,12 @@ def test_a_round_with_nothing_due_is_one_query(settings, db, django_assert_num_q
 )
 def test_catch_up_after_every_scheduler_stopped(settings, db, policy, expected):
     schedules(settings, c={"queue": "demo.record", "every": 30, "catch_up": policy, "max_catch_up": 2})
-    clock = Clock(at(2026, 12, 2, 10, 0, 0, 100000))
+    clock = Clock(at(2026, 12, 2, 9, 59, 59, 900000))
+    Scheduler(clock=clock).run_once()  # starts it: nothing before this
+    clock.advance(0.2)
     Scheduler(clock=clock).run_once()
     assert tick_ids("c") == ["c@2026-12-02T10:00:00+00:00"]
-    clock.advance(135)  # every scheduler down for 2 min 15 s
+    clock.advance(134.8)  # every scheduler down for 2 min 15 s
     Scheduler(clock=clock).run_once()
     assert tick_ids("c") == ["c@2026-12-02T10:00:00+00:00", *[f"c@2026-12-02T{t}+00:00" for t in expected]]
     clock.advance(20)  # and on time again from then on, whatever the policy
@@ -178,10 +230,23 @@ def test_a_new_schedule_does_not_replay_history(settings, db):
     assert tick_ids("n") == []
 
 
+def test_a_new_catch_up_all_schedule_sends_no_tick_from_before_it_was_first_seen(settings, db):
+    # every: 1 seen at 10:00:00.5: not the ticks of the seconds before (ON_TIME_WINDOW's ten
+    # would fit), the first is 10:00:01.
+    schedules(settings, n={"queue": "demo.record", "every": 1, "catch_up": "all", "max_catch_up": 100})
+    clock = Clock(at(2026, 12, 2, 10, 0, 0, 500000))
+    scheduler = Scheduler(clock=clock)
+    assert scheduler.run_once().sent == []
+    clock.advance(1)
+    assert scheduler.run_once().sent == ["n@2026-12-02T10:00:01+00:00"]
+
+
 def test_overlap_skip_waits_for_the_previous_tick(settings, db, service):
     schedules(settings, o={"queue": "demo.record", "every": 10, "overlap": "skip"})
-    clock = Clock(at(2026, 12, 2, 10, 0, 0, 1000))
+    clock = Clock(at(2026, 12, 2, 9, 59, 59))
     scheduler = Scheduler(clock=clock)
+    scheduler.run_once()
+    clock.advance(1.001)
     scheduler.run_once()
     lease = service.claim_message("o@2026-12-02T10:00:00+00:00")
     assert lease
@@ -199,7 +264,11 @@ def test_overlap_skip_waits_for_the_previous_tick(settings, db, service):
 
 def test_a_task_schedule_enqueues_through_the_task_backend(settings, db):
     schedules(settings, t={"task": "tests.task_functions.echo", "every": 60, "args": [1], "kwargs": {"x": 2}})
-    Scheduler(clock=Clock(at(2026, 12, 2, 10, 0, 1))).run_once()
+    clock = Clock(at(2026, 12, 2, 9, 59, 59))
+    scheduler = Scheduler(clock=clock)
+    scheduler.run_once()
+    clock.advance(2)
+    scheduler.run_once()
     message = Message.objects.get(message_id="t@2026-12-02T10:00:00+00:00")
     assert message.queue_name == "demo.tasks"
     assert message.priority == -5  # the task's own
@@ -207,20 +276,118 @@ def test_a_task_schedule_enqueues_through_the_task_backend(settings, db):
     assert (message.payload["args"], message.payload["kwargs"]) == ([1], {"x": 2})
 
 
+def db_clock() -> Clock:
+    """An injected clock that starts at the database's (schedules saved now start there)."""
+    return Clock(read_clock("default")[0])
+
+
+def start_of(name: str) -> dt.datetime:
+    """The schedule's start (its state row's last tick)."""
+    last_tick = ScheduleState.objects.get(name=name).last_tick
+    assert last_tick is not None
+    return last_tick
+
+
+def backdate_start(name: str, seconds: float) -> None:
+    """As if the schedule had last ticked ``seconds`` ago (disabled, or created, that long ago)."""
+    ScheduleState.objects.filter(name=name).update(last_tick=start_of(name) - dt.timedelta(seconds=seconds))
+
+
 def test_database_schedules_are_picked_up_within_one_round(settings, db):
     schedules(settings)
-    clock = Clock(at(2026, 12, 2, 10, 0, 0, 1000))
+    clock = db_clock()
     scheduler = Scheduler(clock=clock)
     scheduler.run_once()
     row = Schedule.objects.create(name="dbs", queue="demo.record", every=5, payload={"a": 1})
     clock.advance(5)
     scheduler.run_once()
-    assert tick_ids("dbs") == ["dbs@2026-12-02T10:00:05+00:00"]
+    [first] = tick_ids("dbs")
     row.enabled = False
     row.save()
     clock.advance(5)
     scheduler.run_once()
-    assert tick_ids("dbs") == ["dbs@2026-12-02T10:00:05+00:00"]
+    assert tick_ids("dbs") == [first]
+
+
+def _enable(how: str, row: Schedule) -> None:
+    if how == "save":
+        row.enabled = True
+        row.save()
+    elif how == "admin action":  # what the admin's Enable does
+        row.enabled = True
+        row.save(update_fields=["enabled", "updated_at"])
+    elif how == "queryset update":  # a shell, a data migration, a command of the project's own
+        Schedule.objects.filter(pk=row.pk).update(enabled=True)
+    elif how == "re-created":
+        Schedule.objects.filter(pk=row.pk).delete()
+        assert not ScheduleState.objects.filter(name=row.name).exists()  # deleting deletes its progress
+        row.pk = None
+        row.enabled = True
+        row._state.adding = True
+        row.save()
+
+
+@pytest.mark.parametrize("how", ["save", "admin action", "queryset update", "re-created"])
+def test_a_schedule_enabled_again_starts_from_the_next_tick(settings, db, how):
+    # catch_up="all", every 1 s, off for 60 s by the database clock: enabling it again replays
+    # none of the 60 ticks it missed; its first tick is the next one after the enabling.
+    schedules(settings)
+    row = Schedule.objects.create(
+        name="re", queue="demo.record", every=1, catch_up="all", max_catch_up=1000, payload={}
+    )
+    clock = db_clock()
+    scheduler = Scheduler(clock=clock)
+    scheduler.run_once()
+    Schedule.objects.filter(pk=row.pk).update(enabled=False)
+    scheduler.run_once()
+    backdate_start("re", 60)  # disabled 60 s ago
+    Message.objects.all().delete()
+    _enable(how, row)
+    enabled_at = start_of("re")
+    assert enabled_at >= clock.now  # the database clock at the enabling
+    clock.now = enabled_at + dt.timedelta(seconds=1.5)
+    report = scheduler.run_once()
+    sent = [dt.datetime.fromisoformat(m.split("@", 1)[1]) for m in report.sent]
+    assert len(sent) <= 2 and all(t > enabled_at for t in sent), (enabled_at, report.sent)
+
+
+def test_a_nightly_schedule_enabled_again_at_noon_does_not_run_at_noon(settings, db):
+    schedules(settings)
+    row = Schedule.objects.create(name="nightly", queue="demo.record", cron="0 3 * * *", timezone="UTC")
+    Schedule.objects.filter(pk=row.pk).update(enabled=False)
+    backdate_start("nightly", 86400)  # its last 03:00 a day before its disabling
+    row.refresh_from_db()
+    row.enabled = True
+    row.save(update_fields=["enabled", "updated_at"])
+    assert Scheduler().run_once().sent == []
+
+
+def test_a_settings_schedule_deployed_disabled_then_enabled_starts_afresh(settings, db):
+    entry = {"queue": "demo.record", "every": 1, "catch_up": "all", "max_catch_up": 1000}
+    schedules(settings, dep=entry)
+    clock = db_clock()
+    Scheduler(clock=clock).run_once()
+    schedules(settings, dep={**entry, "enabled": False})
+    Scheduler(clock=clock).run_once()  # a deploy with the schedule off
+    assert ScheduleState.objects.get(name="dep").last_tick is None
+    clock.advance(60)
+    schedules(settings, dep=entry)  # and on again, 60 s later
+    scheduler = Scheduler(clock=clock)
+    assert scheduler.run_once().sent == []
+    clock.advance(1)
+    assert len(scheduler.run_once().sent) == 1
+
+
+def test_a_created_catch_up_all_schedule_sends_no_tick_from_before_its_creation(settings, db):
+    schedules(settings)
+    clock = db_clock()
+    scheduler = Scheduler(clock=clock)
+    scheduler.run_once()
+    Schedule.objects.create(name="new", queue="demo.record", every=1, catch_up="all", max_catch_up=1000)
+    created = start_of("new")
+    clock.now = created + dt.timedelta(seconds=0.5)
+    sent = scheduler.run_once().sent
+    assert all(dt.datetime.fromisoformat(m.split("@", 1)[1]) > created for m in sent), (created, sent)
 
 
 # -- bad input ------------------------------------------------------------------------------
@@ -327,14 +494,16 @@ def test_the_celery_beat_task_runs_a_round_on_every_ledger_database(settings, db
             "options": {"queue": "zeroloss.sweep"},
         }
     }
-    schedules(settings, beat={"queue": "demo.record", "every": 5})
+    schedules(settings, beat={"queue": "demo.record", "every": 0.05})
     tasks._schedulers.clear()
+    sent = 0
     try:
-        assert tasks.schedule() == {"sent": 1}  # the current tick: found within the on-time window
-        again = tasks.schedule()  # nothing new, unless the next 5 s tick came due meanwhile
+        assert tasks.schedule() == {"sent": 0}  # starts it: its first tick is the next one
+        wait_for("a tick sent by the beat task", lambda: bool(tasks.schedule()["sent"]), 10, interval=0.02)
+        sent = len(tick_ids("beat"))
     finally:
         tasks._schedulers.clear()
-    assert len(tick_ids("beat")) == 1 + again["sent"]
+    assert sent >= 1
 
 
 def test_the_worker_command_takes_no_schedule():
@@ -353,15 +522,20 @@ def test_a_tick_the_ledger_refuses_does_not_hold_back_the_others(settings, db, c
             "small": {"queue": "demo.record", "every": 5, "payload": {}},
         },
     }
-    Scheduler(clock=Clock(at(2026, 12, 2, 10, 0, 0, 1000))).run_once()
+    clock = Clock(at(2026, 12, 2, 9, 59, 59))
+    scheduler = Scheduler(clock=clock)
+    scheduler.run_once()
+    clock.advance(1.001)
+    scheduler.run_once()
     assert tick_ids("small") == ["small@2026-12-02T10:00:00+00:00"]
     assert tick_ids("big") == []
     assert "big@2026-12-02T10:00:00+00:00 refused by the ledger" in caplog.text
 
 
 def test_the_command_loop_runs_rounds_until_told_to_stop(settings, db):
-    schedules(settings, loop={"queue": "demo.record", "every": 5})
+    schedules(settings, loop={"queue": "demo.record", "every": 0.02})
     settings.ZEROLOSS = {**settings.ZEROLOSS, "SCHEDULE_INTERVAL": 0.05}  # the rounds, not their pace
-    result = json.loads(run("--loop", "--max-rounds", "2", "--json"))
-    assert result["rounds"] == 2
-    assert result["sent"] == len(tick_ids("loop")) >= 1  # the current tick, found on time
+    result = json.loads(run("--loop", "--max-rounds", "5", "--json"))
+    assert result["rounds"] == 5
+    # The first round starts the schedule; the next ones send its ticks as they fall due.
+    assert result["sent"] == len(tick_ids("loop")) >= 1

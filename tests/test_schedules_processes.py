@@ -327,3 +327,44 @@ def test_catch_up_policies_after_every_scheduler_stopped_for_60_s(db):
         f"missed {[len(missed[n]) for n in CATCH_UP_SCHEDULES]} (latest, all, none), "
         f"sent in the first round after it: {ids}"
     )
+
+
+def test_a_disable_after_an_edit_from_a_host_an_hour_ahead_is_seen_within_one_round(db):
+    # One schedule edited by a host whose clock is an hour ahead (libfaketime), then another
+    # disabled from this host: the next round of a running scheduler sees both, and the disabled
+    # one sends nothing more.
+    import subprocess
+
+    from tests.support.debian import ensure_debian_package
+    from zeroloss.schedules.models import Schedule
+    from zeroloss.schedules.scheduler import Scheduler
+
+    ensure_debian_package("faketime", ["faketime"])
+    Schedule.objects.create(name="edited", queue="demo.record_tx", cron="0 3 * * *", payload={})
+    row = Schedule.objects.create(name="disabled", queue="demo.record_tx", every=1, payload={})
+    scheduler = Scheduler()
+    scheduler.run_once()
+    assert {"edited", "disabled"} <= set(scheduler.specs)
+    edit = (
+        "from zeroloss.schedules.models import Schedule; "
+        "row = Schedule.objects.get(name='edited'); row.payload = {'edited': True}; row.save()"
+    )
+    subprocess.run(
+        ["faketime", "-f", "+1h", sys.executable, "manage.py", "shell", "-c", edit],
+        env=child_env(FAKETIME_DONT_FAKE_MONOTONIC="1"),
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    edited = Schedule.objects.get(name="edited")
+    assert edited.payload == {"edited": True} and edited.updated_at > db_now() + dt.timedelta(minutes=50)
+    scheduler.run_once()
+    assert scheduler.specs["edited"].payload == {"edited": True}  # the edit itself is seen
+    row.enabled = False
+    row.save(update_fields=["enabled", "updated_at"])  # the admin's Disable, from a correct clock
+    scheduler.run_once()
+    assert "disabled" not in scheduler.specs
+    before = Message.objects.filter(message_id__startswith="disabled@").count()
+    wait_db_clock(db_now() + dt.timedelta(seconds=2.5), [])
+    assert scheduler.run_once().sent == []
+    assert Message.objects.filter(message_id__startswith="disabled@").count() == before

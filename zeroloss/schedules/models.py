@@ -4,14 +4,68 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import models
+from django.db import models, transaction
+from django.db.models import F
+from django.db.models.functions import Now
 
 from .spec import CATCH_UP, DEFAULT_MAX_CATCH_UP, OVERLAP
 
 
+def _settings_names() -> set[str]:
+    from .spec import settings_schedules
+
+    try:
+        return set(settings_schedules(check_targets=False))
+    except Exception:  # a bad settings schedule is the checks' to report, not a save's
+        return set()
+
+
+def _enable_states(using: str, names: list[str]) -> None:
+    """Schedules enabled or created now: each starts at the database clock (its first tick is
+    the next after it; catch-up covers only time after it)."""
+    if names:
+        ScheduleState.objects.using(using).bulk_create(
+            [ScheduleState(name=n) for n in names], ignore_conflicts=True
+        )
+        ScheduleState.objects.using(using).filter(name__in=names).update(last_tick=Now(), updated_at=Now())
+
+
+def _delete_states(using: str, names: list[str]) -> None:
+    """A deleted schedule's progress goes with it (one created again under its name starts afresh)."""
+    names = sorted(set(names) - _settings_names())
+    if names:
+        ScheduleState.objects.using(using).filter(name__in=names).delete()
+
+
+class ScheduleQuerySet(models.QuerySet["Schedule"]):
+    """Writes that keep the schedulers' word: every update bumps ``revision`` (what running
+    schedulers compare), enabling starts the schedules at the database clock, and a delete takes
+    their progress with it."""
+
+    def update(self, **kwargs: Any) -> int:
+        kwargs.setdefault("revision", F("revision") + 1)
+        with transaction.atomic(using=self.db):
+            enabling: list[str] = []
+            if kwargs.get("enabled") is True:
+                enabling = list(self.filter(enabled=False).values_list("name", flat=True))
+            count = super().update(**kwargs)
+            _enable_states(self.db, enabling)
+        return count
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        with transaction.atomic(using=self.db):
+            names = list(self.values_list("name", flat=True))
+            deleted = super().delete()
+            _delete_states(self.db, names)
+        return deleted
+
+
 class Schedule(models.Model):
     """A schedule beside ``ZEROLOSS["SCHEDULES"]``, with the same keys (docs/schedules.md).
-    Running schedulers notice an add, edit or delete within one ``SCHEDULE_INTERVAL``."""
+    Running schedulers notice an add, edit or delete within one ``SCHEDULE_INTERVAL``: every
+    write bumps ``revision``, which the schedulers compare (not ``updated_at``, the editing
+    host's clock). Enabling or creating one starts it at the database clock: its first tick is
+    the next after that, never one it missed while disabled or before it existed."""
 
     name = models.CharField(max_length=200, unique=True, help_text="Tick message ids are <name>@<tick UTC>.")
     queue = models.CharField(max_length=100, blank=True, default="", help_text="A zeroloss handler's queue.")
@@ -33,8 +87,11 @@ class Schedule(models.Model):
     max_catch_up = models.PositiveIntegerField(default=DEFAULT_MAX_CATCH_UP)
     overlap = models.CharField(max_length=8, choices=[(o, o) for o in OVERLAP], default="allow")
     created_at = models.DateTimeField(auto_now_add=True)
-    #: Schedulers compare count and latest ``updated_at`` each round to notice a change.
     updated_at = models.DateTimeField(auto_now=True)
+    #: Bumped by every write: schedulers compare the sum, the count and the highest id each round.
+    revision = models.PositiveBigIntegerField(default=0, editable=False)
+
+    objects = ScheduleQuerySet.as_manager()
 
     class Meta:
         app_label = "zeroloss"
@@ -42,6 +99,33 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        using = kwargs.get("using") or self._state.db or "default"
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None:
+            kwargs["update_fields"] = {*update_fields, "revision"}
+        with transaction.atomic(using=using):
+            before = None
+            if not self._state.adding and self.pk is not None:
+                before = type(self).objects.using(using).filter(pk=self.pk).values("name", "enabled").first()
+            if before is not None:
+                self.revision = F("revision") + 1
+            super().save(*args, **kwargs)
+            if before is not None:
+                del self.__dict__["revision"]  # deferred: read again when asked for
+            renamed = before is not None and before["name"] != self.name
+            if renamed and before is not None:
+                _delete_states(using, [before["name"]])
+            if self.enabled and (before is None or renamed or not before["enabled"]):
+                _enable_states(using, [self.name])
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        using = kwargs.get("using") or self._state.db or "default"
+        with transaction.atomic(using=using):
+            deleted = super().delete(*args, **kwargs)
+            _delete_states(using, [self.name])
+        return deleted
 
     def as_raw(self) -> dict[str, Any]:
         """The schedule as a ``SCHEDULES`` entry (what :func:`~.spec.parse_schedule` reads)."""

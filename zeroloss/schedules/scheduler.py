@@ -34,15 +34,14 @@ from ..loops import StopFlag
 from ..service import ZeroLossMessageService
 from .models import Schedule, ScheduleState
 from .spec import ScheduleError, ScheduleSpec, parse_schedule, resolve_task, settings_schedules
-from .state_rows import create_states, lock_states, read_clock, save_states
+from .state_rows import create_states, lock_states, read_clock, save_states, start_states, stop_states
 from .ticks import latest_ticks, next_tick, next_ticks
 
 logger = logging.getLogger("zeroloss")
 
 __all__ = ["ON_TIME_WINDOW", "RoundReport", "Scheduler", "load_schedules"]
 
-#: A tick found due at most this long after its time is on time: ``catch_up="none"`` sends it,
-#: and a schedule seen for the first time starts from this far back (it never replays history).
+#: A tick found due at most this long after its time is on time: ``catch_up="none"`` sends it.
 ON_TIME_WINDOW = 10.0
 
 
@@ -126,23 +125,30 @@ class Scheduler:
     def _reload(self, now: dt.datetime) -> None:
         from ..transports import database_for
 
-        specs = {
+        loaded = {
             name: spec
             for name, spec in load_schedules(self.using).items()
-            if spec.enabled and database_for(spec.queue) == self.using
+            if database_for(spec.queue) == self.using
         }
+        specs = {name: spec for name, spec in loaded.items() if spec.enabled}
+        # A settings schedule seen disabled loses its start: deployed enabled again, it starts
+        # afresh rather than catching up on the time it was off (a database schedule's enabling
+        # restarts it where it is saved).
+        stop_states(
+            self.using,
+            sorted(n for n, s in loaded.items() if not s.enabled and s.source == "settings"),
+        )
         states = {s.name: s for s in ScheduleState.objects.using(self.using).filter(name__in=list(specs))}
-        unseen = [name for name in specs if name not in states]
-        if unseen:
-            # Its row says since when a scheduler has been running it (zeroloss.schedules.overdue).
-            create_states(self.using, unseen)
+        # Seen enabled without a start (new, or enabled again in the settings): it starts now,
+        # so its first tick is the next one; no tick from before it existed is sent. Its row also
+        # says since when a scheduler has been running it (zeroloss.schedules.overdue).
+        unstarted = sorted(n for n in specs if n not in states or states[n].last_tick is None)
+        start_states(self.using, unstarted, now)
         self._next = {}
-        self._have_state = set(states) | set(unseen)
+        self._have_state = set(states) | set(unstarted)
         for name, spec in specs.items():
             state = states.get(name)
-            after = state.last_tick if state is not None and state.last_tick else None
-            if after is None:
-                after = now - dt.timedelta(seconds=ON_TIME_WINDOW)
+            after = state.last_tick if state is not None and state.last_tick else now
             first = next_tick(spec, after)
             if first is not None:
                 self._next[name] = first
@@ -227,7 +233,11 @@ class Scheduler:
             plans: dict[str, list[dt.datetime]] = {}
             for spec in due:
                 state = states[spec.name]
-                after = state.last_tick or on_time
+                if state.last_tick is None:  # its start was reset meanwhile: it starts now
+                    state.last_tick = now
+                    plans[spec.name] = []
+                    continue
+                after = state.last_tick
                 newest = latest_ticks(spec, after, now, 1)
                 if not newest:
                     continue  # another scheduler handled these ticks already

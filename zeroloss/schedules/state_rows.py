@@ -30,8 +30,30 @@ def aware(value: Any) -> dt.datetime:
 def read_clock(using: str) -> tuple[dt.datetime, tuple[Any, ...]]:
     """The database clock and the database schedules' version, in one query."""
     conn = connections[using]
-    [(now, count, latest)], _ = engine_for(conn).run(conn, statements, "CLOCK")
-    return aware(now), (count, str(latest))
+    [(now, *version)], _ = engine_for(conn).run(conn, statements, "CLOCK")
+    return aware(now), tuple(version)
+
+
+def _by_name(using: str, statement: str, names: list[str]) -> None:
+    if names:
+        conn = connections[using]
+        engine = engine_for(conn)
+        engine.run(conn, statements, statement, engine.row_params(statement, [names]))
+
+
+def stop_states(using: str, names: list[str]) -> None:
+    """Settings schedules seen disabled: enabling one again starts it afresh."""
+    _by_name(using, "STOP_STATES", names)
+
+
+def start_states(using: str, names: list[str], at: dt.datetime) -> None:
+    """Schedules seen enabled without a start: each starts at ``at`` (unless started already)."""
+    if names:
+        conn = connections[using]
+        engine = engine_for(conn)
+        stored = conn.ops.adapt_datetimefield_value(at)
+        params = engine.row_params("START_STATES", [names, [stored] * len(names)])
+        engine.run(conn, statements, "START_STATES", params)
 
 
 def create_states(using: str, names: list[str]) -> None:

@@ -11,6 +11,13 @@ scheduler passes the database clock, tests pass any instant they like (an inject
   for expressions whose hour field is ``*``, which run in both copies of the repeated hour
   (they are hourly, and that hour happens twice). Either way a daily job runs once a day.
 
+**One walk decides.** A cron schedule's ticks are those of the backward walk (the one that finds
+the ticks to send after a downtime in ``max_catch_up`` steps); :func:`next_ticks`, which says
+when the next one is due, walks forward only to find an upper bound and then takes the backward
+walk's ticks below it. cronsim's two directions disagree on a few instants (Lord Howe's 30-minute
+fall-back: ``0 */2 * * *`` on 2026-04-05, whose 02:00 the forward walk skips); with two walks a
+tick could be due by one and never sent by the other.
+
 All instants returned are aware datetimes in UTC.
 """
 
@@ -54,11 +61,36 @@ def next_ticks(spec: ScheduleSpec, after: dt.datetime, count: int = 1) -> list[d
         first = (_us(after) // step + 1) * step
         return [_at(first + n * step) for n in range(count)]
     found: list[dt.datetime] = []
-    for tick in _cron(spec, after, reverse=False):
-        found.append(tick)
-        if len(found) >= count:
+    while len(found) < count:
+        tick = _next_cron(spec, after)
+        if tick is None:
             break
+        found.append(tick)
+        after = tick
     return found
+
+
+def _next_cron(spec: ScheduleSpec, after: dt.datetime) -> dt.datetime | None:
+    """The backward walk's first tick after ``after``: the forward walk's first tick bounds it,
+    the backward walk from that bound down to ``after`` names it."""
+    bound = after
+    for _ in range(1000):  # each turn moves the bound to a later forward tick
+        upper = next(_cron(spec, bound, reverse=False), None)
+        if upper is None:
+            return None
+        below = list(_walk_back(spec, after, upper))
+        if below:
+            return below[-1]
+        bound = upper
+    return None
+
+
+def _walk_back(spec: ScheduleSpec, after: dt.datetime, until: dt.datetime) -> Iterator[dt.datetime]:
+    """The backward walk's ticks ``t`` with ``after < t <= until``, newest first."""
+    for tick in _cron(spec, until + _US, reverse=True):
+        if tick <= after:
+            return
+        yield tick
 
 
 def next_tick(spec: ScheduleSpec, after: dt.datetime) -> dt.datetime | None:
@@ -85,9 +117,7 @@ def latest_ticks(
             ticks.append(_at(us))
         return ticks[::-1]
     found: list[dt.datetime] = []
-    for tick in _cron(spec, until + _US, reverse=True):
-        if after is not None and tick <= after:
-            break
+    for tick in _walk_back(spec, after if after is not None else EPOCH, until):
         found.append(tick)
         if len(found) >= limit:
             break
