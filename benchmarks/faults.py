@@ -5,10 +5,12 @@ workload under a seeded schedule of faults (tests/faults), checks the whole hist
 the table of docs/guarantees.md ("Faults, tested"). The ``partitions`` scenario (root: Linux
 network namespaces) cuts a worker off and kills a cut-off worker's host, for a plain and a
 transactional handler, in a cluster of its own (tests/faults/partitions.py), and prints the
-table of docs/guarantees.md ("Partitions and dead hosts"). Exits 1 if any check failed or a
+table of docs/guarantees.md ("Partitions and dead hosts"). The ``storage`` scenario (root: loop
+mounts) fills the filesystem under PostgreSQL's data directory, then SQLite's file, and prints
+the table of docs/guarantees.md ("Storage faults, tested"; tests/faults/storage.py). Exits 1 if any check failed or a
 target was missed.
 
-``python -m benchmarks.faults [--profile soak|ci] [--seed N] [--scenario database celery recovery partitions]``
+``python -m benchmarks.faults [--profile soak|ci] [--seed N] [--scenario database celery recovery partitions storage]``
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SCENARIOS = ("database", "celery", "recovery", "partitions")
+SCENARIOS = ("database", "celery", "recovery", "partitions", "storage")
 
 
 def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
@@ -30,6 +32,8 @@ def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
     from tests.faults.partitions import report as partition_report
     from tests.faults.partitions import run_partitions
     from tests.faults.scenario import PROFILES, measure_recovery, report, run_celery, run_database
+    from tests.faults.storage import report as storage_report
+    from tests.faults.storage import run_scenarios as run_storage
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.faults", description=__doc__)
     parser.add_argument("--profile", choices=sorted(PROFILES), default=profile)
@@ -49,7 +53,8 @@ def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
     started = time.monotonic()
     results = []
     net_results = []
-    on_cluster = [name for name in args.scenario if name != "partitions"]
+    storage_results = []
+    on_cluster = [name for name in args.scenario if name not in ("partitions", "storage")]
     if on_cluster:
         cluster = FaultCluster()
         try:
@@ -65,12 +70,23 @@ def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
     if "partitions" in args.scenario:
         print("- partitions ...", flush=True)
         net_results = run_partitions(chosen, seed, base, lambda line: print(line, flush=True))
-    ok = all(r.ok for r in results) and not any(r.misses() for r in net_results)
+    if "storage" in args.scenario:
+        print("- storage ...", flush=True)
+        storage_results = run_storage(
+            ["disk-full", "sqlite-full"], chosen, seed, base, lambda line: print(line, flush=True)
+        )
+    ok = (
+        all(r.ok for r in results)
+        and not any(r.misses() for r in net_results)
+        and all(r.ok for r in storage_results)
+    )
     print()
     if results:
         print(report(results, profile=chosen, seed=seed))
     if net_results:
         print(f"\n{partition_report(net_results)}")
+    if storage_results:
+        print(f"\n{storage_report(storage_results)}")
     load = os.getloadavg()
     print(
         f"\ntotal {time.monotonic() - started:.0f}s, load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "

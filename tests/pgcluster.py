@@ -106,6 +106,8 @@ class PgCluster:
     extra_hba = ""
     #: Prepended to every server command (e.g. ``ip netns exec NAME``: the server in a namespace).
     command_prefix: tuple[str, ...] = ()
+    #: Passed to initdb besides the data directory (``--waldir PATH``: pg_wal on another disk).
+    initdb_extra: tuple[str, ...] = ()
 
     def __init__(
         self, *, standby_name: str = "zl-standby-1", dbname: str = "zeroloss", max_connections: int = 60
@@ -193,6 +195,7 @@ class PgCluster:
                 "--auth=trust",
                 "--encoding=UTF8",
                 "--no-instructions",
+                *self.initdb_extra,
             ],
             "initdb",
         )

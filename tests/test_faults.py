@@ -17,6 +17,8 @@
   off by its link taken down, or whose host dies while cut off, for a plain and a
   transactional handler, with default settings: its messages must run on the healthy worker
   within ``ACK_TIMEOUT`` + 15 s (``tests/faults/partitions.py``).
+- *Storage faults* (``slow``, issue 51; root: loop mounts): the ledger's filesystem fills
+  for 10 s, then is freed, on PostgreSQL and on SQLite (``tests/faults/storage.py``).
 - *Faults the suite found in zeroloss* (at the end): fixed; their tests keep them fixed.
 
 The seed is printed (``ZEROLOSS_FAULTS_SEED=N`` replays a schedule).
@@ -48,6 +50,8 @@ from tests.faults.cluster import FaultCluster
 from tests.faults.partitions import NetResult, run_partitions
 from tests.faults.partitions import report as partition_report
 from tests.faults.scenario import CI, measure_recovery, report, run_celery, run_database
+from tests.faults.storage import StorageRun, run_scenarios
+from tests.faults.storage import report as storage_report
 from tests.faults.workload import WorkerPool, child_env, producer
 from tests.netns import SUBNET_PREFIX, NetnsLab
 from tests.support.waiting import hold_for, pause, wait_until
@@ -628,6 +632,40 @@ def test_a_cut_off_workers_messages_run_elsewhere_within_the_lease_plus_15s(
     the cut-off worker drains new messages on its own."""
     result = next(r for r in partition_results if (r.fault, r.handler) == (fault, handler))
     assert result.misses() == [], f"logs in {result.run_dir}; the table is in the setup's captured output"
+
+
+# -- storage faults (issue 51) -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def storage_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, StorageRun]:
+    """PostgreSQL's data filesystem, then SQLite's, full for 10 s (about 110 s in all)."""
+    results = run_scenarios(["disk-full", "sqlite-full"], CI, _seed(), tmp_path_factory.mktemp("storage"))
+    print(storage_report(results))
+    return {r.scenario: r for r in results}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("scenario", ["disk-full", "sqlite-full"])
+def test_a_full_disk_loses_nothing_is_reported_and_processing_resumes_within_5s(
+    storage_results: dict[str, StorageRun], scenario: str
+):
+    """The ledger's filesystem (a loop-mounted ext4: PostgreSQL's data directory, or SQLite's
+    file) is kept full for 10 s under a producer sending in transactions, two workers (plain
+    and transactional handlers, each running the sweep and the scheduler) and a
+    ``zeroloss_sweep --loop``, then freed: no accepted message is lost, no effect commits twice,
+    every refused ``send()`` raised Django's ``OperationalError`` within 5 s, every re-run has
+    its reason in the audit trail, no process exits, the health report and ``zeroloss_status``
+    report the storage fault during it and not after, each worker logs it once at its start
+    and once at its end, and acknowledgements and accepted sends resume within 5 s of the
+    space being freed."""
+    run = storage_results[scenario]
+    assert run.findings.violations == [], (
+        f"logs in {run.run_dir}; the table is in the setup's captured output"
+    )
+    assert run.problems == [], f"logs in {run.run_dir}"
+    assert run.findings.refused_sends > 0, "the disk never refused a send: the fault did not happen"
 
 
 # -- zeroloss bugs the suite found (left failing for the lead) --------------------------------

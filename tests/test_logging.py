@@ -5,6 +5,7 @@ dead letter at ERROR, a sweep's recovery and an outage at WARNING, each with str
 from __future__ import annotations
 
 import logging
+import sqlite3
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from django.db import OperationalError
 
 from tests.conftest import ROOT, child_env
 from tests.support import expire_leases, register, run_worker
+from zeroloss import outage
 from zeroloss.outage import OutageMonitor
 from zeroloss.processing import Delivery
 from zeroloss.service import ZeroLossMessageService
@@ -76,6 +78,42 @@ def test_an_outage_is_a_warning(caplog):
     lines = [r for r in caplog.records if r.name == "zeroloss"]
     assert [r.levelno for r in lines] == [logging.WARNING, logging.WARNING]
     assert "unreachable since" in lines[0].getMessage() and lines[0].__dict__["database"] == "l-outage"
+
+
+def test_a_storage_fault_is_logged_once_at_its_start_and_once_at_its_end(caplog):
+    """A full disk refuses only the statements that need new space: the claims and renewals
+    that succeed between two refusals do not end the fault (one line at its start, one at its
+    end, not one per attempt), and it ends once STORAGE_FAULT_QUIET passed without a refusal."""
+    caplog.set_level(logging.INFO, logger="zeroloss")
+    monitor = OutageMonitor("l-storage")
+    full = OperationalError('could not extend file "base/5/16384": No space left on device')
+    monitor.failed("a claim", full)
+    for _ in range(5):
+        monitor.recovered()  # a statement that needed no new space
+        monitor.failed("a transactional batch", full)
+    monitor.recovered()
+    assert monitor.status().startswith("database storage fault since ")
+    monitor._last_storage_error -= outage.STORAGE_FAULT_QUIET  # the quiet period, by the clock it reads
+    monitor.recovered()
+    lines = [r.getMessage() for r in caplog.records if r.name == "zeroloss"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("database 'l-storage' storage fault since ") and "a claim retries" in lines[0]
+    assert lines[1].startswith("database 'l-storage' storage writable again after ")
+    assert monitor.status() == ""
+
+
+def test_what_counts_as_a_storage_fault():
+    from psycopg import errors
+
+    wrapped = OperationalError("could not extend file")
+    wrapped.__cause__ = errors.DiskFull("could not extend file")
+    assert outage.is_storage_fault(wrapped)
+    assert outage.is_storage_fault(sqlite3.OperationalError("database or disk is full"))
+    assert outage.is_storage_fault(OSError(28, "No space left on device"))
+    too_many = OperationalError("sorry, too many clients already")
+    too_many.__cause__ = errors.TooManyConnections("sorry, too many clients already")  # also class 53
+    assert not outage.is_storage_fault(too_many)
+    assert not outage.is_storage_fault(OperationalError("connection refused"))
 
 
 def run_command(live: ZeroLossMessageService, settings_module: str, *args: str) -> str:

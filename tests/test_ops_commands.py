@@ -45,6 +45,7 @@ STATUS_KEYS = {
     "blocked_keys_truncated",
     "partitions",
     "overdue_schedules",
+    "storage",
 }
 QUEUE_KEYS = {
     "name",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.test import override_settings
 from django.urls import reverse
 
@@ -11,6 +11,7 @@ from tests.support import backdate
 from tests.support.factories import clear_cache, make_completed, make_dead, make_stuck
 from zeroloss.exceptions import InvalidMessage
 from zeroloss.ledger import partitions
+from zeroloss.outage import STORAGE_FAULT_QUIET, OutageMonitor
 from zeroloss.service import ZeroLossMessageService
 from zeroloss.snapshot import Snapshot, cache_key, compute_snapshot, get_snapshot, invalidate
 
@@ -54,6 +55,26 @@ def test_healthy(client):
         "problems": [],
     }
     assert data["checks"]["database"] == {"ok": True}
+    assert data["checks"]["storage"] == {"ok": True, "error": None}
+
+
+def test_a_storage_fault_this_process_met_fails_the_health_check_until_it_ends(client):
+    """The disk refused one of this process's statements (a send, a claim): the health check
+    says so (503) while the fault lasts, and is healthy again once it is over. The disk itself
+    is filled for real by the fault suite (tests/faults/storage.py)."""
+    make_completed(["c1"])
+    monitor = OutageMonitor.for_alias("default")
+    monitor.failed("a send", OperationalError("database or disk is full"))
+    try:
+        code, data = health(client)
+        assert code == 503
+        assert data["checks"]["storage"]["ok"] is False
+        assert data["problems"] == ["database 'default' storage fault: database or disk is full"]
+        monitor._last_storage_error -= STORAGE_FAULT_QUIET
+    finally:
+        monitor.recovered()
+    code, data = health(client)
+    assert (code, data["checks"]["storage"]) == (200, {"ok": True, "error": None})
 
 
 def test_stuck_above_threshold_fails(client, settings):

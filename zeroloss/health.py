@@ -10,7 +10,8 @@ Unhealthy when any of these holds (thresholds in ``ZEROLOSS``):
   ahead (no sweep has created the next ones);
 - a schedule's tick is overdue: unsent a minute (or three ``SCHEDULE_INTERVAL``) past its time,
   so no scheduler is running (:mod:`zeroloss.schedules.overdue`);
-- the database cannot be read.
+- the database cannot be read;
+- the database's disk refuses new data (:func:`storage_fault`).
 
 :func:`health_view` is a plain JSON view (HTTP 200 healthy, 503 unhealthy), routed at
 ``health/`` by ``zeroloss.urls``: the *alerts* (what a monitor pages on). For load balancers
@@ -27,21 +28,69 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from .ledger import statements_reads
 from .ledger.base import engine_for
-from .outage import OutageMonitor, close_connection, is_outage
+from .outage import OutageMonitor, close_connection, is_outage, is_storage_fault
 from .service import ZeroLossMessageService
 from .snapshot import get_snapshot
 
 logger = logging.getLogger("zeroloss")
+
+#: An SQLite file's filesystem with less free space than this is full (a write may fail).
+SQLITE_MIN_FREE_BYTES = 1 << 20
+
+
+def storage_fault(alias: str = DEFAULT_DB_ALIAS) -> str:
+    """``""`` when database ``alias``'s disk takes new data, else what refuses it.
+
+    PostgreSQL: a small sort spilled to temporary files in the data directory (no data kept,
+    no WAL written), refused when the disk is full (SQLSTATE 53100). SQLite: the free space of
+    its file's filesystem. Either way also what this process's own statements last met
+    (:class:`~zeroloss.outage.OutageMonitor`). A database that cannot be reached at all is not a
+    storage fault: the readiness and database checks report it.
+    """
+    monitor = OutageMonitor.for_alias(alias)
+    conn = connections[alias]
+    engine = engine_for(conn)
+    found = ""
+    if engine.is_server:
+        try:
+            with transaction.atomic(using=alias):
+                rows, _ = engine.run(conn, statements_reads, "STORAGE_PROBE_MEMORY")
+                engine.run(conn, statements_reads, "STORAGE_PROBE")
+                # the caller's own transaction (ATOMIC_REQUESTS) keeps its work_mem
+                engine.run(conn, statements_reads, "STORAGE_PROBE_RESTORE", [rows[0][0]])
+        except DatabaseError as exc:
+            # A full disk may fail the temporary file's directory first (ENOENT, not ENOSPC).
+            if not (is_storage_fault(exc) or "temporary file" in str(exc)):
+                raise
+            monitor.failed("the storage check", exc)
+            found = " ".join(str(exc).split())[:300]
+    else:
+        name = str(conn.settings_dict["NAME"])
+        folder = (
+            Path(name).parent
+            if name and not name.startswith(":memory:") and "mode=memory" not in name
+            else None
+        )
+        if folder is not None and folder.is_dir():
+            st = os.statvfs(folder)
+            free = st.f_bavail * st.f_frsize
+            if free < SQLITE_MIN_FREE_BYTES:
+                found = f"{free} bytes free on the filesystem of {name}"
+    if not found and monitor.storage and monitor.since is not None:
+        found = monitor.last_error
+    return f"database {alias!r} storage fault: {found}" if found else ""
 
 
 @dataclass(frozen=True)
@@ -92,10 +141,11 @@ def health_report(service: ZeroLossMessageService | None = None, *, use_cache: b
             problems=[problem],
         )
     monitor.recovered()
+    storage = storage_fault(service.using)
     stuck_ok = snap.stuck <= cfg.HEALTH_MAX_STUCK
     dead_ok = snap.dead <= cfg.HEALTH_MAX_DEAD
     rep = snap.replication
-    problems: list[str] = []
+    problems: list[str] = [storage] if storage else []
     if not stuck_ok:
         problems.append(
             f"{snap.stuck} stuck message(s) (expired leases), above HEALTH_MAX_STUCK={cfg.HEALTH_MAX_STUCK}"
@@ -120,9 +170,10 @@ def health_report(service: ZeroLossMessageService | None = None, *, use_cache: b
     overdue = snap.overdue_schedules
     problems += [f"{o.describe()}: is a scheduler running?" for o in overdue]
     return HealthReport(
-        healthy=stuck_ok and dead_ok and rep.ok and partitions_ok and not overdue,
+        healthy=stuck_ok and dead_ok and rep.ok and partitions_ok and not overdue and not storage,
         checks={
             "database": {"ok": True},
+            "storage": {"ok": not storage, "error": storage or None},
             "stuck": {"ok": stuck_ok, "value": snap.stuck, "max": cfg.HEALTH_MAX_STUCK},
             "dead": {"ok": dead_ok, "value": snap.dead, "max": cfg.HEALTH_MAX_DEAD},
             "replication": {"ok": rep.ok, **dataclasses.asdict(rep)},

@@ -8,6 +8,14 @@ is retried after a capped, jittered backoff (0.1 s doubling to 5 s). One line is
 the outage starts and one when it ends, never a traceback per retry. Anything else (a bug,
 bad data) is not an outage and propagates as before.
 
+A *storage fault* (the database's disk is full or failing: PostgreSQL's SQLSTATE 53100, "could
+not extend file ... No space left on device", or 58030; SQLite's "database or disk is full") is ridden out the
+same way, logged as ``storage fault`` rather than ``unreachable``. Statements that need no new
+space still succeed meanwhile, so a storage fault ends only once ``STORAGE_FAULT_QUIET``
+seconds have passed without one (else every success between two refusals would log an end and
+the next refusal a new start). ``zeroloss.health.storage_fault`` asks the database whether its
+disk takes new data now, for the health report and ``zeroloss_status``.
+
 ``ZEROLOSS["DB_OUTAGE_TOLERANCE"]`` (seconds, default unlimited) makes a process give up after
 that long, for supervisors that prefer a restart.
 """
@@ -52,6 +60,25 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (OperationalError, Interfac
 #: SQLSTATEs that mean "this server is not (or no longer) the writable primary": a node fenced
 #: read-only in a failover, an admin or crash shutdown, a server still starting.
 _OUTAGE_SQLSTATES = {"25006", "57P01", "57P02", "57P03"}
+
+
+#: SQLSTATEs of a disk that refuses writes: 53100 disk_full, 58030 io_error.
+_STORAGE_SQLSTATES = {"53100", "58030"}
+#: SQLite's messages for a full disk or a failing one (its errors carry no SQLSTATE).
+_SQLITE_STORAGE_MESSAGES = ("database or disk is full", "disk i/o error")
+#: Seconds without a storage error before a storage fault is declared over (see the module doc):
+#: two backoff caps, so that every loop that was refused has tried again meanwhile.
+STORAGE_FAULT_QUIET = 2 * BACKOFF_MAX
+
+
+def is_storage_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database's storage refused a write (a full or failing disk)."""
+    cause = exc.__cause__ or exc
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    if isinstance(sqlstate, str):
+        return sqlstate in _STORAGE_SQLSTATES
+    text = str(exc).lower()
+    return any(message in text for message in _SQLITE_STORAGE_MESSAGES) or "no space left on device" in text
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -106,6 +133,9 @@ class OutageMonitor:
         self._since_monotonic: float | None = None
         self.last_error = ""
         self.outages = 0
+        #: Whether the outage under way is a storage fault, and when its last refusal came.
+        self.storage = False
+        self._last_storage_error = 0.0
 
     @classmethod
     def for_alias(cls, alias: str) -> OutageMonitor:
@@ -121,17 +151,22 @@ class OutageMonitor:
         return 0.0 if start is None else time.monotonic() - start
 
     def failed(self, who: str, exc: BaseException) -> None:
+        storage = is_storage_fault(exc)
         with self._lock:
             self.last_error = " ".join(str(exc).split())[:300] or type(exc).__name__
+            if storage:
+                self._last_storage_error = time.monotonic()
             if self._since_monotonic is not None:
                 return
             self._since_monotonic = time.monotonic()
             self.since = dt.datetime.now(dt.UTC)
             self.outages += 1
+            self.storage = storage
         # WARNING: the process rides it out on its own; DB_OUTAGE_TOLERANCE's give-up is the ERROR.
         logger.warning(
-            "database %r unreachable since %s (%s: %s); %s retries with backoff",
+            "database %r %s since %s (%s: %s); %s retries with backoff",
             self.alias,
+            "storage fault" if storage else "unreachable",
             self.since.isoformat(timespec="seconds"),
             type(exc).__name__,
             self.last_error,
@@ -145,19 +180,28 @@ class OutageMonitor:
         with self._lock:
             if self._since_monotonic is None:
                 return
+            if self.storage and time.monotonic() - self._last_storage_error < STORAGE_FAULT_QUIET:
+                return  # a statement that needed no new space: the disk may still be full
             down = time.monotonic() - self._since_monotonic
             self._since_monotonic = None
             self.since = None
+            storage, self.storage = self.storage, False
         logger.warning(
-            "database %r reachable again after %.1fs", self.alias, down, extra={"database": self.alias}
+            "database %r %s after %.1fs",
+            self.alias,
+            "storage writable again" if storage else "reachable again",
+            down,
+            extra={"database": self.alias},
         )
 
     def status(self) -> str:
-        """``""`` while healthy, else ``"database unreachable since <time>: <error>"``."""
+        """``""`` while healthy, else ``"database unreachable since <time>: <error>"`` (``"database
+        storage fault since ..."`` when its disk refuses writes)."""
         since = self.since
         if since is None:
             return ""
-        return f"database unreachable since {since.isoformat(timespec='seconds')}: {self.last_error}"
+        what = "storage fault" if self.storage else "unreachable"
+        return f"database {what} since {since.isoformat(timespec='seconds')}: {self.last_error}"
 
     def attempt(
         self,

@@ -16,7 +16,9 @@ Inputs, all written while the workload ran and read once it has drained:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
 from collections import Counter, defaultdict
@@ -28,7 +30,7 @@ import psycopg
 
 from zeroloss.states import ANNOTATIONS, is_allowed
 
-from .injector import DB_FAULTS, NETWORK_FAULTS, Fault, actor_pid
+from .injector import DB_FAULTS, NETWORK_FAULTS, STORAGE_FAULTS, Fault, actor_pid
 from .workload import ROOT, Generation
 from .zeroloss_handlers import EFFECT_TABLE, TX_QUEUE
 
@@ -194,6 +196,14 @@ class Checker:
     # -- loading ----------------------------------------------------------------------------
 
     def _load(self) -> None:
+        if self.url.startswith("sqlite:///"):
+            self._load_sqlite(self.url.removeprefix("sqlite:///"))
+        else:
+            self._load_postgres()
+        self.sends = read_sends(self.run_dir / "sends.log")
+        self.runs = read_runs(self.run_dir)
+
+    def _load_postgres(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as conn:
             self.messages = {
                 r[0]: {"queue": r[1], "status": r[2], "attempts": r[3], "max_attempts": r[4]}
@@ -216,8 +226,30 @@ class Checker:
                     f"FROM {EFFECT_TABLE}"
                 )
             ]
-        self.sends = read_sends(self.run_dir / "sends.log")
-        self.runs = read_runs(self.run_dir)
+
+    def _load_sqlite(self, path: str) -> None:
+        """The same rows from SQLite's file (the embedded default; times are UTC text there)."""
+        with contextlib.closing(sqlite3.connect(path, timeout=60)) as conn:
+            self.messages = {
+                r[0]: {"queue": r[1], "status": r[2], "attempts": r[3], "max_attempts": r[4]}
+                for r in conn.execute(
+                    "SELECT message_id, queue_name, status, attempts, max_attempts FROM zeroloss_message"
+                )
+            }
+            self.events = [
+                Event(r[0], r[1], r[2], r[3], r[4], r[5], r[6], float(r[7]), r[8] or "")
+                for r in conn.execute(
+                    "SELECT e.id, m.message_id, e.from_status, e.to_status, e.reason, e.actor, e.attempt, "
+                    "(julianday(e.created_at) - 2440587.5) * 86400.0, e.detail FROM zeroloss_messageevent e "
+                    "JOIN zeroloss_message m ON m.id = e.message_id ORDER BY e.id"
+                )
+            ]
+            self.effects = [
+                (r[0], r[1], r[2], str(r[3]), float(r[4]))
+                for r in conn.execute(
+                    f"SELECT message_id, attempt, pid, token, (julianday(committed_at) - 2440587.5) * 86400.0 FROM {EFFECT_TABLE}"
+                )
+            ]
 
     # -- the checks -------------------------------------------------------------------------
 
@@ -407,7 +439,7 @@ class Checker:
                 return f"lease_expired during sigstop ({finished})"
         for fault in self.faults:
             if (
-                fault.kind in DB_FAULTS
+                fault.kind in (*DB_FAULTS, *STORAGE_FAULTS)
                 and fault.began <= end + CLOCK_SLACK
                 and fault.ended >= claim.at - CLOCK_SLACK
             ):

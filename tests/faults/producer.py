@@ -38,13 +38,18 @@ def _sleep_ms(rng: random.Random, n: int, fast_max: float, slow_every: int) -> f
     return 500.0 if slow_every and n % slow_every == slow_every - 1 else fast
 
 
+def _name(exc: BaseException) -> str:
+    """The exception's class with its module: Django's OperationalError, not the driver's."""
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
 def main() -> None:
     args: dict[str, Any] = json.loads(sys.argv[1])
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     import django
 
     django.setup()
-    from django.db import connection
+    from django.db import connection, transaction
 
     from zeroloss.exceptions import ZeroLossError
     from zeroloss.transports import send
@@ -64,6 +69,7 @@ def main() -> None:
     rate: float = args["rate"]
     max_attempts: int = args["max_attempts"]
     sleep_ms_max: float = args.get("sleep_ms_max", 0)
+    in_transaction: bool = args.get("in_transaction", False)
     plan = [
         (
             f"{args['prefix']}-{n:06d}",
@@ -101,7 +107,11 @@ def main() -> None:
         first_try.setdefault(index, now)
         t0 = time.time()
         try:
-            send(queue, payload, message_id=message_id, max_attempts=max_attempts)
+            if in_transaction:  # the caller's own transaction: the send commits with it
+                with transaction.atomic():
+                    send(queue, payload, message_id=message_id, max_attempts=max_attempts)
+            else:
+                send(queue, payload, message_id=message_id, max_attempts=max_attempts)
         except ZeroLossError as exc:  # bad input: a bug of this suite, never a fault
             out.write(
                 f"{t0:.6f} {time.time():.6f} {message_id} {queue} {attempt} fatal {type(exc).__name__}\n"
@@ -109,9 +119,7 @@ def main() -> None:
             raise
         except Exception as exc:
             refused += 1
-            out.write(
-                f"{t0:.6f} {time.time():.6f} {message_id} {queue} {attempt} refused {type(exc).__name__}\n"
-            )
+            out.write(f"{t0:.6f} {time.time():.6f} {message_id} {queue} {attempt} refused {_name(exc)}\n")
             try:
                 connection.close()  # a broken connection is not reused (as a request's end would do)
             except Exception:

@@ -67,6 +67,11 @@ class Profile:
     #: and how long a dead host's messages are waited for before the harness ends its sessions.
     partition_s: float = 25.0
     dead_host_wait_s: float = 25.0
+    #: Storage faults (tests/faults/storage.py): how long the disk stays full, and the workload
+    #: around it (the fault starts a third of the way into the sending).
+    storage_full_s: float = 10.0
+    storage_messages: int = 450
+    storage_duration: float = 30.0
 
 
 CI = Profile(
@@ -92,6 +97,9 @@ SOAK = Profile(
     recovery_restarts=3,
     partition_s=60.0,
     dead_host_wait_s=90.0,
+    storage_full_s=20.0,
+    storage_messages=1200,
+    storage_duration=60.0,
 )
 PROFILES = {p.name: p for p in (CI, SOAK)}
 

@@ -68,6 +68,13 @@ CONSERVATION_OF_QUEUE = (
 # -- liveness, and the system checks' readings (PostgreSQL) ----------------------------------
 
 PING = "SELECT 1"
+#: Whether the database's disk takes new data (PostgreSQL): with ``work_mem`` lowered for the
+#: probe (``STORAGE_PROBE_MEMORY`` returns the value to restore with ``STORAGE_PROBE_RESTORE``), a
+#: sort spilled to temporary files of about 400 kB in the data directory, refused with SQLSTATE
+#: 53100 when the disk is full. Nothing is kept, nothing is logged to WAL.
+STORAGE_PROBE = "SELECT count(*) FROM (SELECT g FROM generate_series(1, 10000) g ORDER BY g DESC) s"
+STORAGE_PROBE_MEMORY = "SELECT current_setting('work_mem'), set_config('work_mem', '64kB', true)"
+STORAGE_PROBE_RESTORE = "SELECT set_config('work_mem', %s, true)"
 #: The process id of the backend that runs this query (a pooler hands out another one).
 BACKEND_PID = "SELECT pg_backend_pid()"
 SERVER_SETTINGS = (

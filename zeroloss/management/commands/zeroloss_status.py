@@ -23,6 +23,7 @@ from django.core.management.base import CommandParser
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
+from ...health import storage_fault
 from ...loops import StopFlag
 from ...models import Status
 from ...service import ZeroLossMessageService
@@ -106,6 +107,8 @@ class Command(ZeroLossCommand):
         if queue is not None:
             snapshot = snapshot.for_queue(queue)
         data = snapshot.as_dict()
+        # Never cached: a full disk matters now, not as of the last snapshot.
+        data["storage"] = storage_fault(service.using) or None
         if as_json:
             if compact:
                 self.stdout.write(json.dumps(data, sort_keys=True, default=str))
@@ -159,6 +162,8 @@ class Command(ZeroLossCommand):
             )
         rep = data["replication"]
         self.stdout.write("")
+        if data["storage"]:
+            self.stdout.write(_("STORAGE FAULT: %(what)s") % {"what": data["storage"]})
         self.stdout.write(
             _("nodes: %(live)s live, %(down)s down")
             % {"live": data["nodes"]["live"], "down": data["nodes"]["down"]}
