@@ -249,3 +249,85 @@ def test_resume_releases_a_paused_queues_celery_tasks_at_once_not_after_redispat
         worker.terminate(timeout=15)
     first = min(OrderedRun.objects.filter(message_id__startswith="c").values_list("started", flat=True))
     assert first - resumed < 3.0, first - resumed
+
+
+FROZEN_HOLDER = """
+import sys, time, psycopg
+conn = psycopg.connect(sys.argv[1], application_name="zl-frozen")
+conn.execute("SELECT pg_advisory_xact_lock(hashtext('zeroloss.limit:' || %s), 3)", [sys.argv[2]])
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+
+def frozen_slot_holder() -> Proc:
+    """A real process whose transaction holds slot 3 of the queue, SIGSTOPped: what a worker
+    frozen inside its claim transaction leaves behind until the server ends its session."""
+    import os
+    import signal
+    import sys
+
+    from tests.conftest import child_env
+
+    s = connection.settings_dict
+    dsn = f"host={s['HOST'] or '127.0.0.1'} port={s['PORT'] or 5432} user={s['USER']} dbname={s['NAME']}"
+    holder = Proc([sys.executable, "-c", FROZEN_HOLDER, dsn, QUEUE], child_env(PGAPPNAME="zl-frozen"))
+    holder.wait_for("holding")
+    os.kill(holder.popen.pid, signal.SIGSTOP)
+    return holder
+
+
+def timed(call: Any, bound: float) -> float:
+    """Seconds ``call`` took, by the database clock; ``bound`` + 5 when it had not returned by
+    then (it is left to return once the holder is gone)."""
+    import threading
+
+    service = ZeroLossMessageService()
+    started = service.database_now()
+    done: list[dt.datetime] = []
+
+    def run() -> None:
+        try:
+            call()
+        finally:
+            done.append(ZeroLossMessageService().database_now())
+            connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(bound + 5)
+    return (done[0] - started).total_seconds() if done else bound + 5
+
+
+def test_pause_resume_limit_and_exact_claims_within_1s_with_a_frozen_slot_holder():
+    # A worker frozen in its claim transaction holds one of the queue's slots. Pause, resume,
+    # a limit change and an exact-path claim each return within 1 s (bound asserted with a
+    # loaded host's margin); once the pause has returned no claim of the queue commits.
+    service = ZeroLossMessageService()
+    service.limit_queue(QUEUE, concurrency=64)  # slot claims: a share of 4 each
+    workers = start_workers(1)
+    holder = None
+    try:
+        send(300, "z", sleep=0.02)
+        assert wait_until(lambda: completed("z") >= 10, timeout=60)
+        holder = frozen_slot_holder()
+        pause_s = timed(lambda: ZeroLossMessageService().pause_queue(QUEUE), 1.5)
+        paused_at = service.database_now()
+        print(f"frozen slot holder: pause returned after {pause_s:.3f} s")
+        late = MessageEvent.objects.filter(
+            reason="claimed", created_at__gt=paused_at, message__queue_name=QUEUE
+        )
+        hold_for(2, lambda: _assert_none(late), interval=0.2)
+        resume_s = timed(lambda: ZeroLossMessageService().resume_queue(QUEUE), 1.5)
+        limit_s = timed(lambda: ZeroLossMessageService().limit_queue(QUEUE, concurrency=4), 1.5)
+        # concurrency 4: every claim takes the exact path, which waits for every slot.
+        claim_s = timed(lambda: ZeroLossMessageService().claim(QUEUE, limit=1), 1.5)
+        print(
+            f"frozen slot holder: pause {pause_s:.3f} s, resume {resume_s:.3f} s, limit {limit_s:.3f} s, "
+            f"exact claim {claim_s:.3f} s"
+        )
+        assert max(pause_s, resume_s, limit_s, claim_s) < 1.5, (pause_s, resume_s, limit_s, claim_s)
+    finally:
+        if holder is not None:
+            holder.sigkill_group()
+        stop(workers)

@@ -39,6 +39,14 @@ logger = logging.getLogger("zeroloss")
 #: How old a process's list of controlled queues may be, in seconds: a pause (or a first
 #: limit) reaches every worker within it plus one claim (docs/control.md: within 1 s).
 REFRESH = 0.5
+#: How long an exact claim waits for its queue's slots, in seconds: a claim holding one
+#: commits within milliseconds, unless its worker froze (SIGSTOP, a VM paused), and then it
+#: holds the slot until the server ends its session. Past this the exact claim takes nothing
+#: (its worker polls again) rather than queue behind it.
+EXACT_WAIT = 0.5
+#: How long pause, resume and a limit change wait, after their commit, for the claims that
+#: started before it (PostgreSQL's slot claims) to finish; a frozen one is not waited for.
+SETTLE_WAIT = 0.5
 #: database alias -> (when read, monotonic; the queues with a paused flag or an override; those
 #: with an override, whose claims go straight to the lock).
 _CONTROLLED: dict[str, tuple[float, frozenset[str], frozenset[str]]] = {}
@@ -89,10 +97,10 @@ class Control(Part):
         text = "" if rate is None else (rate.text if isinstance(rate, Rate) else parse_rate(rate).text)
         who = self._actor(actor)
         with transaction.atomic(using=self.using):
-            self._lock_slots(queue_name)
             self._run("CONTROL_LIMIT", [queue_name, concurrency, text, who])
             self._run("CONTROL_BUCKETS_RESET", [queue_name])
             self._release_held(queue_name)
+        self._settle(queue_name)
         self._changed(queue_name, who, f"limits concurrency={concurrency} rate={text or None}")
 
     def clear_queue_limits(self, queue_name: str, *, actor: str | None = None) -> None:
@@ -136,20 +144,49 @@ class Control(Part):
         validate_queue_name(queue_name)
         who = self._actor(actor)
         with transaction.atomic(using=self.using):
-            self._lock_slots(queue_name)
             self._run("CONTROL_PAUSE", [queue_name, paused, who])
             if not paused:
                 self._release_held(queue_name)
+        self._settle(queue_name)
         self._changed(queue_name, who, "paused" if paused else "resumed")
         if not paused:
             # Wake idle workers now, not at their next poll (PostgreSQL; SQLite workers poll).
             self.engine.wake(self.connection, [queue_name])
 
-    def _lock_slots(self, queue_name: str) -> None:
-        """PostgreSQL: wait for the queue's slot claims in flight, and start none until this
-        transaction commits (an operator's change, an exact claim)."""
-        if self.engine.lock_row:
-            self._run("CONTROL_SLOTS_ALL", [queue_name, SLOTS], prepare=True)
+    def _lock_slots(self, queue_name: str, bound: float) -> bool:
+        """PostgreSQL: wait at most ``bound`` seconds for the queue's slot claims in flight, and
+        start none until this transaction commits (an exact claim). False: a slot stayed held
+        (a frozen worker's claim); those taken stay held to the commit."""
+        if not self.engine.lock_row:
+            return True
+        deadline = time.monotonic() + bound
+        first, pause = 0, 0.001
+        while True:
+            rows, _ = self._run("CONTROL_SLOTS_TRY", [first, SLOTS, queue_name], prepare=True)
+            if rows[0][0] is None:
+                return True
+            first = rows[0][0]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, 0.02)
+
+    def _settle(self, queue_name: str) -> None:
+        """After an operator's change committed: wait (at most :data:`SETTLE_WAIT`) for the slot
+        claims that read the row before it, so none of them commits after this returns; every
+        claim starting later reads the change. A frozen claim is not waited for: it commits,
+        if ever, when its worker wakes, before the server ends its session."""
+        if not self.engine.lock_row:
+            return  # SQLite: the change's write waited for every claim (one writer)
+        with transaction.atomic(using=self.using):
+            if not self._lock_slots(queue_name, SETTLE_WAIT):
+                logger.warning(
+                    "queue %s: a claim started before the change still holds a slot after %gs "
+                    "(a frozen worker?); the change is in effect for every other claim",
+                    queue_name,
+                    SETTLE_WAIT,
+                )
 
     def _release_held(self, queue_name: str) -> None:
         """The Celery transport: publish the queue's waiting messages again right after the
@@ -272,7 +309,8 @@ class Control(Part):
         claim_counting: Callable[[int, int], list[Lease]] | None,
     ) -> list[Lease]:
         """The exact path: every slot and the row locked, then the limits counted and spent."""
-        self._lock_slots(queue_name)
+        if not self._lock_slots(queue_name, EXACT_WAIT):
+            return []  # a frozen claim holds a slot: nothing now, the worker polls again
         # The row lock: the claims of this queue, one after another (SQLite: the write lock).
         rows = self._run("CONTROL_LOCK", [queue_name], prepare=True)[0] if slots else []
         if not rows:  # SQLite, or the queue's first claim

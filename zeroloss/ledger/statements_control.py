@@ -79,9 +79,15 @@ CONTROL_SLOT_READ = (
     "WHERE queue_name = %s AND status = 'processing') FROM {ctl} c LEFT JOIN {bucket} b "
     "ON b.queue_name = c.queue_name AND b.slot = %s WHERE c.queue_name = %s"
 )
-#: The exact path's and the operator's lock: every slot of the queue, in order (so two of them
-#: never wait for each other), held to the commit; no slot claim runs meanwhile.
-CONTROL_SLOTS_ALL = "SELECT count(pg_advisory_xact_lock(hashtext('zeroloss.limit:' || %s), s)) FROM generate_series(0, %s::int - 1) s"
+#: The exact path's and the operator's lock: every slot of the queue from the first given, in
+#: order (so two of them never hold each other's), held to the commit; no slot claim runs
+#: meanwhile. Never waits: the first slot another transaction holds is returned (NULL: all
+#: taken), and the caller tries again from it, for a bounded time (control.py: a frozen
+#: worker's claim may hold a slot until the server ends its session).
+CONTROL_SLOTS_TRY = (
+    "SELECT (SELECT s FROM generate_series(%s::int, %s::int - 1) s "
+    "WHERE NOT pg_try_advisory_xact_lock(hashtext('zeroloss.limit:' || %s), s) LIMIT 1)"
+)
 #: A slot claim's tokens, from its own slot's share of the bucket, which no other claim writes
 #: (each holds its own slot; the exact path and an operator's change hold all of them): what
 #: the share held at the read's clock, less what was claimed. The row the queue's other claims
