@@ -17,7 +17,7 @@ from zeroloss.snapshot import Snapshot, cache_key, compute_snapshot, get_snapsho
 
 pytestmark = pytest.mark.django_db
 
-HEALTH_KEYS = {"status", "checks", "problems", "taken_at", "cached"}
+HEALTH_KEYS = {"status", "checks", "problems", "warnings", "taken_at", "cached"}
 
 
 @pytest.fixture(autouse=True)
@@ -231,7 +231,7 @@ def test_healthy_shows_the_partitions_covered(client):
     assert code == 200
     check = data["checks"]["partitions"]
     if connection.vendor == "sqlite":
-        assert check == {"ok": True, "partitioned": False, "covered_until": None}
+        assert check == {"ok": True, "partitioned": False, "covered_until": None, "running_out": False}
         return
     assert check["ok"] and check["partitioned"]
     covered = partitions.coverage(connection)
@@ -255,6 +255,7 @@ def test_a_partitioned_ledger_without_partitions_ahead_fails(client):
         "ok": False,
         "partitioned": True,
         "covered_until": today.end.isoformat(),
+        "running_out": True,
     }
     assert data["problems"] == [
         f"sends have a partition only until {today.end.isoformat()}, less than PARTITION_PERIOD ahead: "

@@ -12,13 +12,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
+from django.core.checks import run_checks
+from django.db import OperationalError, connection, transaction
 
 import zeroloss
 from tests.conftest import database_url
 from tests.support.cli import run
 from zeroloss.exceptions import MessageConflict
-from zeroloss.ledger import partitions, sweep
+from zeroloss.health import health_report
+from zeroloss.ledger import partitions, periods, sweep
 from zeroloss.ledger import statements_partitions as sql_partitions
 from zeroloss.ledger.base import engine_for
 from zeroloss.models import DroppedPeriod, Message, MessageEvent, MessageKey, OrderingHead, PurgeRecord
@@ -371,3 +373,191 @@ def test_a_second_head_of_a_key_is_refused_by_the_head_table_under_concurrent_pr
     assert list(OrderingHead.objects.values_list("message_pk", flat=True)) == [
         Message.objects.get(message_id="k-next").pk
     ]
+
+
+# -- partitions that never run out (issue 49) ---------------------------------------------------
+
+
+def remove_periods(since: dt.datetime, *, forget: bool = True) -> list[str]:
+    """Detach and drop every (empty) period ending after ``since``, as if no sweep ever
+    created them; ``forget``: this process reads the layout again at its next send."""
+    removed = []
+    with connection.cursor() as cursor:
+        for p in partitions.partitions(connection):
+            if p.end > since:
+                for table, _ in partitions.TABLES:
+                    part = p.name.replace(partitions.MESSAGES, table, 1)
+                    cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {part}")
+                    cursor.execute(f"DROP TABLE {part}")
+                removed.append(p.name)
+    if forget:
+        periods.forget()
+    return removed
+
+
+def covers_ahead() -> bool:
+    """Whether the partitions cover from now to PARTITIONS_AHEAD (7) days ahead, both tables."""
+    horizon = partitions.database_now(connection) + dt.timedelta(days=7)
+    until = partitions.coverage(connection)
+    return (
+        until is not None
+        and until >= horizon
+        and names(partitions.EVENTS)
+        == [n.replace(partitions.MESSAGES, partitions.EVENTS, 1) for n in names()]
+    )
+
+
+def test_a_send_creates_its_missing_period_and_the_periods_ahead():
+    assert remove_periods(day_start(0))
+    assert partitions.coverage(connection) is None  # no partition covers now: a send had nowhere to go
+    message = zeroloss.send(QUEUE, {"n": 1}, message_id="first")
+    assert message.status == "pending" and Message.objects.get(message_id="first").created_at is not None
+    assert covers_ahead()
+    assert list(MessageEvent.objects.for_message("first").values_list("reason", flat=True)) == ["persisted"]
+
+
+def test_a_send_in_a_transaction_that_read_the_ledger_before_finds_the_period_created_meanwhile():
+    # The transaction locked the message table before the period existed: its insert must
+    # still route to the partition another connection created meanwhile.
+    assert remove_periods(day_start(0))
+    with transaction.atomic():
+        assert Message.objects.count() == 0
+        zeroloss.send(QUEUE, {"n": 1}, message_id="in-tx")
+        zeroloss.send_many(QUEUE, [{"n": 2}, {"n": 3}], message_ids=["in-tx-2", "in-tx-3"])
+    assert sorted(Message.objects.values_list("message_id", flat=True)) == ["in-tx", "in-tx-2", "in-tx-3"]
+    assert covers_ahead()
+
+
+def test_a_send_after_its_period_was_dropped_behind_this_process_is_stored_again():
+    zeroloss.send(QUEUE, {"n": 0}, message_id="seen")  # this process now knows the periods ahead
+    Message.objects.all().delete()
+    MessageEvent.objects.all().delete()
+    MessageKey.objects.all().delete()
+    assert remove_periods(day_start(0), forget=False)
+    assert zeroloss.send(QUEUE, {"n": 1}, message_id="again").status == "pending"
+    assert covers_ahead()
+
+
+def _held_attach(
+    cursor: Any, table: str, part: str, low: dt.datetime, high: dt.datetime, *, of: bool
+) -> None:
+    if of:  # what the ledger does not do: CREATE ... PARTITION OF locks the parent exclusively
+        cursor.execute(f"CREATE TABLE {part} PARTITION OF {table} FOR VALUES FROM (%s) TO (%s)", [low, high])
+        return
+    cursor.execute(sql_partitions.CREATE_LIKE.format(part=part, table=table))
+    cursor.execute(sql_partitions.ATTACH.format(table=table, part=part), [low, high])
+
+
+@pytest.mark.parametrize("of", [False, True], ids=["attach", "partition-of"])
+def test_creating_a_period_stalls_no_send_and_no_claim(of):
+    """A period's creation held open at its last statement (uncommitted, its locks held): sends,
+    claims and acknowledgements go on beside it. The same test with ``CREATE TABLE ... PARTITION
+    OF`` (an ACCESS EXCLUSIVE lock on the parent) stalls them: what the test would catch."""
+    service = ZeroLossMessageService(instance_id="beside-ddl")
+    zeroloss.send(QUEUE, {"n": 0}, message_id="before")
+    low = day_start(-40)
+    high = low + dt.timedelta(days=1)
+    with psycopg.connect(database_url()) as ddl:
+        for table, _ in partitions.TABLES:
+            _held_attach(psycopg.ClientCursor(ddl), table, f"{table}_p{low:%Y%m%d}", low, high, of=of)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '3s'")
+        try:
+            if of:
+                with pytest.raises(OperationalError, match="lock timeout"):
+                    zeroloss.send(QUEUE, {"n": 1}, message_id="beside")
+                return
+            zeroloss.send(QUEUE, {"n": 1}, message_id="beside")
+            zeroloss.send_many(QUEUE, [{"n": 2}, {"n": 3}], message_ids=["beside-2", "beside-3"])
+            leases = service.claim(QUEUE, limit=10)
+            assert sorted(lease.message_id for lease in leases) == [
+                "before",
+                "beside",
+                "beside-2",
+                "beside-3",
+            ]
+            for lease in leases:
+                assert service.acknowledge(lease.message_id, lease.token)
+        finally:
+            ddl.rollback()
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = 0")
+    assert set(Message.objects.values_list("status", flat=True)) == {"completed"}
+
+
+@pytest.fixture
+def clock_ahead():
+    """Move this database's clock forward: ``statement_timestamp()`` and its siblings shadowed
+    by functions of the public schema, searched before ``pg_catalog`` by every new connection
+    (worker processes and commands too). Put back after the test."""
+    name = connection.settings_dict["NAME"]
+    functions = (("statement_timestamp", "STABLE"), ("now", "STABLE"), ("clock_timestamp", "VOLATILE"))
+
+    def move(days: int) -> None:
+        with connection.cursor() as cursor:
+            for function, volatility in functions:
+                cursor.execute(
+                    f"CREATE OR REPLACE FUNCTION public.{function}() RETURNS timestamptz LANGUAGE sql "
+                    f"{volatility} AS $$ SELECT pg_catalog.{function}() + interval '{days} days' $$"
+                )
+            cursor.execute(f'ALTER DATABASE "{name}" SET search_path = public, pg_catalog')
+        connection.close()
+        periods.forget()
+
+    yield move
+    connection.close()
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER DATABASE "{name}" RESET search_path')
+        for function, _ in functions:
+            cursor.execute(f"DROP FUNCTION IF EXISTS public.{function}()")
+    connection.close()
+    periods.forget()
+
+
+def test_no_sweep_for_a_simulated_week_and_more_sends_go_on_and_nothing_is_lost(clock_ahead):
+    service = ZeroLossMessageService(instance_id="after-the-week")
+    zeroloss.send_many(QUEUE, [{"n": i} for i in range(3)], message_ids=["old0", "old1", "old2"])
+    complete(service, ["old0"])
+    before = partitions.database_now(connection)
+    covered = partitions.coverage(connection)
+    assert covered is not None
+    clock_ahead(10)  # beyond the 8 days the periods ahead covered: no sweep ran meanwhile
+    now = partitions.database_now(connection)
+    assert now - before > dt.timedelta(days=10) - dt.timedelta(minutes=5)
+    assert partitions.coverage(connection) is None
+    sweep.PARTITIONS_CHECKED.clear()
+    # Sends succeed: one at a time (autocommit), in a batch, in a transaction.
+    assert zeroloss.send(QUEUE, {"n": "a"}, message_id="new0").created_at >= covered
+    zeroloss.send_many(QUEUE, [{"n": "b"}, {"n": "c"}], message_ids=["new1", "new2"])
+    with transaction.atomic():
+        zeroloss.send(QUEUE, {"n": "d"}, message_id="new3")
+    assert covers_ahead()
+    # Claims continue, old messages and new; nothing lost.
+    leases = service.claim(QUEUE, limit=10)
+    assert sorted(lease.message_id for lease in leases) == ["new0", "new1", "new2", "new3", "old1", "old2"]
+    for lease in leases:
+        assert service.acknowledge(lease.message_id, lease.token)
+    assert Message.objects.filter(status="completed").count() == 7 == Message.objects.count()
+    report = verify()
+    assert report["status"] == "ok", report
+
+
+def test_the_check_and_the_health_warn_days_before_the_periods_ahead_run_out(client):
+    assert remove_periods(day_start(-3))  # today and the next two days left
+    covered = partitions.coverage(connection)
+    assert covered is not None
+    left = covered - partitions.database_now(connection)
+    assert dt.timedelta(days=2) < left <= dt.timedelta(days=3)
+    warned = [m for m in run_checks(databases=["default"]) if m.id == "zeroloss.W042"]
+    assert len(warned) == 1 and "the partitions ahead end at" in warned[0].msg, warned
+    report = health_report(use_cache=False)
+    assert report.healthy and report.checks["partitions"]["running_out"]
+    assert report.warnings == [warned[0].msg.removeprefix("Database 'default': ").removesuffix(".")]
+    response = client.get("/zeroloss/health/")
+    assert response.status_code == 200 and response.json()["warnings"] == report.warnings
+    # A send (or the sweep) creates the periods ahead: the warnings go.
+    zeroloss.send(QUEUE, {"n": 1}, message_id="extends")
+    assert covers_ahead()
+    assert not [m for m in run_checks(databases=["default"]) if m.id == "zeroloss.W042"]
+    report = health_report(use_cache=False)
+    assert report.warnings == [] and not report.checks["partitions"]["running_out"]

@@ -48,6 +48,8 @@
 | zeroloss.W040   | PostgreSQL with ``fsync = off`` (``check --database default``) |
 | zeroloss.W041   | PostgreSQL with ``synchronous_commit = off`` for zeroloss's connection |
 |                 | (``check --database default``) |
+| zeroloss.W042   | a partitioned ledger's partitions ahead end within three days (no sweep ran for |
+|                 | days; ``check --database default``) |
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ def check_database(
         if cfg is None:
             continue
         messages += pooler_messages(alias, behind_pooler(alias), connections[alias].settings_dict, cfg)
+        messages += partitions_messages(alias, cfg)
         if cfg.REPLICATION_FACTOR == 1:
             continue
         req = requirement(ZeroLossMessageService(using=alias))
@@ -162,6 +165,29 @@ def check_database(
                 )
             )
     return messages
+
+
+def partitions_messages(alias: str, cfg: ZeroLossSettings) -> list[CheckMessage]:
+    """W042: the partitions ahead of a partitioned ledger end soon (no sweep for days)."""
+    from .health import partitions_warn_before, partitions_warning
+    from .ledger import partitions
+
+    conn = connections[alias]
+    if not partitions.is_partitioned(conn):
+        return []
+    until = partitions.coverage(conn)
+    left = (until - partitions.database_now(conn)).total_seconds() if until is not None else 0.0
+    if left >= partitions_warn_before(cfg):
+        return []
+    return [
+        Warning(
+            f"Database {alias!r}: {partitions_warning(until.isoformat() if until else 'now')}.",
+            hint="Workers (zeroloss_worker) and zeroloss_sweep create PARTITIONS_AHEAD periods ahead once a "
+            "minute; docs/scaling.md#partitions-that-never-run-out.",
+            obj="settings.ZEROLOSS",
+            id="zeroloss.W042",
+        )
+    ]
 
 
 @register()

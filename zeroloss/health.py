@@ -6,8 +6,8 @@ Unhealthy when any of these holds (thresholds in ``ZEROLOSS``):
 - more dead letters than ``HEALTH_MAX_DEAD`` (default 100);
 - the replication requirement (``REPLICATION_FACTOR``/``PERSISTENCE_LEVEL``) is unmet, as
   *measured* from the primary's streaming standbys;
-- on a partitioned ledger, sends have a partition for less than one ``PARTITION_PERIOD``
-  ahead (no sweep has created the next ones);
+- on a partitioned ledger, the partitions ahead end within one ``PARTITION_PERIOD`` (no sweep
+  has created the next ones; sends create theirs, :mod:`zeroloss.ledger.periods`);
 - a schedule's tick is overdue: unsent a minute (or three ``SCHEDULE_INTERVAL``) past its time,
   so no scheduler is running (:mod:`zeroloss.schedules.overdue`);
 - the database cannot be read;
@@ -22,6 +22,9 @@ query) and ``health/ready/`` (:func:`ready_view`: 200 when every ledger database
 :class:`ZeroLossHealthCheck` plugs into it (4.x ``HealthCheck`` API; on 3.x
 :class:`ZeroLossHealthCheckBackend` is the ``plugin_dir`` backend). Readings come from the
 cached snapshot (``CACHE_TIMEOUT``).
+
+A healthy report may carry ``warnings``: the partitions ahead end within
+:func:`partitions_warn_before` (three days with the defaults), days before they run out.
 """
 
 from __future__ import annotations
@@ -102,12 +105,15 @@ class HealthReport:
     problems: list[str] = field(default_factory=list)
     taken_at: str | None = None
     cached: bool = False
+    #: What needs attention before it fails: one sentence each (the report stays healthy).
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "status": "ok" if self.healthy else "fail",
             "checks": self.checks,
             "problems": list(self.problems),
+            "warnings": list(self.warnings),
             "taken_at": self.taken_at,
             "cached": self.cached,
         }
@@ -155,17 +161,22 @@ def health_report(service: ZeroLossMessageService | None = None, *, use_cache: b
     problems += rep.problems if not rep.ok else []
     if not rep.ok and not rep.problems:
         problems.append("replication requirement unmet")
-    # A partitioned ledger refuses sends once no partition covers now: unhealthy when less than
-    # one PARTITION_PERIOD is left (the sweep creates PARTITIONS_AHEAD of them, once a minute).
+    # The sweep keeps PARTITIONS_AHEAD periods created (once a minute) and sends create theirs
+    # when it does not: fewer left means no sweep ran for days. A warning days before; unhealthy
+    # when less than one PARTITION_PERIOD is left.
     period = float(cfg.PARTITION_PERIOD)
     ahead = (snap.partitions_until - snap.taken_at).total_seconds() if snap.partitions_until else 0.0
     partitions_ok = not snap.partitioned or ahead >= period
+    running_out = snap.partitioned and ahead < partitions_warn_before(cfg)
+    until = snap.partitions_until.isoformat() if snap.partitions_until else "now"
+    warnings: list[str] = []
     if not partitions_ok:
-        until = snap.partitions_until.isoformat() if snap.partitions_until else "now"
         problems.append(
             f"sends have a partition only until {until}, less than PARTITION_PERIOD ahead: "
             "is a sweep running? (zeroloss_partition show)"
         )
+    elif running_out:
+        warnings.append(partitions_warning(until))
     # A tick unsent well past its time: no scheduler is running for this database.
     overdue = snap.overdue_schedules
     problems += [f"{o.describe()}: is a scheduler running?" for o in overdue]
@@ -181,12 +192,28 @@ def health_report(service: ZeroLossMessageService | None = None, *, use_cache: b
                 "ok": partitions_ok,
                 "partitioned": snap.partitioned,
                 "covered_until": snap.partitions_until.isoformat() if snap.partitions_until else None,
+                "running_out": running_out,
             },
             "schedules": {"ok": not overdue, "overdue": [o.as_dict() for o in overdue]},
         },
         problems=problems,
+        warnings=warnings,
         taken_at=snap.taken_at.isoformat(),
         cached=snap.cached,
+    )
+
+
+def partitions_warn_before(cfg: Any) -> float:
+    """Seconds: partitions ahead ending sooner than this are reported (health, W042): three
+    days, or half of ``PARTITIONS_AHEAD`` periods when that is shorter (the sweep keeps them
+    all created; sends create theirs once half are left)."""
+    return min(3 * 86400.0, float(cfg.PARTITION_PERIOD) * cfg.PARTITIONS_AHEAD / 2)
+
+
+def partitions_warning(until: str) -> str:
+    return (
+        f"the partitions ahead end at {until}: no sweep has created periods ahead for days (sends "
+        "create their own meanwhile); run a worker or a sweep (zeroloss_partition show)"
     )
 
 

@@ -4,7 +4,8 @@ The message table is range-partitioned by ``created_at`` and the audit table by 
 each audit row carries (``message_created_at``), one partition per ``PARTITION_PERIOD`` (a day
 unless set), so that a message and its whole history sit in partitions of the same period.
 There is no default partition (it would make ``DETACH ... CONCURRENTLY`` impossible): the
-sweep creates ``PARTITIONS_AHEAD`` periods ahead, and a purge of completed messages detaches
+sweep creates ``PARTITIONS_AHEAD`` periods ahead, a send finding them running out creates them
+itself (:mod:`.periods`), and a purge of completed messages detaches
 and drops every period whose messages are all past their retention, counting them into
 ``PurgeRecord`` rows first, so that the conservation check stays exact.
 
@@ -128,13 +129,16 @@ def estimated_rows(conn: BaseDatabaseWrapper, found: list[Partition]) -> dict[st
     return {name: max(int(n), 0) for name, n in _rows(conn, sql.PARTITION_ROWS, [[p.name for p in found]])}
 
 
-def coverage(conn: BaseDatabaseWrapper) -> dt.datetime | None:
-    """Until when sends have a partition to go to (None: unpartitioned, or none covers now)."""
-    if not is_partitioned(conn):
+def coverage(
+    conn: BaseDatabaseWrapper, table: str = MESSAGES, now: dt.datetime | None = None
+) -> dt.datetime | None:
+    """Until when sends have a partition to go to (None: unpartitioned, or none covers now).
+    ``table``: the tables a conversion builds (``MESSAGES + BUILDING``), which exist unpartitioned."""
+    if table == MESSAGES and not is_partitioned(conn):
         return None
     end = None
-    now = database_now(conn)
-    for p in partitions(conn):
+    now = database_now(conn) if now is None else now
+    for p in partitions(conn, table):
         if p.start <= (end or now) < p.end:
             end = p.end
     return end
@@ -193,9 +197,11 @@ def create_partitions(
     return created
 
 
-def ensure_ahead(conn: BaseDatabaseWrapper, period: int, ahead: int) -> list[str]:
+def ensure_ahead(conn: BaseDatabaseWrapper, period: int, ahead: int, *, wait: bool = False) -> list[str]:
     """Create the partitions missing from now's period to ``ahead`` periods after it (the sweep's
-    duty); nothing on an unpartitioned ledger, or while another process creates them."""
+    duty); nothing on an unpartitioned ledger, or while another process creates them (``wait``:
+    a send whose period is missing waits for that process, at most ``LOCK_TIMEOUT_MS``, then
+    creates what it left missing)."""
     if not is_partitioned(conn):
         # A conversion under way (conversion.py) mirrors new rows into the tables it builds.
         if not engine_for(conn).partitions_by_period:
@@ -210,7 +216,11 @@ def ensure_ahead(conn: BaseDatabaseWrapper, period: int, ahead: int) -> list[str
     if current and current[-1].end >= horizon and any(p.start <= now < p.end for p in current):
         return []
     with transaction.atomic(using=conn.alias):
-        if not _rows(conn, sql.TRY_DDL_LOCK, [DDL_LOCK])[0][0]:
+        if wait:
+            with conn.cursor() as cursor:
+                cursor.execute(sql.LOCK_TIMEOUT.format(ms=LOCK_TIMEOUT_MS))
+                cursor.execute(sql.DDL_LOCK_WAIT, [DDL_LOCK])
+        elif not _rows(conn, sql.TRY_DDL_LOCK, [DDL_LOCK])[0][0]:
             return []
         return create_partitions(conn, now, horizon, period)
 

@@ -6,13 +6,13 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
 
 from ..exceptions import InvalidMessage, MessageConflict, PayloadTooLarge
 from ..models import Message
-from . import partitions
+from . import partitions, periods
 from .base import Part, engine_for
 from .bulk import NEW_ROW, persist_staged
 from .bulk import Prepared as _Prepared
@@ -117,13 +117,23 @@ class Store(Part):
         prepared = self._prepare(message_id, queue_name, data, max_attempts, priority, ordering_key, headers)
         delay_s = 0.0 if delay is None else self.validated_delay(delay, prepared.ordering_key)
         actor = actor or self.instance_id
+        self.period_ready()
         if not dedup:
             # What persist_messages does for one item, without its batch bookkeeping. The
             # connection is looked up once (each lookup is a thread-local read: about 1 us).
             conn = self.connection
             if engine_for(conn).moves_in_one_statement:
                 # One statement, autocommit: the fastest durable write.
-                message = self._store_one(prepared, delay_s, actor, dispatched, conn)
+                try:
+                    message = self._store_one(prepared, delay_s, actor, dispatched, conn)
+                except DatabaseError as exc:
+                    # Its period dropped since this process looked (by hand): created, and
+                    # stored again (nothing was stored: one statement).
+                    if conn.in_atomic_block or not periods.missing_period(exc):
+                        raise
+                    periods.forget(self.using)
+                    self.period_ready()
+                    message = self._store_one(prepared, delay_s, actor, dispatched, conn)
             else:
                 with transaction.atomic(using=self.using):
                     message = self._store_one(prepared, delay_s, actor, dispatched, conn)
@@ -165,6 +175,7 @@ class Store(Part):
         again if none arrives.
         """
         items = list(items)
+        self.period_ready()
         if len(items) >= self.engine.stage_from > 0:
             staged = persist_staged(
                 self, items, max_attempts, delay, actor, dispatched, priority, ordering_key
@@ -203,6 +214,10 @@ class Store(Part):
                 result = self._store(prepared, delay_s, actor, dispatched)
         self.confirm_replicated(result)
         return result
+
+    def period_ready(self) -> None:
+        """The period a message stored now goes to exists (a partitioned ledger; :mod:`.periods`)."""
+        periods.ready(self.connection, int(self.settings.PARTITION_PERIOD), self.settings.PARTITIONS_AHEAD)
 
     def validated_delay(self, delay: float | dt.timedelta | None, ordering_key: str) -> float:
         delay_s = seconds(delay, "delay")
