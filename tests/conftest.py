@@ -86,6 +86,7 @@ TIERS: dict[str, str] = {
     "test_ordering.py": "ledger",
     "test_claim_plan.py": "ledger",
     "test_partitions.py": "ledger",
+    "test_retention.py": "ledger",
     "test_conversion.py": "process",
     "test_ordering_processes.py": "process",
     "test_packaging.py": "process",

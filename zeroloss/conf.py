@@ -21,6 +21,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .conf_values import (
+    DEFAULT_RETENTION,
     INT_FIELDS,
     NUMBER_FIELDS,
     QUEUE_OPTIONS,
@@ -30,6 +31,7 @@ from .conf_values import (
     parse_json_encoder,
     parse_number,
     parse_partition_period,
+    parse_retention,
 )
 from .conf_values import MAX_SECONDS as MAX_SECONDS  # public: the longest duration a setting may name
 from .ledger import validation as _validation
@@ -80,6 +82,9 @@ class QueueSettings:
     concurrency: int | None = None
     #: At most this many claims started per period, across every worker.
     rate: Rate | None = None
+    #: How long this queue's finished messages are kept, by status (those it names; the others
+    #: as ``RETENTION`` says).
+    retention: dict[str, float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,11 @@ class ZeroLossSettings:
     DEAD_PEER_TIMEOUT: float | None = 10.0
     #: Async handlers of one claimed batch awaited at once by one worker thread.
     ASYNC_CONCURRENCY: int = 10
+    #: How long finished messages are kept before the workers' maintenance removes them, by
+    #: status, in seconds (None: for ever); a queue's own in ``QUEUES[q]["retention"]``
+    #: (docs/settings.md#retention). Unset: these defaults, with ``COMPLETED_RETENTION`` and
+    #: ``DEAD_LETTER_RETENTION`` when the project sets them.
+    RETENTION: dict[str, float | None] = field(default_factory=lambda: dict(DEFAULT_RETENTION))
     #: Completed messages older than this are purged by ``cleanup_completed_messages``.
     COMPLETED_RETENTION: float = 7 * 24 * 3600.0
     #: Dead letters older than this may go with their period when a purge of completed messages
@@ -189,6 +199,13 @@ class ZeroLossSettings:
     @property
     def heartbeat_interval(self) -> float:
         return self.HEARTBEAT_INTERVAL if self.HEARTBEAT_INTERVAL is not None else self.ACK_TIMEOUT / 3
+
+    def retention_of(self, queue: str | None = None) -> dict[str, float | None]:
+        """How long ``queue``'s finished messages are kept, by status (None: every queue without
+        its own ``retention``)."""
+        declared = self.QUEUES.get(queue) if queue is not None else None
+        own = declared.retention if declared is not None else None
+        return {**self.RETENTION, **own} if own else dict(self.RETENTION)
 
 
 def parse_settings(raw: Any) -> ZeroLossSettings:
@@ -262,6 +279,8 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             values[key] = value
         elif key == "QUEUES":
             values[key] = _queues(value)
+        elif key == "RETENTION":
+            values[key] = {**DEFAULT_RETENTION, **parse_retention(key, value)}
         elif key == "JSON_ENCODER":
             if value is not None:
                 parse_json_encoder(key, value)  # importable, and an encoder: E005 otherwise
@@ -281,6 +300,13 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
             if cap < base:
                 raise SettingError(key, f"MAX ({cap}) must be >= BASE ({base}).")
             values[key] = RetryBackoff(BASE=base, MAX=cap, JITTER=jitter)
+    if "RETENTION" not in values:
+        # A project that set the older settings keeps what they said.
+        values["RETENTION"] = {
+            **DEFAULT_RETENTION,
+            **({"completed": values["COMPLETED_RETENTION"]} if "COMPLETED_RETENTION" in values else {}),
+            **({"dead": values["DEAD_LETTER_RETENTION"]} if "DEAD_LETTER_RETENTION" in values else {}),
+        }
     return ZeroLossSettings(**values)
 
 

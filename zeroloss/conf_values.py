@@ -6,12 +6,14 @@ the public names: import them from there).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .durations import parse_duration_text
 from .rates import parse_concurrency, parse_rate
 
 
@@ -118,11 +120,64 @@ def limit_parser(parse: Any) -> Any:
     return parser
 
 
+#: The statuses a retention names, and how long each is kept by default (seconds; None: for ever).
+DEFAULT_RETENTION: dict[str, float | None] = {
+    "completed": 7 * 86400.0,
+    "cancelled": 7 * 86400.0,
+    "dead": 30 * 86400.0,
+}
+_RETENTION_EXAMPLE = '{"completed": "7d", "cancelled": "7d", "dead": "30d"}'
+
+
+def parse_retention(key: str, value: Any) -> dict[str, float | None]:
+    """``RETENTION`` or a queue's ``retention``: status -> seconds, a ``timedelta`` or a
+    duration text (``90s``, ``15m``, ``2h``, ``7d``); None keeps them for ever. The statuses
+    given (E008 otherwise); the caller fills in the others."""
+    if value is None:
+        return dict.fromkeys(DEFAULT_RETENTION, None)
+    if not isinstance(value, dict):
+        raise SettingError(
+            key,
+            f"must be a dict of status -> duration like {_RETENTION_EXAMPLE}, got {value!r}.",
+            "zeroloss.E008",
+        )
+    unknown = sorted((k for k in value if k not in DEFAULT_RETENTION), key=str)
+    if unknown:
+        raise SettingError(
+            key,
+            f"unknown status {unknown[0]!r}: a retention names {', '.join(DEFAULT_RETENTION)} "
+            f"(pending and processing messages are never removed), like {_RETENTION_EXAMPLE}.",
+            "zeroloss.E008",
+        )
+    return {status: _retention_seconds(f"{key}[{status!r}]", v) for status, v in value.items()}
+
+
+def _retention_seconds(key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    seconds: float | None = None
+    if isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, str):
+        seconds = parse_duration_text(value)
+    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        seconds = float(value)
+    if seconds is None or not 0 < seconds <= MAX_SECONDS:
+        raise SettingError(
+            key,
+            "must be a duration more than 0 and at most 100 years: seconds, a timedelta or a text like "
+            f"90s, 15m, 2h, 7d (None: kept for ever), got {value!r}.",
+            "zeroloss.E008",
+        )
+    return seconds
+
+
 #: The options a declared queue accepts: name -> parser(key, value) returning the typed value
 #: (raising :class:`SettingError`).
 QUEUE_OPTIONS: dict[str, Any] = {
     "concurrency": limit_parser(parse_concurrency),
     "rate": limit_parser(parse_rate),
+    "retention": parse_retention,
 }
 
 

@@ -3,6 +3,18 @@ module may use it)."""
 
 from __future__ import annotations
 
+import re
+
+#: A duration as commands and settings write it: a number and a unit (``90s``, ``15m``, ``2h``, ``7d``).
+DURATION_TEXT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration_text(text: str) -> float | None:
+    """``"7d"`` -> 604800.0; None when ``text`` is not a duration."""
+    match = DURATION_TEXT.match(text)
+    return None if match is None else float(match.group(1)) * UNITS[match.group(2)]
+
 
 def format_duration(seconds: float | None) -> str:
     """Seconds as text for terminals and the admin: ``-``, ``4.2s``, ``42s``, ``12m 05s``,

@@ -292,6 +292,25 @@ class DroppedPeriod(models.Model):
         return self.table_name
 
 
+class MaintenanceTurn(models.Model):
+    """Whose turn it is to run a maintenance duty of the whole deployment (retention), and
+    until when (database clock): a process takes the turn only once ``due_at`` has passed,
+    holds it while it runs (renewed), and leaves it due again ``RETENTION_EVERY`` later. A
+    process gone mid-way loses its turn when it runs out."""
+
+    name = models.CharField(_("name"), max_length=64, primary_key=True)
+    holder = models.CharField(_("holder"), max_length=255)
+    due_at = models.DateTimeField(_("due at"))
+
+    class Meta:
+        db_table = "zeroloss_maintenance"
+        verbose_name = _("maintenance turn")
+        verbose_name_plural = _("maintenance turns")
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.holder} until {self.due_at}"
+
+
 class OrderingHead(models.Model):
     """The one head (claimable or processing message) of an ordering key (PostgreSQL).
 

@@ -291,6 +291,13 @@ class Facade:
             limit=limit,
         )
 
+    def apply_retention(
+        self, *, actor: str | None = None, batch_size: int = 1000, deadline: float | None = None
+    ) -> dict[str, int]:
+        """Remove the finished messages past ``RETENTION`` (and each queue's own), audited as
+        a purge; the messages removed by status (docs/settings.md#retention)."""
+        return self.operator.apply_retention(actor=actor, batch_size=batch_size, deadline=deadline)
+
     def cleanup_completed_messages(self, older_than: float | dt.timedelta | None = None) -> int:
         """Purge completed messages older than ``older_than`` (default ``COMPLETED_RETENTION``)."""
         return self.operator.cleanup_completed_messages(older_than)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,11 @@ from . import partitions, statements_ops
 from .base import Part
 from .types import CancelOutcome, CancelResult
 from .validation import clean_text, seconds, validate_count, validate_message_id, validate_queue_name
+
+#: The statuses a retention removes.
+RETAINED: tuple[str, ...] = (Status.COMPLETED, Status.CANCELLED, Status.DEAD)
+#: The cut-off that keeps every period holding a message of a status kept for ever.
+_KEPT = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
 
 #: Message ids per statement (each statement takes its ids as one parameter; this only bounds
 #: the size of one transaction).
@@ -191,13 +197,38 @@ class Operator(Part):
             validate_count(limit, "limit")
         if queue_name is not None:
             validate_queue_name(queue_name)
-        engine, conn = self.engine, self.connection
-        pick = f"PURGE_PICK_{str(status).upper()}" + ("_OF_QUEUE" if queue_name else "")
-        queue_params = [queue_name] if queue_name else []
         actor = validate_message_id(actor, "actor") if actor is not None else self.instance_id
         purged = 0
         if status == Status.COMPLETED and queue_name is None and limit is None:
             purged += self._drop_expired_periods(age, actor)
+        purged += self._purge_rows(status, age, queue_name, (), batch_size, actor, limit)
+        self._run("DEDUP_PURGE", [])
+        return purged
+
+    def _purge_rows(
+        self,
+        status: str,
+        age: float,
+        queue_name: str | None,
+        except_queues: Sequence[str],
+        batch_size: int,
+        actor: str,
+        limit: int | None,
+        deadline: float | None = None,
+    ) -> int:
+        """The row-by-row purge: ``status`` messages older than ``age`` (of ``queue_name``, or of
+        every queue but ``except_queues``) deleted in batches, each batch counted into
+        ``PurgeRecord`` rows in its transaction; until none is left, ``limit`` or ``deadline``
+        (monotonic). The messages purged."""
+        engine, conn = self.engine, self.connection
+        pick = f"PURGE_PICK_{str(status).upper()}"
+        queue_params: list[Any] = []
+        if queue_name is not None:
+            pick, queue_params = pick + "_OF_QUEUE", [queue_name]
+        elif except_queues:
+            pick = pick + "_EXCEPT_QUEUES"
+            queue_params = engine.row_params(pick, [list(except_queues)])
+        purged = 0
         while limit is None or purged < limit:
             size = batch_size if limit is None else min(batch_size, limit - purged)
             with transaction.atomic(using=self.using):
@@ -219,22 +250,41 @@ class Operator(Part):
                     ]
                 )
             purged += len(rows)
-            if len(rows) < size:
+            if len(rows) < size or (deadline is not None and time.monotonic() >= deadline):
                 break
-        self._run("DEDUP_PURGE", [])
         return purged
 
     def _drop_expired_periods(self, age: float, actor: str) -> int:
         """A partitioned ledger, outside a transaction: every period whose messages are all past
-        retention detached and dropped whole, counted into ``PurgeRecord`` rows
-        (:func:`.partitions.drop_expired`), then its ids deleted from the key table in short
-        batches (:func:`.partitions.delete_dropped_keys`); the messages it held. Elsewhere: 0, and the batches
-        below purge row by row."""
-        conn = self.connection
-        if conn.in_atomic_block or not partitions.is_partitioned(conn):
-            return 0
+        retention detached and dropped whole (:meth:`_drop_periods`); the messages it held.
+        Elsewhere: 0, and the batches purge row by row."""
         now = self.database_now()
         dead_retention = self.settings.DEAD_LETTER_RETENTION
+        dropped = self._drop_periods(
+            completed_before=now - dt.timedelta(seconds=age),
+            cancelled_before=None,
+            dead_before=None if dead_retention is None else now - dt.timedelta(seconds=dead_retention),
+            actor=actor,
+        )
+        return sum(dropped.values())
+
+    def _drop_periods(
+        self,
+        *,
+        completed_before: dt.datetime,
+        cancelled_before: dt.datetime | None,
+        dead_before: dt.datetime | None,
+        actor: str,
+    ) -> dict[str, int]:
+        """A partitioned ledger, outside a transaction: every period whose messages are all past
+        these cut-offs detached and dropped, counted into ``PurgeRecord`` rows
+        (:func:`.partitions.drop_expired`), then its ids deleted from the key table in short
+        batches (:func:`.partitions.delete_dropped_keys`); the messages dropped, by status.
+        Elsewhere: nothing."""
+        conn = self.connection
+        if conn.in_atomic_block or not partitions.is_partitioned(conn):
+            return {}
+        now = self.database_now()
 
         def record(counts: dict[tuple[str, str], int]) -> None:
             PurgeRecord.objects.using(self.using).bulk_create(
@@ -246,13 +296,67 @@ class Operator(Part):
 
         dropped = partitions.drop_expired(
             conn,
-            completed_before=now - dt.timedelta(seconds=age),
-            dead_before=None if dead_retention is None else now - dt.timedelta(seconds=dead_retention),
+            completed_before=completed_before,
+            cancelled_before=cancelled_before,
+            dead_before=dead_before,
             record=record,
         )
         # counted and gone from every read already; their ids leave the key table in batches
         partitions.delete_dropped_keys(conn)
-        return sum(d.total for d in dropped)
+        by_status: dict[str, int] = {}
+        for period in dropped:
+            for (_, status), n in period.counts.items():
+                by_status[status] = by_status.get(status, 0) + n
+        return by_status
+
+    def apply_retention(
+        self, *, actor: str | None = None, batch_size: int = 1000, deadline: float | None = None
+    ) -> dict[str, int]:
+        """Remove the finished messages past their retention (``RETENTION``, and each queue's
+        own in ``QUEUES``), audited as a purge is (``PurgeRecord`` rows, ``actor``).
+
+        On a partitioned ledger the periods whose every message is past the longest retention
+        that applies go whole first (never one holding a live message or a dead letter within
+        its retention: the drop's probes and census); then, everywhere, the rest in batches:
+        each queue with a retention of its own by it, every other queue by ``RETENTION``.
+        Stops starting batches at ``deadline`` (monotonic): the next run goes on. The messages
+        removed, by status."""
+        actor = validate_message_id(actor, "actor") if actor is not None else f"retention@{self.instance_id}"
+        cfg = self.settings
+        default = cfg.retention_of(None)
+        own = {q: cfg.retention_of(q) for q, declared in cfg.QUEUES.items() if declared.retention}
+        removed: dict[str, int] = {str(s): 0 for s in RETAINED}
+        if self.engine.partitions_by_period:
+            # A period goes whole only once past the longest retention any queue has.
+            now = self.database_now()
+            cut: dict[str, dt.datetime | None] = {}
+            for status in RETAINED:
+                ages = [policy[status] for policy in (default, *own.values())]
+                kept = any(age is None for age in ages)
+                cut[status] = None if kept else now - dt.timedelta(seconds=max(a or 0.0 for a in ages))
+            if any(c is not None for c in cut.values()):
+                dropped = self._drop_periods(
+                    completed_before=cut[Status.COMPLETED] or _KEPT,
+                    cancelled_before=cut[Status.CANCELLED] or _KEPT,
+                    dead_before=cut[Status.DEAD],
+                    actor=actor,
+                )
+                for status, n in dropped.items():
+                    removed[status] = removed.get(status, 0) + n
+        for status in RETAINED:
+            age = default[status]
+            if age is not None:
+                removed[status] += self._purge_rows(
+                    status, age, None, list(own), batch_size, actor, None, deadline
+                )
+            for queue, policy in own.items():
+                age = policy[status]
+                if age is not None:
+                    removed[status] += self._purge_rows(
+                        status, age, queue, (), batch_size, actor, None, deadline
+                    )
+        self._run("DEDUP_PURGE", [])
+        return removed
 
     def cleanup_completed_messages(self, older_than: float | dt.timedelta | None = None) -> int:
         """Purge completed messages older than ``older_than`` (default ``COMPLETED_RETENTION``)."""

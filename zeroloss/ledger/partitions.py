@@ -272,7 +272,11 @@ def partition_tables(conn: BaseDatabaseWrapper, period: int, ahead: int) -> bool
 
 
 def _census(
-    conn: BaseDatabaseWrapper, part: str, completed_before: dt.datetime, dead_before: dt.datetime | None
+    conn: BaseDatabaseWrapper,
+    part: str,
+    completed_before: dt.datetime,
+    dead_before: dt.datetime | None,
+    cancelled_before: dt.datetime | None = None,
 ) -> tuple[dict[tuple[str, str], int], bool]:
     """A detached period's messages by queue and status, and whether it holds any a drop may
     not take (its probes, asked again now that nothing changes it, or a status they do not name)."""
@@ -281,17 +285,23 @@ def _census(
         counts = {(queue, status): n for queue, status, n in _rows(conn, sql.CENSUS.format(part=part))}
         cursor.execute(sql.CENSUS_PLAN_DONE)
     kept = any(status not in sql.PROBED_STATUSES for _, status in counts) or _holds_kept(
-        conn, part, completed_before, dead_before
+        conn, part, completed_before, dead_before, cancelled_before
     )
     return counts, kept
 
 
 def _holds_kept(
-    conn: BaseDatabaseWrapper, part: str, completed_before: dt.datetime, dead_before: dt.datetime | None
+    conn: BaseDatabaseWrapper,
+    part: str,
+    completed_before: dt.datetime,
+    dead_before: dt.datetime | None,
+    cancelled_before: dt.datetime | None = None,
 ) -> bool:
-    """Whether a period holds a message a drop may not take (an index probe or two, no scan)."""
+    """Whether a period holds a message a drop may not take (an index probe or two, no scan).
+    ``cancelled_before``: the cancelled messages' cut-off when it is not the completed ones'."""
     dead = sql.DEAD_KEPT if dead_before is None else sql.DEAD_KEPT_BEFORE
-    params: list[Any] = [completed_before, completed_before] + ([] if dead_before is None else [dead_before])
+    cancelled = completed_before if cancelled_before is None else cancelled_before
+    params: list[Any] = [completed_before, cancelled] + ([] if dead_before is None else [dead_before])
     return bool(_rows(conn, sql.HOLDS_KEPT.format(part=part, dead=dead), params)[0][0])
 
 
@@ -301,8 +311,10 @@ def drop_expired(
     completed_before: dt.datetime,
     dead_before: dt.datetime | None,
     record: Callable[[dict[tuple[str, str], int]], None],
+    cancelled_before: dt.datetime | None = None,
 ) -> list[Dropped]:
-    """Detach and drop every period all of whose messages are finished and past retention.
+    """Detach and drop every period all of whose messages are finished and past retention
+    (cancelled ones: past ``cancelled_before`` when given, else ``completed_before``).
 
     ``record(counts)`` writes the ``PurgeRecord`` rows, in the transaction that drops the period.
     Each period holding nothing a drop may not take (a probe of its partial indexes):
@@ -322,14 +334,15 @@ def drop_expired(
             for name, _, pending in _rows(conn, sql.PARTITIONS, [table]):
                 if pending:
                     cursor.execute(sql.DETACH_FINALIZE.format(table=table, part=name))
-    attached = {p.name: p for p in partitions(conn) if p.end <= completed_before}
+    latest = max(c for c in (completed_before, cancelled_before, dead_before) if c is not None)
+    attached = {p.name: p for p in partitions(conn) if p.end <= latest}
     dropping = {r[0] for r in _rows(conn, sql.DROPPED_PERIODS.format(dropped=DROPPED))}
     detached = [r[0] for r in _rows(conn, sql.DETACHED, [f"{MESSAGES}\\_p%"]) if r[0] not in dropping]
     dropped = []
     for part in sorted(set(attached) | set(detached)):
         events = EVENTS + part[len(MESSAGES) :]
         if part in attached:
-            if _holds_kept(conn, part, completed_before, dead_before):
+            if _holds_kept(conn, part, completed_before, dead_before, cancelled_before):
                 continue
             with conn.cursor() as cursor:
                 cursor.execute(sql.DETACH_CONCURRENTLY.format(table=MESSAGES, part=part))
@@ -340,7 +353,7 @@ def drop_expired(
             with conn.cursor() as cursor:
                 cursor.execute(sql.DETACH_CONCURRENTLY.format(table=EVENTS, part=events))
         with transaction.atomic(using=conn.alias):
-            counts, kept = _census(conn, part, completed_before, dead_before)
+            counts, kept = _census(conn, part, completed_before, dead_before, cancelled_before)
             if kept:
                 _attach_again(conn, part, events)
                 continue

@@ -16,7 +16,12 @@ _STAMPS = {"COMPLETED": "completed_at", "DEAD": "dead_at", "CANCELLED": "updated
 _PICK = {
     f"PURGE_PICK_{status}{suffix}": _PURGE_PICK.replace("{stamp}", stamp).replace("{queue}", queue)
     for status, stamp in _STAMPS.items()
-    for suffix, queue in (("", ""), ("_OF_QUEUE", " AND queue_name = %s"))
+    for suffix, queue in (
+        ("", ""),
+        ("_OF_QUEUE", " AND queue_name = %s"),
+        # Retention: every queue but those with a retention of their own (a batch of names).
+        ("_EXCEPT_QUEUES", " AND queue_name NOT IN (SELECT b.q FROM {rows})"),
+    )
 }
 PURGE_PICK_COMPLETED = _PICK["PURGE_PICK_COMPLETED"]
 PURGE_PICK_COMPLETED_OF_QUEUE = _PICK["PURGE_PICK_COMPLETED_OF_QUEUE"]
@@ -24,6 +29,9 @@ PURGE_PICK_DEAD = _PICK["PURGE_PICK_DEAD"]
 PURGE_PICK_DEAD_OF_QUEUE = _PICK["PURGE_PICK_DEAD_OF_QUEUE"]
 PURGE_PICK_CANCELLED = _PICK["PURGE_PICK_CANCELLED"]
 PURGE_PICK_CANCELLED_OF_QUEUE = _PICK["PURGE_PICK_CANCELLED_OF_QUEUE"]
+PURGE_PICK_COMPLETED_EXCEPT_QUEUES = _PICK["PURGE_PICK_COMPLETED_EXCEPT_QUEUES"]
+PURGE_PICK_DEAD_EXCEPT_QUEUES = _PICK["PURGE_PICK_DEAD_EXCEPT_QUEUES"]
+PURGE_PICK_CANCELLED_EXCEPT_QUEUES = _PICK["PURGE_PICK_CANCELLED_EXCEPT_QUEUES"]
 PURGE_EVENTS = "DELETE FROM {evt} WHERE message_id IN (SELECT b.id FROM {rows})"
 PURGE_MESSAGES = "DELETE FROM {msg} WHERE id IN (SELECT b.id FROM {rows})"
 # Their ids out of the key table (models.MessageKey; empty on SQLite): a resend after the purge
@@ -43,7 +51,19 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "PURGE_MESSAGES": (("id", "bigint"),),
     "PURGE_KEYS": (("id", "bigint"),),
     "PAYLOAD_SIZES_OF": (("id", "bigint"),),
+    **{f"PURGE_PICK_{status}_EXCEPT_QUEUES": (("q", "text"),) for status in _STAMPS},
 }
+
+# -- a maintenance duty's turn (models.MaintenanceTurn) ---------------------------------------
+
+#: Taken when due (parameters: its name, the holder, seconds it is held): the holder's row if taken.
+TAKE_TURN = (
+    "INSERT INTO zeroloss_maintenance (name, holder, due_at) VALUES (%s, %s, {after}) "
+    "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, due_at = excluded.due_at "
+    "WHERE zeroloss_maintenance.due_at <= {now} RETURNING holder"
+)
+#: Held longer, or left due again later (parameters: seconds from now, its name, the holder).
+HOLD_TURN = "UPDATE zeroloss_maintenance SET due_at = {after} WHERE name = %s AND holder = %s"
 
 # -- sessions: idle workers' wake-up, dead peers (PostgreSQL) ---------------------------------
 

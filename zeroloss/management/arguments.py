@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from typing import NoReturn
 
 from django.core.management.base import CommandError, CommandParser, DjangoHelpFormatter
 from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 
+from ..durations import DURATION_TEXT as _DURATION_RE
+from ..durations import UNITS as _UNITS
 from .exits import EXIT_USAGE
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 #: The longest duration a command accepts: 1,000 years, far beyond any retention, and small
 #: enough that "now minus it" is a date both Python and the database can represent.
 MAX_DURATION_DAYS = 365_000

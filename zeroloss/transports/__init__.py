@@ -137,12 +137,15 @@ def _check_alias(service: ZeroLossMessageService) -> None:
 
 
 def after_sweep_hooks(service: ZeroLossMessageService) -> list[Any]:
-    """What runs after each sweep: the transport's (Celery: publish again), standby discovery."""
+    """What runs after each sweep: the transport's (Celery: publish again), standby discovery,
+    the retention turn (:mod:`zeroloss.retention`)."""
+    from .. import retention
     from ..loops import discover_standbys
 
     hooks: list[Any] = [get_transport(service).after_sweep]
     if service.engine.supports_replication:
         hooks.append(discover_standbys)
+    hooks.append(retention.after_sweep)
     return hooks
 
 
