@@ -226,6 +226,8 @@ def test_workers_apply_retention_one_at_a_time_while_they_work(retained: None) -
     env = {"ZEROLOSS_SETTINGS_JSON": json.dumps(SETTINGS)}
     workers = [db_worker("--queue", QUEUE, "--poll-interval", "0.1", **env) for _ in range(2)]
     try:
+        for worker in workers:
+            worker.wait_for("zeroloss_worker: queues")
         for n in range(5):
             zeroloss.send(QUEUE, {"n": n}, message_id=f"new{n}")
         wait_for(
@@ -241,8 +243,8 @@ def test_workers_apply_retention_one_at_a_time_while_they_work(retained: None) -
             90,
         )
     finally:
-        for worker in workers:
-            assert worker.terminate() == 0, worker.text[-3000:]
+        codes = [worker.terminate() for worker in workers]
+    assert codes == [0, 0], [worker.text[-3000:] for worker in workers]
     assert set(Message.objects.values_list("message_id", flat=True)) == (set(plan) - REMOVED) | {
         f"new{n}" for n in range(5)
     }
@@ -317,6 +319,7 @@ def test_workers_apply_retention_to_an_unpartitioned_ledger_in_batches(unpartiti
         [*_python(), "manage.py", "zeroloss_worker", "--queue", QUEUE], {**env, "ZEROLOSS_LOG_LEVEL": "INFO"}
     )
     try:
+        worker.wait_for("zeroloss_worker: queues")
 
         def left() -> set[str]:
             with psycopg.connect(url, autocommit=True) as conn:

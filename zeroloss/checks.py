@@ -9,6 +9,7 @@
 | zeroloss.E005   | ``JSON_ENCODER`` is not the importable dotted path of a ``json.JSONEncoder`` subclass |
 | zeroloss.E006   | ``QUEUES`` is not a dict of valid queue names -> dicts of known options |
 | zeroloss.E007   | a queue's ``concurrency`` or ``rate`` in ``QUEUES`` is invalid |
+| zeroloss.E008   | ``RETENTION`` or a queue's ``retention`` in ``QUEUES`` is invalid |
 | zeroloss.E010   | ``PERSISTENCE_LEVEL = "replicated"`` on a database that cannot replicate |
 | zeroloss.E011   | ``QUEUE_DATABASES`` or ``LEDGER_DATABASES`` names an alias missing from ``DATABASES`` |
 | zeroloss.W001   | ``SWEEP_INTERVAL`` is longer than ``ACK_TIMEOUT`` |

@@ -5,9 +5,10 @@ Every process that sweeps (``zeroloss_worker``, ``zeroloss_sweep``, Celery beat'
 ``zeroloss.sweep``) asks after its sweep, at most every ``CHECK_EVERY`` seconds, whether it is
 the deployment's turn (:class:`~zeroloss.models.MaintenanceTurn`, by the database clock): one
 process at a time takes it, at most every ``RETENTION_EVERY`` seconds across the deployment.
-The turn runs in a thread of its own, so that the sweep never waits for it (a partition's
-detach waits for the transactions older than it), for at most ``RUN_FOR`` seconds of batches;
-what is left goes to the next turn, due at once. What it removes is audited as a purge
+Taking the turn is one statement on the sweep's connection; the turn then runs in a thread of
+its own, with a connection of its own while it runs, so that the sweep never waits for it (a
+partition's detach waits for the transactions older than it), for at most ``RUN_FOR`` seconds
+of batches; what is left goes to the next turn, due at once. What it removes is audited as a purge
 (``PurgeRecord`` rows, actor ``retention@<instance>``): :meth:`.Operator.apply_retention`.
 """
 
@@ -33,7 +34,8 @@ CHECK_EVERY = 60.0
 RETENTION_EVERY = 300.0
 #: Seconds of batches a turn runs at most; the rest goes to the next turn.
 RUN_FOR = 20.0
-#: A turn is held this long (renewed when it ends): a process gone mid-way loses it then.
+#: A turn is held this long (then left due ``RETENTION_EVERY`` later): a process gone mid-way
+#: loses it then.
 HOLD_FOR = 900.0
 #: Per database alias: when this process last asked (monotonic), and its turn's thread.
 _ASKED: dict[str, float] = {}
@@ -64,9 +66,14 @@ def run_turn(service: Any) -> dict[str, int] | None:
     holder = f"{service.instance_id}/{uuid.uuid4().hex[:8]}"
     if not take_turn(service, holder):
         return None
+    return _run(service, holder)
+
+
+def _run(service: Any, holder: str) -> dict[str, int]:
+    """The turn ``holder`` took."""
     deadline = time.monotonic() + RUN_FOR
     try:
-        removed = service.apply_retention(deadline=deadline)
+        removed: dict[str, int] = service.apply_retention(deadline=deadline)
     except BaseException:
         _due_again(service, holder, CHECK_EVERY)
         raise
@@ -81,8 +88,9 @@ def run_turn(service: Any) -> dict[str, int] | None:
 
 
 def after_sweep(service: Any, report: Any) -> Any:
-    """The after-sweep hook: the retention turn in its own thread, when this process has not
-    asked for ``CHECK_EVERY`` seconds and nothing of its own runs it already."""
+    """The after-sweep hook: once every ``CHECK_EVERY`` seconds, take the turn if it is due
+    (one statement, on the sweep's connection) and run it in a thread of its own (with a
+    connection of its own, closed when it ends), unless this process runs one already."""
     if _keeps_all(service):
         return report
     alias = service.using
@@ -94,20 +102,24 @@ def after_sweep(service: Any, report: Any) -> Any:
         ):
             return report
         _ASKED[alias] = now
-        thread = threading.Thread(
-            target=_in_thread,
-            args=(type(service), alias, service.instance_id),
-            name="zeroloss-retention",
-            daemon=True,
-        )
+    holder = f"{service.instance_id}/{uuid.uuid4().hex[:8]}"
+    if not take_turn(service, holder):
+        return report
+    thread = threading.Thread(
+        target=_in_thread,
+        args=(type(service), alias, service.instance_id, holder),
+        name="zeroloss-retention",
+        daemon=True,
+    )
+    with _LOCK:
         _RUNNING[alias] = thread
     thread.start()
     return report
 
 
-def _in_thread(service_class: Any, alias: str, instance_id: str) -> None:
+def _in_thread(service_class: Any, alias: str, instance_id: str, holder: str) -> None:
     try:
-        run_turn(service_class(using=alias, instance_id=instance_id))
+        _run(service_class(using=alias, instance_id=instance_id), holder)
     except Exception as exc:  # the next turn tries again; the sweep goes on either way
         logger.warning("zeroloss: retention on %r failed (%s); tried again at the next turn", alias, exc)
     finally:
