@@ -37,13 +37,16 @@ INSERT_BARE = f"WITH {_KEY} {_INSERT}"
 
 INSERT_AUDITED = f"WITH {_KEY}, t AS ({_INSERT}), ev AS ({_EVENT}) SELECT id FROM t"
 
+# In the claim index's order (no sort). The status is checked where the rows are chosen and
+# locked, not again by the UPDATE, which a partition's stale statistics plan through its status
+# index: every pending row (statements.CLAIM).
 CLAIM = (
     f"WITH t AS (UPDATE {MSG} SET status = 'processing', attempts = attempts + 1, "
     "lease_token = gen_random_uuid(), lease_expires_at = statement_timestamp() + interval '5 seconds', "
     "claimed_by = %(actor)s, updated_at = statement_timestamp() "
     f"WHERE id = ANY(ARRAY(SELECT id FROM {MSG} WHERE status = 'pending' AND queue_name = %(queue)s "
-    "AND available_at <= statement_timestamp() ORDER BY available_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)) "
-    "AND status = 'pending' "
+    "AND available_at <= statement_timestamp() ORDER BY priority DESC, available_at, id LIMIT %(limit)s "
+    "FOR UPDATE SKIP LOCKED)) "
     "RETURNING id, message_id, status, attempts, updated_at, lease_token, payload, created_at), "
     f"ev AS ({_EVENT}) SELECT message_id, lease_token, payload FROM t"
 )

@@ -24,9 +24,10 @@ RETAINED = 200_000
 PENDING = 3_000
 
 
-def load(queue: str, count: int, status: str) -> None:
+def load(queue: str, count: int, status: str, *, analyze: bool = True) -> None:
     """``count`` messages of ``queue`` in ``status`` (pending, or completed an hour ago), stored by
-    one statement: the shape of a day that retains far more than it has pending."""
+    one statement: the shape of a day that retains far more than it has pending. Without
+    ``analyze``, the partition's statistics predate them (a backlog sent since the last ANALYZE)."""
     done = status == "completed"
     with connection.cursor() as cursor:
         cursor.execute(
@@ -38,15 +39,17 @@ def load(queue: str, count: int, status: str) -> None:
             "CASE WHEN %s THEN statement_timestamp() END FROM generate_series(1, %s) g",
             [f"{queue}-", queue, status, int(done), 3600 if done else 1, 3600 if done else 1, done, count],
         )
-        cursor.execute("ANALYZE zeroloss_message")
+        if analyze:
+            cursor.execute("ANALYZE zeroloss_message")
 
 
-def claim_plan(service: ZeroLossMessageService, *, planned: bool) -> str:
-    """EXPLAIN of the claim statement a worker runs (its audit CTE included), as it is planned
-    with (``planned``) and without statements.PLAN_CLAIM; nothing is run."""
+def claim_plan(service: ZeroLossMessageService, *, planned: bool, sql: str = "") -> str:
+    """EXPLAIN of the claim statement a worker runs (its audit CTE included), or of ``sql`` with
+    its parameters, as it is planned with (``planned``) and without statements.PLAN_CLAIM;
+    nothing is run."""
     engine = engine_for(connection)
     assert isinstance(engine, PostgresEngine)
-    sql = engine._with_audit("CLAIM", False)
+    sql = sql or engine._with_audit("CLAIM", False)
     params = [
         30.0,
         "test-worker",
@@ -87,6 +90,30 @@ def test_a_claim_beside_many_retained_messages_merges_the_index_scans_instead_of
         (lease.message_id for lease in leases), key=lambda mid: int(mid.rsplit("-", 1)[1])
     )
     assert len(leases) == 100
+
+
+def _row_lookup(plan: str) -> str:
+    """How the claim's UPDATE finds the rows its subquery chose: its scan of the partitions the
+    statement did not prune (after the subquery's, before the audit rows' CTE)."""
+    return plan.rsplit("Subplans Removed", 1)[1].split("CTE ev", 1)[0]
+
+
+def test_a_claim_on_a_backlog_sent_since_the_last_analyze_finds_its_rows_by_id() -> None:
+    """The UPDATE checks no status again: checked there, a partition whose statistics predate
+    its backlog was planned to find the chosen rows through every pending row of the partition
+    (its status index, rechecked for the ids): each claim of 100 read all 20,000."""
+    service = ZeroLossMessageService()
+    load(QUEUE, 20_000, "pending", analyze=False)
+    lookup = _row_lookup(claim_plan(service, planned=True))
+    assert re.search(r"Index Scan (using|on) zeroloss_message_p\d+_pkey", lookup), lookup
+    assert "status" not in lookup, lookup
+    # What it guards against, on this very partition: the status checked again outside.
+    engine = engine_for(connection)
+    assert isinstance(engine, PostgresEngine)
+    claim = engine._with_audit("CLAIM", False)
+    checked_again = claim.replace(") c LIMIT %s))", ") c LIMIT %s)) AND status = 'pending'")
+    assert checked_again != claim
+    assert "queue_status_idx" in _row_lookup(claim_plan(service, planned=True, sql=checked_again))
 
 
 def test_a_claim_in_autocommit_runs_planned_in_a_transaction_of_its_own_and_leaves_nothing_set() -> None:

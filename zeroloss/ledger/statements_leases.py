@@ -26,6 +26,11 @@ CLAIM_RETURNING = ", lease_token, lease_expires_at, payload, max_attempts, prior
 # priorities from their head. A priority below -100 (none is) makes the first range the whole
 # queue: the claim from the head, which every claimer also makes every few seconds for what
 # committed further behind (leases.CLAIM_FROM_HEAD_EVERY).
+# The status is checked once, where the rows are chosen and locked (a row changed meanwhile is
+# checked again, locked): the UPDATE finds them by id alone. Checked again there, a partition
+# whose statistics predate its rows (a backlog sent since its last ANALYZE) was planned to find
+# them through every pending row of the partition (the status index, rechecked for the ids):
+# 45 ms a claim of 100 from 20,000 pending, 2 ms by id (EXPLAIN ANALYZE).
 # ``{created_by_now}``: PostgreSQL prunes the partitions of periods to come (the sweep keeps
 # PARTITIONS_AHEAD of them, all empty) when the statement starts; nothing where unpartitioned.
 _CLAIMABLE = "SELECT id FROM {msg} WHERE status = 'pending' AND queue_name = %s AND available_at <= {now}{created_by_now}"
@@ -41,7 +46,7 @@ CLAIM = (
     + _AFTER
     + " UNION ALL SELECT id FROM "
     + _LOWER
-    + ") c LIMIT %s{in_close} AND status = 'pending'{created_by_now}"
+    + ") c LIMIT %s{in_close}{created_by_now}"
 )
 # A claim of a queue under a concurrency limit, inside the transaction that locked the queue's
 # control row (control.py): CLAIM, claiming at most the limit less what is processing, counted
@@ -53,7 +58,7 @@ CLAIM_LIMITED = CLAIM.replace(
 )
 CLAIM_BY_ID = (
     _CLAIM_SET + "{in_open}SELECT id FROM {msg} WHERE message_id = %s AND status = 'pending' "
-    "AND available_at <= {now}{skip_locked}{in_close} AND status = 'pending'"
+    "AND available_at <= {now}{skip_locked}{in_close}"
 )
 # The attempt a lease holder is on (its failure's backoff depends on it).
 LEASED_ATTEMPT = (
