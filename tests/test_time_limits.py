@@ -17,7 +17,7 @@ from django.core.checks import Error
 
 import zeroloss
 from tests.support import count_keeper_passes, expire_leases, finish, register, run_worker
-from tests.support.waiting import never_done, suspend
+from tests.support.waiting import hold_for, never_done, suspend
 from zeroloss import handlers
 from zeroloss.conf import get_settings
 from zeroloss.exceptions import InvalidHandler, SoftTimeLimitExceeded
@@ -222,6 +222,64 @@ def test_an_async_handler_past_its_own_time_limit_is_cancelled():
 
 def lease_expiry(message_id: str) -> object:
     return Message.objects.values_list("lease_expires_at", flat=True).get(message_id=message_id)
+
+
+def test_a_thread_past_its_hard_limit_keeps_its_concurrency_slot_until_it_returns(caplog, settings):
+    # Concurrency 1, the thread pool, a handler blocked past its hard limit: its lease (its slot)
+    # is still renewed, so the sweep puts nothing back and a second worker starts no second run
+    # while the first still runs; the first run's outcome is recorded when it returns.
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "HEARTBEAT_INTERVAL": 0.05}
+    release = threading.Event()
+    running: list[int] = []
+    most = [0]
+    lock = threading.Lock()
+
+    def handle(delivery: Delivery) -> None:
+        with lock:
+            running.append(delivery.attempt)
+            most[0] = max(most[0], len(running))
+        try:
+            if delivery.attempt == 1:
+                release.wait(60)  # a thread cannot be stopped: it runs on past its hard limit
+        finally:
+            with lock:
+                running.remove(delivery.attempt)
+
+    register("tl.thread_hard_limited", handle, time_limit=0.2)
+    service = ZeroLossMessageService()
+    service.limit_queue("tl.thread_hard_limited", concurrency=1)
+    service.persist_messages([(f"hl{i}", "tl.thread_hard_limited", {}) for i in range(2)])
+    caplog.set_level(logging.WARNING, logger="zeroloss")
+    worker, thread = run_worker("tl.thread_hard_limited", sweep=False)
+    passes = count_keeper_passes(worker.keeper)
+    other = other_thread = None
+    try:
+        assert wait_until(lambda: running == [1], timeout=30)
+        [first] = [m for m in ("hl0", "hl1") if one(m).status == Status.PROCESSING]
+        assert wait_until(lambda: "its lease (its slot) is kept until the handler returns" in caplog.text, 30)
+        expiry, seen = lease_expiry(first), len(passes)
+        assert wait_until(lambda: len(passes) >= seen + 3, timeout=30), "the keeper stopped"
+        assert lease_expiry(first) != expiry, "the lease is no longer renewed: its slot would go with it"
+        assert service.sweep().requeued == []
+        other, other_thread = run_worker("tl.thread_hard_limited", sweep=False, instance_id="other")
+        hold_for(1.0, lambda: assert_most(most, 1), interval=0.05)  # the other worker starts nothing
+        release.set()
+        assert wait_until(
+            lambda: Message.objects.filter(status=Status.COMPLETED, message_id__startswith="hl").count() == 2,
+            60,
+        )
+    finally:
+        release.set()
+        if other is not None:
+            finish(other, other_thread)
+        finish(worker, thread)
+    print(f"thread pool past its hard limit, concurrency 1: most runs at once {most[0]}")
+    assert most[0] == 1
+    assert one(first).attempts == 1  # the run that outlived its hard limit was recorded, not re-run
+
+
+def assert_most(most: list[int], bound: int) -> None:
+    assert most[0] <= bound, most
 
 
 def test_the_hard_limit_lets_the_lease_go_and_the_late_outcome_is_refused(caplog, settings):

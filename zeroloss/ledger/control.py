@@ -238,6 +238,14 @@ class Control(Part):
             return True
         return queue_name in self._controlled_queues()[0]
 
+    def bounds_running(self, queue_name: str) -> bool:
+        """Whether the queue has a concurrency limit (or an override, as far as this process
+        knows): its runs' leases are its slots, kept while their handlers run."""
+        declared = self.settings.QUEUES.get(queue_name)
+        if declared is not None and declared.concurrency is not None:
+            return True
+        return queue_name in self._controlled_queues()[1]
+
     def _any_controlled(self) -> bool:
         return bool(self._controlled_queues()[0]) or any(
             q.concurrency is not None or q.rate is not None for q in self.settings.QUEUES.values()

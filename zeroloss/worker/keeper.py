@@ -47,6 +47,10 @@ class _Held:
     timed_out: bool = False
     #: The hard bound of its handler's run: its ``time_limit``, else ``HANDLER_TIMEOUT``.
     limit: float | None = None
+    #: Its queue has a concurrency limit: its lease is its slot, renewed past the hard bound
+    #: until the handler returns (a thread cannot be stopped; letting the lease go would let
+    #: another run of the queue start beside this one).
+    holds_slot: bool = False
 
 
 @dataclass
@@ -114,9 +118,12 @@ class LeaseKeeper(AbortWatch):
         now = time.monotonic() if claimed_at is None else claimed_at
         ttl = self.service.settings.ACK_TIMEOUT
         limit = self.handler_timeout if time_limit is None else time_limit
+        leases = list(leases)
+        slots = {q: self.service.control.bounds_running(q) for q in {x.queue_name for x in leases}}
         with self._lock:
             for lease in leases:
-                self._held[lease.message_id] = _Held(lease, now + ttl, now, batch, limit=limit)
+                held = _Held(lease, now + ttl, now, batch, limit=limit, holds_slot=slots[lease.queue_name])
+                self._held[lease.message_id] = held
                 self.lost.discard(lease.message_id)
 
     def settling(self, message_ids: Iterable[str], *, being: bool = True) -> None:
@@ -203,6 +210,18 @@ class LeaseKeeper(AbortWatch):
                 if h.lease.message_id in self.lost:
                     continue
                 if h.limit is not None and self._running_for(h, now) >= h.limit:
+                    if h.holds_slot:
+                        if not h.timed_out:
+                            h.timed_out = True
+                            logger.warning(
+                                "%s: its handler has run longer than its hard time limit (%gs: time_limit, "
+                                "else HANDLER_TIMEOUT); its queue has a concurrency limit, so its lease "
+                                "(its slot) is kept until the handler returns",
+                                h.lease.message_id,
+                                h.limit,
+                            )
+                        due.append(h)
+                        continue
                     if not h.timed_out:
                         h.timed_out = True
                         # A thread cannot be stopped: letting the lease go is the hard limit.
