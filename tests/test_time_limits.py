@@ -270,7 +270,7 @@ def test_a_thread_past_its_hard_limit_keeps_its_concurrency_slot_until_it_return
         )
     finally:
         release.set()
-        if other is not None:
+        if other is not None and other_thread is not None:
             finish(other, other_thread)
         finish(worker, thread)
     print(f"thread pool past its hard limit, concurrency 1: most runs at once {most[0]}")
