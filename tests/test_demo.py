@@ -72,6 +72,13 @@ def test_demo_loses_nothing_and_handles_nothing_twice(tmp_path):
     # Every lease the killed worker died holding was freed by the sweep, exactly once.
     assert summary["orphaned_by_kill"] >= 1
     assert summary["recovered_by_sweep"] == summary["orphaned_by_kill"]
+    # Each number is printed with what it counts.
+    assert "leases the sweep found expired and put back: exactly the killed worker's" in proc.stdout
+    for line in proc.stdout.split("summary (from the ledger and the handlers' own records)\n")[
+        1
+    ].splitlines()[:11]:
+        number, meaning = line[:37].strip(), line[37:].strip()
+        assert number.split()[-1].replace(".", "").isdigit() and len(meaning) > 20, line
 
     prefix = f"demo-{summary['run']}-"
     if postgres:

@@ -412,3 +412,44 @@ def test_a_worker_transaction_left_idle_is_ended_by_the_server(other):
     thread.start()
     thread.join(30)
     assert pid and not other.run("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid[0]])
+
+
+@pytest.mark.sqlite_only
+def test_a_claim_that_waited_for_sqlites_write_lock_runs_its_messages(settings: Any) -> None:
+    """A claim whose transaction waited longer than ACK_TIMEOUT for SQLite's write lock (behind
+    other writers) sets leases that start when its statement runs: its worker runs the messages.
+    Measured from before the wait, they looked expired on arrival and were left to the sweep."""
+    import sqlite3
+    import time
+
+    from django.db.backends.signals import connection_created
+
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "ACK_TIMEOUT": 2.0}
+    ids = [f"locked{i}" for i in range(3)]
+    ZeroLossMessageService().persist_messages([(mid, "demo.record_tx", {}) for mid in ids])
+    begun = threading.Event()
+
+    def seen(sql: str) -> None:
+        if "BEGIN" in sql:  # traced as the statement starts: before any wait for the lock
+            begun.set()
+
+    def trace(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            connection.connection.set_trace_callback(seen)
+
+    holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the write lock, held as a busy writer would
+    connection_created.connect(trace)
+    try:
+        _worker, thread = run_worker("demo.record_tx", max_messages=3)
+        assert begun.wait(30), "the worker never tried to write"
+        time.sleep(2.0 + 1.5)  # the claim waits longer than its lease would last
+        holder.execute("ROLLBACK")
+        thread.join(60)
+        assert not thread.is_alive(), "the worker did not finish its 3 messages"
+    finally:
+        connection_created.disconnect(trace)
+        holder.close()
+    for mid in ids:
+        assert reasons(mid) == ["persisted", "claimed", "acknowledged"], mid
+    assert Message.objects.filter(message_id__in=ids, status=Status.COMPLETED, attempts=1).count() == 3

@@ -288,6 +288,28 @@ def _wait_for_receipts(ids: list[str], deadline: float) -> int:
         time.sleep(0.1)
 
 
+def _explained(summary: dict[str, Any], fail_every: int, attempts: int) -> list[tuple[str, str]]:
+    """Each number the summary prints, with what it counts."""
+    orphaned, recovered = summary["orphaned_by_kill"], summary["recovered_by_sweep"]
+    if recovered == orphaned:
+        sweep = "leases the sweep found expired and put back: exactly the killed worker's"
+    else:
+        sweep = f"leases the sweep put back: {orphaned} of the killed worker's, {recovered - orphaned} others"
+    return [
+        ("sent", "messages stored by zeroloss.send(), each in the transaction that sent it"),
+        ("completed", "handled and acknowledged, each exactly once (the handlers' records agree)"),
+        ("orphaned_by_kill", "leases the SIGKILLed worker held when it died: only the sweep can free them"),
+        ("recovered_by_sweep", sweep),
+        ("dead_lettered", f"1 email in {fail_every} fails on purpose: dead after {attempts} attempts"),
+        ("still_pending_or_processing", "not finished when the demo stopped waiting (0: all finished)"),
+        ("lost", "sent, but neither stored nor handled (zero loss: always 0)"),
+        ("handled_twice", "messages whose handler's effect was recorded twice (always 0)"),
+        ("tasks_enqueued", "Django tasks stored by send_receipt.enqueue() (one more was rolled back)"),
+        ("tasks_successful", "of those, finished SUCCESSFUL, read back with get_result()"),
+        ("seconds", "from the first send to the last outcome"),
+    ]
+
+
 @contextmanager
 def _progress(enabled: bool) -> Iterator[Any]:
     tty = sys.stdout.isatty()
@@ -434,20 +456,8 @@ def main() -> int:
             "seconds": round(time.monotonic() - started, 1),
         }
         print("\nsummary (from the ledger and the handlers' own records)")
-        for key in (
-            "sent",
-            "completed",
-            "orphaned_by_kill",
-            "recovered_by_sweep",
-            "dead_lettered",
-            "still_pending_or_processing",
-            "lost",
-            "handled_twice",
-            "tasks_enqueued",
-            "tasks_successful",
-            "seconds",
-        ):
-            print(f"  {key.replace('_', ' '):<28} {summary[key]}")
+        for key, meaning in _explained(summary, args.fail_every, emails_max_attempts):
+            print(f"  {key.replace('_', ' '):<28} {summary[key]!s:>6}  {meaning}")
         if args.json:
             Path(args.json).write_text(json.dumps(summary, indent=2))
         if args.no_serve:

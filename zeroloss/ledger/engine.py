@@ -25,6 +25,12 @@ from .statements_moves import AUDIT_COLUMNS, MOVED_NAMES, Moving
 
 MSG = Message._meta.db_table
 EVT = MessageEvent._meta.db_table
+
+#: Set on a connection by :meth:`Engine.transition`: the monotonic time just before its moving
+#: statement was sent, every lock the engine takes for it held (SQLite's whole-database write lock
+#: is taken when the transaction begins, and waiting for it can take seconds). The statement's
+#: clock reads no earlier, so a lease it sets lasts at least ACK_TIMEOUT from then.
+MOVED_FROM = "_zeroloss_moved_from"
 DEDUP = DedupKey._meta.db_table
 CTL = QueueControl._meta.db_table
 BUCKET = RateBucket._meta.db_table

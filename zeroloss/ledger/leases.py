@@ -16,6 +16,7 @@ from django.db import OperationalError, transaction
 
 from .. import telemetry
 from .base import Part
+from .engine import MOVED_FROM
 from .types import Lease
 from .validation import validate_count, validate_message_id, validate_queue_name
 
@@ -80,8 +81,15 @@ class Leases(Part):
             since = min(self.engine.at(last[11]), claimed_at - CLAIM_REWIND)
             self.__dict__["_claim_cursors"][queue_name] = (last[9], since)
 
+    #: Monotonic time from which the last claim's leases are measured: just before its statement
+    #: ran with the locks it needed (engine.MOVED_FROM), not before a wait for them (SQLite's
+    #: write lock, behind other writers: a lease measured from before a wait of ACK_TIMEOUT or
+    #: more would look expired here when it was just taken, and its messages would never run).
+    claimed_from: float = 0.0
+
     def _claim(self, name: str, params: Sequence[Any], cursor_of: str = "") -> list[Lease]:
         engine = self.engine
+        before = time.monotonic()
         self.connection.ensure_connection()
         # Remembered in case this claim's outcome is lost (see release_unknown_claims).
         self._claim_session = engine.session_of(self.connection)
@@ -90,6 +98,7 @@ class Leases(Part):
             rows = self._planned_claim(name, moving)
         else:
             rows = self._move(name, moving)
+        self.claimed_from = max(before, self.connection.__dict__.get(MOVED_FROM, before))
         if cursor_of:
             self._remember_claim(cursor_of, rows)
         # Oldest first within a priority: the order the claim chose (RETURNING keeps none).

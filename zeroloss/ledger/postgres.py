@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
@@ -11,7 +12,7 @@ from django.db import InternalError, OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import statements
-from .engine import MSG, Engine, Move, Rows, from_epoch
+from .engine import MOVED_FROM, MSG, Engine, Move, Rows, from_epoch
 
 # Timestamps handed back as epoch seconds: a float loads far cheaper than a timestamptz through
 # Django's time-zone-aware loader (measured: 15% of a no-op worker's time went there).
@@ -321,6 +322,7 @@ class PostgresEngine(Engine):
         full = self._composed.get(key) or self.composed(
             key, lambda: self._with_audit(move.name, move.promote)
         )
+        conn.__dict__[MOVED_FROM] = time.monotonic()
         rows, _ = self.execute(
             conn,
             full,

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .engine import EVT, Engine, Move, Rows
+from .engine import EVT, MOVED_FROM, Engine, Move, Rows
 from .statements_moves import AUDIT_COLUMNS, FINISHED, Edge, audit_row
 
 _CLOCK = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'"
@@ -72,6 +73,7 @@ class SqliteEngine(Engine):
         full = self.composed((name,), lambda: f"{self.sql[name]} RETURNING {self.returning[name]}")
         events = self.composed(("events",), self._audit_insert)
         with transaction.atomic(using=conn.alias):
+            conn.__dict__[MOVED_FROM] = time.monotonic()  # the write lock is this transaction's now
             rows, _ = self.execute(conn, full, move.params)
             if rows:
                 # id, message_id, status, attempts, updated_at, from_status, reason, detail, ...,

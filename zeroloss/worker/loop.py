@@ -194,6 +194,8 @@ class ClaimLoop:
             idle_rounds = 0
             spec = get_handler(queue)
             self.batch = Batch(leases)
+            # From when the claim statement ran, not from before it waited for a lock.
+            claimed_at = max(claimed_at, self.service.leases.claimed_from)
             worker.keeper.hold(leases, self.batch, claimed_at=claimed_at, time_limit=spec.time_limit)
             with telemetry.batch():  # the batch's per-message metrics recorded once, at its end
                 if spec.transactional:
