@@ -314,3 +314,84 @@ def test_long_errors_stay_on_one_line_and_inside_the_page(
     content = page.locator("#content-main").bounding_box()
     assert table is not None and content is not None
     assert table["x"] + table["width"] <= content["x"] + content["width"] + 1
+
+
+#: Per row of the changelist: each named column's cell, its visible width, whether its text is cut.
+CELLS_JS = """
+(names) => Array.from(document.querySelectorAll('#result_list tbody tr')).map(tr => {
+    const row = {};
+    for (const name of names) {
+        const cell = tr.querySelector('.field-' + name);
+        if (!cell) { row[name] = null; continue; }
+        const box = cell.getBoundingClientRect();
+        row[name] = {width: box.width, right: box.right, cut: cell.scrollWidth > cell.clientWidth + 1,
+                     text: cell.innerText.trim(), visible: box.width > 0 && getComputedStyle(cell).display !== 'none'};
+    }
+    return row;
+})
+"""
+
+#: The columns an operator must read in full at 1360 x 900 (the last error: its start).
+READABLE = ("id_column", "queue_column", "status_badge", "attempts_display", "age")
+
+
+def make_busy_ledger() -> None:
+    """Messages like a real project's: uuid ids, realistic queue names, errors, dead letters."""
+    worker = ZeroLossMessageService(instance_id="web-7f9c4d8b5-x2kqz:4711/t3")
+    for n in range(12):
+        mid = f"{n:02d}3f9a1c5e0b4d7a8c2e6f1b9d0a7c3e5"  # uuid hex: two differ at their start
+        queue = ("payments.refunds", "notifications.email", "billing.invoices")[n % 3]
+        worker.persist_message(mid, queue, {"n": n}, max_attempts=3)
+        lease = worker.claim_message(mid)
+        assert lease
+        assert worker.fail(
+            mid, lease.token, f"ConnectionError: payment gateway timed out after 30 s (try {n})"
+        )
+    for n in range(2):  # processing and completed: the widest status badges
+        mid = f"refund-{n}"
+        worker.persist_message(mid, "payments.refunds", {"n": n})
+        lease = worker.claim_message(mid)
+        assert lease
+        if n:
+            assert worker.acknowledge(mid, lease.token)
+    for n in range(6):
+        mid = f"order-2025-{n:06d}-confirmation-email-to-customer-{n * 7919:08d}"  # differ in the middle
+        worker.persist_message(mid, "notifications.email", {"n": n}, max_attempts=1)
+        lease = worker.claim_message(mid)
+        assert lease
+        # Dead letters; an error as zeroloss records it: "module.Class: message", then the traceback.
+        error = f"smtplib.SMTPServerDisconnected: Connection unexpectedly closed ({n})\n{long_traceback(n)}"
+        assert worker.fail(mid, lease.token, error)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_message_list_is_readable_at_1360_with_the_nav_sidebar_open(
+    live_server: Any, browser_page: Any, tmp_path: Path
+) -> None:
+    page = browser_page
+    assert page.viewport_size == {"width": 1360, "height": 900}
+    base = live_server.url
+    make_busy_ledger()
+    User.objects.create_superuser("operator", "op@example.com", "correct horse battery staple")
+    login(page, base)
+    shots = Shots(tmp_path)
+    for query, rows_expected in (("", 20), ("?status__exact=dead", 6)):
+        page.goto(f"{base}/admin/zeroloss/message/{query}")
+        sidebar = page.locator("#nav-sidebar")
+        assert sidebar.is_visible() and (sidebar.bounding_box() or {"width": 0})["width"] > 200
+        box = page.evaluate(OVERFLOW_JS, "#content")
+        assert box["page"] <= box["viewport"], ("horizontal scrolling", query, box)
+        table = page.evaluate(OVERFLOW_JS, "#result_list")
+        assert table["scroll"] <= table["client"] + 1, ("the table overflows", query, table)
+        rows = page.evaluate(CELLS_JS, [*READABLE, "short_error"])
+        assert len(rows) == rows_expected, query
+        ids = [row["id_column"]["text"] for row in rows]
+        assert len(set(ids)) == len(ids), ("two ids look the same", ids)
+        for row in rows:
+            for name in READABLE:
+                cell = row[name]
+                assert cell is not None and cell["visible"] and not cell["cut"], (query, name, cell)
+            error = row["short_error"]
+            assert error["visible"] and error["width"] >= 150, (query, "last error", error)
+            assert error["right"] <= 1360, (query, "last error", error)
+    shots.take(page, "admin-changelist-dead-letters.png", full_page=False)

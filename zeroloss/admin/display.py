@@ -28,6 +28,8 @@ def lease_info(message: Message, now: dt.datetime) -> tuple[str, float | None]:
 
 #: A list cell shows at most this many characters (CSS cuts it to the column with an ellipsis).
 CELL_CHARS = 200
+#: A message id longer than this shows its start and its end, an ellipsis between (the title has it all).
+ID_CHARS = 21
 #: The hover text (``title``) of a list cell holds at most this many; the detail page has all.
 TITLE_CHARS = 2000
 
@@ -58,7 +60,12 @@ class MessageColumns(MessagePermissions):
 
     @admin.display(description=_("message id"), ordering="message_id")
     def id_column(self, obj: Message) -> SafeString:
-        return one_line(obj.message_id)
+        # Its start and its end: ids often share a long prefix (order-2025-…) or differ only there.
+        mid = obj.message_id
+        if len(mid) <= ID_CHARS:
+            return one_line(mid)
+        keep = ID_CHARS - 1
+        return one_line(f"{mid[: keep - keep // 3]}…{mid[-(keep // 3) :]}", title=mid)
 
     @admin.display(description=_("queue"), ordering="queue_name")
     def queue_column(self, obj: Message) -> SafeString:
