@@ -18,6 +18,7 @@ from django.db import OperationalError, connection, transaction
 import zeroloss
 from tests.conftest import database_url
 from tests.support.cli import run
+from tests.support.processes import db_worker
 from zeroloss.exceptions import MessageConflict
 from zeroloss.health import health_report
 from zeroloss.ledger import partitions, periods, sweep
@@ -524,6 +525,7 @@ def test_no_sweep_for_a_simulated_week_and_more_sends_go_on_and_nothing_is_lost(
     clock_ahead(10)  # beyond the 8 days the periods ahead covered: no sweep ran meanwhile
     now = partitions.database_now(connection)
     assert now - before > dt.timedelta(days=10) - dt.timedelta(minutes=5)
+    remove_periods(day_start(0))  # those an earlier test's jump created
     assert partitions.coverage(connection) is None
     sweep.PARTITIONS_CHECKED.clear()
     # Sends succeed: one at a time (autocommit), in a batch, in a transaction.
@@ -538,6 +540,26 @@ def test_no_sweep_for_a_simulated_week_and_more_sends_go_on_and_nothing_is_lost(
     for lease in leases:
         assert service.acknowledge(lease.message_id, lease.token)
     assert Message.objects.filter(status="completed").count() == 7 == Message.objects.count()
+    report = verify()
+    assert report["status"] == "ok", report
+
+
+@pytest.mark.process
+def test_a_worker_without_sweep_after_the_clock_moved_a_week_and_more_drains_old_and_new(clock_ahead):
+    zeroloss.send_many(QUEUE, [{"n": i} for i in range(3)], message_ids=["before0", "before1", "before2"])
+    clock_ahead(10)
+    remove_periods(day_start(0))  # those an earlier test's jump created
+    assert partitions.coverage(connection) is None
+    zeroloss.send_many(QUEUE, [{"n": i} for i in range(3)], message_ids=["after0", "after1", "after2"])
+    # a worker process (its connections see the moved clock too), no sweep: claims go on
+    worker = db_worker("--queue", QUEUE, "--burst", "--no-sweep")
+    assert worker.wait(120) == 0, worker.text[-3000:]
+    statuses = dict(Message.objects.values_list("message_id", "status"))
+    assert statuses == {
+        mid: "completed" for mid in ("before0", "before1", "before2", "after0", "after1", "after2")
+    }
+    # the worker's own sends (none here) and the test's found their periods: covered ahead
+    assert covers_ahead()
     report = verify()
     assert report["status"] == "ok", report
 
