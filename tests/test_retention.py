@@ -341,3 +341,24 @@ def _python() -> list[str]:
     import sys
 
     return [sys.executable]
+
+
+def test_a_turn_cut_off_by_its_time_leaves_the_rest_to_the_next_turn_due_at_once(
+    retained: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = ZeroLossMessageService(instance_id="maint")
+    done = [f"d{i}" for i in range(5)]
+    for mid in done:
+        service.persist_message(mid, OTHER, {"n": mid})
+        lease = service.claim_message(mid)
+        assert lease is not None and service.acknowledge(mid, lease.token)
+    assert backdate(done, "completed_at", seconds_ago=2 * HOUR) == 5
+    # A deadline already past: one batch, then the turn ends, due again at once.
+    assert service.apply_retention(batch_size=2, deadline=0.0)["completed"] == 2
+    monkeypatch.setattr(retention, "RUN_FOR", 0.0)
+    first = retention.run_turn(service)
+    assert first is not None and first["completed"] >= 1
+    second = retention.run_turn(ZeroLossMessageService(instance_id="next"))  # due at once
+    assert second is not None
+    assert not Message.objects.exists()
+    assert sum(PurgeRecord.objects.values_list("count", flat=True)) == 5
