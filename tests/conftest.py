@@ -93,6 +93,8 @@ TIERS: dict[str, str] = {
     "test_payload_encoding.py": "ledger",
     "test_pgbouncer.py": "chaos",
     "test_process_pool.py": "process",
+    "test_retry_policy.py": "ledger",
+    "test_retry_policy_processes.py": "process",
     "test_processes.py": "process",
     "test_processing.py": "ledger",
     "test_production_docs.py": "docs",

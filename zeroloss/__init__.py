@@ -12,10 +12,16 @@ __version__ = "0.3.0.dev0"
 
 __all__ = [
     "Aborted",
+    "Backoff",
     "CancelOutcome",
     "CancelResult",
+    "ExponentialBackoff",
+    "Fail",
+    "FixedBackoff",
     "Lease",
     "RecoveryReport",
+    "Retry",
+    "Snooze",
     "SoftTimeLimitExceeded",
     "ZeroLossMessageService",
     "asend",
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
     from .delivery import Aborted
     from .exceptions import SoftTimeLimitExceeded
     from .handlers import handler
+    from .retry import Backoff, ExponentialBackoff, Fail, FixedBackoff, Retry, Snooze
     from .service import Lease, RecoveryReport, ZeroLossMessageService
     from .transports import asend, send, send_many
 
@@ -47,6 +54,10 @@ def __getattr__(name: str) -> Any:
         from . import cancelling
 
         return getattr(cancelling, name)
+    if name in {"Backoff", "ExponentialBackoff", "Fail", "FixedBackoff", "Retry", "Snooze"}:
+        from . import retry
+
+        return getattr(retry, name)
     if name == "Aborted":
         from .delivery import Aborted
 

@@ -99,6 +99,9 @@ class ZeroLossSettings:
     MAX_ATTEMPTS: int = 5
     #: Delay before a failed message becomes claimable again.
     RETRY_BACKOFF: RetryBackoff = field(default_factory=RetryBackoff)
+    #: Times one message's handlers may raise ``zeroloss.Snooze`` without counting an attempt;
+    #: past it each snooze is a failed attempt (so a message cannot snooze for ever).
+    MAX_SNOOZES: int = 100
     #: "durable" (committed on the primary) or "replicated" (also confirmed by standbys).
     PERSISTENCE_LEVEL: str = "durable"
     #: Copies a message must have, the primary included.

@@ -42,6 +42,7 @@ NUMBER_FIELDS = {
 }
 INT_FIELDS = {
     "MAX_ATTEMPTS": 1,
+    "MAX_SNOOZES": 0,
     "REPLICATION_FACTOR": 1,
     "SWEEP_BATCH_SIZE": 1,
     "ACK_BATCH_SIZE": 1,
@@ -59,6 +60,7 @@ MAX_SECONDS = 100 * 365 * 24 * 3600.0
 #: Upper bounds of the integer settings (the database columns are 32-bit; payloads must fit jsonb).
 INT_MAX = {
     "MAX_ATTEMPTS": 1_000_000,
+    "MAX_SNOOZES": 1_000_000,
     "MAX_PAYLOAD_BYTES": 256 * 1024 * 1024,
     "MAX_HEADERS_BYTES": 1024 * 1024,
 }

@@ -98,8 +98,8 @@ _when_stored_lock = threading.Lock()
 
 def call_when_stored(message_id: str, callback: Callable[[str], None]) -> None:
     """Call ``callback(outcome)`` once this run's outcome of ``message_id`` is stored and
-    committed: ``"completed"``, ``"retrying"``, ``"dead"`` or ``"cancelled"`` (not at all when it was refused:
-    the lease was lost, another run owns the message). The task backend's ``task_finished``."""
+    committed: ``"completed"``, ``"retrying"`` (snoozed too), ``"dead"`` or ``"cancelled"`` (not at
+    all when it was refused: the lease was lost, another run owns the message). The task backend's ``task_finished``."""
     with _when_stored_lock:
         _when_stored[message_id] = callback
 
@@ -117,8 +117,8 @@ def outcomes_stored(using: str, report: CompletionReport) -> None:
             for outcome, ids in (
                 ("completed", report.acknowledged),
                 ("retrying", report.retrying),
+                ("retrying", report.snoozed),
                 ("dead", report.dead_lettered),
-                ("cancelled", report.cancelled),
                 ("cancelled", report.cancelled),
             )
             for mid in ids

@@ -20,6 +20,10 @@ start-up, like ``admin.py``), or anywhere that is imported before workers start:
     @zeroloss.handler("reports", soft_time_limit=50, time_limit=60)
     def build_report(delivery):
         ...  # SoftTimeLimitExceeded raised in it at 50 s; stopped at 60 s (docs/control.md)
+
+    @zeroloss.handler("webhooks", max_attempts=10, backoff=zeroloss.FixedBackoff(30), dont_retry_on=(KeyError,))
+    def deliver(delivery):
+        ...  # its retry policy (zeroloss.retry, docs/handlers.md)
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .exceptions import InvalidHandler, InvalidMessage, UnknownQueue
+from .retry import Backoff
 
 if TYPE_CHECKING:
     from .delivery import Delivery
@@ -58,6 +63,15 @@ class HandlerSpec:
     #: What a log record calls the code a message (its payload) runs (None: ``handler
     #: <module.function>``): a task queue's names the task, not the runner that calls it.
     describe: Callable[[Any], str] | None = None
+    #: Attempts before its messages are dead-lettered, for a message sent without
+    #: ``max_attempts`` (None: ``ZEROLOSS["MAX_ATTEMPTS"]``). Applied when the message is stored.
+    max_attempts: int | None = None
+    #: The delay after a failed attempt: a callable of the attempt number (None: ``RETRY_BACKOFF``).
+    backoff: Backoff | None = None
+    #: Only these exceptions are retried (empty: every one); any other is dead-lettered at once.
+    retry_on: tuple[type[BaseException], ...] = ()
+    #: These exceptions are dead-lettered at once, never retried (before ``retry_on``).
+    dont_retry_on: tuple[type[BaseException], ...] = ()
     #: ``async def`` (or an object whose ``__call__`` is): awaited on an event loop, never called bare.
     is_async: bool = field(init=False, default=False)
 
@@ -65,7 +79,21 @@ class HandlerSpec:
         from .timelimits import validate_limits
 
         object.__setattr__(self, "is_async", is_coroutine_function(self.func))
-        validate_limits(f"{self.name} of queue {self.queue_name!r}", self.soft_time_limit, self.time_limit)
+        what = f"{self.name} of queue {self.queue_name!r}"
+        validate_limits(what, self.soft_time_limit, self.time_limit)
+        _validate_policy(what, self)
+
+    def retried(self, exc: BaseException) -> bool:
+        """Whether its policy retries ``exc`` (``dont_retry_on`` first, then ``retry_on``)."""
+        if self.dont_retry_on and isinstance(exc, self.dont_retry_on):
+            return False
+        return not self.retry_on or isinstance(exc, self.retry_on)
+
+    @property
+    def has_policy(self) -> bool:
+        return bool(
+            self.max_attempts is not None or self.backoff is not None or self.retry_on or self.dont_retry_on
+        )
 
     @property
     def name(self) -> str:
@@ -79,6 +107,30 @@ class HandlerSpec:
             with contextlib.suppress(Exception):  # a log line must not cost the message its record
                 return self.describe(payload)
         return f"handler {self.name}"
+
+
+def _validate_policy(what: str, spec: HandlerSpec) -> None:
+    """A retry policy it cannot honour is refused at registration (:class:`InvalidHandler`)."""
+    from .ledger.validation import MAX_ATTEMPTS_LIMIT
+
+    n = spec.max_attempts
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_ATTEMPTS_LIMIT):
+        raise InvalidHandler(
+            f"Handler {what}: max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {n!r}."
+        )
+    if spec.backoff is not None and not callable(spec.backoff):
+        raise InvalidHandler(
+            f"Handler {what}: backoff must be a callable of the failed attempt's number returning seconds "
+            f"(or zeroloss.ExponentialBackoff(...) / zeroloss.FixedBackoff(...)), got {spec.backoff!r}."
+        )
+    for name in ("retry_on", "dont_retry_on"):
+        value = getattr(spec, name)
+        if not isinstance(value, tuple) or not all(
+            isinstance(kind, type) and issubclass(kind, BaseException) for kind in value
+        ):
+            raise InvalidHandler(
+                f"Handler {what}: {name} must be a tuple of exception classes, got {value!r}."
+            )
 
 
 def is_coroutine_function(func: Any) -> bool:
@@ -111,12 +163,22 @@ def handler(
     store_result: bool = False,
     soft_time_limit: float | None = None,
     time_limit: float | None = None,
+    max_attempts: int | None = None,
+    backoff: Backoff | None = None,
+    retry_on: tuple[type[BaseException], ...] = (),
+    dont_retry_on: tuple[type[BaseException], ...] = (),
 ) -> Callable[[F], F]:
     """Register the decorated callable as the handler of ``queue_name``.
 
     ``soft_time_limit`` raises :class:`~zeroloss.SoftTimeLimitExceeded` in the handler;
     ``time_limit`` overrides ``HANDLER_TIMEOUT`` for it (both seconds; soft < hard, else
-    :class:`~zeroloss.exceptions.InvalidHandler`)."""
+    :class:`~zeroloss.exceptions.InvalidHandler`).
+
+    Its retry policy (docs/handlers.md#retry-policy): ``max_attempts`` for messages sent without
+    one (else ``MAX_ATTEMPTS``); ``backoff``, a callable of the failed attempt's number returning
+    the seconds before the next (:class:`~zeroloss.ExponentialBackoff`,
+    :class:`~zeroloss.FixedBackoff`; else ``RETRY_BACKOFF``); ``retry_on``: only these exceptions
+    are retried; ``dont_retry_on``: these are dead-lettered at once."""
     from .ledger.validation import validate_queue_name
 
     validate_queue_name(queue_name)
@@ -130,6 +192,10 @@ def handler(
             store_result,
             soft_time_limit=soft_time_limit,
             time_limit=time_limit,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            retry_on=retry_on,
+            dont_retry_on=dont_retry_on,
         )
         if spec.is_async and transactional:
             raise InvalidHandler(f"Handler {spec.name} of queue {queue_name!r}: {ASYNC_NOT_TRANSACTIONAL}")
@@ -169,6 +235,18 @@ def get_handler(queue_name: str) -> HandlerSpec:
         if spec is not None:
             return spec
     raise UnknownQueue(queue_name)
+
+
+def default_max_attempts(queue_name: str) -> int | None:
+    """The ``max_attempts`` of the queue's handler in this process, if it sets one (a message sent
+    without its own gets it; else ``MAX_ATTEMPTS``)."""
+    spec = _registry.get(queue_name)
+    if spec is None:
+        for source in _sources:
+            spec = source.spec(queue_name)
+            if spec is not None:
+                break
+    return None if spec is None else spec.max_attempts
 
 
 def registered_queues() -> list[str]:

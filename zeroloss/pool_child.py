@@ -124,7 +124,7 @@ def main(conn: Connection, parent_pid: int, abort: Event, worker: str) -> None:
                 run = run_handler(spec, Delivery(lease, abort_flag=abort.is_set), worker=worker)
             except SoftTimeLimitExceeded:  # arrived past every guard: the handler's outcome stands
                 run = HandlerRun(False, 0.0, error="SoftTimeLimitExceeded after the handler returned")
-            conn.send(("done", run.ok, run.seconds, run.result, run.error))
+            conn.send(("done", run.ok, run.seconds, run.result, run.error, run.verdict.value, run.delay))
     finally:
         close_thread_event_loop()
         connections.close_all()

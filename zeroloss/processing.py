@@ -28,6 +28,7 @@ from .delivery import Delivery, LeaseLost
 from .handlers import HandlerSpec
 from .ledger.types import Completion, Lease, Verdict
 from .ledger.validation import MAX_ERROR_LENGTH, canonical_json, clean_text
+from .retry import Fail, Retry, Snooze, seconds_of
 from .timelimits import async_soft_limit, hard_limit, soft_limit
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ __all__ = [
     "Outcome",
     "ReturnedAwaitable",
     "describe_error",
+    "judge",
     "run_async_handler",
     "run_handler",
     "run_in_savepoint",
@@ -67,11 +69,15 @@ class HandlerRun:
     seconds: float
     result: Any = None
     error: str = ""
+    #: What a failure asks for (:func:`judge`): ``FAIL`` (retried after ``delay``, None: the
+    #: settings' backoff), ``SNOOZE`` (after ``delay``, not counted) or ``FAIL_FINAL`` (dead now).
+    verdict: Verdict = Verdict.FAIL
+    delay: float | None = None
 
     def completion(self, lease: Lease) -> Completion:
         if self.ok:
             return Completion(lease, Verdict.ACKNOWLEDGE, result=self.result)
-        return Completion(lease, Verdict.FAIL, error=self.error)
+        return Completion(lease, self.verdict, error=self.error, delay=self.delay)
 
 
 def _safe_text(exc: BaseException) -> str:
@@ -137,22 +143,54 @@ def log_extra(delivery: Delivery, worker: str) -> dict[str, Any]:
     }
 
 
+def judge(spec: HandlerSpec, attempt: int, exc: BaseException) -> tuple[Verdict, float | None, str]:
+    """What a handler's exception asks for, by its retry policy: the verdict, the delay before
+    the message may run again (None: ``RETRY_BACKOFF``) and the error text to record."""
+    error = describe_error(exc)
+    if isinstance(exc, Snooze):
+        return Verdict.SNOOZE, exc.delay, error
+    if isinstance(exc, Fail):
+        return Verdict.FAIL_FINAL, None, error
+    if isinstance(exc, Retry):
+        return Verdict.FAIL, exc.delay, error
+    if not spec.retried(exc):
+        rule = "dont_retry_on" if spec.dont_retry_on and isinstance(exc, spec.dont_retry_on) else "retry_on"
+        return Verdict.FAIL_FINAL, None, clean_text(f"not retried ({rule} of its handler): {error}")
+    if spec.backoff is None:
+        return Verdict.FAIL, None, error
+    try:
+        return Verdict.FAIL, seconds_of(spec.backoff(attempt), "the handler's backoff"), error
+    except Exception as bad:  # a broken backoff must not cost the message its retry
+        note = f"(its backoff failed, RETRY_BACKOFF used instead: {_safe_text(bad)[:200]})"
+        return Verdict.FAIL, None, clean_text(f"{error.rstrip()}\n{note}")
+
+
 def _failed(
     spec: HandlerSpec, delivery: Delivery, exc: BaseException, started: float, worker: str
 ) -> HandlerRun:
-    error = describe_error(exc)
+    verdict, delay, error = judge(spec, delivery.attempt, exc)
     with contextlib.suppress(Exception):  # a broken log handler must not cost the message its record
-        logger.warning(
-            "%s: %s failed (attempt %d of %d): %s",
-            delivery.message_id,
-            spec.runs(delivery.payload),
-            delivery.attempt,
-            delivery.lease.max_attempts,
-            error.partition("\n")[0][:500],
-            exc_info=(type(exc), exc, exc.__traceback__),
-            extra=log_extra(delivery, worker),
-        )
-    return HandlerRun(False, time.monotonic() - started, error=error)
+        if verdict == Verdict.SNOOZE:
+            logger.info(
+                "%s: %s snoozed (attempt %d not counted): %s",
+                delivery.message_id,
+                spec.runs(delivery.payload),
+                delivery.attempt,
+                error.partition("\n")[0][:500],
+                extra=log_extra(delivery, worker),
+            )
+        else:
+            logger.warning(
+                "%s: %s failed (attempt %d of %d): %s",
+                delivery.message_id,
+                spec.runs(delivery.payload),
+                delivery.attempt,
+                delivery.lease.max_attempts,
+                error.partition("\n")[0][:500],
+                exc_info=(type(exc), exc, exc.__traceback__),
+                extra=log_extra(delivery, worker),
+            )
+    return HandlerRun(False, time.monotonic() - started, error=error, verdict=verdict, delay=delay)
 
 
 def _discard(value: Any) -> None:

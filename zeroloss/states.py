@@ -16,6 +16,8 @@ edge is not in :data:`TRANSITIONS`) read this table; nothing else decides which 
                       |     +--dead_lettered_by_operator-------------------------------> dead
                       +--requeued_by_operator (stuck or revoked) <-- processing
                       +--redriven_by_operator <-- dead
+    processing --snoozed (attempt not counted)--> pending
+    processing --dead_lettered_by_handler (Fail, or an error not retried)--> dead
     pending --cancelled_by_operator--> cancelled
     processing --abort_requested (annotation)--> processing --aborted--> cancelled
 """
@@ -64,6 +66,12 @@ class Reason(models.TextChoices):
     #: Not a transition: a send inside a deduplication window returned this message instead of
     #: creating one. Its row repeats the status the message had (``from_status == to_status``).
     DUPLICATE_ABSORBED = "duplicate_absorbed", _("Duplicate absorbed")
+    #: Its handler raised ``zeroloss.Snooze``: back to pending after the delay, the attempt not
+    #: counted (``MAX_SNOOZES`` bounds how often; past it a snooze is a failed attempt).
+    SNOOZED = "snoozed", _("Snoozed by its handler")
+    #: Its handler raised ``zeroloss.Fail``, or an exception its retry policy does not retry
+    #: (``retry_on``, ``dont_retry_on``): dead at once, whatever attempts were left.
+    DEAD_LETTERED_BY_HANDLER = "dead_lettered_by_handler", _("Dead-lettered by its handler (not retried)")
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(R, P, Reason.FAILED, "worker"),
     Transition(R, D, Reason.DEAD_LETTERED, "worker"),
     Transition(R, P, Reason.RELEASED, "worker"),
+    Transition(R, P, Reason.SNOOZED, "worker"),
+    Transition(R, D, Reason.DEAD_LETTERED_BY_HANDLER, "worker"),
     Transition(R, P, Reason.LEASE_EXPIRED, "sweep"),
     Transition(R, D, Reason.DEAD_LETTERED, "sweep"),
     Transition(R, P, Reason.REQUEUED_BY_OPERATOR, "operator"),

@@ -38,7 +38,8 @@ LEASE_SECONDS = 600.0
 @dataclass(frozen=True)
 class DrainedMessage:
     """One attempt drain ran: ``outcome`` is ``completed``, ``failed`` (pending again, after its
-    backoff), ``dead`` (attempts spent) or ``lease_lost`` (not recorded: its lease was gone)."""
+    backoff), ``snoozed`` (``zeroloss.Snooze``: pending again, the attempt not counted), ``dead``
+    (attempts spent, or not retried) or ``lease_lost`` (not recorded: its lease was gone)."""
 
     message_id: str
     queue_name: str
@@ -188,6 +189,8 @@ def _drained(lease: Lease, run: HandlerRun, report: CompletionReport) -> Drained
         outcome = "dead"
     elif mid in report.retrying:
         outcome = "failed"
+    elif mid in report.snoozed:
+        outcome = "snoozed"
     else:
         outcome = "lease_lost"
     return DrainedMessage(mid, lease.queue_name, lease.attempt, outcome, run.error, run.result)

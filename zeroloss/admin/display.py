@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import dashboard
 from ..models import Message, Status
+from . import why
 from .base import MessagePermissions, get_service
 
 
@@ -134,6 +135,14 @@ class MessageColumns(MessagePermissions):
     @admin.display(description=_("last error"))
     def last_error_full(self, obj: Message) -> SafeString | str:
         return format_html('<pre class="zl-pre">{}</pre>', obj.last_error) if obj.last_error else "-"
+
+    @admin.display(description=_("retry policy"))
+    def policy_display(self, obj: Message) -> str:
+        return why.policy_text(obj)
+
+    @admin.display(description=_("why here"))
+    def why_display(self, obj: Message) -> str:
+        return why.why_text(obj, get_service().get_events(obj.message_id), database_now(obj))
 
     @admin.display(description=_("payload"))
     def payload_pretty(self, obj: Message) -> SafeString:

@@ -79,6 +79,8 @@ class MessageAdmin(MessageColumns, DeskViews):
                     "priority",
                     "status_badge",
                     "attempts_display",
+                    "why_display",
+                    "policy_display",
                     "last_error_full",
                 )
             },
@@ -98,6 +100,8 @@ class MessageAdmin(MessageColumns, DeskViews):
         "priority",
         "status_badge",
         "attempts_display",
+        "why_display",
+        "policy_display",
         "last_error_full",
         "payload_pretty",
         "headers_pretty",

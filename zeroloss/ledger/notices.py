@@ -44,6 +44,7 @@ def outcomes_recorded(
         **dict.fromkeys(report.dead_lettered, "dead"),
         **dict.fromkeys(report.refused, "lease_lost"),
         **dict.fromkeys(report.cancelled, "cancelled"),
+        **dict.fromkeys(report.snoozed, "snoozed"),
     }
     counts: dict[tuple[str, str], int] = {}
     for c in batch:

@@ -99,9 +99,13 @@ class Outcomes(Part):
                 raise InvalidMessage(f"Unknown verdict {c.verdict!r}: use zeroloss.ledger.types.Verdict.")
             by_kind[c.verdict].append(c)
         acks, fails, releases = by_kind[Verdict.ACKNOWLEDGE], by_kind[Verdict.FAIL], by_kind[Verdict.RELEASE]
+        snoozes, finals = by_kind[Verdict.SNOOZE], by_kind[Verdict.FAIL_FINAL]
         results = [None if c.result is None else canonical_json(c.result) for c in acks]
         report = CompletionReport()
         with transaction.atomic(using=self.using, savepoint=False):
+            if snoozes:
+                snoozes, spent = self._within_snoozes(snoozes)
+                fails = [*fails, *spent]
             if acks:
                 done = self._ack(
                     "ACK_LOCKED" if locked else "ACK",
@@ -113,7 +117,8 @@ class Outcomes(Part):
                 )
                 report.acknowledged.extend(done)
             if fails:
-                delays = [self.settings.RETRY_BACKOFF.delay_for(c.lease.attempt) for c in fails]
+                backoff = self.settings.RETRY_BACKOFF
+                delays = [backoff.delay_for(c.lease.attempt) if c.delay is None else c.delay for c in fails]
                 moved = self._fail(
                     "FAIL_LOCKED" if locked else "FAIL",
                     [c.lease.message_id for c in fails],
@@ -126,6 +131,16 @@ class Outcomes(Part):
                 )
                 for mid, status in moved:
                     (report.dead_lettered if status == "dead" else report.retrying).append(mid)
+            if finals:
+                report.dead_lettered.extend(
+                    self._fail_final(
+                        "FAIL_FINAL_LOCKED" if locked else "FAIL_FINAL",
+                        finals,
+                        promote=any(c.lease.ordering_key for c in finals),
+                    )
+                )
+            if snoozes:
+                report.snoozed.extend(self._snooze("SNOOZE_LOCKED" if locked else "SNOOZE", snoozes))
             if releases:
                 detail = clean_text(releases[0].error or "released unstarted")
                 report.released.extend(
@@ -136,7 +151,13 @@ class Outcomes(Part):
                         detail,
                     )
                 )
-            recorded = {*report.acknowledged, *report.retrying, *report.dead_lettered, *report.released}
+            recorded = {
+                *report.acknowledged,
+                *report.retrying,
+                *report.dead_lettered,
+                *report.released,
+                *report.snoozed,
+            }
             if len(recorded) < len(batch):  # aborted ones are refused every outcome but this
                 left = [c.lease for c in batch if c.lease.message_id not in recorded]
                 tokens = [engine.token(x.token) for x in left]
@@ -154,6 +175,7 @@ class Outcomes(Part):
             and c.lease.message_id in recorded
             and c.lease.message_id not in report.retrying
             and c.lease.message_id not in report.released
+            and c.lease.message_id not in report.snoozed
         }
         if finished:
             # The statements released each key's next message; this catches one stored
@@ -242,6 +264,67 @@ class Outcomes(Part):
         params = [*self._rows(name, ids, tokens, errors, delays), *self.engine.period_params(created)]
         rows = self._move(name, params, keyed=promote)
         return [(r[0], r[1]) for r in rows] if statuses else [r[0] for r in rows]
+
+    def _fail_final(self, name: str, batch: list[Completion], *, promote: bool) -> list[str]:
+        engine = self.engine
+        params = [
+            *self._rows(
+                name,
+                [c.lease.message_id for c in batch],
+                [engine.token(c.lease.token) for c in batch],
+                [clean_text(c.error) for c in batch],
+            ),
+            *engine.period_params([c.lease.created_at for c in batch]),
+        ]
+        return [r[0] for r in self._move(name, params, keyed=promote)]
+
+    def _within_snoozes(self, batch: list[Completion]) -> tuple[list[Completion], list[Completion]]:
+        """The snoozes within ``MAX_SNOOZES``, and those past it made failed attempts (retried
+        after their delay): a message cannot snooze for ever."""
+        engine = self.engine
+        rows, _ = self._run(
+            "SNOOZE_COUNTS",
+            self._rows(
+                "SNOOZE_COUNTS",
+                [c.lease.message_id for c in batch],
+                [engine.token(c.lease.token) for c in batch],
+            ),
+        )
+        counts = {r[0]: int(r[1]) for r in rows}
+        limit = self.settings.MAX_SNOOZES
+        within: list[Completion] = []
+        spent: list[Completion] = []
+        for c in batch:
+            n = counts.get(c.lease.message_id, 0)
+            if n < limit:
+                within.append(c)
+                continue
+            note = f"\n(snoozed {n} times already, MAX_SNOOZES is {limit}: counted as a failed attempt)"
+            spent.append(
+                Completion(c.lease, Verdict.FAIL, error=clean_text(c.error.rstrip() + note), delay=c.delay)
+            )
+        return within, spent
+
+    def _snooze(self, name: str, batch: list[Completion]) -> list[str]:
+        """One statement per audit detail (its first line: ``Snooze(delay=30) raised: ...``)."""
+        engine = self.engine
+        by_detail: dict[str, list[Completion]] = {}
+        for c in batch:
+            detail = clean_text(c.error.partition("\n")[0] or "Snooze() raised", 500)
+            by_detail.setdefault(detail, []).append(c)
+        snoozed: list[str] = []
+        for detail, group in by_detail.items():
+            params = [
+                *self._rows(
+                    name,
+                    [c.lease.message_id for c in group],
+                    [engine.token(c.lease.token) for c in group],
+                    [0.0 if c.delay is None else c.delay for c in group],
+                ),
+                *engine.period_params([c.lease.created_at for c in group]),
+            ]
+            snoozed.extend(r[0] for r in self._move(name, params, detail=detail))
+        return snoozed
 
     def _release(
         self, ids: list[str], tokens: list[Any], created: Sequence[dt.datetime | None], detail: str

@@ -115,6 +115,27 @@ _FAIL = (
 )
 FAIL = _FAIL + _UNEXPIRED
 FAIL_LOCKED = _FAIL
+# The handler raised zeroloss.Fail (or an error its retry policy does not retry): dead at once.
+_FAIL_FINAL = (
+    "UPDATE {msg} SET status = 'dead', dead_at = {now}, last_error = b.err, lease_token = NULL, "
+    "lease_expires_at = NULL, updated_at = {now} " + _FENCE
+)
+FAIL_FINAL = _FAIL_FINAL + _UNEXPIRED
+FAIL_FINAL_LOCKED = _FAIL_FINAL
+# The handler raised zeroloss.Snooze: pending again after its delay, the attempt not counted;
+# ``last_error`` is left as it was (a snooze is no error). Its audit detail is a parameter: a
+# batch of snoozes runs one statement per detail.
+_SNOOZE = (
+    "UPDATE {msg} SET status = 'pending', attempts = {msg}.attempts - 1, available_at = {after_delay}, "
+    "lease_token = NULL, lease_expires_at = NULL, started_at = NULL, updated_at = {now} " + _FENCE
+)
+SNOOZE = _SNOOZE + _UNEXPIRED
+SNOOZE_LOCKED = _SNOOZE
+# How often each leased message was snoozed (its audit rows say; the lease holder alone may add one).
+SNOOZE_COUNTS = (
+    "SELECT {msg}.message_id, (SELECT count(*) FROM {evt} e WHERE e.message_id = {msg}.id "
+    "AND e.reason = 'snoozed') FROM {msg}, {rows} WHERE {msg}.message_id = b.mid AND {msg}.lease_token = b.tok"
+)
 RELEASE = (
     "UPDATE {msg} SET status = 'pending', attempts = {msg}.attempts - 1, available_at = {now}, "
     "lease_token = NULL, lease_expires_at = NULL, started_at = NULL, updated_at = {now} "
@@ -176,7 +197,8 @@ SESSION_ALIVE = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
 OWN_EVENTS = (
     "SELECT m.message_id, e.reason FROM {evt} e JOIN {msg} m ON m.id = e.message_id JOIN {rows} "
     "ON m.message_id = b.mid AND e.attempt = b.att WHERE e.actor = %s "
-    "AND e.reason IN ('acknowledged', 'failed', 'dead_lettered', 'released', 'aborted')"
+    "AND e.reason IN ('acknowledged', 'failed', 'dead_lettered', 'released', 'aborted', 'snoozed', "
+    "'dead_lettered_by_handler')"
 )
 
 # -- the recovery sweep ---------------------------------------------------------------
@@ -211,11 +233,28 @@ ANY_EXPIRED = "SELECT 1 FROM {msg} WHERE status = 'processing' AND lease_expires
 #: nests a loop that unpacks the whole batch again for every leased row of the table
 #: (O(batch x leases held); measured: 2.8 of 4.1 ms an acknowledgement of 100, more with every
 #: worker). Planned with the batch in hand, PostgreSQL hashes it once (0.2 ms of planning).
-PLANNED_PER_CALL = frozenset({"ACK", "ACK_LOCKED", "FAIL", "FAIL_LOCKED", "RELEASE", "RENEW", "RENEW_BUSY"})
+PLANNED_PER_CALL = frozenset(
+    {
+        "ACK",
+        "ACK_LOCKED",
+        "FAIL",
+        "FAIL_LOCKED",
+        "FAIL_FINAL",
+        "FAIL_FINAL_LOCKED",
+        "SNOOZE",
+        "SNOOZE_LOCKED",
+        "SNOOZE_COUNTS",
+        "RELEASE",
+        "RENEW",
+        "RENEW_BUSY",
+    }
+)
 
 _MID_TOK = (("mid", "text"), ("tok", "uuid"))
 _ACK_ROWS = (*_MID_TOK, ("res", "text"))
 _FAIL_ROWS = (*_MID_TOK, ("err", "text"), ("delay", "float8"))
+_FINAL_ROWS = (*_MID_TOK, ("err", "text"))
+_SNOOZE_ROWS = (*_MID_TOK, ("delay", "float8"))
 LEASE_ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "RENEW": _MID_TOK,
     "RENEW_BUSY": _MID_TOK,
@@ -223,6 +262,11 @@ LEASE_ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "ACK_LOCKED": _ACK_ROWS,
     "FAIL": _FAIL_ROWS,
     "FAIL_LOCKED": _FAIL_ROWS,
+    "FAIL_FINAL": _FINAL_ROWS,
+    "FAIL_FINAL_LOCKED": _FINAL_ROWS,
+    "SNOOZE": _SNOOZE_ROWS,
+    "SNOOZE_LOCKED": _SNOOZE_ROWS,
+    "SNOOZE_COUNTS": _MID_TOK,
     "RELEASE": _MID_TOK,
     "LOCK_HELD": _MID_TOK,
     "RELEASE_UNKNOWN": (("tok", "uuid"),),
@@ -263,6 +307,13 @@ _FAILED = Moving(
     result=("message_id", "status"),
 )
 _RELEASED = Moving("worker", (edge(S.PROCESSING, S.PENDING, Reason.RELEASED),))
+_FAILED_FINAL = Moving(
+    "worker",
+    (edge(S.PROCESSING, S.DEAD, Reason.DEAD_LETTERED_BY_HANDLER),),
+    detail="last_error",
+    result=("message_id", "status"),
+)
+_SNOOZED = Moving("worker", (edge(S.PROCESSING, S.PENDING, Reason.SNOOZED),), result=("message_id",))
 
 #: The edges each moving statement of this module performs (see :mod:`.statements_moves`).
 LEASE_MOVES: dict[str, Moving] = {
@@ -275,6 +326,10 @@ LEASE_MOVES: dict[str, Moving] = {
     "ACK_LOCKED": Moving("worker", _ACKED),
     "FAIL": _FAILED,
     "FAIL_LOCKED": _FAILED,
+    "FAIL_FINAL": _FAILED_FINAL,
+    "FAIL_FINAL_LOCKED": _FAILED_FINAL,
+    "SNOOZE": _SNOOZED,
+    "SNOOZE_LOCKED": _SNOOZED,
     "RELEASE": _RELEASED,
     "RELEASE_UNKNOWN": _RELEASED,
     "SWEEP": Moving(

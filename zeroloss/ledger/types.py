@@ -48,6 +48,8 @@ class Verdict(StrEnum):
     ACKNOWLEDGE = "acknowledge"  # the handler succeeded: completed
     FAIL = "fail"  # the handler raised: retry after a backoff, or dead when attempts are spent
     RELEASE = "release"  # never started: back to pending, the attempt not counted
+    SNOOZE = "snooze"  # zeroloss.Snooze: pending again after ``delay``, the attempt not counted
+    FAIL_FINAL = "fail_final"  # zeroloss.Fail, or an error the handler's policy does not retry: dead now
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,8 @@ class Completion:
     error: str = ""
     #: JSON-serialisable value the handler returned (``ACKNOWLEDGE``); stored on the message.
     result: Any = None
+    #: Seconds before it may run again: ``FAIL`` (None: ``RETRY_BACKOFF``) and ``SNOOZE``.
+    delay: float | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class CompletionReport:
     refused: list[str] = field(default_factory=list)
     #: An operator aborted them while they ran: whatever the handler did, recorded ``cancelled``.
     cancelled: list[str] = field(default_factory=list)
+    #: Their handlers raised ``zeroloss.Snooze``: pending again later, the attempt not counted.
+    snoozed: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,12 @@ class Scheduler:
         if found is not None:
             return found
         if spec.task is None:
-            found = _Target(spec.queue, spec.payload, None, spec.priority, spec.ordering_key)
+            from ..handlers import default_max_attempts
+
+            # The handler's max_attempts, as send() gives it (None: MAX_ATTEMPTS).
+            found = _Target(
+                spec.queue, spec.payload, default_max_attempts(spec.queue), spec.priority, spec.ordering_key
+            )
         else:
             task = resolve_task(spec.task)
             backend = task.get_backend()

@@ -22,7 +22,7 @@ from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS
 
 from .. import signals, telemetry
-from ..handlers import get_handler
+from ..handlers import default_max_attempts, get_handler
 from ..ledger.types import RecoveryReport
 from ..models import Message
 from ..service import ZeroLossMessageService
@@ -187,7 +187,7 @@ def send(
             message_id or uuid.uuid4().hex,
             queue_name,
             data,
-            max_attempts,
+            default_max_attempts(queue_name) if max_attempts is None else max_attempts,
             delay=delay,
             priority=priority,
             ordering_key=ordering_key,
@@ -281,7 +281,7 @@ def _send_many(
     _check_alias(service)
     messages = service.persist_messages(
         items,
-        max_attempts=max_attempts,
+        max_attempts=default_max_attempts(queue_name) if max_attempts is None else max_attempts,
         delay=delay,
         priority=priority,
         ordering_key=ordering_key,

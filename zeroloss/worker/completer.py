@@ -153,6 +153,8 @@ class Completer:
             "dead_lettered": report.dead_lettered,
             "released": report.released,
             "aborted": report.cancelled,
+            "snoozed": report.snoozed,
+            "dead_lettered_by_handler": report.dead_lettered,
         }
         for mid, reason in landed.items():
             buckets[reason].append(mid)
@@ -170,6 +172,7 @@ def verdict_counts(report: CompletionReport) -> dict[str, int]:
         "released": len(report.released),
         "lease_lost": len(report.refused),
         "cancelled": len(report.cancelled),
+        "snoozed": len(report.snoozed),
     }
 
 

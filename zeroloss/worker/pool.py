@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from ..exceptions import TimeLimitExceeded
 from ..handlers import HandlerSpec
 from ..ledger.aborts import ABORT_POLL_INTERVAL
+from ..ledger.types import Verdict
 from ..processing import HandlerRun, describe_error
 from ..timelimits import hard_limit
 
@@ -202,11 +203,13 @@ class ChildSlot:
                 except (EOFError, OSError):  # it died: EOF, or a reset of the pipe
                     answer = None
                 if answer is not None:
-                    _kind, ok, seconds, result, error = answer
+                    _kind, ok, seconds, result, error, verdict, delay = answer
                     self.tasks += 1
                     if self.max_tasks is not None and self.tasks >= self.max_tasks:
                         self.close()  # recycled: the next message starts a new child
-                    return HandlerRun(ok, seconds, result=result, error=error)
+                    return HandlerRun(
+                        ok, seconds, result=result, error=error, verdict=Verdict(verdict), delay=delay
+                    )
             if process.sentinel in ready or conn in ready:
                 process.join(5)
                 reason = _exit_reason(process.exitcode)
