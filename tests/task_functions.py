@@ -80,3 +80,15 @@ except TypeError:  # Django 6.0's @task takes none: the field is set on the task
     import dataclasses
 
     three_attempts = dataclasses.replace(_task()(three_attempts), max_attempts=3)
+
+
+@task()
+def raises_outcome(kind: str) -> None:
+    """Raises ``zeroloss.Retry``, ``Snooze`` (each 60 s) or ``Fail``, as ``kind`` says."""
+    import zeroloss
+
+    if kind == "retry":
+        raise zeroloss.Retry(delay=60, reason="try later")
+    if kind == "snooze":
+        raise zeroloss.Snooze(delay=60, reason="not yet")
+    raise zeroloss.Fail("cannot be done")

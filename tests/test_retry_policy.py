@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-import tests.retry_app.zeroloss_handlers  # noqa: F401  (the rp.* queues)
+import tests.retry_app.zeroloss_handlers  # the rp.* queues
 import zeroloss
 from tests.support import expire_leases
 from tests.support.admin import client_for, make_user
@@ -35,7 +35,9 @@ DB = pytest.mark.django_db(transaction=True)
 
 def reasons(message_id: str) -> list[str]:
     return list(
-        MessageEvent.objects.filter(message__message_id=message_id).order_by("id").values_list("reason", flat=True)
+        MessageEvent.objects.filter(message__message_id=message_id)
+        .order_by("id")
+        .values_list("reason", flat=True)
     )
 
 
@@ -114,7 +116,9 @@ def test_what_each_raised_outcome_asks_for() -> None:
     assert (verdict, delay) == (Verdict.FAIL, 30.0)
     assert error.startswith("zeroloss.Retry: after 30 s: rate limited\n")
     verdict, delay, error = _judged("rp.script", zeroloss.Snooze(delay=5, reason="not ready"))
-    assert (verdict, delay) == (Verdict.SNOOZE, 5.0) and error.startswith("zeroloss.Snooze: for 5 s: not ready")
+    assert (verdict, delay) == (Verdict.SNOOZE, 5.0) and error.startswith(
+        "zeroloss.Snooze: for 5 s: not ready"
+    )
     verdict, delay, error = _judged("rp.script", zeroloss.Fail("gone"))
     assert (verdict, delay) == (Verdict.FAIL_FINAL, None) and error.startswith("zeroloss.Fail: gone")
     # Any other error: the handler's backoff, else RETRY_BACKOFF (None).
@@ -124,9 +128,11 @@ def test_what_each_raised_outcome_asks_for() -> None:
 
 def test_retry_on_and_dont_retry_on() -> None:
     verdict, _, error = _judged("rp.only", KeyError("k"))
-    assert verdict == Verdict.FAIL_FINAL and error.startswith("not retried (dont_retry_on of its handler): KeyError")
+    assert verdict == Verdict.FAIL_FINAL
+    assert error.startswith("KeyError: 'k'\n(not retried: dont_retry_on of its handler)\n")
     verdict, _, error = _judged("rp.only", ValueError("v"))
-    assert verdict == Verdict.FAIL_FINAL and error.startswith("not retried (retry_on of its handler): ValueError")
+    assert verdict == Verdict.FAIL_FINAL
+    assert error.startswith("ValueError: v\n(not retried: retry_on of its handler)\n")
     assert _judged("rp.only", ConnectionRefusedError("c"))[:2] == (Verdict.FAIL, 0.0)  # a subclass: retried
     # zeroloss.Retry, Snooze and Fail choose their own outcome, whatever retry_on says.
     assert _judged("rp.only", zeroloss.Snooze(delay=1))[0] == Verdict.SNOOZE
@@ -162,7 +168,9 @@ def test_max_attempts_send_over_handler_over_settings(settings: Any) -> None:
 # -- the outcomes on the ledger: each fenced, audited, as the one table says ----------------------
 
 
-def _claimed(service: ZeroLossMessageService, message_id: str, queue: str = "rp.script", **options: Any) -> Any:
+def _claimed(
+    service: ZeroLossMessageService, message_id: str, queue: str = "rp.script", **options: Any
+) -> Any:
     service.persist_message(message_id, queue, script("ok"), **options)
     lease = service.claim_message(message_id)
     assert lease
@@ -178,7 +186,9 @@ def _db_seconds(later: dt.datetime | None, earlier: dt.datetime | None) -> float
 def test_retry_fails_the_attempt_and_runs_again_after_exactly_its_delay() -> None:
     service = ZeroLossMessageService()
     lease = _claimed(service, "r1")
-    report = service.record_outcomes([Completion(lease, Verdict.FAIL, "zeroloss.Retry: after 30 s", delay=30)])
+    report = service.record_outcomes(
+        [Completion(lease, Verdict.FAIL, "zeroloss.Retry: after 30 s", delay=30)]
+    )
     assert report.retrying == ["r1"]
     m = Message.objects.get(message_id="r1")
     assert (m.status, m.attempts) == (Status.PENDING, 1)
@@ -192,7 +202,9 @@ def test_snooze_does_not_count_the_attempt_and_keeps_the_last_error() -> None:
     service = ZeroLossMessageService()
     lease = _claimed(service, "s1")
     assert service.fail("s1", lease.token, "an earlier error")
-    Message.objects.filter(message_id="s1").update(available_at=Message.objects.get(message_id="s1").created_at)
+    Message.objects.filter(message_id="s1").update(
+        available_at=Message.objects.get(message_id="s1").created_at
+    )
     lease = service.claim_message("s1")
     assert lease and lease.attempt == 2
     error = "zeroloss.Snooze: for 5 s: not ready\nTraceback ..."
@@ -271,7 +283,9 @@ def test_a_stale_lease_token_changes_nothing(verdict: Verdict) -> None:
     report = service.record_outcomes([Completion(stale, verdict, "zeroloss.Retry: after 5 s", delay=5)])
     assert report.refused == ["x1"] and ledger_state() == expired  # an expired lease
     assert service.sweep().requeued == ["x1"]
-    Message.objects.filter(message_id="x1").update(available_at=Message.objects.get(message_id="x1").created_at)
+    Message.objects.filter(message_id="x1").update(
+        available_at=Message.objects.get(message_id="x1").created_at
+    )
     current = service.claim_message("x1")
     assert current and current.token != stale.token
     before = ledger_state()
@@ -295,7 +309,15 @@ def test_each_raised_outcome_through_a_handler(queue: str) -> None:
         ("seq", "failed"),
         ("seq", "snoozed"),
     ]
-    assert reasons("seq") == ["persisted", "claimed", "snoozed", "claimed", "failed", "claimed", "acknowledged"]
+    assert reasons("seq") == [
+        "persisted",
+        "claimed",
+        "snoozed",
+        "claimed",
+        "failed",
+        "claimed",
+        "acknowledged",
+    ]
     assert Message.objects.get(message_id="seq").attempts == 2  # the snoozed run not counted
     assert reasons("gone") == ["persisted", "claimed", "dead_lettered_by_handler"]
     gone = Message.objects.get(message_id="gone")
@@ -313,7 +335,11 @@ def test_a_transactional_handlers_writes_are_rolled_back_by_each_raised_outcome(
         tests.retry_app.zeroloss_handlers.step(delivery)
 
     try:
-        for mid, steps in {"t-snooze": ("snooze", "ok"), "t-retry": ("retry", "ok"), "t-fail": ("fail",)}.items():
+        for mid, steps in {
+            "t-snooze": ("snooze", "ok"),
+            "t-retry": ("retry", "ok"),
+            "t-fail": ("fail",),
+        }.items():
             zeroloss.send("rp.tx_writes", script(*steps), message_id=mid)
         drain("rp.tx_writes")
         # One write each for the run that returned; none for a run that raised.
@@ -322,21 +348,17 @@ def test_a_transactional_handlers_writes_are_rolled_back_by_each_raised_outcome(
         handlers._registry.pop("rp.tx_writes", None)
 
 
+@DB
 def test_run_handler_carries_the_verdict_and_delay() -> None:
-    spec = get_handler("rp.script")
-
-    class FakeLease:
-        message_id, queue_name, attempt, max_attempts, payload = "m", "rp.script", 1, 5, {}
-        headers: dict[str, Any] = {}
+    lease = _claimed(ZeroLossMessageService(), "v1")
 
     def snoozes(delivery: Any) -> None:
         raise zeroloss.Snooze(delay=3)
 
-    run = run_handler(handlers.HandlerSpec("rp.script", snoozes), Delivery(FakeLease()))  # type: ignore[arg-type]
+    run = run_handler(handlers.HandlerSpec("rp.script", snoozes), Delivery(lease))
     assert (run.ok, run.verdict, run.delay) == (False, Verdict.SNOOZE, 3.0)
-    completion = run.completion(FakeLease())  # type: ignore[arg-type]
+    completion = run.completion(lease)
     assert (completion.verdict, completion.delay) == (Verdict.SNOOZE, 3.0)
-    assert spec.queue_name == "rp.script"
 
 
 # -- the admin: the policy, and why it is where it is ----------------------------------------------
@@ -349,7 +371,9 @@ def test_the_admin_shows_the_policy_and_why_the_message_is_where_it_is() -> None
     lease = service.claim_message("w1")
     assert lease
     for _ in range(2):
-        assert service.record_outcomes([Completion(lease, Verdict.SNOOZE, "zeroloss.Snooze: for 0 s", delay=0)]).snoozed
+        assert service.record_outcomes(
+            [Completion(lease, Verdict.SNOOZE, "zeroloss.Snooze: for 0 s", delay=0)]
+        ).snoozed
         lease = service.claim_message("w1")
         assert lease
     error = "zeroloss.Retry: after 30 s: rate limited\nTraceback (most recent call last): ..."
@@ -366,7 +390,37 @@ def test_the_admin_shows_the_policy_and_why_the_message_is_where_it_is() -> None
 
     lease = _claimed(service, "w2", queue="rp.only")
     service.record_outcomes([Completion(lease, Verdict.FAIL_FINAL, "zeroloss.Fail: gone")])
-    html = client.get(reverse("admin:zeroloss_message_change", args=[Message.objects.get(message_id="w2").pk]))
-    text = html.content.decode()
+    page = client.get(
+        reverse("admin:zeroloss_message_change", args=[Message.objects.get(message_id="w2").pk])
+    )
+    text = page.content.decode()
     assert "dead-lettered by its handler at attempt 1 of 5, not retried: zeroloss.Fail: gone" in text
     assert "retried only on ConnectionError · never retried on KeyError" in text
+
+
+# -- Django's task backend: a task raises them as a handler does -------------------------------------
+
+
+@DB
+def test_a_task_may_raise_retry_snooze_and_fail() -> None:
+    import threading
+
+    from tests import task_functions as tf
+    from zeroloss.tasks_backend import compat
+    from zeroloss.worker import Worker
+
+    results = {kind: tf.raises_outcome.enqueue(kind) for kind in ("retry", "snooze", "fail")}
+    worker = Worker(["default"], poll_interval=0.05, max_messages=3)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the worker did not finish in 60 s"
+    retried = tf.raises_outcome.get_result(results["retry"].id)
+    assert retried.status == compat.TaskResultStatus.READY and retried.attempts == 1
+    assert [e.exception_class_path for e in retried.errors] == ["zeroloss.Retry"]
+    snoozed = tf.raises_outcome.get_result(results["snooze"].id)
+    assert (snoozed.status, snoozed.attempts, snoozed.errors) == (compat.TaskResultStatus.READY, 0, [])
+    failed = tf.raises_outcome.get_result(results["fail"].id)
+    assert failed.status == compat.TaskResultStatus.FAILED and failed.attempts == 1
+    assert [e.exception_class_path for e in failed.errors] == ["zeroloss.Fail"]
+    assert "zeroloss.Fail: cannot be done" in failed.errors[0].traceback

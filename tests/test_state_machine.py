@@ -64,7 +64,16 @@ DEFAULT_MAX_ATTEMPTS = 3
 NUL_REASON = "operator said\x00no"
 
 #: Acknowledgements weigh double: successes are what moves ordering keys along.
-VERDICTS = [Verdict.ACKNOWLEDGE, Verdict.ACKNOWLEDGE, Verdict.FAIL, Verdict.RELEASE]
+VERDICTS = [
+    Verdict.ACKNOWLEDGE,
+    Verdict.ACKNOWLEDGE,
+    Verdict.FAIL,
+    Verdict.RELEASE,
+    Verdict.SNOOZE,
+    Verdict.FAIL_FINAL,
+]
+#: A handler's zeroloss.Snooze past this many snoozes of its message is a failed attempt.
+MAX_SNOOZES = 2
 
 #: Operator actions, weighed: dead-lettering by hand is the rarest (it ends what it touches).
 OPERATOR_ACTIONS = ["requeue", "requeue", "redrive", "redrive", "dead_letter", "cancel", "unknown"]
@@ -100,6 +109,8 @@ class Model:
     ever_dead: bool = False
     #: An operator requested its abort (``abort_requested_at``: set until a requeue or redrive).
     aborted: bool = False
+    #: Times its handler snoozed it (its ``snoozed`` audit rows).
+    snoozes: int = 0
     events: list[Event] = field(default_factory=list)
 
     def move(self, to: str, reason: str) -> None:
@@ -144,6 +155,7 @@ class LedgerMachine(RuleBasedStateMachine):
             ack_timeout=600,
             max_attempts=DEFAULT_MAX_ATTEMPTS,
             retry_backoff={"JITTER": False, "BASE": 1000, "MAX": 1000},  # exact: the model elapses them
+            max_snoozes=MAX_SNOOZES,
         )
         self.msgs: dict[str, Model] = {}
         self.leases: list[Lease] = []  # every lease ever handed out, current and superseded
@@ -198,7 +210,14 @@ class LedgerMachine(RuleBasedStateMachine):
             m.move(CANCELLED, "aborted")
         elif verdict == Verdict.ACKNOWLEDGE:
             m.move(COMPLETED, "acknowledged")
-        elif verdict == Verdict.FAIL:
+        elif verdict == Verdict.FAIL_FINAL:
+            m.move(DEAD, "dead_lettered_by_handler")
+        elif verdict == Verdict.SNOOZE and m.snoozes < MAX_SNOOZES:
+            m.snoozes += 1
+            m.attempts -= 1
+            m.move(PENDING, "snoozed")
+            m.availability = LATER
+        elif verdict in (Verdict.FAIL, Verdict.SNOOZE):  # a snooze past MAX_SNOOZES: a failed attempt
             if m.attempts >= m.max_attempts:
                 m.move(DEAD, "dead_lettered")
             else:
@@ -398,8 +417,11 @@ class LedgerMachine(RuleBasedStateMachine):
             done = self.service.acknowledge(lease.message_id, lease.token, result={"ok": 1})
         elif verdict == Verdict.FAIL:
             done = self.service.fail(lease.message_id, lease.token, "boom\x00")
-        else:
+        elif verdict == Verdict.RELEASE:
             done = self.service.release(lease.message_id, lease.token)
+        else:  # Snooze and Fail are recorded with the worker's batches only
+            report = self.service.record_outcomes([Completion(lease, verdict, "said\x00so", delay=1000)])
+            done = not report.refused and not report.cancelled
         assert done is (m is not None and not m.aborted), (verdict, lease, m)
         if m is not None:
             self.outcome(m, verdict)
@@ -414,7 +436,7 @@ class LedgerMachine(RuleBasedStateMachine):
         verdicts = data.draw(st.lists(st.sampled_from(VERDICTS), min_size=len(chosen), max_size=len(chosen)))
         report = self.service.record_outcomes(
             [
-                Completion(lease, v, error="batch\x00failure", result=[1.0])
+                Completion(lease, v, error="batch\x00failure", result=[1.0], delay=1000)
                 for lease, v in zip(chosen, verdicts, strict=True)
             ]
         )
@@ -432,9 +454,23 @@ class LedgerMachine(RuleBasedStateMachine):
                 Verdict.ACKNOWLEDGE: "acknowledged",
                 Verdict.RELEASE: "released",
                 Verdict.FAIL: "dead_lettered" if status == DEAD else "retrying",
+                Verdict.FAIL_FINAL: "dead_lettered",
+                Verdict.SNOOZE: "snoozed"
+                if m.events[-1][2] == "snoozed"
+                else "dead_lettered"
+                if status == DEAD
+                else "retrying",
             }[verdict]
             expected[kind].add(lease.message_id)
-        for kind in ("acknowledged", "retrying", "dead_lettered", "released", "refused", "cancelled"):
+        for kind in (
+            "acknowledged",
+            "retrying",
+            "dead_lettered",
+            "released",
+            "refused",
+            "cancelled",
+            "snoozed",
+        ):
             got = getattr(report, kind)
             assert len(got) == len(set(got)), (kind, got)
             assert set(got) == expected[kind], (kind, got, expected[kind])

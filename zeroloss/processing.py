@@ -155,7 +155,8 @@ def judge(spec: HandlerSpec, attempt: int, exc: BaseException) -> tuple[Verdict,
         return Verdict.FAIL, exc.delay, error
     if not spec.retried(exc):
         rule = "dont_retry_on" if spec.dont_retry_on and isinstance(exc, spec.dont_retry_on) else "retry_on"
-        return Verdict.FAIL_FINAL, None, clean_text(f"not retried ({rule} of its handler): {error}")
+        head, _, rest = error.partition("\n")
+        return Verdict.FAIL_FINAL, None, clean_text(f"{head}\n(not retried: {rule} of its handler)\n{rest}")
     if spec.backoff is None:
         return Verdict.FAIL, None, error
     try:

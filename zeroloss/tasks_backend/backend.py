@@ -108,6 +108,10 @@ _TRACEBACK_START = "Traceback (most recent call last):"
 _CUT = "[... traceback cut ...]\n"
 
 
+#: The audit reasons of a failed attempt (a snooze is none: it adds no error).
+_FAILURES = (Reason.FAILED, Reason.DEAD_LETTERED, Reason.DEAD_LETTERED_BY_HANDLER)
+
+
 def _is_error(detail: str) -> bool:
     """Whether an audit row's detail is an exception ``describe_error`` described (not, e.g., the
     text of a release or of an unknown queue)."""
@@ -308,7 +312,7 @@ class ZeroLossBackend(BaseTaskBackend):
             elif event.reason == Reason.CLAIMED:
                 claims[event.attempt] = (event.actor, event.created_at)
                 first_claim = first_claim or event.created_at
-            elif event.reason in (Reason.FAILED, Reason.DEAD_LETTERED) and _is_error(event.detail):
+            elif event.reason in _FAILURES and _is_error(event.detail):
                 errors.append(_error_of(event.detail))
         counted = [claims[n] for n in sorted(claims) if n <= message.attempts]
         status = STATUS_MAP[Status(message.status)]
