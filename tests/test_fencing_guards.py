@@ -39,7 +39,16 @@ QUEUE = "guards"
 
 #: Being replaced by the lead's rewrite of the transactional batch (ACK/FAIL fenced by expiry
 #: inside its transaction): not checked here, and left out of the completeness test.
-BEING_REMOVED = frozenset({"LOCK_HELD", "ACK_LOCKED", "FAIL_LOCKED", "CANCEL_ABORTED_LOCKED"})
+BEING_REMOVED = frozenset(
+    {
+        "LOCK_HELD",
+        "ACK_LOCKED",
+        "FAIL_LOCKED",
+        "FAIL_FINAL_LOCKED",
+        "SNOOZE_LOCKED",
+        "CANCEL_ABORTED_LOCKED",
+    }
+)
 
 #: How each kind of guard reads in a statement's WHERE clause (the clock: any engine fragment
 #: or SQL function, so a clock other than ``{now}`` still matches).
@@ -216,6 +225,17 @@ def _ack_batch(svc: ZeroLossMessageService, lease: Lease) -> bool:
 def _fail_batch(svc: ZeroLossMessageService, lease: Lease) -> bool:
     report = svc.record_outcomes([Completion(lease, Verdict.FAIL, error="handler raised")])
     return not report.refused
+
+
+def _snooze(svc: ZeroLossMessageService, lease: Lease) -> bool:
+    report = svc.record_outcomes([Completion(lease, Verdict.SNOOZE, "zeroloss.Snooze: for 60 s", delay=60)])
+    return bool(report.snoozed)
+
+
+def _fail_final(svc: ZeroLossMessageService, lease: Lease) -> bool:
+    report = svc.record_outcomes([Completion(lease, Verdict.FAIL_FINAL, error="zeroloss.Fail: gone")])
+    assert report.refused or report.dead_lettered or report.cancelled
+    return bool(report.dead_lettered)
 
 
 def _release(svc: ZeroLossMessageService, lease: Lease) -> bool:
@@ -525,6 +545,8 @@ GUARDS: list[Guard] = [
     *_holder_outcome("ACK_ONE", _ack_one, token="lease_token = %s"),
     *_holder_outcome("FAIL", _fail_batch),
     *_holder_outcome("RELEASE", _release),
+    *_holder_outcome("SNOOZE", _snooze),
+    *_holder_outcome("FAIL_FINAL", _fail_final),
     *(
         Guard(name, "abort", "abort_requested_at IS NULL", aborted_outcome_is_cancelled(outcome))
         for name, outcome in (
@@ -532,6 +554,8 @@ GUARDS: list[Guard] = [
             ("ACK_ONE", _ack_one),
             ("FAIL", _fail_batch),
             ("RELEASE", _release),
+            ("SNOOZE", _snooze),
+            ("FAIL_FINAL", _fail_final),
         )
     ),
     *_holder_outcome("CANCEL_ABORTED", _cancel_aborted),

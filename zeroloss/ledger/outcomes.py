@@ -281,15 +281,7 @@ class Outcomes(Part):
     def _within_snoozes(self, batch: list[Completion]) -> tuple[list[Completion], list[Completion]]:
         """The snoozes within ``MAX_SNOOZES``, and those past it made failed attempts (retried
         after their delay): a message cannot snooze for ever."""
-        engine = self.engine
-        rows, _ = self._run(
-            "SNOOZE_COUNTS",
-            self._rows(
-                "SNOOZE_COUNTS",
-                [c.lease.message_id for c in batch],
-                [engine.token(c.lease.token) for c in batch],
-            ),
-        )
+        rows, _ = self._run("SNOOZE_COUNTS", self._rows("SNOOZE_COUNTS", [c.lease.message_id for c in batch]))
         counts = {r[0]: int(r[1]) for r in rows}
         limit = self.settings.MAX_SNOOZES
         within: list[Completion] = []

@@ -131,10 +131,11 @@ _SNOOZE = (
 )
 SNOOZE = _SNOOZE + _UNEXPIRED
 SNOOZE_LOCKED = _SNOOZE
-# How often each leased message was snoozed (its audit rows say; the lease holder alone may add one).
+# How often each message was snoozed (its audit rows say). Not fenced: SNOOZE is, and only the
+# lease holder can add a snooze.
 SNOOZE_COUNTS = (
     "SELECT {msg}.message_id, (SELECT count(*) FROM {evt} e WHERE e.message_id = {msg}.id "
-    "AND e.reason = 'snoozed') FROM {msg}, {rows} WHERE {msg}.message_id = b.mid AND {msg}.lease_token = b.tok"
+    "AND e.reason = 'snoozed') FROM {msg}, {rows} WHERE {msg}.message_id = b.mid"
 )
 RELEASE = (
     "UPDATE {msg} SET status = 'pending', attempts = {msg}.attempts - 1, available_at = {now}, "
@@ -266,7 +267,7 @@ LEASE_ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "FAIL_FINAL_LOCKED": _FINAL_ROWS,
     "SNOOZE": _SNOOZE_ROWS,
     "SNOOZE_LOCKED": _SNOOZE_ROWS,
-    "SNOOZE_COUNTS": _MID_TOK,
+    "SNOOZE_COUNTS": (("mid", "text"),),
     "RELEASE": _MID_TOK,
     "LOCK_HELD": _MID_TOK,
     "RELEASE_UNKNOWN": (("tok", "uuid"),),
