@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("zeroloss", "0012_rate_buckets"),
+        ("zeroloss", "0014_maintenance_turn"),
     ]
 
     operations = [
