@@ -61,6 +61,7 @@ TIERS: dict[str, str] = {
     "test_demo.py": "process",
     "test_deprecated_names.py": "ledger",
     "test_doc_claims.py": "docs",
+    "test_doc_pages.py": "unit",
     "test_docs.py": "docs",
     "test_everyday_ops.py": "ledger",
     "test_failover.py": "chaos",

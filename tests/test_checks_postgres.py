@@ -30,7 +30,8 @@ E040 = Error(
 W040 = Warning(
     "Database 'default' runs with fsync = off: a crash of the server or its host can lose or corrupt "
     'committed messages, so "durable" is not.',
-    hint="Set fsync = on in postgresql.conf (docs/production.md).",
+    hint="Set fsync = on in postgresql.conf and reload the server (zeroloss documentation: Operating > "
+    'Production, section "PostgreSQL settings").',
     obj="settings.DATABASES",
     id="zeroloss.W040",
 )
@@ -39,7 +40,8 @@ W041 = Warning(
     "flushed, so a server crash can lose messages send() already returned, and acknowledgements (handlers "
     "then run again).",
     hint="Use synchronous_commit = on (or local, remote_write, remote_apply) for the role, the database and "
-    "the connection OPTIONS zeroloss uses (docs/production.md).",
+    "the connection OPTIONS zeroloss uses (zeroloss documentation: Operating > Production, section "
+    '"PostgreSQL settings").',
     obj="settings.DATABASES",
     id="zeroloss.W041",
 )

@@ -427,7 +427,9 @@ def test_bad_schedules_are_check_errors_naming_the_schedule_and_field(settings, 
     where = "ZEROLOSS['SCHEDULES']['bad']" + ("" if field == "*" else f"[{field!r}]")
     assert message == Error(
         f"{where}: {exc.message}",
-        hint="Every key is described in docs/schedules.md.",
+        hint="A schedule is a dict with 'cron' (five fields) or 'every' (seconds), and 'queue' (with "
+        "'payload') or 'task' (with 'args', 'kwargs'); the message above names the key to fix "
+        "(zeroloss documentation: Guides > Periodic messages).",
         obj="settings.ZEROLOSS",
         id=check_id,
     )

@@ -79,7 +79,8 @@ def test_e060_a_soft_limit_not_shorter_than_handler_timeout_is_a_check_error(set
             f"Handler {spec.name} of queue 'tl.e060' has soft_time_limit 3s, not shorter than its hard "
             "bound HANDLER_TIMEOUT (2s): the soft limit would never fire.",
             hint="Lower soft_time_limit, raise ZEROLOSS['HANDLER_TIMEOUT'], or give the handler its own "
-            "time_limit (docs/control.md).",
+            "time_limit (zeroloss documentation: Guides > Control: pause, limits, cancel, time limits, section "
+            '"Time limits and the process pool").',
             obj="tl.e060",
             id="zeroloss.E060",
         )

@@ -71,6 +71,7 @@ from .checks_server import (  # noqa: F401  (each check's public names stay impo
     postgres_readings,
 )
 from .conf import SettingError, ZeroLossSettings, parse_settings
+from .doc_pages import see
 from .ledger.engine import Engine
 from .ledger.postgres import PostgresEngine
 from .ledger.sqlite import SqliteEngine
@@ -160,7 +161,8 @@ def check_database(
             messages.append(
                 Warning(
                     f"Database {alias!r}: {' '.join(req.problems)}",
-                    hint="Attach streaming standbys (docs/replication.md) or lower REPLICATION_FACTOR.",
+                    hint="Attach streaming standbys, or lower ZEROLOSS['REPLICATION_FACTOR'] "
+                    f"({see('replication', 'Running zeroloss on a primary with standbys')}).",
                     obj="settings.ZEROLOSS",
                     id="zeroloss.W010",
                 )
@@ -183,8 +185,8 @@ def partitions_messages(alias: str, cfg: ZeroLossSettings) -> list[CheckMessage]
     return [
         Warning(
             f"Database {alias!r}: {partitions_warning(until.isoformat() if until else 'now')}.",
-            hint="Workers (zeroloss_worker) and zeroloss_sweep create PARTITIONS_AHEAD periods ahead once a "
-            "minute; docs/scaling.md#partitions-that-never-run-out.",
+            hint="Run a worker (zeroloss_worker) or zeroloss_sweep --loop: each creates PARTITIONS_AHEAD "
+            f"periods ahead once a minute ({see('scaling', 'Partitions that never run out')}).",
             obj="settings.ZEROLOSS",
             id="zeroloss.W042",
         )
@@ -218,8 +220,9 @@ def driver_messages(alias: str, cfg: ZeroLossSettings) -> list[CheckMessage]:
             f"Database {alias!r} uses psycopg2, which cannot prepare statements: zeroloss's hot-path "
             "statements are planned on every call (PREPARED_STATEMENTS has no effect), everything else "
             "works the same.",
-            hint="For the throughput of docs/benchmarks.md install psycopg 3 (pip install 'psycopg[binary]'): "
-            "Django uses it whenever it is installed. Or set ZEROLOSS['PREPARED_STATEMENTS'] = False.",
+            hint="Install psycopg 3 (pip install 'psycopg[binary]'): Django uses it whenever it is installed, "
+            f"and it gives the measured throughput ({see('benchmarks')}). Or set "
+            "ZEROLOSS['PREPARED_STATEMENTS'] = False.",
             obj="settings.DATABASES",
             id="zeroloss.I050",
         )
@@ -290,7 +293,9 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
     return [
         Error(
             str(exc),
-            hint="Every key is described in docs/schedules.md.",
+            hint="A schedule is a dict with 'cron' (five fields) or 'every' (seconds), and 'queue' (with "
+            "'payload') or 'task' (with 'args', 'kwargs'); the message above names the key to fix "
+            f"({see('schedules')}).",
             obj="settings.ZEROLOSS",
             id=exc.check_id,
         )

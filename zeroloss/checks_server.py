@@ -9,6 +9,7 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.db import connections
 
 from .conf import ZeroLossSettings
+from .doc_pages import see
 from .ledger import statements_reads
 from .ledger.base import engine_for
 
@@ -131,7 +132,8 @@ def postgres_messages(
             Warning(
                 f"Database {alias!r} runs with fsync = off: a crash of the server or its host can lose or "
                 'corrupt committed messages, so "durable" is not.',
-                hint="Set fsync = on in postgresql.conf (docs/production.md).",
+                hint="Set fsync = on in postgresql.conf and reload the server ("
+                f"{see('production', 'PostgreSQL settings')}).",
                 obj="settings.DATABASES",
                 id="zeroloss.W040",
             )
@@ -143,7 +145,8 @@ def postgres_messages(
                 "before it is flushed, so a server crash can lose messages send() already returned, and "
                 "acknowledgements (handlers then run again).",
                 hint="Use synchronous_commit = on (or local, remote_write, remote_apply) for the role, the "
-                "database and the connection OPTIONS zeroloss uses (docs/production.md).",
+                "database and the connection OPTIONS zeroloss uses "
+                f"({see('production', 'PostgreSQL settings')}).",
                 obj="settings.DATABASES",
                 id="zeroloss.W041",
             )

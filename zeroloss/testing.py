@@ -22,6 +22,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
+from .doc_pages import see
 from .handlers import HandlerSpec, get_handler, registered_queues
 from .ledger.types import CompletionReport, Lease
 from .processing import Delivery, HandlerRun, run_async_handler, run_handler, run_in_savepoint
@@ -112,7 +113,8 @@ def refuse_inside_a_transaction(using: str = DEFAULT_DB_ALIAS) -> None:
             f"zeroloss_worker cannot run inside a transaction on database {using!r} (a Django TestCase, "
             "or transaction.atomic()): its threads use connections of their own, which cannot see the "
             "uncommitted messages, and it closes the connections it used, the test's among them. "
-            "In a test, run the messages with zeroloss.testing.drain(queue) (docs/testing.md).",
+            "In a test, run the messages with zeroloss.testing.drain(queue) "
+            f"({see('testing', 'Not the worker command')}).",
             returncode=2,
         )
 

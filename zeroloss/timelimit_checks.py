@@ -7,6 +7,7 @@ from typing import Any
 from django.core.checks import CheckMessage
 
 from .conf import ZeroLossSettings
+from .doc_pages import see
 from .handlers import HandlerSpec
 from .timelimits import hard_limit
 
@@ -25,7 +26,7 @@ def limits_messages(specs: list[HandlerSpec], settings: ZeroLossSettings) -> lis
                     f"{spec.soft_time_limit:g}s, not shorter than its hard bound HANDLER_TIMEOUT "
                     f"({hard:g}s): the soft limit would never fire.",
                     hint="Lower soft_time_limit, raise ZEROLOSS['HANDLER_TIMEOUT'], or give the handler "
-                    "its own time_limit (docs/control.md).",
+                    f"its own time_limit ({see('control', 'Time limits and the process pool')}).",
                     obj=spec.queue_name,
                     id="zeroloss.E060",
                 )

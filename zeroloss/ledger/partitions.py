@@ -25,6 +25,7 @@ from typing import Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ..doc_pages import see
 from ..models import DroppedPeriod, Message, MessageEvent, MessageKey
 from . import statements_partitions as sql
 from .base import engine_for
@@ -427,7 +428,11 @@ def _detached_bounds(conn: BaseDatabaseWrapper, part: str) -> tuple[str, str]:
         bounds = re.findall(r"'([^']+)'", definition)
         if len(bounds) == 2:
             return bounds[0], bounds[1]
-    raise RuntimeError(f"{part} has lost its bounds: attach it by hand (docs/scaling.md)")
+    raise RuntimeError(
+        f"{part} has lost the CHECK constraint its detach added, which says its bounds: attach it by hand "
+        f"(ALTER TABLE ... ATTACH PARTITION {part} FOR VALUES FROM (...) TO (...); "
+        f"{see('scaling', 'Retention by partition')})"
+    )
 
 
 def _attach_again(conn: BaseDatabaseWrapper, part: str, events: str) -> None:

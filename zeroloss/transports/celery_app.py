@@ -18,6 +18,7 @@ from typing import Any
 
 from django.conf import settings
 
+from ..doc_pages import see
 from ..exceptions import CeleryAppNotConfigured
 
 #: The snippet that loads the project's app when Django starts (Celery's own Django guide).
@@ -55,7 +56,7 @@ def app_problem(app: Any) -> str | None:
             f"process: messages would be published through Celery's own default app ({CELERY_DEFAULT_BROKER}), "
             "not your broker, and wait for the sweep. Load it when Django starts: in the package that "
             f"holds settings.py and celery.py (proj/), put `{INIT_IMPORT}` in __init__.py "
-            "(zeroloss documentation, page 'Celery', section 'Configuration')."
+            f"({see('celery', 'Configuration')})."
         )
     configured = getattr(settings, "CELERY_BROKER_URL", None)
     if configured:

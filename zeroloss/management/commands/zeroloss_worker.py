@@ -78,7 +78,7 @@ class Command(ZeroLossCommand):
             default="thread",
             help=_(
                 "Where handlers run: 'thread' (default) on the claim threads, or 'process' in child "
-                "processes, which a hard time_limit can stop (docs/control.md)."
+                "processes, which a hard time_limit can stop."
             ),
         )
         parser.add_argument(
