@@ -3,11 +3,11 @@
 On a partitioned ledger (PostgreSQL, :mod:`.partitions`) a row whose period has no partition
 is refused. The sweep keeps ``PARTITIONS_AHEAD`` periods ahead; a deployment where no sweep ran
 for days (no worker, no beat) must still take messages, so every send asks :func:`ready`
-first. That costs nothing most of the time: each process remembers until when the partitions
-it last saw cover, and estimates the database clock from its own monotonic clock. Once fewer
-than half the periods ahead are left (or ``RECHECK_EVERY`` passed), it reads the catalogue
-again, and when the periods ahead are short, creates them, on a connection of its own (its own
-transaction: the sender's keeps no DDL lock), through the sweep's own code and lock
+first. That costs nothing most of the time (a dict read and a clock read): each process
+remembers when, by its own monotonic clock, fewer than half the periods ahead it last saw will
+be left. Then (or ``RECHECK_EVERY`` after it looked) it reads the catalogue again, and when
+the periods ahead are short, creates them, on a connection of its own (its own transaction:
+the sender's keeps no DDL lock), through the sweep's own code and lock
 (:func:`.partitions.ensure_ahead`). Creating a partition attaches a new table (``SHARE UPDATE
 EXCLUSIVE`` on the parent): sends, claims and transitions go on meanwhile.
 """
@@ -15,9 +15,9 @@ EXCLUSIVE`` on the parent): sends, claims and transitions go on meanwhile.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import threading
 import time
-from dataclasses import dataclass
 
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -35,20 +35,9 @@ QUIET = 60.0
 NO_PARTITION = "no partition of relation"
 
 
-@dataclass(frozen=True)
-class _Seen:
-    #: Until when the partitions cover (None: the ledger is not partitioned).
-    until: dt.datetime | None
-    #: The database clock, and this process's monotonic clock, when they were read.
-    at: dt.datetime
-    monotonic: float
-    #: After a creation that failed or found another process at it: no new try before this
-    #: (monotonic), unless the periods run out first.
-    quiet_until: float = 0.0
-
-
-#: Per database alias, what this process last saw.
-_SEEN: dict[str, _Seen] = {}
+#: Per database alias: when (this process's monotonic clock) a send reads the partitions
+#: again: once fewer than half the periods ahead are left by the estimate, or RECHECK_EVERY.
+_NEXT_LOOK: dict[str, float] = {}
 _LOCK = threading.Lock()
 
 
@@ -56,26 +45,21 @@ def forget(alias: str | None = None) -> None:
     """Read the partitions again at the next send (of ``alias``; of every database: None)."""
     with _LOCK:
         if alias is None:
-            _SEEN.clear()
+            _NEXT_LOOK.clear()
         else:
-            _SEEN.pop(alias, None)
+            _NEXT_LOOK.pop(alias, None)
 
 
-def ready(conn: BaseDatabaseWrapper, period: int, ahead: int) -> None:
-    """Make sure a row stored now on ``conn`` has its period (see the module's docstring)."""
+def ready(alias: str, period: float, ahead: int) -> None:
+    """Make sure a row stored now on database ``alias`` has its period (see the module's docstring)."""
+    next_look = _NEXT_LOOK.get(alias)
+    if next_look is not None and time.monotonic() < next_look:
+        return  # (every send comes here: a dict read and a clock read)
+    conn = connections[alias]
     if not engine_for(conn).partitions_by_period:
+        _NEXT_LOOK[alias] = math.inf  # SQLite: one table, nothing to create
         return
-    seen = _SEEN.get(conn.alias)
-    if seen is not None:
-        now = time.monotonic()
-        if now < seen.quiet_until:
-            return
-        elapsed = now - seen.monotonic
-        if elapsed < RECHECK_EVERY and (
-            seen.until is None or seen.at + dt.timedelta(seconds=elapsed + period * ahead / 2) < seen.until
-        ):
-            return
-    _look(conn, period, ahead)
+    _look(conn, int(period), ahead)
 
 
 def _look(conn: BaseDatabaseWrapper, period: int, ahead: int) -> None:
@@ -84,7 +68,7 @@ def _look(conn: BaseDatabaseWrapper, period: int, ahead: int) -> None:
         # A conversion under way mirrors every new row into the partitioned tables it builds.
         building = partitions.MESSAGES + partitions.BUILDING
         if not partitions._rows(conn, sql.TABLE_EXISTS, [building])[0][0]:
-            _remember(conn.alias, None, partitions.database_now(conn))
+            _remember(conn.alias, RECHECK_EVERY)
             return
         table = building
     now = partitions.database_now(conn)
@@ -103,13 +87,14 @@ def _look(conn: BaseDatabaseWrapper, period: int, ahead: int) -> None:
             # at every send, unless the periods run out before.
             quiet = min(QUIET, max((until - now).total_seconds() - 1.0, 0.0))
     if until is not None:
-        _remember(conn.alias, until, now, quiet)
+        left = (until - now).total_seconds() - period * ahead / 2
+        _remember(conn.alias, quiet or min(RECHECK_EVERY, max(left, 0.0)))
 
 
-def _remember(alias: str, until: dt.datetime | None, at: dt.datetime, quiet: float = 0.0) -> None:
+def _remember(alias: str, seconds: float) -> None:
+    """Sends of ``alias`` look again in ``seconds``."""
     with _LOCK:
-        mono = time.monotonic()
-        _SEEN[alias] = _Seen(until, at, mono, mono + quiet)
+        _NEXT_LOOK[alias] = time.monotonic() + seconds
 
 
 def _create_aside(alias: str, period: int, ahead: int, *, wait: bool) -> list[str]:

@@ -217,7 +217,7 @@ class Store(Part):
 
     def period_ready(self) -> None:
         """The period a message stored now goes to exists (a partitioned ledger; :mod:`.periods`)."""
-        periods.ready(self.connection, int(self.settings.PARTITION_PERIOD), self.settings.PARTITIONS_AHEAD)
+        periods.ready(self.using, self.settings.PARTITION_PERIOD, self.settings.PARTITIONS_AHEAD)
 
     def validated_delay(self, delay: float | dt.timedelta | None, ordering_key: str) -> float:
         delay_s = seconds(delay, "delay")
