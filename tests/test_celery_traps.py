@@ -279,6 +279,11 @@ def test_overdue_schedules_in_status_health_and_admin(settings):
         assert "1 schedule is overdue: no scheduler is sending its ticks." in html
         assert "hourly: tick " in html
 
+    settings.LANGUAGE_CODE = "de"  # the operator's desk speaks German and French
+    html = client.get(reverse("admin:zeroloss_message_dashboard")).content.decode()
+    assert "1 Zeitplan ist überfällig: kein Scheduler sendet seine Ticks." in html
+    settings.LANGUAGE_CODE = "en-us"
+
     Scheduler(service.using).run_once()  # a scheduler again: the tick goes out, nothing overdue
     assert overdue_schedules(service.using, service.database_now()) == []
     assert (
