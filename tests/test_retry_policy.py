@@ -424,3 +424,45 @@ def test_a_task_may_raise_retry_snooze_and_fail() -> None:
     assert failed.status == compat.TaskResultStatus.FAILED and failed.attempts == 1
     assert [e.exception_class_path for e in failed.errors] == ["zeroloss.Fail"]
     assert "zeroloss.Fail: cannot be done" in failed.errors[0].traceback
+
+
+# -- the Celery transport's delivery path, and the log -------------------------------------------------
+
+
+@DB
+@pytest.mark.parametrize("queue", ["rp.script", "rp.script_tx"])
+def test_the_celery_delivery_path_records_each_raised_outcome(queue: str) -> None:
+    from zeroloss.service import wait_until
+    from zeroloss.worker.transport_runtime import DeliveryRuntime, deliver
+
+    zeroloss.send(queue, script("snooze"), message_id="c-snooze")
+    zeroloss.send(queue, script("retry", delay=60), message_id="c-retry")
+    zeroloss.send(queue, script("fail"), message_id="c-fail")
+    try:
+        for mid in ("c-snooze", "c-retry", "c-fail"):
+            deliver(mid)  # what the Celery task calls
+        # Outcomes are batched by the delivery runtime: wait until each is recorded.
+        assert wait_until(lambda: not Message.objects.filter(status=Status.PROCESSING).exists(), 30)
+    finally:
+        DeliveryRuntime.close_all()
+    assert reasons("c-snooze")[-1] == "snoozed" and Message.objects.get(message_id="c-snooze").attempts == 0
+    retried = Message.objects.get(message_id="c-retry")
+    assert reasons("c-retry")[-1] == "failed" and _db_seconds(
+        retried.available_at, retried.updated_at
+    ) == pytest.approx(60, abs=0.001)
+    assert reasons("c-fail")[-1] == "dead_lettered_by_handler"
+
+
+@DB
+def test_a_snooze_is_logged_at_info_a_fail_as_a_dead_letter(caplog: Any) -> None:
+    zeroloss.send("rp.script", script("snooze", delay=60), message_id="l-snooze")
+    zeroloss.send("rp.script", script("fail"), message_id="l-fail")
+    with caplog.at_level("INFO", logger="zeroloss"):
+        drain("rp.script")
+    lines = [(r.levelname, r.getMessage().partition("\n")[0]) for r in caplog.records if r.name == "zeroloss"]
+    assert (
+        "INFO",
+        "l-snooze: handler tests.retry_app.zeroloss_handlers.script snoozed (attempt 1 not counted): "
+        "zeroloss.Snooze: for 60 s: not ready",
+    ) in lines
+    assert ("ERROR", "l-fail: dead-lettered after attempt 1 of 5: zeroloss.Fail: gone") in lines
