@@ -362,3 +362,17 @@ def test_a_turn_cut_off_by_its_time_leaves_the_rest_to_the_next_turn_due_at_once
     assert second is not None
     assert not Message.objects.exists()
     assert sum(PurgeRecord.objects.values_list("count", flat=True)) == 5
+
+
+@pytest.mark.process
+def test_a_one_shot_sweep_runs_the_turn_it_took_before_it_exits(retained: None) -> None:
+    service = ZeroLossMessageService(instance_id="setup")
+    service.persist_message("old", OTHER, {})
+    lease = service.claim_message("old")
+    assert lease is not None and service.acknowledge("old", lease.token)
+    assert backdate(["old"], "completed_at", seconds_ago=2 * HOUR) == 1
+    env = child_env(ZEROLOSS_SETTINGS_JSON=json.dumps(SETTINGS))
+    swept = Proc([*_python(), "manage.py", "zeroloss_sweep"], env)
+    assert swept.wait(120) == 0, swept.text
+    assert not Message.objects.exists()
+    assert [r.actor.startswith("retention@") for r in PurgeRecord.objects.all()] == [True]

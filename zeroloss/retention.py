@@ -117,6 +117,14 @@ def after_sweep(service: Any, report: Any) -> Any:
     return report
 
 
+def join(alias: str, timeout: float | None = None) -> None:
+    """Wait for the turn this process runs on ``alias``, if any (a one-shot sweep before it exits)."""
+    with _LOCK:
+        running = _RUNNING.get(alias)
+    if running is not None:
+        running.join(timeout)
+
+
 def _in_thread(service_class: Any, alias: str, instance_id: str, holder: str) -> None:
     try:
         _run(service_class(using=alias, instance_id=instance_id), holder)

@@ -13,6 +13,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
+from ... import retention
 from ...durations import format_duration
 from ...ledger.types import RecoveryReport
 from ...loops import StopFlag, SweepLoop
@@ -103,5 +104,7 @@ class Command(ZeroLossCommand):
                 )
         else:
             sweeper.run_once()
+            # A retention turn this sweep took runs in a thread: done before the process exits.
+            retention.join(service.using)
         if json:
             self.emit_json({"runs": sweeper.runs, "requeued": requeued, "dead_lettered": dead_lettered})
