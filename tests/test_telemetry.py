@@ -101,6 +101,23 @@ def test_opentelemetry_metrics_when_a_meter_provider_is_set(spans, otel_metrics)
     assert _points(otel_metrics, "zeroloss.claim.batch_size")
 
 
+def test_a_snooze_is_counted_as_snoozed(otel_metrics):
+    import tests.retry_app.zeroloss_handlers  # noqa: F401  (the rp.* queues)
+    from zeroloss.telemetry.prometheus import NAMES
+
+    key = (
+        ("messaging.destination.name", "rp.script"),
+        ("messaging.operation.name", "process"),
+        ("messaging.system", "zeroloss"),
+    )
+    before = _points(otel_metrics, "zeroloss.messages.snoozed")
+    zeroloss.send("rp.script", {"script": ["snooze"], "delay": 60})
+    assert list(drain("rp.script").outcomes.values()) == ["snoozed"]
+    after = _points(otel_metrics, "zeroloss.messages.snoozed")
+    assert after[key].value - (before[key].value if key in before else 0) == 1
+    assert "zeroloss_messages_snoozed" in NAMES
+
+
 @pytest.mark.process
 def test_zeroloss_works_and_imports_no_opentelemetry_without_it():
     script = textwrap.dedent(

@@ -51,6 +51,7 @@ class _Instruments:
                 ("lease_lost", "Attempts whose outcome was refused: the lease was gone."),
                 ("recovered", "Messages the sweep put back to pending."),
                 ("cancelled", "Messages cancelled."),
+                ("snoozed", "Attempts whose handler raised zeroloss.Snooze (not counted)."),
             )
         }
         self.pickup = meter.create_histogram(

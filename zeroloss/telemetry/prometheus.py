@@ -60,6 +60,12 @@ RECOVERED = Counter(
     registry=registry,
 )
 CANCELLED = Counter("zeroloss_messages_cancelled", "Messages cancelled.", _Q, registry=registry)
+SNOOZED = Counter(
+    "zeroloss_messages_snoozed",
+    "Attempts whose handler raised zeroloss.Snooze (pending again, the attempt not counted).",
+    _Q,
+    registry=registry,
+)
 DURATION = Histogram(
     "zeroloss_handler_duration_seconds",
     "Seconds a handler ran, by outcome (ok or error).",
@@ -85,7 +91,20 @@ BATCH = Histogram(
 #: Every metric's name (families as ``prometheus_client`` names them, without ``_total``).
 NAMES = tuple(
     m._name
-    for m in (SENT, STARTED, COMPLETED, FAILED, DEAD, LOST, RECOVERED, CANCELLED, DURATION, PICKUP, BATCH)
+    for m in (
+        SENT,
+        STARTED,
+        COMPLETED,
+        FAILED,
+        DEAD,
+        LOST,
+        RECOVERED,
+        CANCELLED,
+        SNOOZED,
+        DURATION,
+        PICKUP,
+        BATCH,
+    )
 )
 
 
@@ -147,7 +166,7 @@ def _observe(histogram: Any, values: Sequence[float]) -> None:
         histogram.observe(value)
 
 
-_OUTCOMES = {"completed": COMPLETED, "failed": FAILED, "dead": FAILED, "lease_lost": LOST}
+_OUTCOMES = {"completed": COMPLETED, "failed": FAILED, "dead": FAILED, "lease_lost": LOST, "snoozed": SNOOZED}
 
 
 def finished(queue: str, outcome: str, n: int = 1) -> None:
