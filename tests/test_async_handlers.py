@@ -279,3 +279,36 @@ def test_slow_async_handlers_keep_overlapping_batch_after_batch_on_one_reused_lo
     assert worker.stats.outcomes == {"completed": 20}
     assert len(loops) == 1
     assert set(Message.objects.values_list("attempts", flat=True)) == {1}
+
+
+def test_an_async_handler_whose_lease_was_taken_over_is_cancelled(settings):
+    # Its lease runs out (moved into the past, as a frozen worker's would), the sweep puts the
+    # message back and another claim takes it: the worker cancels the old run within a keeper
+    # pass and a poll (docs/control.md), rather than let it run beside the new one.
+    from tests.support import expire_leases, finish
+
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "HEARTBEAT_INTERVAL": 0.05}
+    started = threading.Event()
+    cancelled = threading.Event()
+
+    async def handle(delivery: Delivery) -> None:
+        started.set()
+        try:
+            await never_done()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    register("async.taken_over", handle)
+    service = ZeroLossMessageService()
+    service.persist_message("to1", "async.taken_over", {})
+    worker, thread = run_worker("async.taken_over", sweep=False)
+    try:
+        assert started.wait(30)
+        assert expire_leases(["to1"]) == 1
+        assert service.sweep().requeued == ["to1"]
+        assert service.claim("async.taken_over")  # the next run's claim
+        assert cancelled.wait(10), "the run whose lease was taken over still runs"
+        assert wait_until(lambda: worker.stats.outcomes["lease_lost"] == 1, timeout=10), worker.stats
+    finally:
+        finish(worker, thread)

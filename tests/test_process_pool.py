@@ -12,6 +12,7 @@ The handlers are in ``tests/timelimits_app`` (installed in the workers with
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import time
@@ -242,3 +243,40 @@ def test_a_handler_that_ignores_its_soft_limit_is_killed_at_its_hard_limit():
     assert message.status == Status.DEAD
     assert message.last_error.startswith("zeroloss.exceptions.TimeLimitExceeded")
     assert f"its child process {pid} was killed" in message.last_error
+
+
+def test_a_frozen_worker_woken_after_its_lease_was_taken_over_kills_its_child_at_once():
+    # Its whole process group SIGSTOPped while its handler runs; meanwhile the lease runs out
+    # (moved into the past), the sweep puts the message back and another claim takes it. Woken,
+    # the worker kills the child still running the old run: the two overlap only until then.
+    service = ZeroLossMessageService()
+    service.persist_messages([("fz0", "tl.forever", {})])
+    worker = pool_worker("--queue", "tl.forever", "--concurrency", "1", "--batch-size", "1", "--no-sweep")
+    try:
+        assert wait_until(lambda: len(records("started")) == 1, timeout=120), worker.text
+        [child] = spawned_children(worker.popen.pid)
+        os.killpg(worker.popen.pid, signal.SIGSTOP)
+        assert expire_leases(["fz0"]) == 1
+        assert service.sweep().requeued == ["fz0"]
+        assert service.claim("tl.forever")  # the next run's claim: the message is its now
+        woken = time.monotonic()
+        os.killpg(worker.popen.pid, signal.SIGCONT)
+        gone = wait_until(lambda: not Path(f"/proc/{child}").exists() or _zombie(child), timeout=20)
+        overlap = time.monotonic() - woken
+        print(f"frozen process-pool worker woken: its child killed {overlap:.3f} s after SIGCONT")
+        assert gone, f"child {child} still runs the run whose lease was taken over: {worker.text[-2000:]}"
+        assert "its lease was lost while" in worker.text or wait_until(
+            lambda: "its lease was lost while" in worker.text, timeout=10
+        ), worker.text[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.popen.pid, signal.SIGCONT)
+        worker.terminate()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return text[text.rfind(")") + 2] == "Z"

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable
 
 from ..handlers import HandlerSpec
+from ..ledger.aborts import ABORT_POLL_INTERVAL
 from ..ledger.types import Completion, Lease, Verdict
 from ..processing import Delivery, HandlerRun, Outcome, run_async_handler, thread_event_loop
 from .batch import Batch
@@ -83,10 +84,23 @@ class AsyncBatchRunner:
 
         start_more()
         while in_flight:
-            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                in_flight, timeout=ABORT_POLL_INTERVAL, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task, lease in in_flight.items():
+                # Its lease was lost (the worker frozen or cut off past ACK_TIMEOUT): the message
+                # may run elsewhere already, so this run stops (its outcome would be refused).
+                if task not in done and not task.done() and keeper.is_lost(lease.message_id):
+                    task.cancel()
+            if not done:
+                continue
             width = len(in_flight)
             for task in done:
                 lease = in_flight.pop(task)
+                if task.cancelled():  # stopped above: its lease was lost
+                    keeper.drop([lease.message_id])
+                    self.count(Outcome.LEASE_LOST, 1)
+                    continue
                 run = task.result()  # run_async_handler records every failure, it never raises
                 # Seconds of the thread's time per message: they overlapped ``width`` at a time.
                 update_pace(run.seconds / width)

@@ -255,7 +255,12 @@ class ClaimLoop:
                 continue
             if self.slot is not None:  # in its child process (async ones too, one at a time)
                 mid = lease.message_id
-                run = self.slot.run(spec, lease, aborted=functools.partial(keeper.is_abort_requested, mid))
+                run = self.slot.run(
+                    spec,
+                    lease,
+                    aborted=functools.partial(keeper.is_abort_requested, mid),
+                    lost=functools.partial(keeper.is_lost, mid),
+                )
             else:
                 run = run_handler(spec, Delivery(lease, keeper), worker=self.service.instance_id)
             self.batch.done()

@@ -163,11 +163,20 @@ class ChildSlot:
         except (OSError, EOFError):
             return False
 
-    def run(self, spec: HandlerSpec, lease: Lease, aborted: Callable[[], bool] | None = None) -> HandlerRun:
+    def run(
+        self,
+        spec: HandlerSpec,
+        lease: Lease,
+        aborted: Callable[[], bool] | None = None,
+        lost: Callable[[], bool] | None = None,
+    ) -> HandlerRun:
         """Run ``lease``'s handler in the child; never raises for what the handler or the child did.
 
         ``aborted`` (the keeper's view of this message's abort request) is polled while the
-        child runs; once true, the child's abort flag is set (its ``delivery.abort_requested``)."""
+        child runs; once true, the child's abort flag is set (its ``delivery.abort_requested``).
+        ``lost`` (the keeper's view of the lease) too: once true the child is killed, since the
+        message may already run elsewhere (its worker was frozen past its lease): its slot is
+        not this run's any more."""
         if self.process is None or not self.process.is_alive():
             self._kill()
             self.start()
@@ -191,9 +200,20 @@ class ChildSlot:
                 d for d in ((started + soft) if soft else None, (started + hard) if hard else None) if d
             ]
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
-            if aborted is not None:  # polled at the keeper's own abort poll interval
+            if aborted is not None or lost is not None:  # polled at the keeper's abort poll interval
                 timeout = ABORT_POLL_INTERVAL if timeout is None else min(timeout, ABORT_POLL_INTERVAL)
             ready = wait([conn, process.sentinel], timeout)
+            if lost is not None and conn not in ready and lost():
+                self._kill()
+                logger.warning(
+                    "%s: its lease was lost while %s ran (the worker frozen or cut off past "
+                    "ACK_TIMEOUT): its child process %s was killed; a new child takes its slot",
+                    lease.message_id,
+                    spec.runs(lease.payload),
+                    process.pid,
+                )
+                gone = ChildDied(f"{spec.runs(lease.payload)} stopped: its lease was lost")
+                return HandlerRun(False, time.monotonic() - started, error=describe_error(gone))
             if aborted is not None and aborted():
                 self.abort()
                 aborted = None  # once: the flag stays set until the next message
