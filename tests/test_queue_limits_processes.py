@@ -331,3 +331,34 @@ def test_pause_resume_limit_and_exact_claims_within_1s_with_a_frozen_slot_holder
         if holder is not None:
             holder.sigkill_group()
         stop(workers)
+
+
+def test_a_rate_holds_and_claims_go_on_with_a_frozen_then_sigkilled_slot_holder():
+    # A rate kept in slot shares (600/m: a burst of 60, 7.5 tokens a share); a SIGSTOPped process
+    # holds slot 3, then is SIGKILLed. Claims go on meanwhile (the other slots, or the exact path
+    # within its 0.5 s), and never take more than the burst plus what the elapsed time refilled.
+    service = ZeroLossMessageService()
+    service.limit_queue(QUEUE, rate="600/m")
+    send(200, "r")
+    holder = frozen_slot_holder()
+    claimed = 0
+    try:
+        started = service.database_now()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            claimed += len(service.claim(QUEUE, limit=4))
+        frozen_claims = claimed
+        holder.sigkill_group()  # its session ends: the slot is free again, nothing of it spent
+        deadline = time.monotonic() + 1
+        while time.monotonic() < deadline:
+            claimed += len(service.claim(QUEUE, limit=4))
+        elapsed = (service.database_now() - started).total_seconds()
+    finally:
+        if holder.popen.poll() is None:
+            holder.sigkill_group()
+    processing = Message.objects.filter(queue_name=QUEUE, status="processing").count()
+    print(
+        f"rate 600/m, slot holder frozen then killed: {frozen_claims} claims while frozen, {claimed} in {elapsed:.2f} s"
+    )
+    assert frozen_claims > 0 and claimed > frozen_claims  # claims went on, frozen holder or not
+    assert processing == claimed <= 60 + 10 * elapsed + 1, (claimed, elapsed)
