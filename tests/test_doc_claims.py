@@ -33,6 +33,7 @@ from django.db import connection
 import zeroloss
 from tests.support import backdate, finish, run_worker
 from tests.support.processes import Proc
+from zeroloss.conf import ZeroLossSettings
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.processing import Delivery
 from zeroloss.service import ZeroLossMessageService, wait_until
@@ -363,7 +364,6 @@ def _accepts(command: str, *args: str) -> bool:
 
 def _has_scheduler() -> bool:
     import zeroloss.schedules  # noqa: F401
-    from zeroloss.conf import ZeroLossSettings
 
     return "SCHEDULES" in {f.name for f in dataclasses.fields(ZeroLossSettings)} and _accepts(
         "zeroloss_schedule", "list"
@@ -426,6 +426,9 @@ HAS: dict[str, Callable[[], bool]] = {
     "rate limits": lambda: _has_queue_limit({"rate": "10/s"}),
     "concurrency limits across workers": lambda: _has_queue_limit({"concurrency": 2}),
     "pause a queue": lambda: _accepts("zeroloss_queue", "pause", "emails"),
+    "retention of finished messages": lambda: (
+        "RETENTION" in {f.name for f in dataclasses.fields(ZeroLossSettings)}
+    ),
     "ordering keys, deduplication windows": lambda: (
         {"ordering_key", "dedup_key", "dedup_window"} <= _parameters(zeroloss.send)
     ),
@@ -451,8 +454,6 @@ def test_the_comparison_says_yes_for_every_feature_zeroloss_has():
             f"docs/comparison.md, {feature!r}: zeroloss has it, the cell says {cells[feature]!r}"
         )
     # The lease default the row quotes is the code's.
-    from zeroloss.conf import ZeroLossSettings
-
     assert f"{ZeroLossSettings.ACK_TIMEOUT:g} s by default" in cells["a killed worker's message comes back"]
     # The one row where zeroloss says no is a thing it really does not have.
     assert cells["workflows (chain, group, chord)"].lower().startswith("no")
