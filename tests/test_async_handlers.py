@@ -14,7 +14,7 @@ from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import connections
 
 import zeroloss
-from tests.support import register, run_worker
+from tests.support import expire_leases, finish, register, run_worker
 from tests.support.waiting import never_done, suspend, wait_for
 from zeroloss.exceptions import InvalidHandler
 from zeroloss.handlers import HandlerSpec
@@ -285,7 +285,6 @@ def test_an_async_handler_whose_lease_was_taken_over_is_cancelled(settings):
     # Its lease runs out (moved into the past, as a frozen worker's would), the sweep puts the
     # message back and another claim takes it: the worker cancels the old run within a keeper
     # pass and a poll (docs/control.md), rather than let it run beside the new one.
-    from tests.support import expire_leases, finish
 
     settings.ZEROLOSS = {**settings.ZEROLOSS, "HEARTBEAT_INTERVAL": 0.05}
     started = threading.Event()
@@ -312,3 +311,37 @@ def test_an_async_handler_whose_lease_was_taken_over_is_cancelled(settings):
         assert wait_until(lambda: worker.stats.outcomes["lease_lost"] == 1, timeout=10), worker.stats
     finally:
         finish(worker, thread)
+
+
+def test_hundreds_of_async_handlers_in_flight_complete_once_each(settings):
+    # 300 in flight at once on one thread's loop (their lease checks every 0.25 s, not per
+    # completion): every one completes, none is lost or run twice.
+    runs: list[str] = []
+    most = [0]
+    now = [0]
+
+    async def handle(delivery: Delivery) -> None:
+        runs.append(delivery.message_id)
+        now[0] += 1
+        most[0] = max(most[0], now[0])
+        await asyncio.sleep(0.5)
+        now[0] -= 1
+
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "ASYNC_CONCURRENCY": 300}
+    register("async.many", handle)
+    service = ZeroLossMessageService()
+    service.persist_messages([(f"am{i:03d}", "async.many", {}) for i in range(600)])
+    worker, thread = run_worker("async.many", burst=True, concurrency=1, batch_size=300)
+    try:
+        wait_for(
+            lambda: str(worker.stats),
+            lambda: (
+                Message.objects.filter(message_id__startswith="am", status=Status.COMPLETED).count() == 600
+            ),
+            120,
+        )
+    finally:
+        finish(worker, thread)
+    assert sorted(runs) == [f"am{i:03d}" for i in range(600)]  # each once
+    assert most[0] >= 100, most  # they did run side by side
+    assert worker.stats.outcomes["lease_lost"] == 0

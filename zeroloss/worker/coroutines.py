@@ -9,6 +9,7 @@ the same batch completer. The loop belongs to the claim thread and is reused by 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from ..handlers import HandlerSpec
@@ -83,15 +84,18 @@ class AsyncBatchRunner:
                 in_flight[task] = lease
 
         start_more()
+        checked = time.monotonic()
         while in_flight:
             done, _ = await asyncio.wait(
                 in_flight, timeout=ABORT_POLL_INTERVAL, return_when=asyncio.FIRST_COMPLETED
             )
-            for task, lease in in_flight.items():
-                # Its lease was lost (the worker frozen or cut off past ACK_TIMEOUT): the message
-                # may run elsewhere already, so this run stops (its outcome would be refused).
-                if task not in done and not task.done() and keeper.is_lost(lease.message_id):
-                    task.cancel()
+            if time.monotonic() - checked >= ABORT_POLL_INTERVAL:  # not at every completion: hundreds may run
+                checked = time.monotonic()
+                for task, lease in in_flight.items():
+                    # Its lease was lost (the worker frozen or cut off past ACK_TIMEOUT): the message
+                    # may run elsewhere already, so this run stops (its outcome would be refused).
+                    if task not in done and not task.done() and keeper.is_lost(lease.message_id):
+                        task.cancel()
             if not done:
                 continue
             width = len(in_flight)
