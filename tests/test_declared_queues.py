@@ -18,6 +18,7 @@ import zeroloss
 from tests.support.processes import db_worker
 from zeroloss import checks
 from zeroloss.conf import QueueSettings, get_settings
+from zeroloss.conf_values import QUEUE_OPTIONS
 from zeroloss.exceptions import UnknownQueue
 from zeroloss.models import Message
 
@@ -105,7 +106,7 @@ def test_a_declared_queue_with_a_handler_runs_as_any_other(settings):
         (
             {"emails": {"concurency": 4}},
             "QUEUES['emails']",
-            "unknown option 'concurency'; known options: concurrency, rate.",
+            f"unknown option 'concurency'; known options: {', '.join(sorted(QUEUE_OPTIONS))}.",
         ),
     ],
 )
