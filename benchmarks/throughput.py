@@ -30,6 +30,9 @@ from . import db
 from .db import MSG
 from .report import Figure, Target
 
+#: The backlog scenario's span of ``available_at`` and ``created_at`` (seconds).
+BACKLOG_SPAN = 300.0
+
 
 class ThroughputWorkloads:
     # Provided by Suite.
@@ -44,21 +47,28 @@ class ThroughputWorkloads:
 
     # -- batched drains ---------------------------------------------------------------
 
-    def _drain(self, queue: str, procs: int, count: int, **env: str) -> tuple[float, dict[str, bool]]:
+    def _drain(
+        self, queue: str, procs: int, count: int, *, backlog: bool = False, **env: str
+    ) -> tuple[float, dict[str, bool]]:
+        """Workers started and ready, then ``count`` messages loaded (with fresh statistics); or,
+        ``backlog``, the messages sent first (:meth:`_send_backlog`) and workers with default
+        options started on them, as after a deploy, a restart or an outage."""
         from .suite import WorkerProcess, child_env
 
         db.reset(self.conn)
         self._effects_table()
+        if backlog:
+            self._send_backlog(queue, count)
+        options = () if backlog else ("--poll-interval", "0.1")
         workers = [
-            WorkerProcess(
-                self.url, queue, self.workdir, "--poll-interval", "0.1", env=child_env(self.url, **env)
-            )
+            WorkerProcess(self.url, queue, self.workdir, *options, env=child_env(self.url, **env))
             for _ in range(procs)
         ]
         try:
             for w in workers:
                 w.wait_ready()
-            self.load_pending(queue, count)  # type: ignore[attr-defined]
+            if not backlog:
+                self.load_pending(queue, count)  # type: ignore[attr-defined]
             self.wait_drained(queue, count)  # type: ignore[attr-defined]
         finally:
             for w in workers:
@@ -71,18 +81,42 @@ class ThroughputWorkloads:
             checks["effects exactly once"] = bool(row and row[0] == row[1] == count)
         return count / window, checks
 
-    def _raw_batched(self, procs: int, count: int) -> float:
+    def _send_backlog(self, queue: str, count: int) -> None:
+        """A backlog as users make one: ``send()`` in ordinary transactions of 1,000, no ANALYZE
+        since; then spread over BACKLOG_SPAN seconds of ``available_at`` and ``created_at`` (oldest
+        first), as a backlog sent over minutes is."""
+        from django.db import transaction
+
+        import zeroloss
+
+        prefix = self.prefix(queue)  # type: ignore[attr-defined]
+        for start in range(0, count, 1000):
+            with transaction.atomic():
+                for n in range(start, min(start + 1000, count)):
+                    zeroloss.send(queue, {"n": n}, message_id=f"{prefix}-{n}")
+        self.conn.execute(
+            f"UPDATE {MSG} SET available_at = available_at - s, created_at = created_at - s FROM "
+            f"(SELECT id AS sid, (max(id) OVER () - id) * %s * interval '1 second' AS s FROM {MSG} "
+            "WHERE queue_name = %s) x WHERE id = sid",
+            [BACKLOG_SPAN / max(count - 1, 1), queue],
+        )
+
+    def _raw_batched(self, procs: int, count: int, *, backlog: bool = False) -> float:
         from .suite import Child
 
-        queue = f"bench.rawb{procs}"
+        # A backlog is sent by send(), to a queue with a handler (the raw loop claims any).
+        queue = "bench.noop" if backlog else f"bench.rawb{procs}"
         db.reset(self.conn)
+        if backlog:
+            self._send_backlog(queue, count)
         children = [
             Child("raw-batched", {"url": self.url, "queue": queue, "batch": 100}, self.url)
             for _ in range(procs)
         ]
         for c in children:
             c.ready()
-        self.load_pending(queue, count)  # type: ignore[attr-defined]
+        if not backlog:
+            self.load_pending(queue, count)  # type: ignore[attr-defined]
         for c in children:
             c.go()
         for c in children:
@@ -142,8 +176,36 @@ class ThroughputWorkloads:
                 "drain.batched4.tx", "zeroloss_worker, batched, 4 processes, transactional 1 INSERT", "msg/s"
             ),
         }
+        # Workers started on a backlog sent before them (_send_backlog), beside the raw loop on the same.
+        raw_backlog = {
+            procs: self.figure(
+                f"raw.backlog{procs}",
+                f"raw SQL: claim 100 + one batched ack statement, {procs} process(es), on a backlog sent first",
+                "msg/s",
+            )
+            for procs in (1, 4)
+        }
+        backlog = {
+            procs: self.figure(
+                f"drain.backlog{procs}",
+                f"zeroloss_worker (default options), {procs} process(es), started on a backlog sent first",
+                "msg/s",
+                ratio_to=f"raw.backlog{procs}",
+                target=Target(">= 0.6x raw batched on the same backlog", "ratio", 0.6),
+            )
+            for procs in (1, 4)
+        }
         checks: dict[str, bool] = {}
         for run in range(self.runs):
+            for procs in (1, 4):
+                raw_backlog[procs].values.append(self._raw_batched(procs, n, backlog=True))
+                rate, ok = self._drain("bench.noop", procs, n, backlog=True)
+                backlog[procs].values.append(rate)
+                checks[backlog[procs].key] = checks.get(backlog[procs].key, True) and all(ok.values())
+            _log(
+                f"backlog run {run + 1}: raw {raw_backlog[1].values[-1]:,.0f}/{raw_backlog[4].values[-1]:,.0f}, "
+                f"zeroloss_worker {backlog[1].values[-1]:,.0f} / 4 proc {backlog[4].values[-1]:,.0f} msg/s"
+            )
             raw1.values.append(self._raw_batched(1, n))
             raw4.values.append(self._raw_batched(4, n))
             for (kind, procs), fig in per.items():
@@ -165,7 +227,7 @@ class ThroughputWorkloads:
                 f"{batched[('noop', 1)].values[-1]:,.0f} / 4 proc {batched[('noop', 4)].values[-1]:,.0f} "
                 f"(tx {batched[('tx', 1)].values[-1]:,.0f} / {batched[('tx', 4)].values[-1]:,.0f}) msg/s"
             )
-        for fig in [*per.values(), *batched.values()]:
+        for fig in [*per.values(), *batched.values(), *backlog.values()]:
             fig.checks["exactly once"] = checks.get(fig.key, False)
         raw_median = statistics.median(raw1.values)
         batched[("noop", 1)].info["ratio_to_raw_batched"] = (
@@ -289,6 +351,39 @@ class ThroughputWorkloads:
                     f"{peer} run {run + 1}: {peer} {fig.values[-1]:,.0f}, zeroloss {zl.values[-1]:,.0f} msg/s"
                 )
             fig.info["tasks"] = n
+        self._run_pgqueuer()
+
+    def _run_pgqueuer(self) -> None:
+        """PgQueuer 1.6 (``benchmarks/pgqueuer_peer.py``, batch 25) against one zeroloss_worker
+        with default options started on a backlog sent first, in each run."""
+        from urllib.parse import urlparse
+
+        from .pgqueuer_peer import DEFAULT_BATCH
+        from .pgqueuer_peer import run as pgqueuer_run
+
+        n = self.sizes.drain
+        fig = self.figure(
+            "peer.pgqueuer",
+            f"PgQueuer 1.6 (asyncpg), no-op job, 1 worker process, batch {DEFAULT_BATCH}, no concurrency "
+            "limit; deletes each finished job, no audit row, no fence",
+            "msg/s",
+        )
+        zl = self.figure(
+            "drain.backlog1.vs_pgqueuer",
+            "zeroloss_worker (default options), 1 process, no-op, on a backlog sent first (beside PgQueuer)",
+            "msg/s",
+            ratio_to="peer.pgqueuer",
+            target=Target(">= 1x PgQueuer, every outcome fenced and audited", "ratio", 1.0),
+        )
+        prefix = urlparse(self.url).path.lstrip("/") or "zeroloss_benchpeer"
+        for run in range(self.runs):
+            fig.values.append(pgqueuer_run(self.url, n, DEFAULT_BATCH, prefix))
+            rate, _ = self._drain("bench.noop", 1, n, backlog=True)
+            zl.values.append(rate)
+            _log(
+                f"pgqueuer run {run + 1}: PgQueuer {fig.values[-1]:,.0f}, zeroloss {zl.values[-1]:,.0f} msg/s"
+            )
+        fig.info["jobs"] = n
 
     # -- end-to-end latency at half load ----------------------------------------------
 
