@@ -62,6 +62,20 @@ def main() -> None:
                     _emit(lost=lease.message_id)
             time.sleep(args["renew_every"])  # the renewal period: what the test measures
         _emit(done=True)
+    elif role == "back_to_back_writer":
+        # One write transaction after another, each holding SQLite's write lock for a while (as a
+        # worker's outcome-and-claim transaction does under load), until the stop file appears.
+        from django.db import transaction
+
+        leases = [service.claim_message(m) for m in args["message_ids"]]
+        _emit(tokens=len([x for x in leases if x]))
+        transactions = 0
+        while not Path(args["stop_file"]).exists():
+            with transaction.atomic():
+                service.renew_leases([x for x in leases if x])
+                time.sleep(args["hold"])
+            transactions += 1
+        _emit(transactions=transactions)
     elif role == "sweep":
         _wait_for(args.get("start_file"))
         requeued: list[str] = []

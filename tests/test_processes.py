@@ -179,3 +179,33 @@ def test_a_worker_rides_out_sqlite_held_locked_past_its_busy_timeout(tmp_path: P
         assert "database is locked" in worker.text and "Traceback" not in worker.text
     finally:
         assert worker.terminate() == 0, worker.text
+
+
+@pytest.mark.sqlite_only
+def test_a_lease_renewal_commits_in_turn_behind_a_process_writing_back_to_back(children, live_service, tmp_path: Path):
+    """SQLite's busy handler polls with a back-off of up to 100 ms, so a process that commits and
+    begins its next transaction at once kept the write lock while another's renewals waited for
+    seconds, past their lease. With the write gate each renewal waits its turn: one transaction."""
+    import time
+
+    live_service.persist_messages([(f"m{i}", "q", {}) for i in range(8)])
+    mine = [live_service.claim_message(f"m{i}") for i in range(3)]
+    stop = tmp_path / "stop"
+    writer = children.spawn(
+        "back_to_back_writer", {"message_ids": [f"m{i}" for i in range(3, 8)], "hold": 0.02, "stop_file": str(stop)}
+    )
+    waits: list[float] = []
+    try:
+        assert children.read_line(writer) == {"tokens": 5}  # from here it writes back to back
+        for _ in range(12):
+            started = time.monotonic()
+            assert live_service.renew_leases([x for x in mine if x]) == {"m0", "m1", "m2"}
+            waits.append(time.monotonic() - started)
+            time.sleep(0.05)
+    finally:
+        stop.touch()
+    [result] = children.finish(writer)
+    assert result["transactions"] >= 12  # it was writing all along
+    # A turn is one 20 ms transaction; the bound leaves a loaded host ample margin yet is far
+    # below the seconds a renewal waited without the gate.
+    assert max(waits) < 1.5, waits

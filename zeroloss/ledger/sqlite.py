@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .engine import EVT, MOVED_FROM, Engine, Move, Rows
+from .sqlite_gate import gate_of
 from .statements_moves import AUDIT_COLUMNS, FINISHED, Edge, audit_row
 
 _CLOCK = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'"
@@ -64,6 +65,28 @@ class SqliteEngine(Engine):
         if not self.connection_lost(conn):
             conn.connection.set_authorizer(None)
 
+    def execute(
+        self,
+        conn: BaseDatabaseWrapper,
+        sql: str,
+        params: Sequence[Any],
+        *,
+        prepare: bool = False,
+        reuse_plan: bool = True,
+    ) -> tuple[Rows, int]:
+        # A write outside a transaction (a lease renewal) takes the write gate for its statement;
+        # one inside a transaction has it from BEGIN (sqlite_gate).
+        gate = gate_of(conn)
+        if gate is None or gate.held or conn.in_atomic_block or not conn.get_autocommit():
+            return super().execute(conn, sql, params)
+        if sql.lstrip()[:6].upper() == "SELECT" or conn.connection.in_transaction:
+            return super().execute(conn, sql, params)
+        gate.enter()
+        try:
+            return super().execute(conn, sql, params)
+        finally:
+            gate.leave()
+
     def token(self, value: Any) -> Any:
         return value.hex  # Django stores UUIDs on SQLite as 32 hex digits
 
@@ -72,6 +95,7 @@ class SqliteEngine(Engine):
         name = move.name
         full = self.composed((name,), lambda: f"{self.sql[name]} RETURNING {self.returning[name]}")
         events = self.composed(("events",), self._audit_insert)
+        gate_of(conn)  # before BEGIN, so that this transaction waits its turn (sqlite_gate)
         with transaction.atomic(using=conn.alias):
             conn.__dict__[MOVED_FROM] = time.monotonic()  # the write lock is this transaction's now
             rows, _ = self.execute(conn, full, move.params)
