@@ -182,7 +182,9 @@ def test_a_worker_rides_out_sqlite_held_locked_past_its_busy_timeout(tmp_path: P
 
 
 @pytest.mark.sqlite_only
-def test_a_lease_renewal_commits_in_turn_behind_a_process_writing_back_to_back(children, live_service, tmp_path: Path):
+def test_a_lease_renewal_commits_in_turn_behind_a_process_writing_back_to_back(
+    children, live_service, tmp_path: Path
+):
     """SQLite's busy handler polls with a back-off of up to 100 ms, so a process that commits and
     begins its next transaction at once kept the write lock while another's renewals waited for
     seconds, past their lease. With the write gate each renewal waits its turn: one transaction."""
@@ -192,7 +194,8 @@ def test_a_lease_renewal_commits_in_turn_behind_a_process_writing_back_to_back(c
     mine = [live_service.claim_message(f"m{i}") for i in range(3)]
     stop = tmp_path / "stop"
     writer = children.spawn(
-        "back_to_back_writer", {"message_ids": [f"m{i}" for i in range(3, 8)], "hold": 0.02, "stop_file": str(stop)}
+        "back_to_back_writer",
+        {"message_ids": [f"m{i}" for i in range(3, 8)], "hold": 0.02, "stop_file": str(stop)},
     )
     waits: list[float] = []
     try:

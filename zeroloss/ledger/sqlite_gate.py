@@ -3,9 +3,9 @@
 SQLite's busy handler polls with a back-off of up to 100 ms, so a process that commits and
 begins its next write transaction at once keeps winning the lock while another one waits for
 seconds; a waiting worker's lease renewals then cannot commit and its leases lapse. Here every
-write transaction started through Django's ``atomic`` (``BEGIN IMMEDIATE``) and every write
-statement outside a transaction first takes the *gate*, an ``flock`` on a file next to the
-database, and holds it until the transaction ends. A second file is the *turn*: a process takes
+transaction Django's ``atomic`` starts with ``BEGIN IMMEDIATE`` (``transaction_mode``, W003) on
+a connection the ledger has used, and every ledger write statement outside a transaction, first
+takes the *gate*, an ``flock`` on a file next to the database, and holds it until it ends. A second file is the *turn*: a process takes
 it before the gate and lets it go once it has the gate, so the one waiting for the gate holds
 the turn and a process that just released the gate queues behind it instead of taking it again.
 
@@ -115,7 +115,8 @@ def _hook(conn: Any) -> None:
     )
 
     def _start_transaction_under_autocommit() -> None:
-        gate = gate_of(conn)
+        # Only a BEGIN that takes the write lock (a DEFERRED one may only read) waits its turn.
+        gate = gate_of(conn) if conn.transaction_mode in ("IMMEDIATE", "EXCLUSIVE") else None
         if gate is not None:
             gate.enter()
         try:
