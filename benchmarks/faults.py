@@ -6,7 +6,8 @@ the table of docs/guarantees.md ("Faults, tested"). The ``partitions`` scenario 
 network namespaces) cuts a worker off and kills a cut-off worker's host, for a plain and a
 transactional handler, in a cluster of its own (tests/faults/partitions.py), and prints the
 table of docs/guarantees.md ("Partitions and dead hosts"). The ``storage`` scenario (root: loop
-mounts) fills the filesystem under PostgreSQL's data directory, then SQLite's file, and prints
+mounts, FUSE) fills the filesystem under PostgreSQL's data directory, then its pg_wal, stalls
+pg_wal's fsyncs, fills SQLite's file's filesystem, and prints
 the table of docs/guarantees.md ("Storage faults, tested"; tests/faults/storage.py). Exits 1 if any check failed or a
 target was missed.
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
     from tests.faults.partitions import report as partition_report
     from tests.faults.partitions import run_partitions
     from tests.faults.scenario import PROFILES, measure_recovery, report, run_celery, run_database
+    from tests.faults.storage import RUNNERS as STORAGE_SCENARIOS
     from tests.faults.storage import report as storage_report
     from tests.faults.storage import run_scenarios as run_storage
 
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
     if "storage" in args.scenario:
         print("- storage ...", flush=True)
         storage_results = run_storage(
-            ["disk-full", "sqlite-full"], chosen, seed, base, lambda line: print(line, flush=True)
+            list(STORAGE_SCENARIOS), chosen, seed, base, lambda line: print(line, flush=True)
         )
     ok = (
         all(r.ok for r in results)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 
@@ -11,7 +11,6 @@ from tests.support import backdate
 from tests.support.factories import clear_cache, make_completed, make_dead, make_stuck
 from zeroloss.exceptions import InvalidMessage
 from zeroloss.ledger import partitions
-from zeroloss.outage import STORAGE_FAULT_QUIET, OutageMonitor
 from zeroloss.service import ZeroLossMessageService
 from zeroloss.snapshot import Snapshot, cache_key, compute_snapshot, get_snapshot, invalidate
 
@@ -58,23 +57,45 @@ def test_healthy(client):
     assert data["checks"]["storage"] == {"ok": True, "error": None}
 
 
-def test_a_storage_fault_this_process_met_fails_the_health_check_until_it_ends(client):
-    """The disk refused one of this process's statements (a send, a claim): the health check
-    says so (503) while the fault lasts, and is healthy again once it is over. The disk itself
-    is filled for real by the fault suite (tests/faults/storage.py)."""
-    make_completed(["c1"])
-    monitor = OutageMonitor.for_alias("default")
-    monitor.failed("a send", OperationalError("database or disk is full"))
-    try:
-        code, data = health(client)
-        assert code == 503
-        assert data["checks"]["storage"]["ok"] is False
-        assert data["problems"] == ["database 'default' storage fault: database or disk is full"]
-        monitor._last_storage_error -= STORAGE_FAULT_QUIET
-    finally:
-        monitor.recovered()
-    code, data = health(client)
-    assert (code, data["checks"]["storage"]) == (200, {"ok": True, "error": None})
+@pytest.mark.process
+def test_a_full_disk_that_refuses_new_sessions_is_reported_as_a_storage_fault():
+    """A full data disk makes PostgreSQL refuse new sessions ("FATAL: could not write init
+    file"): the health check cannot read the ledger, and says it is the storage (the fault
+    suite fills a disk for real, tests/faults/storage.py)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, child_env
+    from tests.pgcluster import free_port
+
+    script = (
+        "from django.db import OperationalError\n"
+        "from zeroloss.health import health_report\n"
+        "from zeroloss.outage import OutageMonitor\n"
+        "from zeroloss.service import ZeroLossMessageService\n"
+        "import json\n"
+        "OutageMonitor.for_alias('down').failed('a send', OperationalError("
+        "'connection failed: FATAL: could not write init file'))\n"
+        "print(json.dumps(health_report(ZeroLossMessageService(using='down'), use_cache=False).as_dict()))\n"
+    )
+    env = child_env(
+        ZEROLOSS_EXTRA_DATABASES=json.dumps({"down": f"postgres://postgres@127.0.0.1:{free_port()}/nothing"})
+    )
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["status"] == "fail"
+    assert report["checks"]["database"]["ok"] is False
+    assert report["checks"]["storage"]["ok"] is False
+    assert report["problems"][0].startswith("database storage fault since ")
 
 
 def test_stuck_above_threshold_fails(client, settings):

@@ -58,9 +58,8 @@ def storage_fault(alias: str = DEFAULT_DB_ALIAS) -> str:
 
     PostgreSQL: a small sort spilled to temporary files in the data directory (no data kept,
     no WAL written), refused when the disk is full (SQLSTATE 53100). SQLite: the free space of
-    its file's filesystem. Either way also what this process's own statements last met
-    (:class:`~zeroloss.outage.OutageMonitor`). A database that cannot be reached at all is not a
-    storage fault: the readiness and database checks report it.
+    its file's filesystem. Either answers for now, whatever this process's own statements met
+    before. A database that cannot be reached raises (the health check's database check).
     """
     monitor = OutageMonitor.for_alias(alias)
     conn = connections[alias]
@@ -91,8 +90,6 @@ def storage_fault(alias: str = DEFAULT_DB_ALIAS) -> str:
             free = st.f_bavail * st.f_frsize
             if free < SQLITE_MIN_FREE_BYTES:
                 found = f"{free} bytes free on the filesystem of {name}"
-    if not found and monitor.storage and monitor.since is not None:
-        found = monitor.last_error
     return f"database {alias!r} storage fault: {found}" if found else ""
 
 
@@ -135,17 +132,17 @@ def health_report(service: ZeroLossMessageService | None = None, *, use_cache: b
         else:
             logger.exception("zeroloss: health check could not read the ledger")
             problem = f"database {service.using!r} could not be read ({type(exc).__name__})"
-        return HealthReport(
-            healthy=False,
-            checks={
-                "database": {
-                    "ok": False,
-                    "error": type(exc).__name__,
-                    "unreachable_since": monitor.since.isoformat() if monitor.since else None,
-                }
-            },
-            problems=[problem],
-        )
+        checks: dict[str, dict[str, Any]] = {
+            "database": {
+                "ok": False,
+                "error": type(exc).__name__,
+                "unreachable_since": monitor.since.isoformat() if monitor.since else None,
+            }
+        }
+        if monitor.storage and monitor.since is not None:
+            # a full disk refuses new sessions too (PostgreSQL: "could not write init file")
+            checks["storage"] = {"ok": False, "error": problem}
+        return HealthReport(healthy=False, checks=checks, problems=[problem])
     monitor.recovered()
     storage = storage_fault(service.using)
     stuck_ok = snap.stuck <= cfg.HEALTH_MAX_STUCK

@@ -64,8 +64,14 @@ _OUTAGE_SQLSTATES = {"25006", "57P01", "57P02", "57P03"}
 
 #: SQLSTATEs of a disk that refuses writes: 53100 disk_full, 58030 io_error.
 _STORAGE_SQLSTATES = {"53100", "58030"}
-#: SQLite's messages for a full disk or a failing one (its errors carry no SQLSTATE).
-_SQLITE_STORAGE_MESSAGES = ("database or disk is full", "disk i/o error")
+#: Messages of a full or failing disk where no SQLSTATE says so: SQLite's, the system's, and
+#: PostgreSQL's refusal of a new session whose start needs to write a file (a connection error).
+_STORAGE_MESSAGES = (
+    "database or disk is full",
+    "disk i/o error",
+    "no space left on device",
+    "could not write init file",
+)
 #: Seconds without a storage error before a storage fault is declared over (see the module doc):
 #: two backoff caps, so that every loop that was refused has tried again meanwhile.
 STORAGE_FAULT_QUIET = 2 * BACKOFF_MAX
@@ -78,7 +84,7 @@ def is_storage_fault(exc: BaseException) -> bool:
     if isinstance(sqlstate, str):
         return sqlstate in _STORAGE_SQLSTATES
     text = str(exc).lower()
-    return any(message in text for message in _SQLITE_STORAGE_MESSAGES) or "no space left on device" in text
+    return any(message in text for message in _STORAGE_MESSAGES)
 
 
 def is_outage(exc: BaseException) -> bool:

@@ -69,9 +69,12 @@ class Profile:
     dead_host_wait_s: float = 25.0
     #: Storage faults (tests/faults/storage.py): how long the disk stays full, and the workload
     #: around it (the fault starts a third of the way into the sending).
-    storage_full_s: float = 10.0
-    storage_messages: int = 450
-    storage_duration: float = 30.0
+    storage_full_s: float = 6.0
+    storage_messages: int = 270
+    storage_duration: float = 18.0
+    #: fsync stalls: 5 s each for this long; one long stall of this long.
+    storage_stalls_s: float = 6.0
+    storage_stall_s: float = 8.0
 
 
 CI = Profile(
@@ -100,6 +103,8 @@ SOAK = Profile(
     storage_full_s=20.0,
     storage_messages=1200,
     storage_duration=60.0,
+    storage_stalls_s=60.0,
+    storage_stall_s=30.0,
 )
 PROFILES = {p.name: p for p in (CI, SOAK)}
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import functools
 import json
 import os
 import shutil
@@ -41,10 +42,12 @@ from typing import Any
 import psycopg
 
 from tests.support.waiting import pause, wait_until
+from zeroloss.outage import is_storage_fault
 
 from .checker import Checker, read_sends
 from .cluster import FaultCluster
 from .injector import Fault
+from .stallfs import StallFs
 from .workload import ROOT, Proc, WorkerPool, child_env, producer, sweeper
 from .zeroloss_handlers import EFFECT_TABLE
 
@@ -55,6 +58,8 @@ SEND_REFUSAL_BOUND_S = 5.0
 #: Processing resumes within this many seconds of the space being freed (the issue's target).
 RESUME_TARGET_S = 5.0
 FILLER = ".zl-filler"
+#: The fault starts a third of the way into the sending, at most this many seconds in.
+FAULT_AT_MOST_S = 10.0
 
 
 class StorageError(RuntimeError):
@@ -132,8 +137,11 @@ class LoopFs:
                 os.unlink(self.mountpoint / FILLER)
             _run(["sync", "--file-system", str(self.mountpoint)])
 
-    def hold_full(self, seconds: float, stop: threading.Event) -> tuple[float, float]:
-        """Full for ``seconds`` (less if ``stop`` is set), topping up every 0.2 s, then freed.
+    def hold_full(
+        self, seconds: float, stop: threading.Event, *, tick: Callable[[], None] | None = None
+    ) -> tuple[float, float]:
+        """Full for ``seconds`` (less if ``stop`` is set), topping up every 0.2 s (and calling
+        ``tick`` then), then freed, and ``tick`` called once more.
 
         Returns (full since, freed at) as wall-clock times."""
         self.fill()
@@ -141,8 +149,13 @@ class LoopFs:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not pause(stop, min(0.2, deadline - time.monotonic())):
             self.fill()  # what the server freed (a temporary file, a recycled segment) is taken again
+            if tick is not None:
+                tick()
         self.free()
-        return began, time.time()
+        freed = time.time()
+        if tick is not None:
+            tick()
+        return began, freed
 
     def unmount(self) -> None:
         if self.mounted:
@@ -162,33 +175,139 @@ class LoopFs:
 
 
 class StorageCluster(FaultCluster):
-    """The fault suite's PostgreSQL with its data directory on a loop filesystem of ``size_mb``."""
+    """The fault suite's PostgreSQL with its data directory (``disk="data"``; ``pg_wal`` stays on
+    the ordinary disk) or its ``pg_wal`` (``disk="wal"``, 1 MB segments, no checkpoint but the
+    harness's) on a loop filesystem of ``size_mb``.
 
-    def __init__(self, size_mb: int = 160) -> None:
+    A full ``pg_wal`` makes PostgreSQL PANIC when it needs a new segment; its postmaster then
+    restarts into crash recovery, which may fail again and stop it: :meth:`supervise`, called
+    while the disk is full, starts it again when it is down (as systemd's ``Restart=`` would)."""
+
+    def __init__(self, disk: str = "data", size_mb: int = 160) -> None:
         super().__init__()
-        self.data_fs = LoopFs(self.root, "datafs", size_mb)
-        # initdb wants an empty directory: the mount point has lost+found
-        self.primary_dir = self.data_fs.mountpoint / "pgdata"
-        self.wal_dir = self.root / "pg_wal"
+        if disk not in ("data", "wal"):
+            raise ValueError(f"disk must be data or wal, not {disk!r}")
+        self.disk = disk
+        self.fs = LoopFs(self.root, f"{disk}fs", size_mb)
+        # initdb wants empty directories: a mount point has lost+found
+        if disk == "data":
+            self.primary_dir = self.fs.mountpoint / "pgdata"
+            self.wal_dir = self.root / "pg_wal"
+        else:
+            self.wal_dir = self.fs.mountpoint / "pg_wal"
+        self.restarts = 0
+        self.crashes = 0
+        #: wal-full: when the server accepted connections again after the space was freed.
+        self.up_again: float | None = None
 
     def start(self) -> None:
         try:
-            self.data_fs.mount()
+            self.fs.mount()
             self.initdb_extra = ("--waldir", str(self.wal_dir))
+            if self.disk == "wal":
+                self.initdb_extra += ("--wal-segsize", "1")
             super().start()
             with self.connect(dbname="postgres") as conn:
                 # what the fault suite's cluster leaves to its defaults, kept small for the small disk
                 conn.execute("ALTER SYSTEM SET max_wal_size = '256MB'")
+                conn.execute("ALTER SYSTEM SET wal_keep_size = 0")
+                if self.disk == "wal":
+                    # segments are then only recycled by the harness's CHECKPOINT before the fill
+                    conn.execute("ALTER SYSTEM SET min_wal_size = '2MB'")
+                    conn.execute("ALTER SYSTEM SET checkpoint_timeout = '1h'")
                 conn.execute("SELECT pg_reload_conf()")
         except BaseException:
             self.stop()
             raise
 
+    def running(self) -> bool:
+        done = subprocess.run(
+            [*_pg_as_postgres(), str(_pg_bin() / "pg_ctl"), "status", "-D", str(self.primary_dir)],
+            capture_output=True,
+            timeout=30,
+        )
+        return done.returncode == 0
+
+    def accepting_again(self, dbname: str, timeout: float = 60) -> float | None:
+        """When the server (started again if it stopped) first accepted a connection; None: not in time."""
+
+        def accepts() -> float | None:
+            self.supervise()
+            try:
+                with psycopg.connect(self.url(dbname=dbname), connect_timeout=2):
+                    return time.time()
+            except psycopg.Error:
+                return None
+
+        return wait_until(accepts, timeout, interval=0.05)
+
+    def supervise(self) -> None:
+        """Start the server again if it stopped (a failed crash recovery); count it."""
+        if not self.running():
+            self.crashes += 1
+            self._started.discard(self.primary_dir)
+            with contextlib.suppress(Exception):
+                self.start_server()
+                self.restarts += 1
+
+    def push_wal(self, dbname: str) -> None:
+        """Make the server need a new WAL segment now (a full ``pg_wal`` then PANICs)."""
+        with (
+            contextlib.suppress(psycopg.Error),
+            psycopg.connect(self.url(dbname=dbname), autocommit=True, connect_timeout=2) as conn,
+        ):
+            conn.execute("SELECT pg_switch_wal()")
+
     def stop(self) -> None:
         try:
             super().stop()
         finally:
-            self.data_fs.unmount()
+            self.fs.unmount()
+
+
+class StallCluster(FaultCluster):
+    """The fault suite's PostgreSQL with its ``pg_wal`` on a FUSE passthrough whose ``fsync``
+    stalls on command (:mod:`.stallfs`): every commit waits for its WAL's fsync."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        backing = self.root / "walback"
+        self.stall = StallFs(
+            backing, self.root / "walfuse", self.root / "stall.ctl", self.root / "stallfs.log"
+        )
+        self.wal_dir = self.stall.mountpoint / "pg_wal"
+
+    def start(self) -> None:
+        try:
+            self.stall.backing.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:
+                shutil.chown(self.stall.backing, "postgres", "postgres")
+            self.stall.mount()
+            self.initdb_extra = ("--waldir", str(self.wal_dir))
+            super().start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        self.stall.clear()
+        for datadir in (self.standby_dir, self.primary_dir):
+            with contextlib.suppress(Exception):
+                self._pg_ctl_stop(datadir, mode="immediate")
+        try:
+            self.stall.unmount()
+        finally:
+            super().stop()
+
+
+def _pg_bin() -> Path:
+    from tests.pgcluster import BIN
+
+    return BIN
+
+
+def _pg_as_postgres() -> list[str]:
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -204,12 +323,20 @@ class StorageRun:
     run_dir: Path
     refused_errors: Counter[str] = field(default_factory=Counter)
     max_refusal_s: float = 0.0
+    #: The longest call of send(), accepted or refused (a stalled commit makes it wait).
+    max_send_s: float = 0.0
+    #: wal-full: seconds from the space being freed to the server accepting connections again
+    #: (its crash recovery); resumption is then measured from there.
+    up_again_s: float | None = None
     resume_ack_s: float | None = None
     resume_send_s: float | None = None
-    during: dict[str, Any] = field(default_factory=dict)
+    during: list[dict[str, Any]] = field(default_factory=list)
     after: dict[str, Any] = field(default_factory=dict)
     fault_lines: dict[str, list[str]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    #: wal-full: PANICs in the server's log, and times the harness found the server stopped.
+    server_panics: int = 0
+    server_crashes: int = 0
 
     @property
     def resume_s(self) -> float | None:
@@ -267,7 +394,10 @@ def _serve_probes() -> None:
     from zeroloss.health import health_report
 
     print("ready", flush=True)
+    from django.db import close_old_connections
+
     for _ in sys.stdin:
+        close_old_connections()  # as at a request's start: a connection a crash broke is dropped
         began = time.time()
         health = json.dumps(health_report(use_cache=False).as_dict())
         status = io.StringIO()
@@ -332,7 +462,7 @@ def run_storage(
     *,
     scenario: str,
     database_url: str,
-    fs: LoopFs,
+    fs: LoopFs | None,
     full_s: float,
     seed: int,
     run_dir: Path,
@@ -340,8 +470,13 @@ def run_storage(
     duration: float,
     ack_timeout: float = 2.0,
     log: Callable[[str], None] = print,
+    before_fill: Callable[[], None] | None = None,
+    tick: Callable[[], None] | None = None,
+    server: FaultCluster | None = None,
+    hold: Callable[[threading.Event], tuple[float, float]] | None = None,
 ) -> StorageRun:
-    """The workload with ``fs`` held full for ``full_s`` seconds from about a third of ``duration``."""
+    """The workload with ``fs`` held full for ``full_s`` seconds from about a third of ``duration``
+    (``before_fill`` called just before, ``tick`` every 0.2 s while it is full and once after)."""
     started = time.monotonic()
     run_dir.mkdir(parents=True, exist_ok=True)
     env = child_env(database_url, run_dir, ZEROLOSS_ACK_TIMEOUT=str(ack_timeout), ZEROLOSS_SWEEP_INTERVAL="2")
@@ -375,23 +510,29 @@ def run_storage(
         wait_until(
             lambda: (run_dir / "sends.log").exists() and (run_dir / "sends.log").stat().st_size > 0, 90
         )
-        pause(stop, duration / 3)
-        log(f"  {scenario}: filling {fs.mountpoint} ({fs.free_bytes() >> 20} MiB free) for {full_s:.0f}s")
+        pause(stop, min(duration / 3, FAULT_AT_MOST_S))
+        if hold is None:
+            assert fs is not None
+            log(f"  {scenario}: filling {fs.mountpoint} ({fs.free_bytes() >> 20} MiB free) for {full_s:.0f}s")
+            hold = functools.partial(fs.hold_full, full_s, tick=tick)
+        if before_fill is not None:
+            before_fill()
         holder_result: list[tuple[float, float]] = []
-        holder = threading.Thread(
-            target=lambda: holder_result.append(fs.hold_full(full_s, stop)), daemon=True
-        )
+        holder = threading.Thread(target=lambda: holder_result.append(hold(stop)), daemon=True)
         holder.start()
-        pause(stop, 1.0)
-        during = prober.probe()
-        log(f"  {scenario}: health and status probed in {during['done_at'] - during['began']:.1f}s")
+        # every second while it is full: a PANICking server is down, then up, then down again
+        probes: list[dict[str, Any]] = []
+        while not pause(stop, 1.0) and holder.is_alive():
+            probes.append(prober.probe())
         holder.join(timeout=full_s + 60)
         if not holder_result:
-            raise RuntimeError(f"{scenario}: the filesystem was not freed within {full_s + 60:.0f}s")
+            raise RuntimeError(f"{scenario}: the fault did not end within {full_s + 60:.0f}s")
         began, freed = holder_result[0]
-        log(f"  {scenario}: full {began:.1f} .. freed {freed:.1f} ({freed - began:.1f}s)")
-        if during["done_at"] > freed:
-            raise RuntimeError(f"{scenario}: the health and status probes outlasted the fault")
+        log(f"  {scenario}: fault {began:.1f} .. {freed:.1f} ({freed - began:.1f}s)")
+        during = [p for p in probes if p["done_at"] < freed]
+        if not during:
+            raise RuntimeError(f"{scenario}: no health and status probe ended during the fault")
+        log(f"  {scenario}: {len(during)} health and status probes during the fault")
         resume_ack, resume_send = _first_after(database_url, freed, 60)
         wait_until(lambda: not producer_proc.alive, duration + 180, interval=0.5)
         if producer_proc.alive:
@@ -421,6 +562,14 @@ def run_storage(
             after=after,
             fault_lines=_fault_lines(pool),
         )
+        if isinstance(server, StorageCluster) and server.disk == "wal":
+            run.up_again_s = None if server.up_again is None else round(server.up_again - freed, 2)
+            if server.up_again is not None:
+                # as for a restart (docs/guarantees.md, "Recovery time after a restart"): from
+                # the server accepting connections again, once it was freed
+                run.resume_ack_s, run.resume_send_s = _first_after(database_url, server.up_again, 60)
+            run.server_crashes = server.crashes
+            run.server_panics = server.log_tail(1_000_000).count("PANIC:")
         _judge(run, sweep_exit, done)
         return run
     finally:
@@ -431,8 +580,9 @@ def run_storage(
         for proc in (producer_proc, sweep_proc):
             if proc is not None and proc.alive:
                 proc.terminate(timeout=10)
-        with contextlib.suppress(StorageError):
-            fs.free()
+        if fs is not None:
+            with contextlib.suppress(StorageError):
+                fs.free()
 
 
 def _unfinished(url: str) -> int:
@@ -452,14 +602,24 @@ def _drained(url: str, timeout: float) -> bool:
     return bool(wait_until(lambda: _unfinished(url) == 0, timeout, interval=0.5))
 
 
-def _reports_storage(name: str, output: str) -> bool | None:
-    """Whether the health report's or zeroloss_status's JSON reports a storage fault (None: no JSON)."""
+def _reports_storage(name: str, output: str, scenario: str = "") -> bool | None:
+    """Whether the health report's or zeroloss_status's output reports the storage fault (None:
+    no JSON). A full ``pg_wal`` stops the server (PANIC): there, "the database cannot be
+    reached" is the report."""
     try:
         data = json.loads(output)
     except ValueError:
+        if scenario == "wal-full" and "could not reach the ledger" in output:
+            return True
+        # zeroloss_status exits 4 when it cannot even connect; its message names the disk
+        if "could not reach the ledger" in output and is_storage_fault(Exception(output)):
+            return True
         return None
     if name == "health":
-        return data["checks"]["storage"]["ok"] is False and data["status"] == "fail"
+        unreachable = scenario == "wal-full" and data["checks"]["database"]["ok"] is False
+        return data["status"] == "fail" and (
+            data["checks"].get("storage", {}).get("ok") is False or unreachable
+        )
     return bool(data.get("storage"))
 
 
@@ -470,6 +630,7 @@ def _judge(run: StorageRun, sweep_exit: int, drained: bool) -> None:
     refused = [s for s in sends if not s.accepted]
     run.refused_errors = Counter(s.error for s in refused)
     run.max_refusal_s = round(max((s.returned - s.began for s in refused), default=0.0), 2)
+    run.max_send_s = round(max((s.returned - s.began for s in sends), default=0.0), 2)
     undocumented = set(run.refused_errors) - DOCUMENTED_SEND_ERRORS
     if undocumented:
         p.append(f"send() refused with undocumented exceptions: {sorted(undocumented)}")
@@ -484,25 +645,29 @@ def _judge(run: StorageRun, sweep_exit: int, drained: bool) -> None:
             f"processing resumed {run.resume_s}s after the space was freed (first acknowledgement "
             f"{run.resume_ack_s}s, first accepted send {run.resume_send_s}s; target {RESUME_TARGET_S}s)"
         )
-    for when, want in (("during", True), ("after", False)):
-        seen = getattr(run, when)
-        for name in ("health", "status"):
-            reported = _reports_storage(name, seen.get(name, ""))
-            if reported is not want:
-                p.append(
-                    f"{name} {'did not report' if want else 'still reported'} the storage fault {when} it: "
-                    f"{seen.get(name, '')[-600:]}"
-                )
+    # Data or SQLite disk full: every probe reports it. pg_wal full: the server PANICs, restarts,
+    # and is up (healthy) between its crashes; at least one probe must have caught it down.
+    for name in ("health", "status") if run.scenario not in STALLS else ():
+        seen = [_reports_storage(name, probe.get(name, ""), run.scenario) is True for probe in run.during]
+        if not (any(seen) if run.scenario == "wal-full" else all(seen)):
+            p.append(
+                f"{name} reported the fault in {sum(seen)} of {len(seen)} probes while it lasted: "
+                f"{[probe.get(name, '')[-300:] for probe in run.during][:3]}"
+            )
+        if _reports_storage(name, run.after.get(name, ""), run.scenario) is not False:
+            p.append(f"{name} still reported a fault after it: {run.after.get(name, '')[-600:]}")
+    # A server that crashed N times is N outages (one pair of lines each), never one per attempt.
+    most = 1 if run.scenario != "wal-full" else max(1, run.server_panics + run.server_crashes)
     for worker, lines in run.fault_lines.items():
         starts = [line for line in lines if "since" in line]
         ends = [line for line in lines if "again" in line]
         # a worker that met no refusal (it had nothing to write meanwhile) logs nothing
-        if len(starts) > 1 or len(ends) != len(starts):
+        if len(starts) > most or len(ends) != len(starts):
             p.append(
                 f"{worker} logged the fault {len(starts)} time(s) at its start and {len(ends)} at its end "
                 f"(want once each): {lines[:6]}"
             )
-    if not any(run.fault_lines.values()):
+    if not any(run.fault_lines.values()) and run.scenario not in STALLS:
         p.append("no worker met the fault: nothing was refused them (lengthen it)")
 
 
@@ -542,20 +707,139 @@ def run_disk_full(
     log: Callable[[str], None] = print,
 ) -> StorageRun:
     """Scenario 1: PostgreSQL's data filesystem full for ``full_s`` seconds, then freed."""
-    cluster = StorageCluster()
+    return _run_on_cluster("disk-full", "data", full_s, seed, base_dir, messages, duration, log)
+
+
+def run_wal_full(
+    *,
+    full_s: float,
+    seed: int,
+    base_dir: Path,
+    messages: int,
+    duration: float,
+    log: Callable[[str], None] = print,
+) -> StorageRun:
+    """Scenario 2: ``pg_wal``'s filesystem full for ``full_s`` seconds (PANIC, crash, restart,
+    again), then freed."""
+    return _run_on_cluster("wal-full", "wal", full_s, seed, base_dir, messages, duration, log)
+
+
+def _run_on_cluster(
+    scenario: str,
+    disk: str,
+    full_s: float,
+    seed: int,
+    base_dir: Path,
+    messages: int,
+    duration: float,
+    log: Callable[[str], None],
+) -> StorageRun:
+    cluster = StorageCluster(disk)
+    dbname = "zl_faults_storage"
     try:
         cluster.start()
-        url = cluster.create_database("zl_faults_storage")
+        url = cluster.create_database(dbname)
+
+        def checkpoint() -> None:  # recycled segments only up to here
+            with cluster.connect(dbname="postgres") as conn:
+                conn.execute("CHECKPOINT")
+
+        def tick() -> None:
+            if cluster.fs.free_bytes() > (1 << 20):  # freed: the fault is over
+                cluster.up_again = cluster.accepting_again(dbname)
+                return
+            cluster.supervise()
+            cluster.push_wal(dbname)
+
         return run_storage(
-            scenario="disk-full",
+            scenario=scenario,
             database_url=url,
-            fs=cluster.data_fs,
+            fs=cluster.fs,
             full_s=full_s,
             seed=seed,
-            run_dir=base_dir / "disk-full",
+            run_dir=base_dir / scenario,
             messages=messages,
             duration=duration,
             log=log,
+            before_fill=checkpoint if disk == "wal" else None,
+            tick=tick if disk == "wal" else None,
+            server=cluster,
+        )
+    finally:
+        cluster.stop()
+
+
+def run_fsync_stalls(
+    *,
+    full_s: float,
+    seed: int,
+    base_dir: Path,
+    messages: int,
+    duration: float,
+    log: Callable[[str], None] = print,
+    stall_s: float = 5.0,
+) -> StorageRun:
+    """Scenario 3: every ``fsync`` of ``pg_wal`` takes ``stall_s`` seconds more, for ``full_s``
+    seconds (longer than ACK_TIMEOUT): every commit, renewals included, waits that long."""
+    return _run_stalled("fsync-stalls", full_s, seed, base_dir, messages, duration, log, stall_s)
+
+
+def run_fsync_stall(
+    *,
+    full_s: float,
+    seed: int,
+    base_dir: Path,
+    messages: int,
+    duration: float,
+    log: Callable[[str], None] = print,
+) -> StorageRun:
+    """Scenario 4: one stall of ``full_s`` seconds: every ``fsync`` of ``pg_wal`` meanwhile waits
+    until its end."""
+    return _run_stalled("fsync-stall", full_s, seed, base_dir, messages, duration, log, None)
+
+
+def _run_stalled(
+    scenario: str,
+    length: float,
+    seed: int,
+    base_dir: Path,
+    messages: int,
+    duration: float,
+    log: Callable[[str], None],
+    stall_s: float | None,
+) -> StorageRun:
+    cluster = StallCluster()
+    try:
+        cluster.start()
+        url = cluster.create_database("zl_faults_storage")
+
+        def hold(stop: threading.Event) -> tuple[float, float]:
+            began = time.time()
+            if stall_s is None:
+                log(f"  {scenario}: every fsync of pg_wal waits until {length:.0f}s from now")
+                cluster.stall.stall_until(began + length)
+                pause(stop, length)
+            else:
+                log(f"  {scenario}: every fsync of pg_wal takes {stall_s:.0f}s more, for {length:.0f}s")
+                cluster.stall.delay(stall_s)
+                pause(stop, length)
+                cluster.stall.clear()
+                pause(stop, stall_s)  # the last fsync begun before the clear ends by then
+            cluster.stall.clear()
+            return began, time.time()
+
+        return run_storage(
+            scenario=scenario,
+            database_url=url,
+            fs=None,
+            full_s=length + (stall_s or 0),
+            seed=seed,
+            run_dir=base_dir / scenario,
+            messages=messages,
+            duration=duration,
+            log=log,
+            server=cluster,
+            hold=hold,
         )
     finally:
         cluster.stop()
@@ -607,10 +891,16 @@ def describe(run: StorageRun) -> str:
     lines = [
         f"{run.scenario}: {run.wall_s:.0f}s, full {run.fault.detail.get('full_s')}s; accepted {f.accepted}, "
         f"lost {len(f.lost)}, refused sends {f.refused_sends} ({dict(run.refused_errors)}; longest "
-        f"{run.max_refusal_s}s), effects twice {f.effects_twice_count}, re-runs {sum(f.reruns.values())} "
+        f"{run.max_refusal_s}s; longest send() call {run.max_send_s}s), effects twice {f.effects_twice_count}, re-runs {sum(f.reruns.values())} "
         f"{dict(f.reruns)}; resumed after {run.resume_s}s (first ack {run.resume_ack_s}s, first accepted "
         f"send {run.resume_send_s}s)",
     ]
+    if run.scenario == "wal-full":
+        lines.append(
+            f"  server: {run.server_panics} PANIC(s) logged, found stopped {run.server_crashes} time(s); "
+            f"accepting connections again {run.up_again_s}s after the space was freed (resumption measured "
+            "from then)"
+        )
     for cause, n in f.rerun_causes.most_common():
         lines.append(f"  re-run because {cause}: {n}")
     for worker, fault_lines in run.fault_lines.items():
@@ -621,42 +911,58 @@ def describe(run: StorageRun) -> str:
 
 
 #: The scenarios by name (docs/guarantees.md, "Storage faults").
-RUNNERS: dict[str, Callable[..., StorageRun]] = {"disk-full": run_disk_full, "sqlite-full": run_sqlite_full}
+RUNNERS: dict[str, Callable[..., StorageRun]] = {
+    "disk-full": run_disk_full,
+    "wal-full": run_wal_full,
+    "fsync-stalls": run_fsync_stalls,
+    "fsync-stall": run_fsync_stall,
+    "sqlite-full": run_sqlite_full,
+}
+#: The disk refuses (it is full) or stalls (every fsync waits).
+STALLS = ("fsync-stalls", "fsync-stall")
 
 
 def run_scenarios(
     names: list[str], profile: Any, seed: int, base_dir: Path, log: Callable[[str], None] = print
 ) -> list[StorageRun]:
-    """Each named scenario with the profile's fill time and workload."""
-    return [
-        RUNNERS[name](
-            full_s=profile.storage_full_s,
-            seed=seed,
-            base_dir=base_dir,
-            messages=profile.storage_messages,
-            duration=profile.storage_duration,
-            log=log,
+    """Each named scenario with the profile's fault length and workload (sending goes on for
+    ``storage_duration`` seconds, or 10 s past a longer fault)."""
+    runs = []
+    for name in names:
+        length = {"fsync-stalls": profile.storage_stalls_s, "fsync-stall": profile.storage_stall_s}.get(
+            name, profile.storage_full_s
         )
-        for name in names
-    ]
+        duration = max(profile.storage_duration, FAULT_AT_MOST_S + length + 5.0 + 10.0)
+        runs.append(
+            RUNNERS[name](
+                full_s=length,
+                seed=seed,
+                base_dir=base_dir,
+                messages=int(profile.storage_messages * duration / profile.storage_duration),
+                duration=duration,
+                log=log,
+            )
+        )
+    return runs
 
 
 def report(runs: list[StorageRun]) -> str:
     """The table of docs/guarantees.md ("Storage faults, tested"), then each run's details."""
     lines = [
-        "| scenario | fault | accepted | lost | refused sends (longest s) | effects twice | re-runs (tx, plain) "
-        "| s to resume (ack, send) | worker fault lines | health / status during | wall s |",
+        "| scenario | fault lasted | accepted | lost | refused sends (longest s) | effects twice | re-runs (tx, plain) "
+        "| s to resume (ack, send) | worker fault lines | probes reporting it (health / status) | wall s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run in runs:
         f = run.findings
         during = "/".join(
-            "yes" if _reports_storage(name, run.during.get(name, "")) else "NO"
+            f"{sum(_reports_storage(name, pr.get(name, ''), run.scenario) is True for pr in run.during)} of "
+            f"{len(run.during)}"
             for name in ("health", "status")
         )
         counts = sorted({len(v) for v in run.fault_lines.values()})
         lines.append(
-            f"| {run.scenario} | full {run.fault.detail.get('full_s')} s | {f.accepted} | {len(f.lost)} | "
+            f"| {run.scenario} | {run.fault.detail.get('full_s')} s | {f.accepted} | {len(f.lost)} | "
             f"{f.refused_sends} ({run.max_refusal_s}) | {f.effects_twice_count} | {sum(f.reruns.values())} "
             f"({f.reruns.get('tx', 0)}, {f.reruns.get('plain', 0)}) | {run.resume_s} ({run.resume_ack_s}, "
             f"{run.resume_send_s}) | {'/'.join(map(str, counts))} per worker | {during} | {run.wall_s:.0f} |"
