@@ -1,8 +1,8 @@
 """Debian packages the tests drive, installed by the test that needs one when it is missing.
 
 ``make test`` on a fresh machine needs nothing installed by hand: Chromium (the browser tests),
-``pg_autoctl`` (failover), PgBouncer, libfaketime, spin (the lease model) and iproute2 (the fault
-suite's network namespaces) each come from Debian through :func:`ensure_debian_package`, bounded
+``pg_autoctl`` (failover), PgBouncer, libfaketime, spin (the lease model), iproute2 (the fault
+suite's network namespaces) and libfuse2 (its stalling disk) each come from Debian through :func:`ensure_debian_package`, bounded
 in time. ``.ci/run`` preinstalls them only to keep apt out of its timed test runs; the suite
 never depends on that. A package that cannot be installed (no root, no apt-get, no network) is
 a :class:`DebianPackageError` whose message names the package to install: a failure, never a
