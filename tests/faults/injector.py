@@ -38,8 +38,8 @@ from .workload import WorkerPool
 
 KINDS = ("sigkill", "sigstop", "terminate", "restart-immediate", "restart-fast", "flushall", "broker-restart")
 DB_FAULTS = ("terminate", "restart-immediate", "restart-fast")
-#: The ledger's filesystem full (tests/faults/storage.py): a fault of the database, not of a worker.
-STORAGE_FAULTS = ("disk-full", "sqlite-full")
+#: The ledger's disk full or stalling (tests/faults/storage.py): a fault of the database, not of a worker.
+STORAGE_FAULTS = ("disk-full", "wal-full", "fsync-stalls", "fsync-stall", "sqlite-full")
 #: A worker's host cut off by a link taken down, or dead while cut off (tests/faults/partitions.py).
 NETWORK_FAULTS = ("partition", "host-death")
 _PID_IN_ACTOR = re.compile(r":(\d+):[0-9a-f]+(?:/|$)")
