@@ -102,6 +102,22 @@ def test_a_storage_fault_is_logged_once_at_its_start_and_once_at_its_end(caplog)
     assert monitor.status() == ""
 
 
+def test_a_connection_the_outage_broke_found_after_its_end_is_not_a_new_outage(caplog):
+    """A thread that stayed idle through a restart (a lease keeper with nothing to renew) meets
+    its broken connection only after another thread ended the outage: one outage, two lines."""
+    caplog.set_level(logging.INFO, logger="zeroloss")
+    monitor = OutageMonitor("l-stale")
+    monitor.failed("a claim", OperationalError("server closed the connection unexpectedly"))
+    monitor.recovered()
+    monitor.failed("the lease keeper", OperationalError("the connection is lost"))
+    monitor.recovered()
+    lines = [r.getMessage() for r in caplog.records if r.name == "zeroloss"]
+    assert len(lines) == 2, lines
+    assert monitor.status() == ""
+    monitor.failed("a claim", OperationalError("connection refused"))  # a new outage is one
+    assert monitor.status().startswith("database unreachable since ")
+
+
 def test_what_counts_as_a_storage_fault():
     from psycopg import errors
 

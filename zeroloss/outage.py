@@ -87,6 +87,16 @@ def is_storage_fault(exc: BaseException) -> bool:
     return any(message in text for message in _STORAGE_MESSAGES)
 
 
+#: Seconds after an outage's end in which a connection found broken is the outage's, not a new one.
+STALE_GRACE = BACKOFF_MAX
+#: What a driver says of a connection that broke earlier (not of the server now).
+_STALE_MESSAGES = ("the connection is lost", "connection already closed", "the connection is closed")
+
+
+def _is_stale(exc: BaseException) -> bool:
+    return any(message in str(exc).lower() for message in _STALE_MESSAGES)
+
+
 def is_outage(exc: BaseException) -> bool:
     if isinstance(exc, CONNECTION_ERRORS):
         return True
@@ -142,6 +152,7 @@ class OutageMonitor:
         #: Whether the outage under way is a storage fault, and when its last refusal came.
         self.storage = False
         self._last_storage_error = 0.0
+        self._recovered_at = float("-inf")
 
     @classmethod
     def for_alias(cls, alias: str) -> OutageMonitor:
@@ -163,6 +174,9 @@ class OutageMonitor:
             if storage:
                 self._last_storage_error = time.monotonic()
             if self._since_monotonic is not None:
+                return
+            if _is_stale(exc) and time.monotonic() - self._recovered_at < STALE_GRACE:
+                # a thread that stayed idle meets the connection the outage just over broke
                 return
             self._since_monotonic = time.monotonic()
             self.since = dt.datetime.now(dt.UTC)
@@ -189,6 +203,7 @@ class OutageMonitor:
             if self.storage and time.monotonic() - self._last_storage_error < STORAGE_FAULT_QUIET:
                 return  # a statement that needed no new space: the disk may still be full
             down = time.monotonic() - self._since_monotonic
+            self._recovered_at = time.monotonic()
             self._since_monotonic = None
             self.since = None
             storage, self.storage = self.storage, False
