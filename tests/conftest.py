@@ -69,6 +69,7 @@ TIERS: dict[str, str] = {
     "test_fencing_guards.py": "ledger",
     "test_headers.py": "ledger",
     "test_hostile_inputs.py": "ledger",
+    "test_idle.py": "process",
     "test_import_cycles.py": "unit",
     "test_infra_fixtures.py": "chaos",
     "test_install_docs.py": "docs",

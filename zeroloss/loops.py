@@ -151,13 +151,24 @@ class SweepLoop:
         return self.runs
 
 
+#: When (monotonic) each database's standbys were last discovered by this process.
+_DISCOVERED: dict[str, float] = {}
+
+
 def discover_standbys(service: ZeroLossMessageService, report: RecoveryReport) -> RecoveryReport:
-    """After-sweep hook: register (heartbeat) the standbys the primary streams to (PostgreSQL)."""
+    """After-sweep hook: register (heartbeat) the standbys the primary streams to (PostgreSQL),
+    at most every ``NODE_TTL / 3`` seconds a process: a standby stays live (seen within
+    ``NODE_TTL``) without a read of ``pg_stat_replication`` at every sweep."""
     from django.db import DatabaseError
 
     from .outage import is_outage
     from .replication import discover
 
+    now = time.monotonic()
+    last = _DISCOVERED.get(service.using)
+    if last is not None and now - last < service.settings.NODE_TTL / 3:
+        return report
+    _DISCOVERED[service.using] = now
     try:
         discover(service)
     except DatabaseError as exc:  # a standby in recovery, no privilege, ... never stops the sweep

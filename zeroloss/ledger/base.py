@@ -15,10 +15,12 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import conf
 from ..exceptions import InvalidLeaseToken, InvalidMessage
+from ..states import Status
 from . import statements
 from .engine import Engine, Move, Rows
 from .postgres import PostgresEngine
 from .sqlite import SqliteEngine
+from .statements_moves import MOVED_NAMES
 from .validation import default_instance_id, validate_message_id
 
 if TYPE_CHECKING:
@@ -145,7 +147,7 @@ class LedgerContext:
         declared = engine.moves[name]
         if declared.takes_detail:
             params = [*params, detail]
-        return engine.transition(
+        rows = engine.transition(
             conn,
             Move(
                 name,
@@ -155,6 +157,14 @@ class LedgerContext:
                 declared.prepare and self.settings.PREPARED_STATEMENTS,
             ),
         )
+        if rows and declared.wakes and declared.result is None and engine.has_listen_notify:
+            # Back to pending (claimable now, or at its retry's time): idle workers sleep until
+            # told (zeroloss.wakeup), so tell their queues, at this statement's commit.
+            status, queue = MOVED_NAMES.index("status"), MOVED_NAMES.index("queue_name")
+            queues = sorted({r[queue] for r in rows if r[status] == Status.PENDING.value})
+            if queues:
+                engine.wake(conn, queues)
+        return rows
 
     def promote_keys(self, keys: Iterable[tuple[str, str]]) -> list[str]:
         """Make the next message of each ``(queue, ordering_key)`` claimable if the key has no head.

@@ -140,6 +140,11 @@ class Facade:
         """Claim up to ``limit`` available messages of a queue (highest priority, then oldest)."""
         return self.leases.claim(queue_name, limit)
 
+    def next_available_in(self, queue_names: Sequence[str]) -> float | None:
+        """Seconds until the earliest pending message of these queues is available (0 or less:
+        one is now; None: none is pending), by the database clock. Idle workers sleep that long."""
+        return self.leases.next_available_in(queue_names)
+
     def claim_message(self, message_id: str) -> Lease | None:
         """Claim one pending, available message."""
         return self.leases.claim_message(message_id)

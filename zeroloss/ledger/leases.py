@@ -174,6 +174,15 @@ class Leases(Part):
         params = self._claim_range(queue_name, limit)
         return self._claim("CLAIM", params, cursor_of=queue_name)
 
+    def next_available_in(self, queue_names: Sequence[str]) -> float | None:
+        """Seconds (database clock) until the earliest pending message of these queues is
+        available (0 or less: one is now), None when none is pending."""
+        rows, _ = self._run("NEXT_AVAILABLE", self._rows("NEXT_AVAILABLE", list(queue_names)))
+        at, now = rows[0]
+        if at is None:
+            return None
+        return (self.engine.at(at) - self.engine.at(now)).total_seconds()
+
     def claim_message(self, message_id: str) -> Lease | None:
         """Claim one pending, available message. ``None`` if missing, not pending, being claimed,
         or held back by its queue's control (paused, or at a limit: docs/control.md)."""

@@ -226,6 +226,12 @@ SWEEP = (
     "AND lease_expires_at < {now} AND lease_expires_at >= %s"
 )
 ANY_EXPIRED = "SELECT 1 FROM {msg} WHERE status = 'processing' AND lease_expires_at < {now} LIMIT 1"
+#: The earliest ``available_at`` of the batch's queues' pending messages, and the clock: how long
+#: an idle worker may sleep (each queue one probe of the claim index, as an empty claim is).
+NEXT_AVAILABLE = (
+    "SELECT min(n.at), {now} FROM (SELECT (SELECT min(available_at) FROM {msg} WHERE status = 'pending' "
+    "AND queue_name = b.q AND available_at IS NOT NULL) AS at FROM {rows}) n"
+)
 
 
 #: Fenced statements that join a batch (``unnest`` of its ids and tokens) to the ledger: they
@@ -271,6 +277,7 @@ LEASE_ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "RELEASE": _MID_TOK,
     "LOCK_HELD": _MID_TOK,
     "RELEASE_UNKNOWN": (("tok", "uuid"),),
+    "NEXT_AVAILABLE": (("q", "text"),),
     "OWN_EVENTS": (("mid", "text"), ("att", "int")),
 }
 

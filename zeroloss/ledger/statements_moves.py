@@ -88,6 +88,12 @@ class Moving:
         return any(e.target in FINISHED for e in self.edges)
 
     @property
+    def wakes(self) -> bool:
+        """Whether it can put a message back to pending, where idle workers must hear of it (a
+        producer's insert sends its own wake-up)."""
+        return self.by != "producer" and any(e.target == Status.PENDING.value for e in self.edges)
+
+    @property
     def takes_detail(self) -> bool:
         return self.detail == DETAIL_PARAMETER
 

@@ -51,6 +51,29 @@ class Recovery(Part):
         )
         if limit is not None:
             validate_count(limit, "limit")
+        if self.engine.single_writer:
+            report = self._recover_batches(batch, limit)
+        else:
+            # The clock, the first batch and the key repair commit together: a sweep that finds
+            # nothing (an idle ledger's, every SWEEP_INTERVAL) is one transaction. Whatever a
+            # full first batch left follows, each batch in its own.
+            first = batch if limit is None else min(batch, limit)
+            with transaction.atomic(using=self.using):
+                report = self._recover_batches(batch, first)
+            moved = report.total + len(report.cancelled)
+            if moved >= first and (limit is None or moved < limit):
+                more = self._recover_batches(batch, None if limit is None else limit - moved)
+                report = RecoveryReport(
+                    requeued=report.requeued + more.requeued,
+                    dead_lettered=report.dead_lettered + more.dead_lettered,
+                    batches=report.batches + more.batches,
+                    keys_repaired=report.keys_repaired + more.keys_repaired,
+                    cancelled=report.cancelled + more.cancelled,
+                )
+        self._partitions_ahead()
+        return report
+
+    def _recover_batches(self, batch: int, limit: int | None) -> RecoveryReport:
         actor = f"sweep@{self.instance_id}"
         requeued: list[str] = []
         dead: list[str] = []
@@ -81,7 +104,6 @@ class Recovery(Part):
         if finished_keys:
             self.promote_keys(finished_keys)
         repaired = self.repair_ordering_keys()
-        self._partitions_ahead()
         return RecoveryReport(
             requeued=requeued,
             dead_lettered=dead,

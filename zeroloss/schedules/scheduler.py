@@ -111,6 +111,9 @@ class Scheduler:
         self._next_round = 0.0
         self._have_state: set[str] = set()
         self._due_in: float | None = None
+        #: Seconds between rounds while no tick is due sooner, if not ``SCHEDULE_INTERVAL``: a
+        #: worker whose listener hears of every schedule change (:meth:`wake`) waits longer.
+        self.idle_interval: float | None = None
         from ..outage import Backoff
 
         self._backoff = Backoff()
@@ -216,9 +219,14 @@ class Scheduler:
     def next_round_in(self) -> float:
         """Seconds until the next round: ``SCHEDULE_INTERVAL``, or less when a tick falls due
         sooner (by the last clock reading), so a tick's message is not a whole interval late."""
+        interval = self.interval if self.idle_interval is None else self.idle_interval
         if self._due_in is None:
-            return self.interval
-        return max(0.001, min(self.interval, self._due_in + 0.002))
+            return interval
+        return max(0.001, min(interval, self._due_in + 0.002))
+
+    def wake(self) -> None:
+        """Run a round at the next :meth:`round_if_due` (the database schedules changed)."""
+        self._next_round = 0.0
 
     def _send(self, due: list[ScheduleSpec], now: dt.datetime, report: RoundReport) -> None:
         from ..models import Message

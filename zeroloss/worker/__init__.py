@@ -28,7 +28,7 @@ from ..outage import Backoff, OutageMonitor, OutageTooLong
 from ..processing import Outcome
 from ..schedules.scheduler import Scheduler
 from ..service import ZeroLossMessageService
-from ..wakeup import Wakeup
+from ..wakeup import IDLE_POLL, Wakeup
 from .keeper import LeaseKeeper
 from .loop import ClaimLoop
 from .pool import ChildSlot, refuse_transactional
@@ -217,6 +217,13 @@ class Worker:
         self._next_sweep = time.monotonic() + sweeper.interval
 
     def _schedule_once(self, scheduler: Scheduler) -> None:
+        # While the listener hears of every schedule change, a round runs only when a tick is
+        # due, a schedule changed, or IDLE_POLL passed: an idle scheduler reads nothing.
+        listening = self.wakeup.listening.is_set()
+        if self.wakeup.schedules_changed.is_set() or (scheduler.idle_interval is not None and not listening):
+            self.wakeup.schedules_changed.clear()
+            scheduler.wake()
+        scheduler.idle_interval = IDLE_POLL if listening else None
         if not scheduler.round_if_due(self.monitor, self.base.settings.DB_OUTAGE_TOLERANCE):
             raise OutageTooLong("the scheduler: the database stayed unreachable past DB_OUTAGE_TOLERANCE")
 
@@ -241,7 +248,7 @@ class Worker:
                 self._round(self._sweep_round, due=time.monotonic() >= self._next_sweep)
                 self.supervisor.check()
                 if self.stop:
-                    self.wakeup.event.set()  # idle threads notice the stop at once
+                    self.wakeup.wake()  # idle threads notice the stop at once
                 self._round(self._health_round)
                 for c in claimers:
                     if c.thread is not None:

@@ -23,7 +23,7 @@ from ..loops import StopFlag
 from ..outage import Backoff, OutageMonitor
 from ..processing import Delivery, Outcome, run_handler
 from ..service import ZeroLossMessageService
-from ..wakeup import Wakeup
+from ..wakeup import IDLE_POLL, Wakeup
 from .batch import Batch
 from .completer import Completer, verdict_counts
 from .coroutines import AsyncBatchRunner
@@ -33,6 +33,12 @@ from .supervisor import CLAIMER
 from .transactional import TransactionalBatches
 
 logger = logging.getLogger("zeroloss")
+
+#: Seconds an idle claim thread polls, without reading the next available time, after a read
+#: found a message available that its claims did not take (a paused or limited queue).
+BLOCKED_RECHECK = 5.0
+#: Slept past a message's ``available_at`` (the database clock's), so its claim finds it.
+AHEAD_MARGIN = 0.005
 
 
 class Pace:
@@ -108,6 +114,9 @@ class ClaimLoop:
         self.batch: Batch | None = None
         self.claim_unknown = False
         self.slot = worker.child_slot(n)
+        #: Until when (monotonic) an idle round polls without reading the next available time:
+        #: the last read found a message available that the claims did not take.
+        self._blocked_until = 0.0
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -154,6 +163,7 @@ class ClaimLoop:
                 self.claim_unknown = False
             leases: list[Lease] = []
             queue = ""
+            seen = worker.wakeup.seen()  # before the claims: a wake-up during them is not lost
             for i in range(len(worker.queues)):
                 queue = worker.queues[(turn + i) % len(worker.queues)]
                 claimed_at = time.monotonic()
@@ -187,9 +197,13 @@ class ClaimLoop:
                 if not worker.stop:
                     # A rate-limited queue is claimed again when its next token is due.
                     due = self.service.next_token_in(queue)
-                    worker.wakeup.wait(
-                        worker.poll_interval if due is None else min(worker.poll_interval, due)
-                    )
+                    if due is None and not worker.burst:
+                        self._sleep_idle(seen)
+                    else:
+                        worker.wakeup.wait(
+                            worker.poll_interval if due is None else min(worker.poll_interval, due),
+                            since=seen,
+                        )
                 continue
             idle_rounds = 0
             spec = get_handler(queue)
@@ -203,6 +217,35 @@ class ClaimLoop:
                 else:
                     self._run_plain(spec, self.paces[queue])
             self.batch = None
+
+    def _sleep_idle(self, seen: int) -> None:
+        """After a claim round found nothing: wait for the next claim worth trying.
+
+        Without a listener (SQLite, ``--no-listen``, the listener reconnecting): ``poll_interval``.
+        With one, an idle worker costs the database nothing: it reads when its queues' earliest
+        pending message becomes available and sleeps until then (at most :data:`IDLE_POLL`,
+        then it reads again) or until a wake-up. One available now that the claims did not take
+        (a paused or limited queue, rows locked by another claim) is polled for as before.
+        """
+        worker = self.worker
+        wakeup = worker.wakeup
+        first = True
+        while not worker.stop:
+            if not wakeup.listening.is_set() or (first and time.monotonic() < self._blocked_until):
+                wakeup.wait(worker.poll_interval, since=seen)
+                return
+            ok, ahead = self._attempt(lambda: self.service.next_available_in(worker.queues), "a claim")
+            if not ok:
+                return
+            if ahead is not None and ahead <= 0:
+                if first:  # available, yet not claimed: poll, and read again only after a while
+                    self._blocked_until = time.monotonic() + BLOCKED_RECHECK
+                    wakeup.wait(worker.poll_interval, since=seen)
+                return
+            sleep = IDLE_POLL if ahead is None or ahead > IDLE_POLL else ahead + AHEAD_MARGIN
+            if wakeup.wait(sleep, since=seen) or sleep < IDLE_POLL:
+                return  # woken, or the earliest message is due: claim
+            first = False  # the safety net's look: claim only if something is due
 
     def _record_and_claim(
         self, outcomes: list[Completion], queue: str, size: int
