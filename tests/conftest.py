@@ -41,6 +41,7 @@ TIERS: dict[str, str] = {
     "test_admin.py": "ledger",
     "test_admin_actions.py": "ledger",
     "test_admin_browser.py": "browser",
+    "test_admin_queues.py": "ledger",
     "test_admin_cache.py": "ledger",
     "test_admin_keys.py": "ledger",
     "test_admin_readonly.py": "ledger",

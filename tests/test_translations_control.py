@@ -65,14 +65,15 @@ PHRASES: dict[str, dict[str, tuple[list[str], list[str]]]] = {
             [
                 "Warteschlangensteuerungen",
                 "Warteschlange",
-                "Pausiert",
+                "Zustand",
+                "Läuft",
                 "Nebenläufigkeit",
                 "Rate",
                 "Geändert von",
                 "Ausgewählte Warteschlangen pausieren (mit Rückfrage)",
                 "Ausgewählte Warteschlangen fortsetzen (mit Rückfrage)",
             ],
-            ["Pause selected queues", "Resume selected queues", "Changed by"],
+            ["Pause selected queues", "Resume selected queues", "Changed by", "Running"],
         ),
         "pause": (
             [
@@ -121,14 +122,15 @@ PHRASES: dict[str, dict[str, tuple[list[str], list[str]]]] = {
             [
                 "Contrôles de file",
                 "Nom de la file",
-                "En pause",
+                "État",
+                "Active",
                 "Concurrence",
                 "Débit",
                 "Modifié par",
                 "Mettre en pause les files sélectionnées (demande confirmation)",
                 "Reprendre les files sélectionnées (demande confirmation)",
             ],
-            ["Pause selected queues", "Resume selected queues", "Changed by"],
+            ["Pause selected queues", "Resume selected queues", "Changed by", "Running"],
         ),
         "pause": (
             [

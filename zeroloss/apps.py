@@ -29,6 +29,9 @@ class ZeroLossConfig(AppConfig):
         if not any(isinstance(f, TraceIds) for f in logger.filters):
             logger.addFilter(TraceIds())
         add_queue_source(TASK_QUEUES)  # task queues (TASKS) have handlers too
+        from .schedules import notify
+
+        notify.connect()  # a schedule saved wakes the listening schedulers
         autodiscover()
         if "django_prometheus" in settings.INSTALLED_APPS:
             from .metrics import register_default

@@ -1,5 +1,6 @@
 """Queue control in the admin: every queue's control row, and pause / resume actions (each
-asks to confirm) through the service, with the operator as the actor (docs/control.md)."""
+asks to confirm) through the service, with the operator as the actor (docs/control.md). The
+*Queues* page (:mod:`.queue_page`) shows every queue, with or without a control row."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.urls import URLPattern
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..models import QueueControl
 from .base import ReadOnlyAdmin, actor, get_service
 from .confirm import confirmed, selection_fields
+from .queue_page import QueuePageViews
 
 #: Pausing and resuming need the model's change permission (its rows are never edited by form).
 CONTROL_PERMISSION = "zeroloss.change_queuecontrol"
@@ -67,8 +72,8 @@ def _set(
 
 
 @admin.register(QueueControl)
-class QueueControlAdmin(ReadOnlyAdmin):
-    list_display = ("queue_name", "paused", "concurrency", "rate", "changed_by", "changed_at")
+class QueueControlAdmin(QueuePageViews, ReadOnlyAdmin):
+    list_display = ("queue_name", "state", "concurrency", "rate", "changed_by", "changed_at")
     list_filter = ("paused",)
     search_fields = ("queue_name",)
     ordering = ("queue_name",)
@@ -76,6 +81,16 @@ class QueueControlAdmin(ReadOnlyAdmin):
 
     def has_control_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm(CONTROL_PERMISSION))
+
+    def get_urls(self) -> list[URLPattern]:
+        return self.queue_page_urls() + super().get_urls()
+
+    @admin.display(description=_("state"), ordering="paused")
+    def state(self, obj: QueueControl) -> SafeString:
+        """Paused or running, in words: a bare check mark would read as "all is well"."""
+        if obj.paused:
+            return format_html('<span class="zl-badge zl-bad zl-state-paused">{}</span>', _("Paused"))
+        return format_html('<span class="zl-badge zl-ok zl-state-running">{}</span>', _("Running"))
 
     @admin.action(permissions=["control"], description=_("Pause selected queues (asks to confirm)"))
     def pause(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> TemplateResponse | None:
