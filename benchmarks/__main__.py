@@ -43,8 +43,9 @@ MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered"]
 #: benchmarks/limits.py: queue limits' cost and accuracy, issue 27;
 #: benchmarks/abort.py: abort latency on both databases, its own databases, a minute;
 #: benchmarks/telemetry.py: each telemetry backend against off, 24 drains, minutes a run;
-#: benchmarks/wal_life.py: WAL a message writes over its life, on a private server, issue 31).
-OPT_IN = ["retention", "pressure", "pool", "limits", "abort", "telemetry", "wal_life"]
+#: benchmarks/wal_life.py: WAL a message writes over its life, on a private server, issue 31;
+#: benchmarks/idle.py: an idle worker's transactions a second on both databases, issue 49).
+OPT_IN = ["retention", "pressure", "pool", "limits", "abort", "telemetry", "wal_life", "idle"]
 #: Run only when named: the fault suite's soak (minutes; its own servers; benchmarks/faults.py).
 ON_REQUEST = ["faults"]
 
@@ -219,6 +220,10 @@ def _run_suite(args: argparse.Namespace) -> int:
                     from .limits import run_in_suite as run_limits
 
                     run_limits(suite, quick=args.quick)
+                elif name == "idle":
+                    from .idle import run_in_suite as run_idle
+
+                    run_idle(suite)
                 elif name == "abort":
                     from .abort import run_in_suite as run_abort
 

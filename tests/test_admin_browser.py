@@ -18,7 +18,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import connections
 
 from tests.support import expire_leases
-from zeroloss.models import Message, MessageEvent, Status
+from zeroloss.models import Message, MessageEvent, QueueControl, Status
 from zeroloss.service import ZeroLossMessageService
 
 CHROMIUM = os.environ.get("ZEROLOSS_CHROMIUM", "/usr/bin/chromium")
@@ -395,3 +395,41 @@ def test_the_message_list_is_readable_at_1360_with_the_nav_sidebar_open(
             assert error["visible"] and error["width"] >= 150, (query, "last error", error)
             assert error["right"] <= 1360, (query, "last error", error)
     shots.take(page, "admin-changelist-dead-letters.png", full_page=False)
+@pytest.mark.django_db(transaction=True)
+def test_queues_page_in_a_real_browser(live_server: Any, browser_page: Any, tmp_path: Path) -> None:
+    """The dashboard links the Queues page; a queue that was never paused (no control row) is
+    paused from it after the confirmation page, as the operator."""
+    page = browser_page
+    base = live_server.url
+    shots = Shots(tmp_path)
+    make_ledger()
+    service = ZeroLossMessageService()
+    service.pause_queue("sms", actor="ops-lead")
+    service.limit_queue("emails", concurrency=4, rate="10/s", actor="ops-lead")
+    user = User.objects.create_user("operator", password="correct horse battery staple", is_staff=True)
+    for codename in (*OPERATOR_PERMS, "view_queuecontrol", "change_queuecontrol"):
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label="zeroloss", codename=codename)
+        )
+    assert not QueueControl.objects.filter(queue_name="reports").exists()
+
+    login(page, base)
+    page.goto(f"{base}/admin/zeroloss/message/dashboard/")
+    page.click("#zl-queues-link a")
+    page.wait_for_url("**/queuecontrol/queues/")
+    table = page.locator("#zl-queues")
+    assert table.locator("tr[data-queue=sms] .zl-state-paused").is_visible()
+    assert table.locator("tr[data-queue=emails] .zl-state-running").is_visible()
+    assert "concurrency 4" in table.locator("tr[data-queue=emails]").inner_text()
+    assert "rate 10/s" in table.locator("tr[data-queue=emails]").inner_text()
+    shots.take(page, "admin-queues.png")
+
+    table.locator("tr[data-queue=reports] button[value=pause]").click()
+    page.wait_for_selector(".zl-warning >> text=No worker will claim this queue's messages any more")
+    assert not QueueControl.objects.filter(queue_name="reports").exists()  # asked, not done
+    page.click("input[type=submit][value='Yes, pause it']")
+    page.wait_for_selector("ul.messagelist li.success")
+    assert "Paused queue reports" in page.locator("ul.messagelist").inner_text()
+    assert page.locator("#zl-queues tr[data-queue=reports] .zl-state-paused").is_visible()
+    control = QueueControl.objects.get(queue_name="reports")
+    assert (control.paused, control.changed_by) == (True, "operator")
