@@ -1,21 +1,24 @@
 """What an idle ``zeroloss_worker`` costs its database: transactions a second, nothing to do.
 
-``python -m benchmarks.idle [--seconds N] [--server-url URL] [--db-name NAME]`` (or
+``python -m benchmarks.idle [--seconds N] [--db-name NAME]`` (or
 ``python -m benchmarks --only idle``, a minute a row; ``--quick``: 20 s).
 
 Each row is one real ``zeroloss_worker`` of the example project (``project.settings``, every
 setting at its default, the database transport), started on a fresh database, left idle until
 its start-up is over, then counted over the window:
 
-- **PostgreSQL**: ``pg_stat_database.xact_commit`` of its own database (created and dropped
-  here), read once its start-up's counts are in (after its first safety-net look, ``IDLE_POLL``)
-  and again after the worker exited (a backend flushes its counts when it ends), so the window
-  holds exactly the worker's idle life and its shutdown. PostgreSQL also wakes every listening
-  backend to read past other databases' notifications once they pile up (a transaction of its
-  own, counted in the listener's database): a bare ``LISTEN`` connection in a second database
-  counts those over the same window; they are shown apart and taken off (none on a quiet server);
-- **SQLite**, which has no such counter: the worker's own count (``benchmarks/idle_settings.py``)
-  of statements run outside a transaction and of commits, over the same window.
+- **over its life**, PostgreSQL: ``pg_stat_database.xact_commit`` of its own database (on a
+  private server started for the run, ``benchmarks.retention.private_server``), read before the worker starts and after it exited, per second of its life,
+  start-up and shutdown included. PostgreSQL flushes a backend's counts lazily (a rarely active
+  one's only at its next activity) but always as it ends, so only the whole life is counted
+  exactly. PostgreSQL also wakes every listening backend to read past other databases'
+  notifications once they pile up (a transaction of its own, counted in the listener's
+  database): a bare ``LISTEN`` connection in a second database counts those over the same life;
+  they are shown apart and taken off (none on a quiet server);
+- **idle**, both databases: the worker's own count (``benchmarks/idle_settings.py``) of
+  statements run outside a transaction and of commits, over the window that opens once its
+  first safety-net look has run (``SETTLE``) — SQLite, which has no ``xact_commit``, has this
+  figure only.
 
 Every row also gives the statements the worker itself counted. The rows: every registered queue
 (ten in the example project) and one queue, with the listener (the default), and with
@@ -124,6 +127,9 @@ def measure(vendor: str, args: tuple[str, ...], seconds: float, server: str, nam
                 # window (a transaction each, in this database's count): done now instead.
                 with psycopg.connect(url, autocommit=True) as conn:
                     conn.execute("VACUUM ANALYZE")
+            before = _xact_commit(admin_url, name) if database else 0
+            bare_before = _xact_commit(admin_url, bare.name) if bare else 0
+            born = time.time()
             worker = subprocess.Popen(
                 [sys.executable, "manage.py", "zeroloss_worker", *args],
                 cwd=ROOT,
@@ -135,8 +141,6 @@ def measure(vendor: str, args: tuple[str, ...], seconds: float, server: str, nam
             )
             try:
                 time.sleep(SETTLE)
-                before = _xact_commit(admin_url, name) if database else 0
-                bare_before = _xact_commit(admin_url, bare.name) if bare else 0
                 since = time.time()
                 time.sleep(seconds)
                 until = time.time()
@@ -162,10 +166,12 @@ def measure(vendor: str, args: tuple[str, ...], seconds: float, server: str, nam
                     _sessions(admin_url, name) or _sessions(admin_url, bare.name)
                 ) and time.monotonic() < deadline:
                     time.sleep(0.2)
-                elsewhere = (_xact_commit(admin_url, bare.name) - bare_before) / (stopped - since)
-                total = (_xact_commit(admin_url, name) - before) / (stopped - since)
+                lived = stopped - born
+                elsewhere = (_xact_commit(admin_url, bare.name) - bare_before) / lived
+                total = (_xact_commit(admin_url, name) - before) / lived
                 row["xact_commit_per_s"] = total - elsewhere
                 row["elsewhere_per_s"] = elsewhere
+                row["lived"] = lived
             return row
         finally:
             if listener is not None:
@@ -175,32 +181,37 @@ def measure(vendor: str, args: tuple[str, ...], seconds: float, server: str, nam
                     d.drop()
 
 
-def run(seconds: float, server: str | None = None, db_name: str = "zeroloss_bench") -> list[dict[str, Any]]:
-    url = db.server_url(server)
+def run(seconds: float, db_name: str = "zeroloss_bench") -> list[dict[str, Any]]:
+    """Every row; PostgreSQL's on a private server started for the run (``tests/pgcluster.py``):
+    on a shared one, other databases' notifications reach every listener (see the module doc)."""
+    from .retention import private_server
+
     rows = []
-    for vendor in ("postgresql", "sqlite"):
-        for label, args in CASES:
-            if vendor == "sqlite" and "--no-listen" in args:
-                continue  # SQLite never listens: its rows are the polling ones
-            figures = measure(vendor, args, seconds, url, f"{db_name}_idle")
-            rows.append({"database": vendor, "worker": label, "seconds": seconds, **figures})
-            print(f"  . idle {vendor}, {label}: {figures}", file=sys.stderr, flush=True)
+    with private_server(f"{db_name}_idle_server") as url:
+        for vendor in ("postgresql", "sqlite"):
+            for label, args in CASES:
+                if vendor == "sqlite" and "--no-listen" in args:
+                    continue  # SQLite never listens: its rows are the polling ones
+                figures = measure(vendor, args, seconds, url, f"{db_name}_idle")
+                rows.append({"database": vendor, "worker": label, "seconds": seconds, **figures})
+                print(f"  . idle {vendor}, {label}: {figures}", file=sys.stderr, flush=True)
     return rows
 
 
 def report(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| database | worker (1 thread, default settings) | transactions / s | counted by the worker | "
-        "other databases' notifications / s | statements / s | window |",
+        "| database | worker (1 thread, default settings) | transactions / s over its life (xact_commit) | "
+        "other databases' notifications / s (taken off) | transactions / s idle (counted by the worker) | "
+        "statements / s idle | life / idle window |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        tx = r.get("xact_commit_per_s", r["client_transactions_per_s"])
-        source = "xact_commit" if "xact_commit_per_s" in r else "counted by the worker"
-        elsewhere = f"{r['elsewhere_per_s']:.2f} (taken off)" if "elsewhere_per_s" in r else "-"
+        life = f"{r['xact_commit_per_s']:.2f}" if "xact_commit_per_s" in r else "-"
+        elsewhere = f"{r['elsewhere_per_s']:.2f}" if "elsewhere_per_s" in r else "-"
+        lived = f"{r['lived']:.0f} s" if "lived" in r else "-"
         lines.append(
-            f"| {r['database']} | {r['worker']} | {tx:.2f} ({source}) | {r['client_transactions_per_s']:.2f} | "
-            f"{elsewhere} | {r['statements_per_s']:.2f} | {r['seconds']:.0f} s |"
+            f"| {r['database']} | {r['worker']} | {life} | {elsewhere} | {r['client_transactions_per_s']:.2f} | "
+            f"{r['statements_per_s']:.2f} | {lived} / {r['seconds']:.0f} s |"
         )
     return "\n".join(lines)
 
@@ -208,7 +219,7 @@ def report(rows: list[dict[str, Any]]) -> str:
 def run_in_suite(suite: Any) -> None:
     """``python -m benchmarks --only idle``: printed after the table."""
     seconds = 20.0 if suite.sizes.sigkill_runs == 1 else 60.0  # the quick profile's sizes
-    print("\nidle worker:\n" + report(run(seconds, suite.database.server, suite.database.name)), flush=True)
+    print("\nidle worker:\n" + report(run(seconds, suite.database.name)), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,11 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--seconds", type=float, default=60.0, help="The window counted, per row.")
-    parser.add_argument("--server-url", help="Any database URL on the PostgreSQL server to use.")
     parser.add_argument("--db-name", default="zeroloss_bench", help="Its database is <name>_idle.")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    print(report(run(args.seconds, args.server_url, args.db_name)))
+    print(report(run(args.seconds, args.db_name)))
     print(f"total {time.monotonic() - started:.0f}s")
     return 0
 
