@@ -47,11 +47,14 @@ DEFAULTS = {"ZEROLOSS_SETTINGS_JSON": "{}", "CELERY_BROKER_URL": "", "REDIS_URL"
 
 
 def _listening(url: str, app_name: str) -> bool:
-    with psycopg.connect(url, autocommit=True) as conn:
+    """Whether a session of ``app_name`` LISTENs in ``url``'s database (asked from the server's
+    ``postgres`` database: a session in the counted database would be counted)."""
+    server, dbname = url.rsplit("/", 1)
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = %s AND query LIKE 'LISTEN%%'",
-            [app_name],
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s "
+            "AND query LIKE 'LISTEN%%'",
+            [dbname, app_name],
         ).fetchone()
     return bool(row and row[0])
 
