@@ -395,6 +395,8 @@ def test_the_message_list_is_readable_at_1360_with_the_nav_sidebar_open(
             assert error["visible"] and error["width"] >= 150, (query, "last error", error)
             assert error["right"] <= 1360, (query, "last error", error)
     shots.take(page, "admin-changelist-dead-letters.png", full_page=False)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_queues_page_in_a_real_browser(live_server: Any, browser_page: Any, tmp_path: Path) -> None:
     """The dashboard links the Queues page; a queue that was never paused (no control row) is
