@@ -15,10 +15,10 @@ its start-up is over, then counted over the window:
   notifications once they pile up (a transaction of its own, counted in the listener's
   database): a bare ``LISTEN`` connection in a second database counts those over the same life;
   they are shown apart and taken off (none on a quiet server);
-- **idle**, both databases: the worker's own count (``benchmarks/idle_settings.py``) of
-  statements run outside a transaction and of commits, over the window that opens once its
-  first safety-net look has run (``SETTLE``) — SQLite, which has no ``xact_commit``, has this
-  figure only.
+- **idle**: from ``SETTLE`` after its start (its first safety-net look has run, so its start-up's
+  counts are in) to its exit, by ``xact_commit`` (PostgreSQL) and by the worker's own count
+  (``benchmarks/idle_settings.py``: statements run outside a transaction, and commits), over
+  the window; SQLite, which has no ``xact_commit``, has the worker's count only.
 
 Every row also gives the statements the worker itself counted. The rows: every registered queue
 (ten in the example project) and one queue, with the listener (the default), and with
@@ -142,6 +142,8 @@ def measure(vendor: str, args: tuple[str, ...], seconds: float, server: str, nam
             try:
                 time.sleep(SETTLE)
                 since = time.time()
+                at_since = _xact_commit(admin_url, name) if database else 0
+                bare_at_since = _xact_commit(admin_url, bare.name) if bare else 0
                 time.sleep(seconds)
                 until = time.time()
                 os.killpg(worker.pid, signal.SIGTERM)
@@ -172,6 +174,10 @@ def measure(vendor: str, args: tuple[str, ...], seconds: float, server: str, nam
                 row["xact_commit_per_s"] = total - elsewhere
                 row["elsewhere_per_s"] = elsewhere
                 row["lived"] = lived
+                idle_elsewhere = _xact_commit(admin_url, bare.name) - bare_at_since
+                row["xact_commit_idle_per_s"] = (
+                    _xact_commit(admin_url, name) - at_since - idle_elsewhere
+                ) / (stopped - since)
             return row
         finally:
             if listener is not None:
@@ -200,18 +206,19 @@ def run(seconds: float, db_name: str = "zeroloss_bench") -> list[dict[str, Any]]
 
 def report(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| database | worker (1 thread, default settings) | transactions / s over its life (xact_commit) | "
-        "other databases' notifications / s (taken off) | transactions / s idle (counted by the worker) | "
-        "statements / s idle | life / idle window |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| database | worker (1 thread, default settings) | transactions / s idle (xact_commit) | "
+        "transactions / s idle (counted by the worker) | transactions / s over its life (xact_commit) | "
+        "other databases' notifications / s (taken off) | statements / s idle | idle window / life |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        idle = f"{r['xact_commit_idle_per_s']:.2f}" if "xact_commit_idle_per_s" in r else "-"
         life = f"{r['xact_commit_per_s']:.2f}" if "xact_commit_per_s" in r else "-"
         elsewhere = f"{r['elsewhere_per_s']:.2f}" if "elsewhere_per_s" in r else "-"
         lived = f"{r['lived']:.0f} s" if "lived" in r else "-"
         lines.append(
-            f"| {r['database']} | {r['worker']} | {life} | {elsewhere} | {r['client_transactions_per_s']:.2f} | "
-            f"{r['statements_per_s']:.2f} | {lived} / {r['seconds']:.0f} s |"
+            f"| {r['database']} | {r['worker']} | {idle} | {r['client_transactions_per_s']:.2f} | {life} | "
+            f"{elsewhere} | {r['statements_per_s']:.2f} | {r['seconds']:.0f} s / {lived} |"
         )
     return "\n".join(lines)
 
