@@ -29,6 +29,7 @@ from zeroloss.models import Message, MessageEvent
 from zeroloss.schedules.models import Schedule
 from zeroloss.service import ZeroLossMessageService
 from zeroloss.wakeup import IDLE_POLL, Wakeup
+from zeroloss.worker.loop import BLOCKED_RECHECK
 
 from .conftest import child_env, database_url
 
@@ -181,6 +182,8 @@ def test_a_sleeping_worker_wakes_for_a_send_a_delay_a_retry_a_requeue_and_a_sche
     assert due <= again < due + PROMPT
 
     # A requeue by the sweep: a lease held elsewhere runs out; the sweep's requeue wakes the worker.
+    # First the worker falls into its deep sleep: past the polling that follows a due message.
+    time.sleep(BLOCKED_RECHECK + 1)
     service = ZeroLossMessageService(instance_id="idle-elsewhere")
     with transaction.atomic():  # claimed as it is stored: the idle worker never sees it pending
         service.persist_message("idle-requeue", QUEUE, {})
