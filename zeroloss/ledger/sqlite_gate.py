@@ -34,12 +34,9 @@ class WriteGate:
     def __init__(self, database: str, timeout: float) -> None:
         self.pid = os.getpid()
         self.timeout = timeout
-        self.turn = os.open(f"{database}-zeroloss-turn", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            self.gate = os.open(f"{database}-zeroloss-gate", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError:
-            os.close(self.turn)
-            raise
+        # File objects, not bare descriptors: a wrapper dropped with its thread closes them.
+        self._files = [open(f"{database}-zeroloss-{name}", "ab") for name in ("turn", "gate")]  # noqa: SIM115
+        self.turn, self.gate = (f.fileno() for f in self._files)
         self.held = False
 
     def enter(self) -> None:
@@ -63,8 +60,8 @@ class WriteGate:
         # An inherited copy shares the parent's open files: unlocking it would free the parent's lock.
         if not inherited:
             self.leave()
-        os.close(self.turn)
-        os.close(self.gate)
+        for f in self._files:
+            f.close()
 
 
 def _take(fd: int, deadline: float) -> bool:
