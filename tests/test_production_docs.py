@@ -32,6 +32,7 @@ from django.db import connection
 import zeroloss
 from project.demo.models import HandledRecord
 from tests.support.docs import Block, blocks, check_manage
+from tests.support.factories import retention_not_due
 from tests.support.processes import Proc
 from tests.support.waiting import hold_for
 from zeroloss.models import Message, Status
@@ -292,11 +293,7 @@ def test_connections_per_zeroloss_worker(concurrency: int, flags: list[str], exp
         *flags,
     ]
     # The retention turn not due (its own connection, for the seconds it runs, is counted apart).
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO zeroloss_maintenance (name, holder, due_at) VALUES ('retention', 'test', "
-            "statement_timestamp() + interval '1 hour') ON CONFLICT (name) DO UPDATE SET due_at = excluded.due_at"
-        )
+    retention_not_due()
     worker = Proc(argv, child_env(PGAPPNAME=app))
     try:
         # Idle: the claim threads, the sweep and LISTEN have connected; the lease keeper has not

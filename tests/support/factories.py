@@ -6,12 +6,14 @@ never from waiting.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.core.cache import caches
+from django.utils import timezone
 
 from tests.support import expire_leases
-from zeroloss.models import Message, MessageEvent, PurgeRecord
+from zeroloss.models import MaintenanceTurn, Message, MessageEvent, PurgeRecord
 from zeroloss.service import ZeroLossMessageService
 
 
@@ -26,6 +28,14 @@ def ledger_state(using: str = "default") -> tuple[Any, ...]:
 
 def clear_cache() -> None:
     caches["default"].clear()
+
+
+def retention_not_due(hours: float = 1) -> None:
+    """The deployment's retention turn not due for ``hours`` (database clock): a process started
+    now opens no retention thread, whose own connection would count among its sessions."""
+    MaintenanceTurn.objects.update_or_create(
+        name="retention", defaults={"holder": "test", "due_at": timezone.now() + timedelta(hours=hours)}
+    )
 
 
 def make_stuck(ids: list[str], queue: str = "q", *, expired_seconds_ago: float = 60) -> None:
