@@ -78,6 +78,7 @@ TIERS: dict[str, str] = {
     "test_lease_bounds.py": "ledger",
     "test_lease_model.py": "process",
     "test_logging.py": "ledger",
+    "test_storage_full.py": "ledger",
     "test_ops_bench_snapshot.py": "process",
     "test_ops_commands.py": "ledger",
     "test_ops_compat.py": "ledger",

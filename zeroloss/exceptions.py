@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db import OperationalError
+
 
 class ZeroLossError(Exception):
     """Base class of every zeroloss error."""
@@ -96,3 +98,24 @@ class SoftTimeLimitExceeded(Exception):
 class TimeLimitExceeded(Exception):
     """The error recorded for an attempt stopped at its hard ``time_limit``: the process pool
     killed its child, or an async handler was cancelled."""
+
+
+class StorageFull(ZeroLossError, OperationalError):
+    """The database refused to store the message because its disk is full (or failing).
+
+    Nothing was stored. Free space (see docs/guarantees.md, "The disk fills") and retry with the
+    same ``message_id``: persisting is idempotent. ``__cause__`` is the driver's error (psycopg's
+    ``DiskFull``, SQLSTATE 53100, or ``IoError``, 58030; SQLite's ``database or disk is full``).
+    It is also a Django ``OperationalError``, so ``except OperationalError`` still catches it.
+    """
+
+    def __init__(self, message_id: str | None, alias: str, cause: BaseException) -> None:
+        what = "the message" if message_id is None else f"message {message_id!r}"
+        detail = " ".join(str(cause).split())
+        super().__init__(
+            f"Database {alias!r} refused to store {what}: its disk is full or failing ({detail}). "
+            "Nothing was stored: free space on the database's disk, then retry with the same "
+            "message_id (persisting is idempotent)."
+        )
+        self.message_id = message_id
+        self.alias = alias

@@ -32,6 +32,8 @@ from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
 
+from .exceptions import StorageFull
+
 logger = logging.getLogger("zeroloss")
 
 T = TypeVar("T")
@@ -79,12 +81,21 @@ STORAGE_FAULT_QUIET = 2 * BACKOFF_MAX
 
 def is_storage_fault(exc: BaseException) -> bool:
     """Whether ``exc`` says the database's storage refused a write (a full or failing disk)."""
+    if isinstance(exc, StorageFull):
+        return True
     cause = exc.__cause__ or exc
     sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
     if isinstance(sqlstate, str):
         return sqlstate in _STORAGE_SQLSTATES
     text = str(exc).lower()
     return any(message in text for message in _STORAGE_MESSAGES)
+
+
+def refused_for_storage(exc: BaseException, message_id: str | None, alias: str) -> None:
+    """Raise :class:`StorageFull` (from the driver's error) if ``exc`` is a storage fault: a
+    send refused for lack of space is told apart from an outage, never a raw driver error."""
+    if isinstance(exc, OperationalError) and not isinstance(exc, StorageFull) and is_storage_fault(exc):
+        raise StorageFull(message_id, alias, exc.__cause__ or exc) from (exc.__cause__ or exc)
 
 
 #: Seconds after an outage's end in which a connection found broken is the outage's, not a new one.

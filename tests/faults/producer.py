@@ -5,6 +5,9 @@ line, flushed at once (the producer is never killed, so no fsync)::
 
     <started> <returned> <message_id> <queue> <try> accepted|refused <error class>
 
+(the error class prefixed ``caller:`` when the caller's own connect or COMMIT failed, not
+``send()``; suffixed ``!storage`` for a raw error that says the disk refused the write).
+
 ``accepted``: ``send`` returned, the message is stored. ``refused``: it raised (the database
 was unreachable, the connection died). A refused send may still have committed — the
 connection can die after the server committed and before the client heard — so the
@@ -51,7 +54,8 @@ def main() -> None:
     django.setup()
     from django.db import connection, transaction
 
-    from zeroloss.exceptions import ZeroLossError
+    from zeroloss.exceptions import StorageFull, ZeroLossError
+    from zeroloss.outage import is_storage_fault
     from zeroloss.transports import send
 
     stopping = False  # SIGTERM: send nothing new, finish the retries
@@ -106,20 +110,29 @@ def main() -> None:
         message_id, queue, payload = plan[index]
         first_try.setdefault(index, now)
         t0 = time.time()
+        in_send = False  # else the caller's own Django call failed (its connect, its COMMIT)
         try:
             if in_transaction:  # the caller's own transaction: the send commits with it
                 with transaction.atomic():
+                    in_send = True
                     send(queue, payload, message_id=message_id, max_attempts=max_attempts)
+                    in_send = False
             else:
+                in_send = True
                 send(queue, payload, message_id=message_id, max_attempts=max_attempts)
-        except ZeroLossError as exc:  # bad input: a bug of this suite, never a fault
-            out.write(
-                f"{t0:.6f} {time.time():.6f} {message_id} {queue} {attempt} fatal {type(exc).__name__}\n"
-            )
-            raise
         except Exception as exc:
+            if isinstance(exc, ZeroLossError) and not isinstance(exc, StorageFull):
+                # bad input: a bug of this suite, never a fault (a full disk's StorageFull is one)
+                out.write(
+                    f"{t0:.6f} {time.time():.6f} {message_id} {queue} {attempt} fatal {type(exc).__name__}\n"
+                )
+                raise
             refused += 1
-            out.write(f"{t0:.6f} {time.time():.6f} {message_id} {queue} {attempt} refused {_name(exc)}\n")
+            # "caller:": the caller's own Django call failed (its connect, its COMMIT), not send();
+            # "!storage": a raw error that says the disk refused (send() raises StorageFull for it).
+            raw_storage = is_storage_fault(exc) and not isinstance(exc, StorageFull)
+            error = ("" if in_send else "caller:") + _name(exc) + ("!storage" if raw_storage else "")
+            out.write(f"{t0:.6f} {time.time():.6f} {message_id} {queue} {attempt} refused {error}\n")
             try:
                 connection.close()  # a broken connection is not reused (as a request's end would do)
             except Exception:

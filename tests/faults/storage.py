@@ -51,8 +51,14 @@ from .stallfs import StallFs
 from .workload import ROOT, Proc, WorkerPool, child_env, producer, sweeper
 from .zeroloss_handlers import EFFECT_TABLE
 
-#: The documented exceptions of a refused ``send()`` (docs/guarantees.md, "The disk fills").
-DOCUMENTED_SEND_ERRORS = {"django.db.utils.OperationalError", "django.db.utils.InterfaceError"}
+#: The documented exceptions of a refused ``send()`` (docs/guarantees.md, "The disk fills"):
+#: StorageFull for a disk that refuses the write, Django's errors for an unreachable database
+#: (and for the caller's own connect or COMMIT, logged ``caller:...`` by the producer).
+DOCUMENTED_SEND_ERRORS = {
+    "zeroloss.exceptions.StorageFull",
+    "django.db.utils.OperationalError",
+    "django.db.utils.InterfaceError",
+}
 #: The longest a refused ``send()`` may take during a storage fault (docs/guarantees.md).
 SEND_REFUSAL_BOUND_S = 5.0
 #: Processing resumes within this many seconds of the space being freed (the issue's target).
@@ -635,9 +641,19 @@ def _judge(run: StorageRun, sweep_exit: int, drained: bool) -> None:
     run.refused_errors = Counter(s.error for s in refused)
     run.max_refusal_s = round(max((s.returned - s.began for s in refused), default=0.0), 2)
     run.max_send_s = round(max((s.returned - s.began for s in sends), default=0.0), 2)
-    undocumented = set(run.refused_errors) - DOCUMENTED_SEND_ERRORS
+    names = {e.removeprefix("caller:").removesuffix("!storage") for e in run.refused_errors}
+    undocumented = names - DOCUMENTED_SEND_ERRORS
     if undocumented:
         p.append(f"send() refused with undocumented exceptions: {sorted(undocumented)}")
+    # A disk that refuses the write is StorageFull from send() itself, never the raw driver error.
+    raw = sorted(e for e in run.refused_errors if e.endswith("!storage") and not e.startswith("caller:"))
+    if raw:
+        p.append(f"send() raised a raw error for a full disk, not StorageFull: {raw}")
+    if (
+        run.scenario in ("disk-full", "sqlite-full")
+        and not run.refused_errors["zeroloss.exceptions.StorageFull"]
+    ):
+        p.append(f"no send() was refused with StorageFull during the full disk: {dict(run.refused_errors)}")
     if run.max_refusal_s > SEND_REFUSAL_BOUND_S:
         p.append(f"a refused send() took {run.max_refusal_s}s (bound {SEND_REFUSAL_BOUND_S}s)")
     if not drained:

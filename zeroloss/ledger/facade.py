@@ -14,10 +14,12 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from django.db import OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import ZeroLossSettings
 from ..models import Message, MessageEvent, ReplicationNode, Status
+from ..outage import refused_for_storage
 from ..rates import Rate
 from .aborts import Aborts
 from .base import LedgerContext
@@ -97,21 +99,25 @@ class Facade:
         dedup_window: float | dt.timedelta | None = None,
         headers: dict[str, Any] | None = None,
     ) -> PersistedMessage:
-        """Store a message."""
-        return self.store.persist_message(
-            message_id,
-            queue_name,
-            data,
-            max_attempts,
-            delay=delay,
-            actor=actor,
-            dispatched=dispatched,
-            priority=priority,
-            ordering_key=ordering_key,
-            dedup_key=dedup_key,
-            dedup_window=dedup_window,
-            headers=headers,
-        )
+        """Store a message (a full disk raises :class:`~zeroloss.exceptions.StorageFull`)."""
+        try:
+            return self.store.persist_message(
+                message_id,
+                queue_name,
+                data,
+                max_attempts,
+                delay=delay,
+                actor=actor,
+                dispatched=dispatched,
+                priority=priority,
+                ordering_key=ordering_key,
+                dedup_key=dedup_key,
+                dedup_window=dedup_window,
+                headers=headers,
+            )
+        except OperationalError as exc:
+            refused_for_storage(exc, message_id, self.using)
+            raise
 
     def persist_messages(
         self,
@@ -124,16 +130,21 @@ class Facade:
         priority: int = 0,
         ordering_key: str = "",
     ) -> list[PersistedMessage]:
-        """Store many ``(message_id, queue_name, data[, headers])`` messages: all or nothing."""
-        return self.store.persist_messages(
-            items,
-            max_attempts=max_attempts,
-            delay=delay,
-            actor=actor,
-            dispatched=dispatched,
-            priority=priority,
-            ordering_key=ordering_key,
-        )
+        """Store many ``(message_id, queue_name, data[, headers])`` messages: all or nothing (a
+        full disk raises :class:`~zeroloss.exceptions.StorageFull`)."""
+        try:
+            return self.store.persist_messages(
+                items,
+                max_attempts=max_attempts,
+                delay=delay,
+                actor=actor,
+                dispatched=dispatched,
+                priority=priority,
+                ordering_key=ordering_key,
+            )
+        except OperationalError as exc:
+            refused_for_storage(exc, None, self.using)
+            raise
 
     # -- leases --------------------------------------------------------------------------
     def claim(self, queue_name: str, limit: int = 1) -> list[Lease]:

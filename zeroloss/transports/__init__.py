@@ -169,7 +169,8 @@ def send(
     published. The queue's ledger database comes from ``QUEUE_DATABASES`` (``default``
     otherwise); a send inside a transaction on another database is refused rather than
     committed outside it. Bad input raises a :class:`~zeroloss.exceptions.ZeroLossError` and stores
-    nothing; a database that cannot be reached raises Django's ``OperationalError``: the message
+    nothing; a database that cannot be reached raises Django's ``OperationalError``, one whose disk
+    is full :class:`~zeroloss.exceptions.StorageFull` (an ``OperationalError`` too): the message
     was not accepted — unless the connection died during COMMIT, when it may have been stored.
     Either way, retry with the same ``message_id``: persisting is idempotent.
 
