@@ -11,6 +11,8 @@ stored once, handled once, and ``zeroloss_verify`` balances.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -231,3 +233,88 @@ def test_sqlite_keeps_its_one_table(capsys: Any) -> None:
         call_command("zeroloss_partition", "convert", "--yes")
     assert refused.value.returncode == 2
     assert ZeroLossMessageService().ensure_partitions() == []
+
+
+def _waiting(ledger: Ledger, query_part: str) -> int | None:
+    """The pid of a session waiting for a lock in a statement that contains ``query_part``."""
+    found = ledger.query(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+        "AND position(%s in query) > 0",
+        [query_part],
+    )
+    return found[0][0] if found else None
+
+
+def _killed_while_waiting(ledger: Ledger, run: Proc, holder: psycopg.Connection[Any], query_part: str) -> str:
+    """SIGKILL ``run`` once its session waits for a lock ``holder`` holds in a statement that
+    contains ``query_part``; then release the lock and wait for that session to end. Its output."""
+    try:
+        wait_for(
+            lambda: f"the conversion to wait in {query_part!r}:\n{run.text[-3000:]}",
+            lambda: _waiting(ledger, query_part),
+            120,
+        )
+        pid = _waiting(ledger, query_part)
+        os.killpg(run.popen.pid, signal.SIGKILL)
+        run.popen.wait(timeout=10)
+    finally:
+        holder.rollback()
+        run.stop(signal.SIGKILL)
+    # The killed client's session goes on to its next read, finds the client gone and rolls back.
+    wait_for(
+        "the killed conversion's session to end",
+        lambda: not ledger.query("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]),
+        30,
+    )
+    return run.text
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_conversion_killed_during_its_verify_and_during_its_swap_is_run_again_to_the_end(
+    upgraded_ledger: Ledger,
+) -> None:
+    """SIGKILLed while its verify step reads both layouts, and while its swap transaction has
+    dropped the old tables and renamed the new ones: nothing is committed or lost, and a run
+    again finishes. Each kill waits until the step is held at a lock a test session holds."""
+    ledger = upgraded_ledger
+    command = [sys.executable, "manage.py", "zeroloss_partition", "convert", "--yes", "--batch-size", "500"]
+    sent = 1000 + 4 * 500
+    # 1. Verify. The mirror step is held first (a writer's lock on the ledger), so that the
+    # partitions are all built; then the newest one, which nothing writes to, is locked: the
+    # copy goes by, and the verify's scan of the partitioned table waits there.
+    with psycopg.connect(ledger.url) as writer, psycopg.connect(ledger.url) as holder:
+        writer.execute("LOCK TABLE zeroloss_message IN ROW EXCLUSIVE MODE")
+        first = Proc(command, ledger.env)
+        try:
+            wait_for(lambda: first.text[-3000:], lambda: _waiting(ledger, "TRIGGER"), 120)
+            newest = ledger.scalar(
+                "SELECT max(inhrelid::regclass::text) FROM pg_inherits "
+                "WHERE inhparent = 'zeroloss_message_partitioned'::regclass"
+            )
+            holder.execute(f"LOCK TABLE {newest} IN ACCESS EXCLUSIVE MODE")
+        finally:
+            writer.rollback()
+        text = _killed_while_waiting(ledger, first, holder, "hashtextextended")
+    assert "copy: zeroloss_messageevent: to id" in text and "verify:" not in text
+    assert not ledger.partitioned()
+    assert json.loads(ledger.manage("zeroloss_partition", "show", "--json").stdout)["layout"] == "converting"
+    between = ledger.send(2, 100, "after-verify")
+    assert between.wait(120) == 0, between.text
+    sent += 2 * 100
+    # 2. Swap. A session reads the progress table, which the swap transaction drops last.
+    with psycopg.connect(ledger.url) as holder:
+        holder.execute("SELECT count(*) FROM zeroloss_conversion")
+        text = _killed_while_waiting(ledger, Proc(command, ledger.env), holder, "zeroloss_conversion")
+    assert "verify: zeroloss_messageevent:" in text and "swap:" not in text
+    assert not ledger.partitioned()
+    assert ledger.scalar("SELECT to_regclass('zeroloss_message_partitioned')") is not None
+    between = ledger.send(2, 100, "after-swap")
+    assert between.wait(120) == 0, between.text
+    sent += 2 * 100
+    # 3. Run again: it verifies and swaps; nothing was lost on the way.
+    again = ledger.manage("zeroloss_partition", "convert", "--yes", "--batch-size", "500")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "build: created" not in again.stderr and "mirror: zeroloss_message:" not in again.stderr
+    assert ledger.partitioned()
+    _assert_nothing_lost(ledger, sent)
