@@ -8,10 +8,11 @@ import re
 import pytest
 from django.db import IntegrityError, connection, transaction
 
+import zeroloss
 from tests.support import expire_leases, make_available
 from zeroloss.exceptions import InvalidMessage
 from zeroloss.ledger import partitions
-from zeroloss.ledger.types import Completion, Verdict
+from zeroloss.ledger.types import CancelOutcome, Completion, Verdict
 from zeroloss.models import DedupKey, Message, MessageEvent, OrderingHead, Status
 from zeroloss.service import ZeroLossMessageService
 
@@ -174,6 +175,22 @@ class TestDedupWindows:
         assert not DedupKey.objects.exists()
         assert service.persist_message("a", "q", {}, dedup_key="k").message_id == "a"
         assert service.persist_message("b", "other", {}, dedup_key="k").message_id == "b"
+
+    def test_a_cancelled_message_holds_its_key_for_the_window_and_a_new_key_sends_anew(self):
+        """docs/ordering.md: within the window a send with the key of a cancelled message returns
+        that message, still cancelled (nothing new runs); a new key sends anew."""
+        service = ZeroLossMessageService(instance_id="api")
+        service.persist_message("m1", "q", {"op": "close"}, dedup_key="close-7")
+        assert zeroloss.cancel("m1").outcome == CancelOutcome.CANCELLED
+        again = service.persist_message("m2", "q", {"op": "close"}, dedup_key="close-7")
+        assert (again.message_id, again.status) == ("m1", Status.CANCELLED)
+        assert not Message.objects.filter(message_id="m2").exists()
+        assert service.claim("q", limit=5) == []
+        absorbed = MessageEvent.objects.filter(reason="duplicate_absorbed").get()
+        assert absorbed.from_status == absorbed.to_status == "cancelled"
+        fresh = service.persist_message("m3", "q", {"op": "close"}, dedup_key="close-7:2")
+        assert (fresh.message_id, fresh.status) == ("m3", Status.PENDING)
+        assert [m.message_id for m in service.claim("q", limit=5)] == ["m3"]
 
     def test_the_same_id_resent_is_plain_idempotency(self):
         service = ZeroLossMessageService()

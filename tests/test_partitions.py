@@ -19,6 +19,7 @@ import zeroloss
 from tests.conftest import database_url
 from tests.support.cli import run
 from tests.support.processes import db_worker
+from tests.support.waiting import wait_for
 from zeroloss.exceptions import MessageConflict
 from zeroloss.health import health_report
 from zeroloss.ledger import partitions, periods, sweep
@@ -583,3 +584,92 @@ def test_the_check_and_the_health_warn_days_before_the_periods_ahead_run_out(cli
     assert not [m for m in run_checks(databases=["default"]) if m.id == "zeroloss.W042"]
     report = health_report(use_cache=False)
     assert report.warnings == [] and not report.checks["partitions"]["running_out"]
+
+
+@pytest.mark.process
+def test_a_drop_while_a_worker_claims_takes_only_finished_backdated_rows_and_claims_go_on():
+    """Rows backdated into expired periods, live ones among them (due, scheduled, dead), and a
+    purge run while a real worker claims a backlog and its own retention turn drops periods too:
+    the period of finished rows goes once (counted once), the one holding live rows stays, no
+    live message is lost, each is handled once, and claims go on."""
+    partitions.create_partitions(connection, day_start(12), day_start(9), DAY)
+    service = ZeroLossMessageService(instance_id="purger")
+    finished = [f"fin{i}" for i in range(6)]
+    zeroloss.send_many(QUEUE, [{"n": m} for m in finished], message_ids=finished)
+    complete(service, finished)
+    zeroloss.send_many(QUEUE, [{"n": "due"}, {"n": "dead"}], message_ids=["due", "dead"])
+    zeroloss.send(QUEUE, {"n": "later"}, message_id="later", delay=3600)
+    service.dead_letter_messages(["dead"], reason="poison")
+    move_to_day(finished[:3], 11)  # a period of finished rows only: dropped
+    move_to_day([*finished[3:], "due", "later", "dead"], 10)  # live rows among finished: kept
+    backlog = [f"new{i}" for i in range(400)]
+    zeroloss.send_many(QUEUE, [{"n": m, "sleep": 0.02} for m in backlog], message_ids=backlog)
+    kept, gone = (f"zeroloss_message_p{day_start(d):%Y%m%d}" for d in (10, 11))
+
+    def completed() -> int:
+        return Message.objects.filter(status=Status.COMPLETED, message_id__startswith="new").count()
+
+    worker = db_worker("--queue", QUEUE)  # its retention turn is due: it drops periods too
+    try:
+        worker.wait_for("zeroloss_worker: queues", timeout=60)
+        wait_for("the worker to complete messages", lambda: completed() > 0, 60)
+        service.purge_messages(older_than=7 * DAY)
+        # The drops ran while the worker claimed: it had not finished the backlog.
+        assert completed() < len(backlog)
+        wait_for(
+            "the expired finished rows to go",
+            lambda: gone not in names() and not Message.objects.filter(message_id__in=finished).exists(),
+            60,
+        )
+        assert kept in names()
+        assert service.purge_messages(older_than=7 * DAY) == 0
+        wait_for("the worker to drain the backlog", lambda: completed() == len(backlog), 120)
+        # Claims go on after the drop.
+        zeroloss.send(QUEUE, {"n": "after"}, message_id="after")
+        wait_for(
+            "a message sent after the drop to complete",
+            lambda: Message.objects.filter(message_id="after", status=Status.COMPLETED).exists(),
+            60,
+        )
+    finally:
+        worker.terminate()
+    statuses = dict(Message.objects.values_list("message_id", "status"))
+    assert statuses == {
+        **dict.fromkeys([*backlog, "due", "after"], Status.COMPLETED),
+        "later": Status.PENDING,
+        "dead": Status.DEAD,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT message_id, count(*) FROM demo_handledrecord GROUP BY message_id")
+        handled = dict(cursor.fetchall())
+    assert handled == dict.fromkeys([*backlog, "due", "after"], 1)
+    # Each finished row counted once, whichever drop or batch took it.
+    records = list(PurgeRecord.objects.values_list("status", "count"))
+    assert {st for st, _ in records} == {"completed"} and sum(n for _, n in records) == 6, records
+    report = verify()
+    assert report["status"] == "ok", report
+
+
+def test_a_drop_while_another_process_drops_takes_nothing_and_the_next_one_does():
+    partitions.create_partitions(connection, day_start(12), day_start(9), DAY)
+    service = ZeroLossMessageService(instance_id="purger")
+    zeroloss.send(QUEUE, {"n": 1}, message_id="old")
+    complete(service, ["old"])
+    move_to_day(["old"], 10)
+    part = f"zeroloss_message_p{day_start(10):%Y%m%d}"
+    with psycopg.connect(database_url(), autocommit=True) as other:  # another process's drop
+        other.execute("SELECT pg_advisory_lock(%s)", [partitions.DROP_LOCK])
+        assert (
+            partitions.drop_expired(
+                connection, completed_before=day_start(7), dead_before=None, record=lambda counts: None
+            )
+            == []
+        )
+        assert part in names()
+    dropped = partitions.drop_expired(
+        connection, completed_before=day_start(7), dead_before=None, record=lambda counts: None
+    )
+    assert [d.name for d in dropped if d.total] == [part] and part not in names()
+    # The lock was released: a drop in another session takes it at once.
+    with psycopg.connect(database_url(), autocommit=True) as other:
+        assert other.execute("SELECT pg_try_advisory_lock(%s)", [partitions.DROP_LOCK]).fetchone() == (True,)

@@ -16,13 +16,14 @@ index without its partition key. Its statements are :mod:`.statements_partitions
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..doc_pages import see
@@ -49,6 +50,8 @@ LOCK_TIMEOUT_MS = 1000
 BUILDING = "_partitioned"
 #: The advisory lock of the partitions' DDL (one sweeper at a time creates them).
 DDL_LOCK = 0x7A6C5041
+#: The session advisory lock of a drop (one at a time: a purge beside a retention turn).
+DROP_LOCK = 0x7A6C5044
 #: The unique indexes of the unpartitioned layout, and the plain indexes that serve the same
 #: lookups when partitioned (the uniqueness is then the key and head tables').
 REPLACED_INDEXES = {
@@ -326,10 +329,29 @@ def drop_expired(
     message partition kept as a :class:`DroppedPeriod`: the list of ids whose keys
     :func:`delete_dropped_keys` then deletes in short batches before dropping it. Cut off part
     way, the next call finishes what it detached. Runs outside a transaction (PostgreSQL
-    refuses ``CONCURRENTLY`` inside one).
+    refuses ``CONCURRENTLY`` inside one). One drop at a time: while another process's drop runs,
+    this one drops nothing (that one takes the periods).
     """
     if conn.in_atomic_block:
         raise RuntimeError("a partition drop runs outside a transaction")
+    # Two drops at once would detach and drop the same period under each other. The lock is the
+    # session's (the detaches commit on their own); a process that dies releases it with its session.
+    if not _rows(conn, sql.TRY_DROP_LOCK, [DROP_LOCK])[0][0]:
+        return []  # another drop is running: it takes these periods
+    try:
+        return _drop_expired(conn, completed_before, dead_before, record, cancelled_before)
+    finally:
+        with contextlib.suppress(DatabaseError):  # a session gone has released it
+            _rows(conn, sql.DROP_UNLOCK, [DROP_LOCK])
+
+
+def _drop_expired(
+    conn: BaseDatabaseWrapper,
+    completed_before: dt.datetime,
+    dead_before: dt.datetime | None,
+    record: Callable[[dict[tuple[str, str], int]], None],
+    cancelled_before: dt.datetime | None,
+) -> list[Dropped]:
     with conn.cursor() as cursor:
         for table, _ in TABLES:
             for name, _, pending in _rows(conn, sql.PARTITIONS, [table]):

@@ -35,6 +35,9 @@ HOLDS_ROWS = "SELECT EXISTS (SELECT 1 FROM {table})"
 NOW = "SELECT statement_timestamp()"
 #: One sweeper at a time creates partitions (the others skip, until their next round).
 TRY_DDL_LOCK = "SELECT pg_try_advisory_xact_lock(%s)"
+#: One drop at a time (a session lock: a drop's detaches commit on their own); the others skip.
+TRY_DROP_LOCK = "SELECT pg_try_advisory_lock(%s)"
+DROP_UNLOCK = "SELECT pg_advisory_unlock(%s)"
 #: A send whose period is missing waits for the process creating it (bounded by LOCK_TIMEOUT).
 DDL_LOCK_WAIT = "SELECT pg_advisory_xact_lock(%s)"
 #: DDL never queues the ledger behind a long transaction: it gives up, and is tried again.
