@@ -8,6 +8,7 @@ import logging
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 from django.db import OperationalError
@@ -180,3 +181,38 @@ def test_the_projects_own_logging_prints_each_line_once(live_service):
     assert err.count("c-bad: handler project.demo.zeroloss_handlers.record failed") == 1
     assert err.count("c-bad: dead-lettered after attempt 1 of 1") == 1
     assert "WARNING zeroloss:" not in err  # zeroloss added no handler of its own
+
+
+def test_a_storage_stall_is_logged_once_at_its_start_and_once_at_its_end(caplog):
+    """Commits slower than the threshold (a disk whose fsync takes seconds) log one line at the
+    first, none for the next ones nor for a fast commit between them, and one once
+    COMMIT_STALL_QUIET passed without a slow one (after a fast commit, or the keeper's idle tick)."""
+    caplog.set_level(logging.INFO, logger="zeroloss")
+    monitor = OutageMonitor("l-stall")
+
+    def commit(seconds: float) -> None:
+        ok, _ = monitor.attempt(
+            lambda: time.sleep(seconds),
+            who="the lease keeper",
+            backoff=outage.Backoff(),
+            wait=lambda s: None,
+            tolerance=None,
+            slow_after=0.2,
+        )
+        assert ok
+
+    commit(0.0)  # fast: no stall
+    commit(0.3)
+    commit(0.0)  # fast, within the quiet period: the disk may stall again
+    commit(0.3)
+    monitor.stall_over()
+    assert monitor.stalled_since is not None
+    monitor._last_slow -= outage.COMMIT_STALL_QUIET  # the quiet period, by the clock it reads
+    monitor.stall_over()  # the keeper's idle tick
+    commit(0.0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "zeroloss"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("database 'l-stall' storage stalled since ")
+    assert "a commit of the lease keeper took 0." in lines[0] and "(more than 0.2s)" in lines[0]
+    assert lines[1].startswith("database 'l-stall' storage commits fast again after ")
+    assert monitor.stalled_since is None

@@ -7,9 +7,12 @@ from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 
+import zeroloss.health
 from tests.support import backdate
 from tests.support.factories import clear_cache, make_completed, make_dead, make_stuck
+from tests.support.waiting import wait_until
 from zeroloss.exceptions import InvalidMessage
+from zeroloss.health import commit_stall
 from zeroloss.ledger import partitions
 from zeroloss.service import ZeroLossMessageService
 from zeroloss.snapshot import Snapshot, cache_key, compute_snapshot, get_snapshot, invalidate
@@ -282,3 +285,14 @@ def test_a_partitioned_ledger_without_partitions_ahead_fails(client):
         f"sends have a partition only until {today.end.isoformat()}, less than PARTITION_PERIOD ahead: "
         "is a sweep running? (zeroloss_partition show)"
     ]
+
+
+@pytest.mark.postgres_only
+def test_a_commit_slower_than_the_deadline_is_reported_as_a_stall():
+    """The stall probe commits a transaction id in a thread of its own and waits at most the
+    deadline: a commit that is not done by then is reported (the real stall: the fault suite's
+    FUSE filesystem, tests/faults/stallfs.py)."""
+    assert commit_stall("default") == ""  # a healthy disk commits within 2 s
+    stalled = commit_stall("default", deadline=0.0)  # no commit is done in 0 s
+    assert stalled.startswith("a commit has taken > 0 s (")
+    assert wait_until(lambda: not zeroloss.health._stall_probes, 10)  # it finishes, and is forgotten

@@ -11,7 +11,8 @@ Unhealthy when any of these holds (thresholds in ``ZEROLOSS``):
 - a schedule's tick is overdue: unsent a minute (or three ``SCHEDULE_INTERVAL``) past its time,
   so no scheduler is running (:mod:`zeroloss.schedules.overdue`);
 - the database cannot be read;
-- the database's disk refuses new data (:func:`storage_fault`).
+- the database's disk refuses new data, or stalls: a tiny commit takes more than
+  ``COMMIT_STALL_S`` (:func:`storage_fault`, :func:`commit_stall`).
 
 :func:`health_view` is a plain JSON view (HTTP 200 healthy, 503 unhealthy), routed at
 ``health/`` by ``zeroloss.urls``: the *alerts* (what a monitor pages on). For load balancers
@@ -29,9 +30,12 @@ A healthy report may carry ``warnings``: the partitions ahead end within
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +47,7 @@ from django.views.decorators.http import require_safe
 
 from .ledger import statements_reads
 from .ledger.base import engine_for
-from .outage import OutageMonitor, close_connection, is_outage, is_storage_fault
+from .outage import COMMIT_STALL_S, OutageMonitor, close_connection, is_outage, is_storage_fault
 from .service import ZeroLossMessageService
 from .snapshot import get_snapshot
 
@@ -51,6 +55,45 @@ logger = logging.getLogger("zeroloss")
 
 #: An SQLite file's filesystem with less free space than this is full (a write may fail).
 SQLITE_MIN_FREE_BYTES = 1 << 20
+
+
+_stall_lock = threading.Lock()
+#: The commit probe under way per alias: when it began, and set once it finished.
+_stall_probes: dict[str, tuple[float, threading.Event]] = {}
+
+
+def _commit_probe(alias: str, done: threading.Event) -> None:
+    """Commit a tiny transaction on this thread's own connection (then close it)."""
+    conn = connections[alias]
+    try:
+        with transaction.atomic(using=alias):
+            engine_for(conn).run(conn, statements_reads, "COMMIT_PROBE")
+    except DatabaseError:
+        pass  # an unreachable or full database is the other checks' to report
+    finally:
+        with contextlib.suppress(DatabaseError):
+            conn.close()
+        with _stall_lock:
+            _stall_probes.pop(alias, None)
+        done.set()
+
+
+def commit_stall(alias: str = DEFAULT_DB_ALIAS, deadline: float = COMMIT_STALL_S) -> str:
+    """``""`` when a tiny commit on database ``alias`` (PostgreSQL) finishes within ``deadline``
+    seconds, else ``"a commit has taken > N s"``: its disk stalls (fsync takes seconds). The
+    commit runs in a thread of its own; one still stuck from an earlier call is waited on, not
+    started again."""
+    with _stall_lock:
+        probe = _stall_probes.get(alias)
+        if probe is None:
+            probe = _stall_probes[alias] = (time.monotonic(), threading.Event())
+            threading.Thread(
+                target=_commit_probe, args=(alias, probe[1]), name="zeroloss-commit-probe", daemon=True
+            ).start()
+    began, done = probe
+    if done.wait(max(0.0, began + deadline - time.monotonic())):
+        return ""
+    return f"a commit has taken > {deadline:g} s ({time.monotonic() - began:.1f} s so far)"
 
 
 def storage_fault(alias: str = DEFAULT_DB_ALIAS) -> str:
@@ -78,6 +121,8 @@ def storage_fault(alias: str = DEFAULT_DB_ALIAS) -> str:
                 raise
             monitor.failed("the storage check", exc)
             found = " ".join(str(exc).split())[:300]
+        if not found and (stall := commit_stall(alias)):
+            return f"database {alias!r} storage stalled: {stall}"
     else:
         name = str(conn.settings_dict["NAME"])
         folder = (

@@ -98,6 +98,14 @@ def refused_for_storage(exc: BaseException, message_id: str | None, alias: str) 
         raise StorageFull(message_id, alias, exc.__cause__ or exc) from (exc.__cause__ or exc)
 
 
+#: A renewal's or acknowledgement's commit slower than this many seconds is a stalled disk (a
+#: healthy commit takes milliseconds; fsync on a saturated or throttled volume takes seconds).
+COMMIT_STALL_S = 2.0
+#: Seconds without a slow commit before a stall is declared over (as STORAGE_FAULT_QUIET: fast
+#: commits come between the slow ones of a disk that stalls again and again).
+COMMIT_STALL_QUIET = STORAGE_FAULT_QUIET
+
+
 #: Seconds after an outage's end in which a connection found broken is the outage's, not a new one.
 STALE_GRACE = BACKOFF_MAX
 #: What a driver says of a connection that broke earlier (not of the server now).
@@ -164,6 +172,10 @@ class OutageMonitor:
         self.storage = False
         self._last_storage_error = 0.0
         self._recovered_at = float("-inf")
+        #: When a slow commit (a stalled disk) was first and last seen; None: commits are fast.
+        self.stalled_since: dt.datetime | None = None
+        self._stall_began = 0.0
+        self._last_slow = 0.0
 
     @classmethod
     def for_alias(cls, alias: str) -> OutageMonitor:
@@ -226,6 +238,48 @@ class OutageMonitor:
             extra={"database": self.alias},
         )
 
+    def timed(self, who: str, took: float, slow_after: float) -> None:
+        """A commit of ``who`` took ``took`` seconds: log a stall once at its start (the first
+        commit slower than ``slow_after``) and once at its end (:meth:`stall_over`), never per
+        commit."""
+        if took <= slow_after:
+            self.stall_over()
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._last_slow = now
+            if self.stalled_since is not None:
+                return
+            self.stalled_since = dt.datetime.now(dt.UTC)
+            self._stall_began = now - took
+        logger.warning(
+            "database %r storage stalled since %s: a commit of %s took %.1fs (more than %gs); "
+            "leases may expire meanwhile",
+            self.alias,
+            self.stalled_since.isoformat(timespec="seconds"),
+            who,
+            took,
+            slow_after,
+            extra={"database": self.alias, "worker": who},
+        )
+
+    def stall_over(self) -> None:
+        """End a stall once ``COMMIT_STALL_QUIET`` seconds passed without a slow commit (called
+        after a fast commit, and by the lease keeper when it has nothing to commit)."""
+        if self.stalled_since is None:
+            return
+        with self._lock:
+            if self.stalled_since is None or time.monotonic() - self._last_slow < COMMIT_STALL_QUIET:
+                return
+            self.stalled_since = None
+            lasted = self._last_slow - self._stall_began
+        logger.warning(
+            "database %r storage commits fast again after %.1fs",
+            self.alias,
+            lasted,
+            extra={"database": self.alias},
+        )
+
     def status(self) -> str:
         """``""`` while healthy, else ``"database unreachable since <time>: <error>"`` (``"database
         storage fault since ..."`` when its disk refuses writes)."""
@@ -243,12 +297,15 @@ class OutageMonitor:
         backoff: Backoff,
         wait: Callable[[float], object],
         tolerance: float | None,
+        slow_after: float | None = None,
     ) -> tuple[bool, T | None]:
         """Run ``work`` once. ``(True, result)`` on success; on an outage, back off (through
         ``wait``, which returns early when the loop is stopping) and return ``(False, None)``.
+        With ``slow_after``, ``work`` is a commit: one slower than that is a stall (:meth:`timed`).
 
         Raises :class:`OutageTooLong` past ``tolerance``; other exceptions propagate.
         """
+        began = time.monotonic()
         try:
             result = work()
         except BaseException as exc:
@@ -265,4 +322,6 @@ class OutageMonitor:
             return False, None
         backoff.reset()
         self.recovered()
+        if slow_after is not None:
+            self.timed(who, time.monotonic() - began, slow_after)
         return True, result

@@ -42,7 +42,7 @@ from typing import Any
 import psycopg
 
 from tests.support.waiting import pause, wait_until
-from zeroloss.outage import is_storage_fault
+from zeroloss.outage import COMMIT_STALL_QUIET, is_storage_fault
 
 from .checker import Checker, read_sends
 from .cluster import FaultCluster
@@ -465,6 +465,14 @@ def _fault_lines(pool: WorkerPool) -> dict[str, list[str]]:
     return lines
 
 
+def _stalls_ended(pool: WorkerPool) -> bool:
+    """Every worker that logged a stall's start logged its end."""
+    return all(
+        sum("since" in line for line in lines) <= sum("again" in line for line in lines)
+        for lines in _fault_lines(pool).values()
+    )
+
+
 def run_storage(
     *,
     scenario: str,
@@ -545,6 +553,8 @@ def run_storage(
         if producer_proc.alive:
             producer_proc.terminate(timeout=30)
         done = _drained(database_url, 120)
+        if scenario in STALLS:  # a stall ends COMMIT_STALL_QUIET after its last slow commit
+            wait_until(lambda: _stalls_ended(pool), COMMIT_STALL_QUIET + 30, interval=0.5)
         after = prober.probe()
         pool.shutdown()
         sweep_exit = sweep_proc.terminate()
@@ -665,9 +675,11 @@ def _judge(run: StorageRun, sweep_exit: int, drained: bool) -> None:
         )
     # Data or SQLite disk full: every probe reports it. pg_wal full: the server PANICs, restarts,
     # and is up (healthy) between its crashes; at least one probe must have caught it down.
-    for name in ("health", "status") if run.scenario not in STALLS else ():
+    # A stall: commits are slow, not refused; the probes' own commit waits on it (any probe: one
+    # may end before the first stalled fsync).
+    for name in ("health", "status"):
         seen = [_reports_storage(name, probe.get(name, ""), run.scenario) is True for probe in run.during]
-        if not (any(seen) if run.scenario == "wal-full" else all(seen)):
+        if not (any(seen) if run.scenario in ("wal-full", *STALLS) else all(seen)):
             p.append(
                 f"{name} reported the fault in {sum(seen)} of {len(seen)} probes while it lasted: "
                 f"{[probe.get(name, '')[-300:] for probe in run.during][:3]}"
@@ -676,17 +688,22 @@ def _judge(run: StorageRun, sweep_exit: int, drained: bool) -> None:
             p.append(f"{name} still reported a fault after it: {run.after.get(name, '')[-600:]}")
     # A server that crashed N times is N outages (one pair of lines each), never one per attempt.
     most = 1 if run.scenario != "wal-full" else max(1, run.server_restarts)
-    for worker, lines in run.fault_lines.items():
-        starts = [line for line in lines if "since" in line]
-        ends = [line for line in lines if "again" in line]
-        # a worker that met no refusal (it had nothing to write meanwhile) logs nothing
-        if len(starts) > most or len(ends) != len(starts):
-            p.append(
-                f"{worker} logged the fault {len(starts)} time(s) at its start and {len(ends)} at its end "
-                f"(want once each): {lines[:6]}"
-            )
-    if not any(run.fault_lines.values()) and run.scenario not in STALLS:
-        p.append("no worker met the fault: nothing was refused them (lengthen it)")
+    for worker, all_lines in run.fault_lines.items():
+        # a refusal (storage fault, outage) and a stall (slow commits) each: once at start and end
+        for stall in (False, True):
+            lines = [
+                line for line in all_lines if ("storage stalled" in line or "commits fast" in line) == stall
+            ]
+            starts = [line for line in lines if "since" in line]
+            ends = [line for line in lines if "again" in line]
+            # a worker that met no refusal (it had nothing to write meanwhile) logs nothing
+            if len(starts) > (1 if stall else most) or len(ends) != len(starts):
+                p.append(
+                    f"{worker} logged the fault {len(starts)} time(s) at its start and {len(ends)} at its "
+                    f"end (want once each): {lines[:6]}"
+                )
+    if not any(run.fault_lines.values()):
+        p.append("no worker met the fault: nothing was refused them, no commit stalled (lengthen it)")
 
 
 def sqlite_effect_table(path: Path) -> None:

@@ -75,6 +75,9 @@ PING = "SELECT 1"
 STORAGE_PROBE = "SELECT count(*) FROM (SELECT g FROM generate_series(1, 10000) g ORDER BY g DESC) s"
 STORAGE_PROBE_MEMORY = "SELECT current_setting('work_mem'), set_config('work_mem', '64kB', true)"
 STORAGE_PROBE_RESTORE = "SELECT set_config('work_mem', %s, true)"
+#: The stall probe's transaction: a transactional logical-decoding message is a WAL record, so its
+#: COMMIT is flushed (fsync) like any write's; no table is written.
+COMMIT_PROBE = "SELECT pg_logical_emit_message(true, 'zeroloss', 'commit probe')"
 #: The process id of the backend that runs this query (a pooler hands out another one).
 BACKEND_PID = "SELECT pg_backend_pid()"
 SERVER_SETTINGS = (

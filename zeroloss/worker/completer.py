@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from ..ledger.types import Completion, CompletionReport, Verdict
-from ..outage import Backoff, OutageMonitor, close_connection, is_outage
+from ..outage import COMMIT_STALL_S, Backoff, OutageMonitor, close_connection, is_outage
 from ..service import ZeroLossMessageService
 from .keeper import LeaseKeeper
 
@@ -133,6 +133,7 @@ class Completer:
                 backoff=backoff,
                 wait=self.wait,
                 tolerance=self.tolerance,
+                slow_after=COMMIT_STALL_S,
             )
             if ok and got is not None:
                 report = got

@@ -28,7 +28,7 @@ from django.db import DatabaseError, connections
 
 from ..ledger.aborts import ABORT_POLL_INTERVAL
 from ..ledger.types import Completion, Lease, Verdict
-from ..outage import Backoff, OutageMonitor
+from ..outage import COMMIT_STALL_S, Backoff, OutageMonitor
 from ..service import ZeroLossMessageService
 from .aborts import AbortWatch
 from .batch import Batch
@@ -385,7 +385,9 @@ class LeaseKeeper(AbortWatch):
                 renew_at = time.monotonic() + self.interval
                 if not self._has_work():
                     # No statement to run: a tick that succeeds without the database must not
-                    # tell the outage monitor the database is back.
+                    # tell the outage monitor the database is back (a stall may end: no commit
+                    # was slow for a while).
+                    self.monitor.stall_over()
                     continue
                 self.monitor.attempt(
                     tick,
@@ -393,6 +395,7 @@ class LeaseKeeper(AbortWatch):
                     backoff=backoff,
                     wait=self._stop.wait,
                     tolerance=self.tolerance,
+                    slow_after=COMMIT_STALL_S,
                 )
         finally:
             connections.close_all()

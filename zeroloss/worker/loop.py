@@ -20,7 +20,7 @@ from .. import telemetry
 from ..handlers import HandlerSpec, get_handler
 from ..ledger.types import Completion, CompletionReport, Lease, Verdict
 from ..loops import StopFlag
-from ..outage import Backoff, OutageMonitor
+from ..outage import COMMIT_STALL_S, Backoff, OutageMonitor
 from ..processing import Delivery, Outcome, run_handler
 from ..service import ZeroLossMessageService
 from ..wakeup import IDLE_POLL, Wakeup
@@ -125,13 +125,14 @@ class ClaimLoop:
             if n:
                 self.worker.count(outcome, n)
 
-    def _attempt(self, work, who: str):  # type: ignore[no-untyped-def]
+    def _attempt(self, work, who: str, slow_after: float | None = None):  # type: ignore[no-untyped-def]
         return self.monitor.attempt(
             work,
             who=who,
             backoff=self.backoff,
             wait=self.worker.stop.wait,
             tolerance=self.service.settings.DB_OUTAGE_TOLERANCE,
+            slow_after=slow_after,
         )
 
     # -- the loop -------------------------------------------------------------------------
@@ -172,7 +173,9 @@ class ClaimLoop:
                 outcomes, retried = self.completer.take()
                 live, lost = self.completer.split_lost(outcomes)
                 ok, got = self._attempt(
-                    lambda q=queue, s=size, o=live: self._record_and_claim(o, q, s), "a claim"
+                    lambda q=queue, s=size, o=live: self._record_and_claim(o, q, s),
+                    "an acknowledgement" if live else "a claim",
+                    COMMIT_STALL_S if live else None,  # an acknowledgement's commit: a stall shows
                 )
                 if not ok or got is None:
                     self.completer.restore(outcomes)
