@@ -227,6 +227,11 @@ NOT_MODELLED = {
     # unexpired lease), to a terminal state. Not in lease.pml yet: tests/test_fencing_guards.py
     # and tests/test_state_machine.py check it.
     ("processing", "cancelled", "aborted"),
+    # A handler's Snooze and Fail: fenced outcome statements with the failure's guards (token,
+    # status, unexpired lease). Not in lease.pml yet: tests/test_fencing_guards.py and
+    # tests/test_state_machine.py check them.
+    ("processing", "pending", "snoozed"),
+    ("processing", "dead", "dead_lettered_by_handler"),
 }
 
 
