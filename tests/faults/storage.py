@@ -703,7 +703,14 @@ def _judge(run: StorageRun, sweep_exit: int, drained: bool) -> None:
                     f"end (want once each): {lines[:6]}"
                 )
     if not any(run.fault_lines.values()):
-        p.append("no worker met the fault: nothing was refused them, no commit stalled (lengthen it)")
+        # Sends are refused during a full disk, so a worker that drained the backlog before it
+        # has nothing to write: in the CI profile's short fault on a busy host that happens, and
+        # the check would fail the run for the host's speed. The soak's longer faults require it.
+        what = "no worker met the fault: nothing was refused them, no commit stalled"
+        if run.fault.ended - run.fault.began >= WORKER_MUST_MEET_FAULT_S:
+            p.append(f"{what} (lengthen it)")
+        else:
+            print(f"  note: {what} (a {run.fault.ended - run.fault.began:.0f}s fault; the soak requires it)")
 
 
 def sqlite_effect_table(path: Path) -> None:
@@ -956,6 +963,8 @@ RUNNERS: dict[str, Callable[..., StorageRun]] = {
 }
 #: The disk refuses (it is full) or stalls (every fsync waits).
 STALLS = ("fsync-stalls", "fsync-stall")
+#: A fault at least this long must have met a worker (the soak's; the CI profile's are shorter).
+WORKER_MUST_MEET_FAULT_S = 15.0
 #: What the CI profile runs (its time is short: about 50 s each); the soak runs them all.
 CI_STORAGE = ("disk-full", "fsync-stalls", "sqlite-full")
 

@@ -119,12 +119,21 @@ class LeaseKeeper(AbortWatch):
         ttl = self.service.settings.ACK_TIMEOUT
         limit = self.handler_timeout if time_limit is None else time_limit
         leases = list(leases)
-        slots = {q: self.service.control.bounds_running(q) for q in {x.queue_name for x in leases}}
+        slots = {q: self._bounds_running(q) for q in {x.queue_name for x in leases}}
         with self._lock:
             for lease in leases:
                 held = _Held(lease, now + ttl, now, batch, limit=limit, holds_slot=slots[lease.queue_name])
                 self._held[lease.message_id] = held
                 self.lost.discard(lease.message_id)
+
+    def _bounds_running(self, queue_name: str) -> bool:
+        """Whether the queue's runs hold a concurrency slot. Unknown while the database does not
+        answer: then yes, the limit's side (a lease kept past the hard bound until its handler
+        returns, never a second run beside it); the worker meets the outage at its next statement."""
+        try:
+            return self.service.control.bounds_running(queue_name)
+        except DatabaseError:
+            return True
 
     def settling(self, message_ids: Iterable[str], *, being: bool = True) -> None:
         """Their outcomes are being recorded (``being=False``: the attempt failed, they are not).
