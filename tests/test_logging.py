@@ -119,16 +119,28 @@ def test_a_connection_the_outage_broke_found_after_its_end_is_not_a_new_outage(c
     assert monitor.status().startswith("database unreachable since ")
 
 
-def test_what_counts_as_a_storage_fault():
-    from psycopg import errors
+def _server_error(sqlstate: str, text: str) -> Exception:
+    """The installed driver's exception for a server error of this SQLSTATE (psycopg 3, else
+    psycopg2, whose errors carry their code only when the server raised them)."""
+    try:
+        from psycopg import errors
 
+        return errors.lookup(sqlstate)(text)
+    except ImportError:
+        from psycopg2 import errors as errors2
+
+        cls = errors2.lookup(sqlstate)
+        return type(cls.__name__, (cls,), {"pgcode": sqlstate})(text)
+
+
+def test_what_counts_as_a_storage_fault():
     wrapped = OperationalError("could not extend file")
-    wrapped.__cause__ = errors.DiskFull("could not extend file")
+    wrapped.__cause__ = _server_error("53100", "could not extend file")  # disk_full
     assert outage.is_storage_fault(wrapped)
     assert outage.is_storage_fault(sqlite3.OperationalError("database or disk is full"))
     assert outage.is_storage_fault(OSError(28, "No space left on device"))
     too_many = OperationalError("sorry, too many clients already")
-    too_many.__cause__ = errors.TooManyConnections("sorry, too many clients already")  # also class 53
+    too_many.__cause__ = _server_error("53300", "sorry, too many clients already")  # also class 53
     assert not outage.is_storage_fault(too_many)
     assert not outage.is_storage_fault(OperationalError("connection refused"))
 
