@@ -666,6 +666,8 @@ def test_a_drop_while_another_process_drops_takes_nothing_and_the_next_one_does(
             == []
         )
         assert part in names()
+        # released here, not when the session's backend exits (that lags the client's close)
+        other.execute("SELECT pg_advisory_unlock(%s)", [partitions.DROP_LOCK])
     dropped = partitions.drop_expired(
         connection, completed_before=day_start(7), dead_before=None, record=lambda counts: None
     )
