@@ -3,6 +3,9 @@
 A scan of ``zeroloss/`` (no database): a string literal that reads as SQL, or a comparison with
 a connection's ``vendor``, outside its home fails the test. Run it directly to print the counts
 (``python tests/test_code_shape.py [ROOT]``).
+
+The ``.sql`` catalogues (:mod:`zeroloss.ledger.catalogue`) hold statements whole: named
+parameters only, the tables by their names, nothing left for the code to splice in.
 """
 
 from __future__ import annotations
@@ -11,6 +14,11 @@ import ast
 import re
 import sys
 from pathlib import Path
+
+import pytest
+from django.apps import apps
+
+from zeroloss.ledger.catalogue import PARAMETER, Catalogue, CatalogueError, parse
 
 PACKAGE = Path(__file__).resolve().parent.parent / "zeroloss"
 
@@ -115,6 +123,72 @@ def test_the_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
     sql, vendor = scan(tmp_path)
     assert sql == {"reads.py": [2]}
     assert vendor == {"reads.py": [4]}
+
+
+# -- the whole statements of the .sql catalogues ------------------------------------------------
+
+#: Tables the migrations create without a model (the transactional batch's commit guard).
+_TABLES_WITHOUT_MODEL = frozenset({"zeroloss_batch_guard"})
+_TABLE = re.compile(r"\b(?:FROM|INTO|UPDATE|JOIN|TABLE)\s+(zeroloss_\w+)")
+
+
+def _whole_statements() -> list[tuple[str, str, str, str]]:
+    """``(file, name, dialect, text)`` of every statement of every ``.sql`` catalogue."""
+    return [
+        (path.relative_to(PACKAGE).as_posix(), *statement)
+        for path in sorted(PACKAGE.rglob("*.sql"))
+        for statement in Catalogue(path)
+    ]
+
+
+def test_catalogue_statements_are_whole_with_named_parameters() -> None:
+    statements = _whole_statements()
+    assert statements, "no .sql catalogue found"
+    tables = {m._meta.db_table for m in apps.get_app_config("zeroloss").get_models()} | _TABLES_WITHOUT_MODEL
+    for origin, name, dialect, text in statements:
+        where = f"{origin} {name} [{dialect}]"
+        # Every % is a named parameter or a literal percent sign (%%): no positional %s.
+        assert "%" not in PARAMETER.sub("", text).replace("%%", ""), f"{where}: a positional or stray %"
+        # Nothing left for the code to fill in: no template placeholder, no unbalanced brace.
+        assert not re.search(r"\{\w*\}", text), f"{where}: a template placeholder"
+        unknown = set(_TABLE.findall(text)) - tables
+        assert not unknown, f"{where}: tables no model or migration names: {sorted(unknown)}"
+
+
+def test_a_converted_catalogue_module_keeps_no_sql() -> None:
+    """A module whose statements moved to a ``.sql`` file keeps no statement text of its own."""
+    for module in ("ledger/statements_ops.py",):
+        tree = ast.parse((PACKAGE / module).read_text())
+        texts = [t for node in ast.walk(tree) if (t := _text(node)) and _SQL.match(t)]
+        assert not texts, f"{module} still writes SQL: {texts}"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("SELECT 1", "before the first"),
+        ("-- name: A\n-- name: B\nSELECT 1", "A has no statement"),
+        ("-- name: A\nSELECT 1\n-- name: A [sqlite]\nSELECT 2", "written twice for sqlite"),
+        ("-- name: A [oracle]\nSELECT 1", "unknown dialect"),
+    ],
+)
+def test_a_bad_catalogue_says_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(CatalogueError, match=message):
+        parse(text)
+
+
+def test_a_catalogue_reads_as_written() -> None:
+    parsed = parse(
+        "-- a comment for the reader\n-- name: BOTH\nSELECT x\n  FROM t WHERE y = %(y)s\n\n"
+        "-- name: ONE [postgresql]\nSELECT now()\n-- name: ONE [sqlite]\n-- why it differs\nSELECT 2\n"
+    )
+    assert parsed == {
+        "BOTH": {
+            "postgresql": "SELECT x\n  FROM t WHERE y = %(y)s",
+            "sqlite": "SELECT x\n  FROM t WHERE y = %(y)s",
+        },
+        "ONE": {"postgresql": "SELECT now()", "sqlite": "SELECT 2"},
+    }
 
 
 if __name__ == "__main__":

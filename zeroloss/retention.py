@@ -52,12 +52,16 @@ def _keeps_all(service: Any) -> bool:
 
 def take_turn(service: Any, holder: str, hold: float = HOLD_FOR) -> bool:
     """Whether ``holder`` took the turn (it was due), for ``hold`` seconds."""
-    rows, _ = service.engine.run(service.connection, statements_ops, "TAKE_TURN", [TURN, holder, hold])
+    rows, _ = service.engine.run(
+        service.connection, statements_ops, "TAKE_TURN", {"name": TURN, "holder": holder, "hold": hold}
+    )
     return bool(rows)
 
 
 def _due_again(service: Any, holder: str, after: float) -> None:
-    service.engine.run(service.connection, statements_ops, "HOLD_TURN", [after, TURN, holder])
+    service.engine.run(
+        service.connection, statements_ops, "HOLD_TURN", {"after": after, "name": TURN, "holder": holder}
+    )
 
 
 def run_turn(service: Any) -> dict[str, int] | None:

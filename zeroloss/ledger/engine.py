@@ -12,7 +12,7 @@ import datetime as dt
 import functools
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, ClassVar, NamedTuple
 
@@ -21,6 +21,7 @@ from django.utils.dateparse import parse_datetime
 
 from ..models import DedupKey, Message, MessageEvent, MessageKey, OrderingHead, QueueControl, RateBucket
 from . import statements
+from .catalogue import Catalogue
 from .statements_moves import AUDIT_COLUMNS, MOVED_NAMES, Moving
 
 MSG = Message._meta.db_table
@@ -38,6 +39,9 @@ KEY = MessageKey._meta.db_table
 HEAD = OrderingHead._meta.db_table
 
 Rows = list[tuple[Any, ...]]
+#: A statement's parameters: named (``%(name)s``, a whole statement of a ``.sql`` catalogue) or,
+#: for a template of the Python catalogues, positional (``%s``).
+Params = Sequence[Any] | Mapping[str, Any]
 
 
 @functools.lru_cache(maxsize=64)
@@ -173,6 +177,11 @@ class Engine:
         """Parameters for ``{rows}``: one sequence per column of ``ROWS[name]``, equal lengths."""
         raise NotImplementedError
 
+    def column(self, values: Iterable[Any]) -> Any:
+        """A batch's column as one named parameter of a whole statement: an array PostgreSQL
+        unnests (``unnest(%(ids)s::bigint[])``), a JSON array SQLite reads (``json_each``)."""
+        raise NotImplementedError
+
     def token(self, value: uuid.UUID) -> Any:
         return value
 
@@ -232,7 +241,7 @@ class Engine:
         self,
         conn: BaseDatabaseWrapper,
         sql: str,
-        params: Sequence[Any],
+        params: Params,
         *,
         prepare: bool = False,
         reuse_plan: bool = True,
@@ -305,11 +314,15 @@ class Engine:
     # -- the other areas' catalogues, and what a database can do --------------------------
 
     def catalogue(self, module: ModuleType) -> dict[str, str]:
-        """An area's statement catalogue (a module of named templates, as :mod:`.statements`,
-        with its batch columns in ``ROWS``), rendered once for this database."""
+        """An area's statement catalogue, as this database runs it: the whole statements of its
+        ``.sql`` file (a module with a ``CATALOGUE``), or its named templates (as
+        :mod:`.statements`, with its batch columns in ``ROWS``), rendered once."""
         cache: dict[str, dict[str, str]] = self.__dict__.setdefault("_catalogues", {})
         rendered = cache.get(module.__name__)
-        if rendered is None:
+        whole: Catalogue | None = getattr(module, "CATALOGUE", None)
+        if rendered is None and whole is not None:
+            rendered = cache[module.__name__] = whole.texts(self.vendor)
+        elif rendered is None:
             batches: dict[str, Sequence[tuple[str, str]]] = getattr(module, "ROWS", {})
             rendered = cache[module.__name__] = {
                 name: self.render(
@@ -324,10 +337,12 @@ class Engine:
         return rendered
 
     def run(
-        self, conn: BaseDatabaseWrapper, module: ModuleType, name: str, params: Sequence[Any] = ()
+        self, conn: BaseDatabaseWrapper, module: ModuleType, name: str, params: Params = ()
     ) -> tuple[Rows, int]:
         """Run the named statement of an area's catalogue; its rows (if any) and its row count."""
-        return self.execute(conn, self.catalogue(module)[name], list(params))
+        return self.execute(
+            conn, self.catalogue(module)[name], params if isinstance(params, Mapping) else list(params)
+        )
 
     #: Whether it can keep synchronous replicas (``REPLICATION_FACTOR`` above 1) and has
     #: standbys to discover.

@@ -222,20 +222,19 @@ class Operator(Part):
         (monotonic). The messages purged."""
         engine, conn = self.engine, self.connection
         pick = f"PURGE_PICK_{str(status).upper()}"
-        queue_params: list[Any] = []
+        params: dict[str, Any] = {"status": status, "age": -age}
         if queue_name is not None:
-            pick, queue_params = pick + "_OF_QUEUE", [queue_name]
+            pick, params["queue"] = pick + "_OF_QUEUE", queue_name
         elif except_queues:
-            pick = pick + "_EXCEPT_QUEUES"
-            queue_params = engine.row_params(pick, [list(except_queues)])
+            pick, params["queues"] = pick + "_EXCEPT_QUEUES", engine.column(except_queues)
         purged = 0
         while limit is None or purged < limit:
             size = batch_size if limit is None else min(batch_size, limit - purged)
             with transaction.atomic(using=self.using):
-                rows, _ = engine.run(conn, statements_ops, pick, [status, -age, *queue_params, size])
+                rows, _ = engine.run(conn, statements_ops, pick, {**params, "size": size})
                 if not rows:
                     break
-                ids = engine.row_params("PURGE_EVENTS", [[r[0] for r in rows]])
+                ids = {"ids": engine.column(r[0] for r in rows)}
                 engine.run(conn, statements_ops, "PURGE_EVENTS", ids)
                 engine.run(conn, statements_ops, "PURGE_KEYS", ids)
                 engine.run(conn, statements_ops, "PURGE_MESSAGES", ids)

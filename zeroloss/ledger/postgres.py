@@ -12,7 +12,7 @@ from django.db import InternalError, OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import statements
-from .engine import MOVED_FROM, MSG, Engine, Move, Rows, from_epoch
+from .engine import MOVED_FROM, MSG, Engine, Move, Params, Rows, from_epoch
 
 # Timestamps handed back as epoch seconds: a float loads far cheaper than a timestamptz through
 # Django's time-zone-aware loader (measured: 15% of a no-op worker's time went there).
@@ -212,11 +212,14 @@ class PostgresEngine(Engine):
     def row_params(self, name: str, columns: Sequence[Sequence[Any]]) -> list[Any]:
         return [list(column) for column in columns]
 
+    def column(self, values: Iterable[Any]) -> Any:
+        return list(values)
+
     def execute(
         self,
         conn: BaseDatabaseWrapper,
         sql: str,
-        params: Sequence[Any],
+        params: Params,
         *,
         prepare: bool = False,
         reuse_plan: bool = True,
@@ -261,7 +264,7 @@ class PostgresEngine(Engine):
         try:
             if wrappers:
 
-                def run(sql: str, params: Sequence[Any], many: bool, context: dict[str, Any]) -> None:
+                def run(sql: str, params: Params, many: bool, context: dict[str, Any]) -> None:
                     cur.execute(sql, params, prepare=reuse_plan)
 
                 executor: Any = run

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .engine import EVT, MOVED_FROM, Engine, Move, Rows
+from .engine import EVT, MOVED_FROM, Engine, Move, Params, Rows
 from .sqlite_gate import gate_of
 from .statements_moves import AUDIT_COLUMNS, FINISHED, Edge, audit_row
 
@@ -47,6 +47,9 @@ class SqliteEngine(Engine):
     def row_params(self, name: str, columns: Sequence[Sequence[Any]]) -> list[Any]:
         return [json.dumps([list(row) for row in zip(*columns, strict=True)], default=str)]
 
+    def column(self, values: Iterable[Any]) -> Any:
+        return json.dumps(list(values), default=str)
+
     def open_batch(self, conn: BaseDatabaseWrapper, bound_ms: int) -> int | None:
         # SQLite runs in this process: there is no session to end and no server-side bound.
         # A handler's own COMMIT or ROLLBACK is refused while the batch runs.
@@ -69,7 +72,7 @@ class SqliteEngine(Engine):
         self,
         conn: BaseDatabaseWrapper,
         sql: str,
-        params: Sequence[Any],
+        params: Params,
         *,
         prepare: bool = False,
         reuse_plan: bool = True,

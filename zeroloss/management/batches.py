@@ -43,7 +43,7 @@ class PayloadBatches:
         last = 0
         while True:
             rows, _ = engine.run(
-                conn, statements_ops, name, [last, *([queue] if queue is not None else []), SIZE_PAGE]
+                conn, statements_ops, name, {"after": last, "queue": queue, "size": SIZE_PAGE}
             )
             page = [(int(pk), int(size or 0)) for pk, size in rows]
             yield from page
@@ -56,7 +56,7 @@ class PayloadBatches:
         conn = self.service.connection
         engine = engine_for(conn)
         for start in range(0, len(pks), 1000):
-            ids = engine.row_params("PAYLOAD_SIZES_OF", [pks[start : start + 1000]])
+            ids = {"ids": engine.column(pks[start : start + 1000])}
             rows, _ = engine.run(conn, statements_ops, "PAYLOAD_SIZES_OF", ids)
             yield from ((int(pk), int(size or 0)) for pk, size in rows)
 

@@ -56,12 +56,12 @@ def _on_connection_created(sender: Any, connection: BaseDatabaseWrapper, **kwarg
     if not engine.is_server:
         return
     values = keepalive_values(timeout)
-    params = [
-        str(values["idle"]),
-        str(values["interval"]),
-        str(values["count"]),
-        str(values["user_timeout_ms"]),
-    ]
+    params = {
+        "idle": str(values["idle"]),
+        "interval": str(values["interval"]),
+        "count": str(values["count"]),
+        "user_timeout": str(values["user_timeout_ms"]),
+    }
     engine.run(connection, statements_ops, "KEEPALIVES", params)
 
 
