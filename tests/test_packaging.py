@@ -114,6 +114,10 @@ def test_wheel_holds_the_package_its_catalogs_and_license_and_no_tests(built: di
         assert required in names, f"the wheel has no {required}"
     migrations = {p.name for p in (ROOT / "zeroloss" / "migrations").glob("0*.py")}
     assert {n.rsplit("/", 1)[1] for n in names if n.startswith("zeroloss/migrations/0")} == migrations
+    # The statement catalogues the engines read at run time (zeroloss.ledger.catalogue).
+    catalogues = {p.relative_to(ROOT).as_posix() for p in (ROOT / "zeroloss").rglob("*.sql")}
+    assert catalogues, "no .sql catalogue in the source tree"
+    assert catalogues <= set(names), f"the wheel has no {sorted(catalogues - set(names))}"
 
 
 def _metadata(built: dict[str, Any]) -> email.message.EmailMessage:
