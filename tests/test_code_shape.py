@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from django.apps import apps
 
+from zeroloss.ledger import statements_reads
 from zeroloss.ledger.catalogue import PARAMETER, Catalogue, CatalogueError, parse
 
 PACKAGE = Path(__file__).resolve().parent.parent / "zeroloss"
@@ -155,12 +156,25 @@ def test_catalogue_statements_are_whole_with_named_parameters() -> None:
         assert not unknown, f"{where}: tables no model or migration names: {sorted(unknown)}"
 
 
-def test_a_converted_catalogue_module_keeps_no_sql() -> None:
-    """A module whose statements moved to a ``.sql`` file keeps no statement text of its own."""
-    for module in ("ledger/statements_ops.py",):
+#: Catalogue modules whose statements are all in a ``.sql`` file.
+CONVERTED = ("ledger/statements_ops.py", "ledger/statements_reads.py")
+
+
+def test_a_converted_catalogue_module_keeps_no_statement_text() -> None:
+    """A module whose statements moved to a ``.sql`` file keeps no statement of its own (a
+    function that writes one around identifiers, which no parameter can be, is no statement)."""
+    for module in CONVERTED:
         tree = ast.parse((PACKAGE / module).read_text())
-        texts = [t for node in ast.walk(tree) if (t := _text(node)) and _SQL.match(t)]
+        assigned = [n.value for n in tree.body if isinstance(n, ast.Assign | ast.AnnAssign) and n.value]
+        texts = [t for value in assigned for node in ast.walk(value) if (t := _text(node)) and _SQL.match(t)]
         assert not texts, f"{module} still writes SQL: {texts}"
+
+
+def test_conservation_counts_the_statuses_in_their_order() -> None:
+    for name in ("CONSERVATION", "CONSERVATION_OF_QUEUE"):
+        for dialect, text in statements_reads.CATALOGUE.statements[name].items():
+            counted = tuple(re.findall(r"status = '(\w+)'", text))
+            assert counted == statements_reads.CONSERVATION_STATUSES, (name, dialect)
 
 
 @pytest.mark.parametrize(

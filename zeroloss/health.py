@@ -114,7 +114,7 @@ def storage_fault(alias: str = DEFAULT_DB_ALIAS) -> str:
                 rows, _ = engine.run(conn, statements_reads, "STORAGE_PROBE_MEMORY")
                 engine.run(conn, statements_reads, "STORAGE_PROBE")
                 # the caller's own transaction (ATOMIC_REQUESTS) keeps its work_mem
-                engine.run(conn, statements_reads, "STORAGE_PROBE_RESTORE", [rows[0][0]])
+                engine.run(conn, statements_reads, "STORAGE_PROBE_RESTORE", {"work_mem": rows[0][0]})
         except DatabaseError as exc:
             # A full disk may fail the temporary file's directory first (ENOENT, not ENOSPC).
             if not (is_storage_fault(exc) or "temporary file" in str(exc)):

@@ -134,10 +134,10 @@ def _estimated_completed(service: ZeroLossMessageService, live: dict[str, int]) 
     """
     conn = service.connection
     engine = service.engine
-    [(rows,)], _ = engine.run(conn, statements_reads, "TABLE_ROWS", [MSG])
+    [(rows,)], _ = engine.run(conn, statements_reads, "TABLE_ROWS", {"table": MSG})
     if rows is None or rows <= EXACT_COMPLETED_ROWS:
         return None
-    found, _ = engine.run(conn, statements_reads, "QUEUE_SHARES", [MSG])
+    found, _ = engine.run(conn, statements_reads, "QUEUE_SHARES", {"table": MSG})
     if not found:
         return None
     [stats] = found

@@ -35,7 +35,7 @@ class LedgerPaginator(Paginator):
         engine = engine_for(connection)
         if not qs.query.where and engine.has_statistics:
             found, _ = engine.run(
-                connection, statements_reads, "TABLE_ROWS_ANALYSED", [qs.model._meta.db_table]
+                connection, statements_reads, "TABLE_ROWS_ANALYSED", {"table": qs.model._meta.db_table}
             )
             row = found[0] if found else None
             estimate = int(row[0]) if row and row[0] is not None else -1

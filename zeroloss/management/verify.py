@@ -174,13 +174,9 @@ class Verification:
         service, queue = self.service, self.queue
         alias = service.using
         conn = connections[alias]
-        queue_params = [queue] if queue else []
-        params: list[Any] = [*queue_params, *queue_params]
-        for status in statements_reads.CONSERVATION_STATUSES:
-            params += [status, *queue_params]
         name = "CONSERVATION_OF_QUEUE" if queue else "CONSERVATION"
         [(persisted_events, purged, *per_status)], _ = engine_for(conn).run(
-            conn, statements_reads, name, params
+            conn, statements_reads, name, {"queue": queue}
         )
         persisted_events, purged = int(persisted_events), int(purged)
         statuses = statements_reads.CONSERVATION_STATUSES
