@@ -1,7 +1,9 @@
-"""The code's shape: SQL text lives in statement catalogues, database differences in the engines.
+"""The code's shape: SQL text lives in statement catalogues, database differences in the engines,
+a status is spelled only where it is declared.
 
 A scan of ``zeroloss/`` (no database): a string literal that reads as SQL, or a comparison with
-a connection's ``vendor``, outside its home fails the test. Run it directly to print the counts
+a connection's ``vendor``, outside its home fails the test; so does a Python string equal to a
+status (``"dead"``) outside ``zeroloss.states``. Run it directly to print the counts
 (``python tests/test_code_shape.py [ROOT]``).
 
 The ``.sql`` catalogues (:mod:`zeroloss.ledger.catalogue`) hold statements whole: named
@@ -20,6 +22,7 @@ from django.apps import apps
 
 from zeroloss.ledger import statements_reads
 from zeroloss.ledger.catalogue import PARAMETER, Catalogue, CatalogueError, parse
+from zeroloss.states import Status
 
 PACKAGE = Path(__file__).resolve().parent.parent / "zeroloss"
 
@@ -205,5 +208,271 @@ def test_a_catalogue_reads_as_written() -> None:
     }
 
 
+# -- statuses: declared once (zeroloss.states), every other module derives from the declaration ----
+
+#: Every status's value, as ``zeroloss.states.Status`` declares it.
+STATUS_VALUES = frozenset(Status.values)
+#: Where a status may be spelled in Python: its declaration, and frozen migrations. SQL text
+#: spells them inside longer strings (checked against the declaration below).
+STATUS_HOMES = (re.compile(r"(^|/)states\.py$"), re.compile(r"^migrations/"))
+#: Calls whose string argument is text for a reader (a translation's msgid), not a status.
+_READER_TEXT = {"_", "gettext", "gettext_lazy", "gettext_noop", "pgettext", "pgettext_lazy", "ngettext"}
+#: Calls whose second argument names an attribute.
+_ATTRIBUTE_NAME = {"getattr", "setattr", "hasattr", "delattr"}
+
+
+def _call_name(node: ast.Call) -> str:
+    f = node.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def _not_statuses(tree: ast.AST) -> set[int]:
+    """The ids of string constants that equal a status's value but are words of another kind:
+    a translation's msgid, an attribute's name (``getattr``, ``__slots__``, ``__all__``), a
+    member of another vocabulary's enum (``Outcome.COMPLETED = "completed"``), or a field name
+    of a record (a dict display whose keys are string literals, not all of them statuses)."""
+    skip: set[int] = set()
+
+    def strings(nodes: list[ast.expr]) -> set[int]:
+        return {id(n) for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = _call_name(node)
+            if name in _READER_TEXT:
+                skip |= strings(node.args)
+            elif name in _ATTRIBUTE_NAME and len(node.args) > 1:
+                skip |= strings(node.args[1:2])
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id in ("__slots__", "__all__") for t in node.targets
+        ):
+            if isinstance(node.value, ast.Tuple | ast.List):
+                skip |= strings(node.value.elts)
+        elif isinstance(node, ast.ClassDef) and any(
+            (b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "").endswith(
+                ("Enum", "Choices")
+            )
+            for b in node.bases
+        ):
+            for item in node.body:
+                if isinstance(item, ast.Assign):
+                    value = item.value.elts[0] if isinstance(item.value, ast.Tuple) else item.value
+                    skip |= strings([value])
+        elif isinstance(node, ast.Dict):
+            keys = [k for k in node.keys if k is not None]
+            texts = [k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            if len(texts) == len(keys) and not set(texts) <= STATUS_VALUES:
+                skip |= strings(keys)
+    return skip
+
+
+def status_literals(root: Path = PACKAGE) -> dict[str, list[int]]:
+    """Per file of ``root`` outside a status's home: the lines of a string equal to a status."""
+    found: dict[str, list[int]] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if any(h.search(rel) for h in STATUS_HOMES):
+            continue
+        tree = ast.parse(path.read_text(), rel)
+        skip = _not_statuses(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in STATUS_VALUES and id(node) not in skip:
+                found.setdefault(rel, []).append(node.lineno)
+    return {rel: sorted(lines) for rel, lines in found.items()}
+
+
+def test_a_status_is_spelled_only_where_it_is_declared() -> None:
+    assert {"pending", "processing", "completed", "dead", "cancelled"} <= STATUS_VALUES, STATUS_VALUES
+    found = status_literals()
+    assert not found, (
+        "a status spelled as a string outside zeroloss/states.py: use its Status member, or a set "
+        "of zeroloss.states (LIVE_STATUSES, FINISHED_STATUSES, ...; add one there if the code "
+        "needs another):\n" + "\n".join(f"  {rel}: {sorted(set(n))}" for rel, n in found.items())
+    )
+
+
+def test_the_status_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
+    (tmp_path / "uses.py").write_text(
+        "from enum import StrEnum\n"
+        "from django.utils.translation import gettext as _\n"
+        "class Outcome(StrEnum):\n    COMPLETED = 'completed'\n"  # another vocabulary: fine
+        "def f(m, counts):\n"
+        "    if m.status == 'dead':\n"  # 6: a status
+        "        return {'name': m.name, 'dead': counts}\n"  # a record's field: fine
+        "    q = m.filter(status__in=['pending', 'processing'])\n"  # 8: a hand-written set
+        "    ages = {'completed': 1, 'cancelled': 2}\n"  # 9: keyed by status
+        "    return getattr(m, 'pending', _('cancelled'))\n"  # an attribute, a msgid: fine
+    )
+    (tmp_path / "states.py").write_text("PENDING = 'pending'\n")
+    assert status_literals(tmp_path) == {"uses.py": [6, 8, 8, 9, 9]}
+
+
+# -- statuses in SQL: a literal a statement spells is a declared status, a set a declared set -------
+
+#: Where a statement spells a status: compared with a status column (``status = 'dead'``,
+#: ``h.status <> 'pending'``), or written to one through a CASE (``SET status = CASE ... THEN
+#: 'dead' ELSE 'pending' END``), or named as a row's status (``CAST('processing' AS TEXT) AS
+#: from_status``), or inserted into one (``INSERT INTO t (..., status, ...) VALUES (..., 'pending', ...)``).
+_COMPARED = re.compile(r"\b\w*status\s*(?:=|<>|!=)\s*'(\w*)'")
+_SET = re.compile(r"\b\w*status\s+(?:NOT\s+)?IN\s*\(([^()]*)\)", re.IGNORECASE)
+_CASE = re.compile(r"\bstatus\s*=\s*CASE\b")
+_NAMED = re.compile(r"(?:CAST\(\s*)?'(\w*)'(?:\s+AS\s+\w+\s*\))?\s+AS\s+\w*status\b")
+_INSERT = re.compile(r"\bINSERT\s+INTO\s+\S+\s*\(([^()]*)\)\s*(VALUES\s*\(|SELECT\s)")
+_QUOTED = re.compile(r"'((?:[^']|'')*)'")
+
+
+def _top_level(text: str, start: int, stop_at_from: bool) -> list[tuple[int, str]]:
+    """The comma-separated items of ``text`` from ``start`` at parenthesis depth 0 (quotes
+    skipped), up to the closing parenthesis or, in a SELECT list, its FROM."""
+    items: list[tuple[int, str]] = []
+    depth, begin, i = 0, start, start
+    while i < len(text):
+        c = text[i]
+        if c == "'":
+            i = text.index("'", i + 1) + 1
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            if depth == 0:
+                break
+            depth -= 1
+        elif c == "," and depth == 0:
+            items.append((begin, text[begin:i]))
+            begin = i + 1
+        elif depth == 0 and stop_at_from and re.match(r"\sFROM\s", text[i : i + 6], re.IGNORECASE):
+            break
+        i += 1
+    items.append((begin, text[begin:i]))
+    return items
+
+
+def status_spellings(text: str) -> tuple[list[tuple[int, str]], list[frozenset[str]]]:
+    """``(literals, sets)`` of one statement: each literal spelled where a status goes (its
+    offset, its text), and each set spelled in an ``IN (...)`` of a status column."""
+    literals: list[tuple[int, str]] = []
+    sets: list[frozenset[str]] = []
+    literals += [(m.start(1) - 1, m[1]) for m in _COMPARED.finditer(text)]
+    # A first audit row's from_status is '' (the message did not exist: ``Transition.source``).
+    literals += [(m.start(1) - 1, m[1]) for m in _NAMED.finditer(text) if m[1] or "from_status" not in m[0]]
+    for m in _SET.finditer(text):
+        spelled = [(m.start(1) + q.start(), q[1]) for q in _QUOTED.finditer(m[1])]
+        literals += spelled
+        sets.append(frozenset(value for _, value in spelled))
+    for m in _CASE.finditer(text):
+        depth, i = 0, m.end()
+        for word in re.finditer(r"\b(CASE|END|THEN|ELSE)\b\s*('(\w*)')?", text[m.end() :]):
+            if word[1] == "CASE":
+                depth += 1
+            elif word[1] == "END":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif depth == 0 and word[2]:
+                literals.append((i + word.start(2), word[3]))
+    for m in _INSERT.finditer(text):
+        columns = [c.strip() for c in m[1].split(",")]
+        values = _top_level(text, m.end(), stop_at_from=m[2].upper().startswith("SELECT"))
+        for column, (offset, value) in zip(columns, values, strict=False):
+            quoted = _QUOTED.fullmatch(value.strip())
+            if column.endswith("status") and quoted:
+                literals.append((offset + value.index("'"), quoted[1]))
+    return literals, sets
+
+
+def catalogue_statements() -> list[tuple[str, str]]:
+    """``(where, text)`` of every SQL statement zeroloss runs, as each database runs it: the
+    ``.sql`` catalogues' statements as written, and every named statement still in a
+    ``statements*`` module rendered by each engine (with the RETURNING columns its moves derive)."""
+    import importlib
+    import pkgutil
+
+    import zeroloss
+    from zeroloss.ledger.postgres import PostgresEngine
+    from zeroloss.ledger.sqlite import SqliteEngine
+
+    found = [(f"{origin}:{name} [{dialect}]", text) for origin, name, dialect, text in _whole_statements()]
+    modules = [
+        importlib.import_module(m.name)
+        for m in pkgutil.walk_packages(zeroloss.__path__, "zeroloss.")
+        if m.name.rpartition(".")[2].startswith("statements")
+    ]
+    for engine in (PostgresEngine(), SqliteEngine()):
+        for module in modules:
+            try:
+                rendered = engine.catalogue(module)
+            except KeyError:  # a catalogue its area formats itself (partitions' {part}, ...): as written
+                rendered = {n: t for n, t in vars(module).items() if n.isupper() and isinstance(t, str)}
+            found += [(f"{module.__name__}.{name} [{engine.vendor}]", t) for name, t in rendered.items()]
+        found += [(f"MOVES[{name}] returning [{engine.vendor}]", t) for name, t in engine.returning.items()]
+    return found
+
+
+def stray_status_spellings(statements: list[tuple[str, str]]) -> list[str]:
+    """What a statement spells wrong: a literal in a status's place that is no declared status,
+    a set that is no declared set, a status literal in a place this scan does not read."""
+    from zeroloss.states import STATUS_SETS
+
+    declared_sets = set(STATUS_SETS.values())
+    problems: list[str] = []
+    for where, text in statements:
+        literals, sets = status_spellings(text)
+        read = {offset for offset, _ in literals}
+        problems += [
+            f"{where}: '{v}' is not a declared status" for _, v in literals if v not in STATUS_VALUES
+        ]
+        problems += [
+            f"{where}: the set {sorted(s)} is none of zeroloss.states.STATUS_SETS"
+            for s in sets
+            if s not in declared_sets
+        ]
+        problems += [
+            f"{where}: '{q[1]}' at {q.start()} is a status where the scan does not read one"
+            for q in _QUOTED.finditer(text)
+            if q[1] in STATUS_VALUES and q.start() not in read
+        ]
+    return problems
+
+
+def test_every_status_a_statement_spells_is_declared_and_every_set_a_declared_set() -> None:
+    statements = catalogue_statements()
+    assert len(statements) > 400, len(statements)  # both engines' catalogues were read
+    spelled = {v for _, t in statements for _, v in status_spellings(t)[0]}
+    assert spelled == STATUS_VALUES, spelled  # every status is written somewhere (the scan reads)
+    problems = stray_status_spellings(statements)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_sql_status_scan_finds_what_it_looks_for() -> None:
+    good = [
+        ("claim", "UPDATE m SET status = 'processing' WHERE status = 'pending' AND h.status <> 'dead'"),
+        ("fail", "UPDATE m SET status = CASE WHEN a >= b THEN 'dead' ELSE 'pending' END, x = 'y'"),
+        ("why", "SELECT CASE WHEN status = 'dead' THEN 'dead_lettered' END AS reason FROM m"),
+        ("audit", "SELECT id, CAST('processing' AS TEXT) AS from_status, 'acked' AS reason FROM t"),
+        ("send", "INSERT INTO m (id, status, k) VALUES (%s, 'pending', CASE WHEN %s THEN '' END)"),
+        ("sendmany", "INSERT INTO m (id, status) SELECT b.id, 'pending' FROM b"),
+        ("heads", "SELECT 1 FROM m h WHERE h.status IN ('pending', 'processing')"),
+    ]
+    assert stray_status_spellings(good) == []
+    bad = [
+        ("typo", "UPDATE m SET status = 'pendng' WHERE id = %s"),
+        ("case", "UPDATE m SET status = CASE WHEN a THEN 'gone' ELSE 'pending' END"),
+        ("insert", "INSERT INTO m (id, status) VALUES (%s, 'waiting')"),
+        ("set", "SELECT 1 FROM m WHERE status IN ('pending', 'dead')"),
+        ("unread", "SELECT 'dead' = ANY(x) FROM m"),
+    ]
+    assert [p.partition(":")[0] for p in stray_status_spellings(bad)] == [
+        "typo",
+        "case",
+        "insert",
+        "set",
+        "unread",
+    ]
+
+
 if __name__ == "__main__":
     print(_report(*scan(Path(sys.argv[1]) if len(sys.argv) > 1 else PACKAGE)))
+    literals = status_literals(Path(sys.argv[1]) if len(sys.argv) > 1 else PACKAGE)
+    print(f"status literals outside zeroloss/states.py: {_total(literals)} in {len(literals)} files")
+    for rel, lines in literals.items():
+        print(f"  {rel}: {sorted(set(lines))}")

@@ -474,6 +474,18 @@ class TestPurge:
         assert statuses() == {"a3": "dead", "b1": "dead"}
         assert list(PurgeRecord.objects.values_list("queue_name", "status", "count")) == [("a", "dead", 2)]
 
+    def test_cancelled_ages_by_when_it_was_cancelled(self):
+        # A cancelled message has no dead_at: it is aged by updated_at, as retention ages it.
+        service = ZeroLossMessageService()
+        for mid in ("x1", "x2"):
+            service.persist_message(mid, "a", {})
+        service.cancel_messages(["x1", "x2"])
+        assert backdate(["x1"], "updated_at", seconds_ago=120) == 1
+        r = run("zeroloss_purge", "--older-than", "30s", "--status", "cancelled", "--yes", "--json")
+        assert r.code == 0, r
+        assert (json.loads(r.out)["matched"], json.loads(r.out)["purged"]) == (1, 1)
+        assert statuses() == {"x2": "cancelled"}
+
     def test_older_than_keeps_recent_messages(self):
         make_completed(["old", "new"])
         assert backdate(["old"], "completed_at", seconds_ago=120) == 1  # completed 2 min ago

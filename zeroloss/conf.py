@@ -36,6 +36,7 @@ from .conf_values import (
 from .conf_values import MAX_SECONDS as MAX_SECONDS  # public: the longest duration a setting may name
 from .ledger import validation as _validation
 from .rates import Rate
+from .states import Status
 
 PERSISTENCE_LEVELS = ("durable", "replicated")
 TRANSPORTS = ("database", "celery")
@@ -307,8 +308,16 @@ def parse_settings(raw: Any) -> ZeroLossSettings:
         # A project that set the older settings keeps what they said.
         values["RETENTION"] = {
             **DEFAULT_RETENTION,
-            **({"completed": values["COMPLETED_RETENTION"]} if "COMPLETED_RETENTION" in values else {}),
-            **({"dead": values["DEAD_LETTER_RETENTION"]} if "DEAD_LETTER_RETENTION" in values else {}),
+            **(
+                {Status.COMPLETED.value: values["COMPLETED_RETENTION"]}
+                if "COMPLETED_RETENTION" in values
+                else {}
+            ),
+            **(
+                {Status.DEAD.value: values["DEAD_LETTER_RETENTION"]}
+                if "DEAD_LETTER_RETENTION" in values
+                else {}
+            ),
         }
     return ZeroLossSettings(**values)
 

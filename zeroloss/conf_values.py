@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .durations import parse_duration_text
 from .rates import parse_concurrency, parse_rate
+from .states import Status
 
 
 class SettingError(ImproperlyConfigured):
@@ -124,9 +125,9 @@ def limit_parser(parse: Any) -> Any:
 
 #: The statuses a retention names, and how long each is kept by default (seconds; None: for ever).
 DEFAULT_RETENTION: dict[str, float | None] = {
-    "completed": 7 * 86400.0,
-    "cancelled": 7 * 86400.0,
-    "dead": 30 * 86400.0,
+    Status.COMPLETED.value: 7 * 86400.0,
+    Status.CANCELLED.value: 7 * 86400.0,
+    Status.DEAD.value: 30 * 86400.0,
 }
 _RETENTION_EXAMPLE = '{"completed": "7d", "cancelled": "7d", "dead": "30d"}'
 

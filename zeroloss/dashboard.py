@@ -10,6 +10,8 @@ summary. Nothing here writes, and every time is the *database* clock.
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,7 @@ from .replication import format_lsn, is_live
 from .service import ReplicationStatus, ZeroLossMessageService, canonical_json, payload_checksum
 from .snapshot import compute_snapshot, format_duration, get_snapshot
 from .snapshot_types import ReplicationSnapshot, Snapshot
+from .states import COUNTED_STATUSES
 
 # format_duration (zeroloss.snapshot) and format_lsn (zeroloss.replication) are the only
 # formatters; they are re-exported here for the admin, which imported them from this module.
@@ -283,15 +286,15 @@ def throughput_chart(service: ZeroLossMessageService, now: dt.datetime) -> Chart
 def integrity_summary(service: ZeroLossMessageService, stuck: int, problems: list[str]) -> IntegritySummary:
     """Ledger invariants over the live rows, plus a checksum sample of the newest rows.
 
-    Cheap enough for every view: "attempts beyond max" looks at pending, processing and dead
-    messages through their partial indexes (completed rows are ``zeroloss_verify``'s job).
+    Cheap enough for every view: "attempts beyond max" looks at the statuses counted row by row
+    (``COUNTED_STATUSES``) through their partial indexes (completed rows are ``zeroloss_verify``'s job).
     """
     messages = Message.objects.using(service.using)
     sample = list(messages.order_by("-id").values_list("message_id", "payload", "checksum")[:CHECKSUM_SAMPLE])
     mismatches = [
         mid for mid, payload, checksum in sample if payload_checksum(canonical_json(payload)) != checksum
     ]
-    live = Q(status=Status.PENDING) | Q(status=Status.PROCESSING) | Q(status=Status.DEAD)
+    live = functools.reduce(operator.or_, (Q(status=s) for s in COUNTED_STATUSES))
     return IntegritySummary(
         sampled=len(sample),
         checksum_mismatches=mismatches,

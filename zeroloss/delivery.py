@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .ledger.types import CompletionReport, Lease
+from .states import Status
 
 if TYPE_CHECKING:
     from .worker.keeper import LeaseKeeper
@@ -115,11 +116,11 @@ def outcomes_stored(using: str, report: CompletionReport) -> None:
         due = [
             (callback, outcome)
             for outcome, ids in (
-                ("completed", report.acknowledged),
+                (Status.COMPLETED.value, report.acknowledged),
                 ("retrying", report.retrying),
                 ("retrying", report.snoozed),
-                ("dead", report.dead_lettered),
-                ("cancelled", report.cancelled),
+                (Status.DEAD.value, report.dead_lettered),
+                (Status.CANCELLED.value, report.cancelled),
             )
             for mid in ids
             if (callback := _when_stored.pop(mid, None)) is not None

@@ -123,33 +123,35 @@ class Message(models.Model):
             models.Index(
                 fields=["queue_name", "-priority", "available_at", "id"],
                 name="zeroloss_msg_claim_idx",
-                condition=Q(status="pending", available_at__isnull=False),
+                condition=Q(status=Status.PENDING, available_at__isnull=False),
             ),
             # The next message of an ordering key, promoted when its head finishes.
             models.Index(
                 fields=["queue_name", "ordering_key", "id"],
                 name="zeroloss_msg_waiting_idx",
-                condition=Q(status="pending", available_at__isnull=True),
+                condition=Q(status=Status.PENDING, available_at__isnull=True),
             ),
             # The sweep: processing messages by lease expiry.
             models.Index(
                 fields=["lease_expires_at"],
                 name="zeroloss_msg_lease_idx",
-                condition=Q(status="processing"),
+                condition=Q(status=Status.PROCESSING),
             ),
             models.Index(
-                fields=["queue_name", "dead_at"], name="zeroloss_msg_dead_idx", condition=Q(status="dead")
+                fields=["queue_name", "dead_at"],
+                name="zeroloss_msg_dead_idx",
+                condition=Q(status=Status.DEAD),
             ),
             # Cancelled messages: counted by the snapshot (with the other partial indexes), and
             # found by age for a purge.
             models.Index(
                 fields=["queue_name", "updated_at"],
                 name="zeroloss_msg_cancelled_idx",
-                condition=Q(status="cancelled"),
+                condition=Q(status=Status.CANCELLED),
             ),
             # Retention purge of completed messages.
             models.Index(
-                fields=["completed_at"], name="zeroloss_msg_done_idx", condition=Q(status="completed")
+                fields=["completed_at"], name="zeroloss_msg_done_idx", condition=Q(status=Status.COMPLETED)
             ),
             models.Index(fields=["queue_name", "status"], name="zeroloss_msg_queue_status_idx"),
             models.Index(fields=["created_at"], name="zeroloss_msg_created_idx"),
@@ -161,8 +163,7 @@ class Message(models.Model):
             models.UniqueConstraint(
                 fields=["queue_name", "ordering_key"],
                 name="zeroloss_ordering_head_uniq",
-                condition=Q(status__in=["pending", "processing"], available_at__isnull=False)
-                & ~Q(ordering_key=""),
+                condition=Q(status__in=list(LIVE_STATUSES), available_at__isnull=False) & ~Q(ordering_key=""),
             ),
         ]
         permissions = [

@@ -37,7 +37,9 @@ a few seconds old. A cache that fails (Redis down) is logged and bypassed.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
+import operator
 
 from django.core.cache import caches
 from django.db import connections
@@ -50,6 +52,7 @@ from .models import Message, MessageEvent, Status
 from .schedules.overdue import overdue_schedules
 from .service import ZeroLossMessageService
 from .snapshot_types import QueueSnapshot, ReplicationSnapshot, Snapshot, zero_counts
+from .states import COUNTED_STATUSES
 
 # The data types live in zeroloss.snapshot_types; re-exported for code outside the package
 # (and the docs), which import them from here.
@@ -165,16 +168,10 @@ def compute_snapshot(service: ZeroLossMessageService) -> Snapshot:
     counts: dict[str, dict[str, int]] = {}
     oldest: dict[str, dt.datetime] = {}
     stuck: dict[str, int] = {}
-    # One statement, so the live counts are consistent with each other. The OR of the four
-    # statuses lets PostgreSQL combine the four partial indexes (a BitmapOr): completed rows
-    # are never read.
+    # One statement, so the counts are consistent with each other. An OR of the statuses lets
+    # PostgreSQL combine their partial indexes (a BitmapOr): completed rows are never read.
     live_rows = (
-        messages.filter(
-            Q(status=Status.PENDING)
-            | Q(status=Status.PROCESSING)
-            | Q(status=Status.DEAD)
-            | Q(status=Status.CANCELLED)
-        )
+        messages.filter(functools.reduce(operator.or_, (Q(status=s) for s in COUNTED_STATUSES)))
         .values("queue_name", "status")
         .annotate(
             n=Count("*"),

@@ -39,8 +39,55 @@ class Status(models.TextChoices):
     CANCELLED = "cancelled", _("Cancelled")
 
 
+@dataclass(frozen=True)
+class StatusTraits:
+    """What the rest of the code asks of a status; every set of statuses below derives from these."""
+
+    #: Terminal: nothing moves it on its own any more; retention purges it once past its age.
+    finished: bool = False
+    #: A worker may claim it (once it is available).
+    claimable: bool = False
+    #: A worker holds a lease on it: its lease token fences every write of the holder.
+    leased: bool = False
+    #: Its rows are many (every message ends so): counted by the planner's estimate where the
+    #: database keeps one, never read row by row for a snapshot.
+    estimated: bool = False
+    #: The column that says when it finished, which retention ages it by ("": not finished).
+    finished_at: str = ""
+
+
+#: Each status's traits, in :class:`Status`'s order (the order of every column listing them).
+TRAITS: dict[Status, StatusTraits] = {
+    Status.PENDING: StatusTraits(claimable=True),
+    Status.PROCESSING: StatusTraits(leased=True),
+    Status.COMPLETED: StatusTraits(finished=True, estimated=True, finished_at="completed_at"),
+    Status.DEAD: StatusTraits(finished=True, finished_at="dead_at"),
+    Status.CANCELLED: StatusTraits(finished=True, finished_at="updated_at"),
+}
+
+
+def _having(trait: str, value: bool = True) -> tuple[Status, ...]:
+    return tuple(s for s in Status if getattr(TRAITS[s], trait) is value)
+
+
 #: Statuses a message can still leave on its own (it is not finished).
-LIVE_STATUSES = (Status.PENDING, Status.PROCESSING)
+LIVE_STATUSES: tuple[Status, ...] = _having("finished", False)
+#: Terminal statuses: what retention purges and what releases an ordering key's next message.
+FINISHED_STATUSES: tuple[Status, ...] = _having("finished")
+#: Statuses a worker may claim.
+CLAIMABLE_STATUSES: tuple[Status, ...] = _having("claimable")
+#: Statuses under a lease.
+LEASED_STATUSES: tuple[Status, ...] = _having("leased")
+#: Statuses a snapshot counts row by row (the others by an estimate where there is one).
+COUNTED_STATUSES: tuple[Status, ...] = _having("estimated", False)
+#: Every declared set, by name: SQL that spells a set of statuses must spell one of these.
+STATUS_SETS: dict[str, frozenset[str]] = {
+    "LIVE_STATUSES": frozenset(LIVE_STATUSES),
+    "FINISHED_STATUSES": frozenset(FINISHED_STATUSES),
+    "CLAIMABLE_STATUSES": frozenset(CLAIMABLE_STATUSES),
+    "LEASED_STATUSES": frozenset(LEASED_STATUSES),
+    "COUNTED_STATUSES": frozenset(COUNTED_STATUSES),
+}
 
 
 class Reason(models.TextChoices):

@@ -27,6 +27,7 @@ from .handlers import HandlerSpec, get_handler, registered_queues
 from .ledger.types import CompletionReport, Lease
 from .processing import Delivery, HandlerRun, run_async_handler, run_handler, run_in_savepoint
 from .service import ZeroLossMessageService
+from .states import Status
 
 __all__ = ["DrainResult", "DrainedMessage", "drain", "refuse_inside_a_transaction"]
 
@@ -86,7 +87,7 @@ class DrainResult:
 
     @property
     def completed(self) -> int:
-        return self.counts["completed"]
+        return self.counts[Status.COMPLETED]
 
     @property
     def failed(self) -> int:
@@ -94,7 +95,7 @@ class DrainResult:
 
     @property
     def dead(self) -> int:
-        return self.counts["dead"]
+        return self.counts[Status.DEAD]
 
     def raise_errors(self) -> DrainResult:
         """Raise ``AssertionError`` with every error drain recorded, if any (for a test's last line)."""
@@ -186,9 +187,9 @@ def _run_one(
 def _drained(lease: Lease, run: HandlerRun, report: CompletionReport) -> DrainedMessage:
     mid = lease.message_id
     if mid in report.acknowledged:
-        outcome = "completed"
+        outcome = Status.COMPLETED.value
     elif mid in report.dead_lettered:
-        outcome = "dead"
+        outcome = Status.DEAD.value
     elif mid in report.retrying:
         outcome = "failed"
     elif mid in report.snoozed:

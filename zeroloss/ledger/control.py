@@ -28,6 +28,7 @@ from collections.abc import Callable
 from django.db import transaction
 
 from ..rates import Rate, parse_concurrency, parse_rate
+from ..states import Status
 from . import hooks
 from .base import Part
 from .limits import SLOTS, QueueLimits, QueueState, in_shares, row_level, share_level, slot_room, slotted
@@ -132,8 +133,8 @@ class Control(Part):
                     self.queue_limits(name, conc, rate),
                     conc,
                     parse_rate(rate) if rate else None,
-                    by.get((name, "processing"), 0),
-                    by.get((name, "pending"), 0),
+                    by.get((name, Status.PROCESSING), 0),
+                    by.get((name, Status.PENDING), 0),
                     who,
                     self.engine.to_datetime(when),
                 )

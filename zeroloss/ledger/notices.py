@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import signals, telemetry
+from ..states import Status
 from .engine import Rows
 from .types import Completion, CompletionReport
 
@@ -39,11 +40,11 @@ def outcomes_recorded(
     if not dead and not finished and not measured:
         return
     outcome_of = {
-        **dict.fromkeys(report.acknowledged, "completed"),
+        **dict.fromkeys(report.acknowledged, Status.COMPLETED.value),
         **dict.fromkeys(report.retrying, "failed"),
-        **dict.fromkeys(report.dead_lettered, "dead"),
+        **dict.fromkeys(report.dead_lettered, Status.DEAD.value),
         **dict.fromkeys(report.refused, "lease_lost"),
-        **dict.fromkeys(report.cancelled, "cancelled"),
+        **dict.fromkeys(report.cancelled, Status.CANCELLED.value),
         **dict.fromkeys(report.snoozed, "snoozed"),
     }
     counts: dict[tuple[str, str], int] = {}
@@ -77,7 +78,7 @@ def outcomes_recorded(
         if measured and outcome is not None:
             key = (lease.queue_name, outcome)
             counts[key] = counts.get(key, 0) + 1
-            if outcome == "cancelled":
+            if outcome == Status.CANCELLED:
                 telemetry.cancelled(lease.queue_name, mid, "worker")
         if finished and outcome is not None:
             signals.send(
@@ -87,7 +88,7 @@ def outcomes_recorded(
                 queue_name=lease.queue_name,
                 attempt=lease.attempt,
                 outcome=outcome,
-                error=c.error if outcome in ("failed", "dead") else "",
+                error=c.error if outcome in ("failed", Status.DEAD) else "",
                 worker=worker,
                 using=using,
             )
@@ -108,7 +109,7 @@ def swept(sender: type, using: str, rows: Rows) -> None:
     for row in rows:
         mid, status, attempt, detail, queue = row[1], row[2], row[3], row[7] or "", row[8]
         holder = detail.removeprefix(_HELD_BY[0]).removesuffix(_HELD_BY[1])
-        if status == "cancelled":
+        if status == Status.CANCELLED:
             _log(
                 logging.WARNING,
                 "%s: cancelled by the sweep: its abort was requested and the lease of attempt %d expired "
@@ -121,7 +122,7 @@ def swept(sender: type, using: str, rows: Rows) -> None:
             )
             if measured:
                 telemetry.cancelled(queue, mid, "sweep")
-        elif status == "dead":
+        elif status == Status.DEAD:
             _log(
                 logging.ERROR,
                 "%s: dead-lettered by the sweep: the lease of its last attempt (%d) expired (held by %s)",

@@ -12,13 +12,12 @@ from django.db import transaction
 from .. import telemetry
 from ..exceptions import InvalidMessage, MessageNotFound
 from ..models import PurgeRecord, Status
+from ..states import FINISHED_STATUSES
 from . import partitions, statements_ops
 from .base import Part
 from .types import CancelOutcome, CancelResult
 from .validation import clean_text, seconds, validate_count, validate_message_id, validate_queue_name
 
-#: The statuses a retention removes.
-RETAINED: tuple[str, ...] = (Status.COMPLETED, Status.CANCELLED, Status.DEAD)
 #: The cut-off that keeps every period holding a message of a status kept for ever.
 _KEPT = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
 
@@ -189,7 +188,7 @@ class Operator(Part):
         :class:`PurgeRecord` so the conservation check stays exact. Expired deduplication
         windows go with them.
         """
-        if status not in (Status.COMPLETED, Status.DEAD, Status.CANCELLED):
+        if status not in FINISHED_STATUSES:
             raise InvalidMessage(f"Only completed, dead or cancelled messages can be purged, not {status!r}.")
         age = seconds(older_than, "older_than")
         validate_count(batch_size, "batch_size")
@@ -324,12 +323,12 @@ class Operator(Part):
         cfg = self.settings
         default = cfg.retention_of(None)
         own = {q: cfg.retention_of(q) for q, declared in cfg.QUEUES.items() if declared.retention}
-        removed: dict[str, int] = {str(s): 0 for s in RETAINED}
+        removed: dict[str, int] = {str(s): 0 for s in FINISHED_STATUSES}
         if self.engine.partitions_by_period:
             # A period goes whole only once past the longest retention any queue has.
             now = self.database_now()
             cut: dict[str, dt.datetime | None] = {}
-            for status in RETAINED:
+            for status in FINISHED_STATUSES:
                 ages = [policy[status] for policy in (default, *own.values())]
                 kept = any(age is None for age in ages)
                 cut[status] = None if kept else now - dt.timedelta(seconds=max(a or 0.0 for a in ages))
@@ -340,9 +339,9 @@ class Operator(Part):
                     dead_before=cut[Status.DEAD],
                     actor=actor,
                 )
-                for status, n in dropped.items():
-                    removed[status] = removed.get(status, 0) + n
-        for status in RETAINED:
+                for name, n in dropped.items():
+                    removed[name] = removed.get(name, 0) + n
+        for status in FINISHED_STATUSES:
             age = default[status]
             if age is not None:
                 removed[status] += self._purge_rows(

@@ -17,6 +17,7 @@ from django.db import transaction
 
 from .. import telemetry
 from ..exceptions import InvalidMessage
+from ..states import Status
 from . import notices
 from .base import Part
 from .types import Completion, CompletionReport, Lease, Verdict
@@ -130,7 +131,7 @@ class Outcomes(Part):
                     promote=any(c.lease.ordering_key for c in fails),
                 )
                 for mid, status in moved:
-                    (report.dead_lettered if status == "dead" else report.retrying).append(mid)
+                    (report.dead_lettered if status == Status.DEAD else report.retrying).append(mid)
             if finals:
                 report.dead_lettered.extend(
                     self._fail_final(

@@ -15,7 +15,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..states import Status
+from ..states import FINISHED_STATUSES, Status
 
 #: The columns every moving statement returns, in this order (the audit row needs the first
 #: eight and ``created_at``; callers read ``queue_name`` and ``ordering_key`` too).
@@ -40,7 +40,7 @@ MOVED_NAMES = (
 #: The audit detail when it is a parameter of the move (its value passed by the caller).
 DETAIL_PARAMETER = "CAST(%s AS TEXT)"
 #: Statuses a message finishes in: a move into one may release its ordering key's next message.
-FINISHED = frozenset({Status.COMPLETED.value, Status.DEAD.value, Status.CANCELLED.value})
+FINISHED = frozenset(s.value for s in FINISHED_STATUSES)
 
 
 class Edge(NamedTuple):

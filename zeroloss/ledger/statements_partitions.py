@@ -6,6 +6,8 @@ input); every value is a parameter.
 
 from __future__ import annotations
 
+import re
+
 # -- reading the layout ---------------------------------------------------------------------
 
 IS_PARTITIONED = "SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass(%s))"
@@ -101,9 +103,9 @@ HOLDS_KEPT = (
     "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'cancelled' AND updated_at >= %s) "
     "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'dead'{dead})"
 )
-#: The statuses HOLDS_KEPT decides about: the census keeps a period holding any other (one a
-#: later version adds and these probes do not know yet), whatever ``Status`` says.
-PROBED_STATUSES = frozenset({"pending", "processing", "completed", "cancelled", "dead"})
+#: The statuses HOLDS_KEPT decides about, read from its text: the census keeps a period holding
+#: any other (one a later version adds and these probes do not know yet), whatever ``Status`` says.
+PROBED_STATUSES = frozenset(re.findall(r"status = '(\w+)'", HOLDS_KEPT))
 DEAD_KEPT = ""
 DEAD_KEPT_BEFORE = " AND (dead_at >= %s OR dead_at IS NULL)"
 #: The detached message partition kept as the list of ids whose keys go (models.DroppedPeriod).

@@ -32,6 +32,7 @@ from django.db import transaction
 from ..exceptions import InvalidMessage, MessageConflict
 from ..loops import StopFlag
 from ..service import ZeroLossMessageService
+from ..states import LIVE_STATUSES
 from .models import Schedule, ScheduleState
 from .spec import ScheduleError, ScheduleSpec, parse_schedule, resolve_task, settings_schedules
 from .state_rows import create_states, lock_states, read_clock, save_states, start_states, stop_states
@@ -314,7 +315,7 @@ class Scheduler:
             return None
         running = (
             Message.objects.using(self.using)
-            .filter(message_id__in=list(previous), status__in=["pending", "processing"])
+            .filter(message_id__in=list(previous), status__in=LIVE_STATUSES)
             .values_list("message_id", flat=True)
         )
         return {previous[mid] for mid in running}

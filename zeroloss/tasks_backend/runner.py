@@ -15,6 +15,7 @@ from django.utils import timezone
 from ..delivery import call_when_stored
 from ..handlers import HandlerSpec
 from ..ledger.validation import canonical_json
+from ..states import Status
 
 if TYPE_CHECKING:
     from ..delivery import Delivery
@@ -64,10 +65,10 @@ def run_task(delivery: Delivery) -> Any:
                 return
             if error is not None:
                 result.errors.append(error)
-            status = TaskResultStatus.SUCCESSFUL if outcome == "completed" else TaskResultStatus.FAILED
+            status = TaskResultStatus.SUCCESSFUL if outcome == Status.COMPLETED else TaskResultStatus.FAILED
             object.__setattr__(result, "status", status)
             object.__setattr__(result, "finished_at", timezone.now())
-            if outcome == "completed":
+            if outcome == Status.COMPLETED:
                 object.__setattr__(result, "_return_value", value)
             task_finished.send(type(backend), task_result=result)
 

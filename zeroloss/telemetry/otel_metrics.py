@@ -13,6 +13,7 @@ from typing import Any
 
 from opentelemetry import metrics
 
+from ..states import Status
 from . import buckets
 from .buckets import version
 
@@ -45,12 +46,12 @@ class _Instruments:
         self.outcomes = {
             name: meter.create_counter(f"zeroloss.messages.{name}", "{message}", text)
             for name, text in (
-                ("completed", "Attempts whose success was recorded."),
+                (Status.COMPLETED.value, "Attempts whose success was recorded."),
                 ("failed", "Attempts whose failure was recorded (retried, or dead-lettered)."),
                 ("dead_lettered", "Messages dead-lettered."),
                 ("lease_lost", "Attempts whose outcome was refused: the lease was gone."),
                 ("recovered", "Messages the sweep put back to pending."),
-                ("cancelled", "Messages cancelled."),
+                (Status.CANCELLED.value, "Messages cancelled."),
                 ("snoozed", "Attempts whose handler raised zeroloss.Snooze (not counted)."),
             )
         }
@@ -134,7 +135,7 @@ def handled(queue: str, error_type: str | None, seconds: Sequence[float]) -> Non
         record(s, attrs)
 
 
-_OUTCOME_NAMES = {"dead": "failed"}
+_OUTCOME_NAMES = {Status.DEAD.value: "failed"}
 
 
 def finished(queue: str, outcome: str, n: int = 1) -> None:
@@ -159,4 +160,4 @@ def recovered(queue: str) -> None:
 def cancelled(queue: str) -> None:
     i = _i()
     if i is not None:
-        i.outcomes["cancelled"].add(1, _attrs(queue))
+        i.outcomes[Status.CANCELLED].add(1, _attrs(queue))

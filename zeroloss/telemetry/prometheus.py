@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from ..states import Status
 from . import buckets
 
 #: This process's event metrics (what :func:`collector` reads without a multiproc directory).
@@ -166,7 +167,13 @@ def _observe(histogram: Any, values: Sequence[float]) -> None:
         histogram.observe(value)
 
 
-_OUTCOMES = {"completed": COMPLETED, "failed": FAILED, "dead": FAILED, "lease_lost": LOST, "snoozed": SNOOZED}
+_OUTCOMES = {
+    Status.COMPLETED.value: COMPLETED,
+    "failed": FAILED,
+    Status.DEAD.value: FAILED,
+    "lease_lost": LOST,
+    "snoozed": SNOOZED,
+}
 
 
 def finished(queue: str, outcome: str, n: int = 1) -> None:

@@ -28,6 +28,7 @@ from ..outage import Backoff, OutageMonitor, OutageTooLong
 from ..processing import Outcome
 from ..schedules.scheduler import Scheduler
 from ..service import ZeroLossMessageService
+from ..states import LIVE_STATUSES
 from ..wakeup import IDLE_POLL, Wakeup
 from .keeper import LeaseKeeper
 from .loop import ClaimLoop
@@ -159,7 +160,7 @@ class Worker:
         try:
             return (
                 not Message.objects.using(self.using)
-                .filter(queue_name__in=self.queues, status__in=["pending", "processing"])
+                .filter(queue_name__in=self.queues, status__in=LIVE_STATUSES)
                 .exists()
             )
         except Exception as exc:

@@ -366,6 +366,10 @@ class TransactionalBatches:
                 part = exc.report
             except _Aborted:
                 part = self._aborted([lease])
-            for name in ("acknowledged", "retrying", "dead_lettered", "released", "refused", "cancelled"):
-                getattr(report, name).extend(getattr(part, name))
+            report.acknowledged.extend(part.acknowledged)
+            report.retrying.extend(part.retrying)
+            report.dead_lettered.extend(part.dead_lettered)
+            report.released.extend(part.released)
+            report.refused.extend(part.refused)
+            report.cancelled.extend(part.cancelled)
         return report

@@ -114,8 +114,10 @@ class Command(ZeroLossCommand):
         self.stdout.write(
             _("%(cancelled)s cancelled, %(aborted)s abort(s) requested, %(left)s not changed")
             % {
-                "cancelled": counts["cancelled"],
-                "aborted": counts["abort_requested"],
-                "left": len(results) - counts["cancelled"] - counts["abort_requested"],
+                "cancelled": counts[CancelOutcome.CANCELLED],
+                "aborted": counts[CancelOutcome.ABORT_REQUESTED],
+                "left": len(results)
+                - counts[CancelOutcome.CANCELLED]
+                - counts[CancelOutcome.ABORT_REQUESTED],
             }
         )

@@ -28,6 +28,7 @@ from django.utils.translation import gettext_noop, pgettext
 from ...durations import format_duration
 from ...models import Message, PurgeRecord, Status
 from ...snapshot import invalidate
+from ...states import FINISHED_STATUSES, TRAITS
 from ..base import ZeroLossCommand, parse_duration, positive_int
 
 
@@ -47,7 +48,7 @@ class Command(ZeroLossCommand):
         )
         parser.add_argument(
             "--status",
-            choices=[Status.COMPLETED.value, Status.DEAD.value, Status.CANCELLED.value],
+            choices=[s.value for s in FINISHED_STATUSES],
             default=Status.COMPLETED.value,
             help=_("Which messages (default: %(default)s)."),
         )
@@ -78,7 +79,7 @@ class Command(ZeroLossCommand):
     ) -> None:
         service = self.service(options)
         queue = self.check_queue(service, queue)
-        stamp = "completed_at" if status == Status.COMPLETED else "dead_at"
+        stamp = TRAITS[Status(status)].finished_at
         now = service.database_now()
         cutoff = now - dt.timedelta(seconds=older_than)
         qs = Message.objects.using(service.using).filter(status=status, **{f"{stamp}__lt": cutoff})

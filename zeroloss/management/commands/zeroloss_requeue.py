@@ -52,7 +52,9 @@ class Command(ZeroLossCommand):
         parser.add_argument("ids", nargs="*", metavar="ID", help=_("Message IDs to requeue or redrive."))
         parser.add_argument("--queue", help=_("Select messages of this queue (with --state)."))
         parser.add_argument(
-            "--state", choices=["stuck", "dead"], help=_("stuck: expired leases; dead: dead letters.")
+            "--state",
+            choices=["stuck", Status.DEAD.value],
+            help=_("stuck: expired leases; dead: dead letters."),
         )
         parser.add_argument(
             "--older-than",
@@ -240,7 +242,7 @@ class Command(ZeroLossCommand):
             return result
         question = (
             _("Redrive %(count)s %(state)s message(s) of queue %(queue)s?")
-            if state == "dead"
+            if state == Status.DEAD
             else _("Requeue %(count)s %(state)s message(s) of queue %(queue)s?")
         )
         self.confirm(question % {"count": matched, "state": state, "queue": repr(queue)}, options)
@@ -255,7 +257,7 @@ class Command(ZeroLossCommand):
                 chunk = list(qs.exclude(message_id__in=missed).values_list("message_id", flat=True)[:room])
                 if not chunk:
                     break
-                if state == "dead":
+                if state == Status.DEAD:
                     done = service.redrive_messages(chunk, actor=actor)
                 else:
                     done = service.requeue_messages(chunk, actor=actor, force=False)

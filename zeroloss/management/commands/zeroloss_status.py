@@ -119,7 +119,7 @@ class Command(ZeroLossCommand):
         if compact:
             self.stdout.write("")
         statuses = Status.values
-        completed = "completed~" if data["completed_estimated"] else "completed"
+        completed = Status.COMPLETED.value + ("~" if data["completed_estimated"] else "")
         headers = [completed if s == Status.COMPLETED else s for s in statuses]
         rows = [
             [
