@@ -17,8 +17,7 @@ from django.core.management.base import CommandError
 import zeroloss
 from tests.support.processes import db_worker
 from zeroloss import checks
-from zeroloss.conf import QueueSettings, get_settings
-from zeroloss.conf_values import QUEUE_OPTIONS
+from zeroloss.conf import QUEUE_OPTIONS, QueueSettings, get_settings
 from zeroloss.exceptions import UnknownQueue
 from zeroloss.models import Message
 

@@ -34,6 +34,7 @@ from celery import _state as celery_state
 from tests.support.docs import ROOT, Block, blocks, check_manage
 from zeroloss import handlers
 from zeroloss.conf import ZeroLossSettings, parse_settings
+from zeroloss.core.setting_values import specs
 from zeroloss.worker.transport_runtime import DeliveryRuntime
 
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -232,3 +233,20 @@ def test_the_transition_table_in_the_docs_is_the_one_the_code_uses():
     text = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
     between = text.split("<!-- transitions:start -->\n", 1)[1].split("\n<!-- transitions:end -->", 1)[0]
     assert between == transition_table_markdown()
+
+
+def test_the_settings_tables_in_the_docs_are_the_declared_settings():
+    from zeroloss.core.settings import SECTIONS, SETTINGS, settings_table_markdown
+
+    text = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    in_sections = [name for section in SECTIONS.values() for name in specs(section)]
+    assert (
+        sorted(in_sections)
+        == sorted(SETTINGS)
+        == sorted(f.name for f in dataclasses.fields(ZeroLossSettings))
+    )
+    for section in SECTIONS:
+        start = f"## {section}\n\n<!-- settings table: {section} -->\n"
+        assert start in text, f"docs/settings.md has no table of {section!r} under its heading"
+        between = text.split(start, 1)[1].split("\n<!-- settings table end -->", 1)[0]
+        assert between == settings_table_markdown(section), f"regenerate the table of {section!r}"

@@ -18,10 +18,13 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+from ..core.names import MAX_QUEUE_NAME_LENGTH as MAX_QUEUE_NAME_LENGTH
+from ..core.names import QUEUE_NAME_RE as QUEUE_NAME_RE
+from ..core.names import validate_queue_name as validate_queue_name
+from ..core.settings import json_default
 from ..exceptions import HeadersTooLarge, InvalidHeaders, InvalidMessage, InvalidPayload
 
 MAX_MESSAGE_ID_LENGTH = 255
-MAX_QUEUE_NAME_LENGTH = 100
 MAX_ERROR_LENGTH = 10_000
 #: Attempts fit the database's 32-bit column with room for the counter to move.
 MAX_ATTEMPTS_LIMIT = 1_000_000
@@ -32,7 +35,6 @@ PRIORITY_RANGE = (-100, 100)
 #: Deepest payload nesting accepted (PostgreSQL's jsonb and Python's json both stop near here).
 MAX_DEPTH = 500
 
-QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]*")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 # A JSON number with a fraction or exponent (a string that merely looks like one costs only a
 # second, normalising encode).
@@ -74,22 +76,6 @@ def validate_key(key: Any, what: str) -> str:
     if key is None or key == "":
         return ""
     return validate_message_id(key, what)
-
-
-def validate_queue_name(queue_name: Any) -> str:
-    """``queue_name`` if it is a valid queue name; otherwise :class:`InvalidMessage`."""
-    if not isinstance(queue_name, str) or not queue_name:
-        raise InvalidMessage(f"queue_name must be a non-empty string, got {queue_name!r}.")
-    if len(queue_name) > MAX_QUEUE_NAME_LENGTH:
-        raise InvalidMessage(
-            f"queue_name is {len(queue_name)} characters; the limit is {MAX_QUEUE_NAME_LENGTH}."
-        )
-    if not QUEUE_NAME_RE.fullmatch(queue_name):
-        raise InvalidMessage(
-            f"queue_name {queue_name!r} may only use letters, digits, '_', '.', ':' and '-', "
-            "starting with a letter or digit."
-        )
-    return queue_name
 
 
 def validate_attempts(value: Any, what: str = "max_attempts") -> int:
@@ -190,15 +176,6 @@ def _needs_canonical(value: Any) -> bool:
             if isinstance(v, _CONTAINERS) and _needs_canonical(v):
                 return True
     return False
-
-
-def _no_encoder() -> Any:
-    return None
-
-
-#: The configured ``JSON_ENCODER().default`` or None, looked up when first needed. Installed by
-#: :mod:`zeroloss.conf` (which this module must not import: the settings check queue names here).
-json_default: Callable[[], Any] = _no_encoder
 
 
 def _default(value: Any) -> Any:

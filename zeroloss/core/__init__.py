@@ -1,0 +1,1 @@
+"""The lowest layer: what every other layer may import (statuses, settings, value types)."""
