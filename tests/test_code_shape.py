@@ -21,7 +21,9 @@ import pytest
 from django.apps import apps
 
 from zeroloss.ledger import statements_reads
-from zeroloss.ledger.catalogue import PARAMETER, Catalogue, CatalogueError, parse
+from zeroloss.ledger.base import all_statements
+from zeroloss.ledger.catalogue import PARAMETER, Catalogue, CatalogueError, package_catalogues, parse
+from zeroloss.ledger.statements import MOVES
 from zeroloss.states import Status
 
 PACKAGE = Path(__file__).resolve().parent.parent / "zeroloss"
@@ -160,7 +162,12 @@ def test_catalogue_statements_are_whole_with_named_parameters() -> None:
 
 
 #: Catalogue modules whose statements are all in a ``.sql`` file.
-CONVERTED = ("ledger/statements_ops.py", "ledger/statements_reads.py")
+CONVERTED = (
+    "ledger/statements_ops.py",
+    "ledger/statements_reads.py",
+    "schedules/statements.py",
+    "replication/statements.py",
+)
 
 
 def test_a_converted_catalogue_module_keeps_no_statement_text() -> None:
@@ -178,6 +185,25 @@ def test_conservation_counts_the_statuses_in_their_order() -> None:
         for dialect, text in statements_reads.CATALOGUE.statements[name].items():
             counted = tuple(re.findall(r"status = '(\w+)'", text))
             assert counted == statements_reads.CONSERVATION_STATUSES, (name, dialect)
+
+
+def built_at_run_time() -> set[tuple[str, str]]:
+    """``(name, dialect)`` of each statement whose text the code assembles from fragments
+    (templates rendered, transitions composed, DDL filled in), not read whole."""
+    whole = {(name, dialect) for catalogue in package_catalogues() for name, dialect, _ in catalogue}
+    return {(name, dialect) for name, dialect, _ in all_statements()} - whole
+
+
+def test_all_statements_yields_every_statement_as_each_database_runs_it() -> None:
+    found = {(name, dialect): text for name, dialect, text in all_statements()}
+    assert all(text.strip() for text in found.values())
+    for origin, name, dialect, text in _whole_statements():
+        assert found[name, dialect] == text, f"{origin} {name} [{dialect}]"
+    for name, moving in MOVES.items():
+        for dialect in ("postgresql", "sqlite"):
+            assert "RETURNING" in found[name, dialect], f"{name} [{dialect}]: not as its transition runs it"
+        assert ("INSERT INTO zeroloss_messageevent" in found[name, "postgresql"]) is True
+        assert ((f"{name}+PROMOTE", "postgresql") in found) == moving.finishes
 
 
 @pytest.mark.parametrize(
@@ -476,3 +502,7 @@ if __name__ == "__main__":
     print(f"status literals outside zeroloss/states.py: {_total(literals)} in {len(literals)} files")
     for rel, lines in literals.items():
         print(f"  {rel}: {sorted(set(lines))}")
+    built = built_at_run_time()
+    print(
+        f"statements built at run time from fragments: {len(built)} texts, {len({n for n, _ in built})} names"
+    )

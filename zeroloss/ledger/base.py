@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
@@ -16,7 +16,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from .. import conf
 from ..exceptions import InvalidLeaseToken, InvalidMessage
 from ..states import Status
-from . import statements
+from . import statements, statements_partitions
+from .catalogue import package_catalogues
 from .engine import Engine, Move, Rows
 from .postgres import PostgresEngine
 from .sqlite import SqliteEngine
@@ -53,6 +54,53 @@ def engine_for(connection: BaseDatabaseWrapper) -> Engine:
             f"zeroloss supports PostgreSQL and SQLite; database {connection.alias!r} is {connection.vendor}."
         )
     return engine
+
+
+#: How a statement of a template catalogue begins (its other named strings are fragments).
+_STATEMENT_VERBS = frozenset(
+    {
+        "SELECT",
+        "WITH",
+        "INSERT",
+        "UPDATE",
+        "DELETE",
+        "COPY",
+        "CREATE",
+        "DROP",
+        "ALTER",
+        "SET",
+        "LOCK",
+        "ANALYZE",
+    }
+)
+
+
+def _is_statement(text: str) -> bool:
+    words = text.split(None, 1)
+    return bool(words) and words[0] in _STATEMENT_VERBS
+
+
+def all_statements() -> Iterator[tuple[str, str, str]]:
+    """Every statement the package runs, as each database runs it: ``(name, dialect, text)``.
+
+    The whole statements of every ``.sql`` catalogue (:mod:`.catalogue`); the templates of
+    :mod:`.statements` as each engine renders them, a moving statement as its transition runs
+    it (PostgreSQL: its audit rows' CTE included, and a variant ``NAME+PROMOTE`` that also
+    releases the next message of each key it finished); and PostgreSQL's partition DDL
+    (:mod:`.statements_partitions`), as written: its identifiers are filled in per call.
+    """
+    for catalogue in package_catalogues():
+        yield from catalogue
+    for dialect, engine in _ENGINES.items():
+        for name, text in engine.sql.items():
+            if name in engine.moves:
+                for run_name, run_text in engine.transition_texts(name).items():
+                    yield run_name, dialect, run_text
+            elif name not in engine.whole and _is_statement(text):
+                yield name, dialect, text
+    for name, template in vars(statements_partitions).items():
+        if name.isupper() and isinstance(template, str) and _is_statement(template):
+            yield name, "postgresql", template
 
 
 class LedgerContext:

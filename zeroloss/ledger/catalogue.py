@@ -57,6 +57,10 @@ def parse(text: str, origin: str = "<catalogue>") -> dict[str, dict[str, str]]:
     return statements
 
 
+#: The package's root: every ``.sql`` file below it is a catalogue.
+PACKAGE = Path(__file__).resolve().parent.parent
+
+
 class Catalogue:
     """The statements of one ``.sql`` file (its path relative to this package, or absolute)."""
 
@@ -79,3 +83,8 @@ class Catalogue:
 
     def __repr__(self) -> str:
         return f"Catalogue({self.path.name!r})"
+
+
+def package_catalogues() -> list[Catalogue]:
+    """Every catalogue of the package (its ``.sql`` files), in path order."""
+    return [Catalogue(path) for path in sorted(PACKAGE.rglob("*.sql"))]

@@ -133,6 +133,8 @@ class Engine:
             names = [*MOVED_NAMES, *(x.strip() for x in extra if x.strip())]
             self.picks[name] = None if m.result is None else tuple(names.index(c) for c in m.result)
         self.planned_per_call = statements.PLANNED_PER_CALL
+        #: The names of :attr:`sql` read whole from a ``.sql`` catalogue (the others: rendered).
+        self.whole: set[str] = set()
         self._composed: dict[tuple[Any, ...], str] = {}
 
     def render(self, name: str, template: str) -> str:
@@ -180,6 +182,13 @@ class Engine:
     def column(self, values: Iterable[Any]) -> Any:
         """A batch's column as one named parameter of a whole statement: an array PostgreSQL
         unnests (``unnest(%(ids)s::bigint[])``), a JSON array SQLite reads (``json_each``)."""
+        raise NotImplementedError
+
+    def batch(self, **columns: Sequence[Any]) -> dict[str, Any]:
+        """A batch of rows as named parameters of a whole statement, one sequence per column
+        (equal lengths): one array per column (PostgreSQL, ``unnest(%(name)s::text[], ...)``),
+        or one JSON array of rows, each an object of its columns (SQLite,
+        ``json_each(%(rows)s)``)."""
         raise NotImplementedError
 
     def token(self, value: uuid.UUID) -> Any:
@@ -260,6 +269,11 @@ class Engine:
 
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
         """Run one moving statement and write one audit row per message it moved, atomically."""
+        raise NotImplementedError
+
+    def transition_texts(self, name: str) -> dict[str, str]:
+        """The texts :meth:`transition` runs for the moving statement ``name``, by name (a
+        variant that also releases the next message of a finished key: ``NAME+PROMOTE``)."""
         raise NotImplementedError
 
     # -- values coming back ---------------------------------------------------------------

@@ -215,6 +215,9 @@ class PostgresEngine(Engine):
     def column(self, values: Iterable[Any]) -> Any:
         return list(values)
 
+    def batch(self, **columns: Sequence[Any]) -> dict[str, Any]:
+        return {name: list(values) for name, values in columns.items()}
+
     def execute(
         self,
         conn: BaseDatabaseWrapper,
@@ -334,6 +337,12 @@ class PostgresEngine(Engine):
             reuse_plan=move.name not in self.planned_per_call,
         )
         return rows
+
+    def transition_texts(self, name: str) -> dict[str, str]:
+        texts = {name: self._with_audit(name, False)}
+        if self.moves[name].finishes:
+            texts[f"{name}+PROMOTE"] = self._with_audit(name, True)
+        return texts
 
     def _with_audit(self, name: str, promote: bool) -> str:
         result = self.moves[name].result

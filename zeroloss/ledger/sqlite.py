@@ -50,6 +50,10 @@ class SqliteEngine(Engine):
     def column(self, values: Iterable[Any]) -> Any:
         return json.dumps(list(values), default=str)
 
+    def batch(self, **columns: Sequence[Any]) -> dict[str, Any]:
+        rows = [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
+        return {"rows": json.dumps(rows, default=str)}
+
     def open_batch(self, conn: BaseDatabaseWrapper, bound_ms: int) -> int | None:
         # SQLite runs in this process: there is no session to end and no server-side bound.
         # A handler's own COMMIT or ROLLBACK is refused while the batch runs.
@@ -96,7 +100,7 @@ class SqliteEngine(Engine):
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
         # The audit rows: derived from each moved row's edge here, then one INSERT of them all.
         name = move.name
-        full = self.composed((name,), lambda: f"{self.sql[name]} RETURNING {self.returning[name]}")
+        full = self.composed((name,), lambda: self.transition_texts(name)[name])
         events = self.composed(("events",), self._audit_insert)
         gate_of(conn)  # before BEGIN, so that this transaction waits its turn (sqlite_gate)
         with transaction.atomic(using=conn.alias):
@@ -119,6 +123,10 @@ class SqliteEngine(Engine):
         if picks is not None:
             rows = [tuple(r[i] for i in picks) for r in rows]
         return rows
+
+    def transition_texts(self, name: str) -> dict[str, str]:
+        # The audit rows' one INSERT and the promotion are statements of their own here.
+        return {name: f"{self.sql[name]} RETURNING {self.returning[name]}"}
 
     @staticmethod
     def _audit_insert() -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -127,9 +127,11 @@ def _replicates(service: ZeroLossMessageService) -> bool:
     return service.engine.supports_replication
 
 
-def _run(service: ZeroLossMessageService, name: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+def _run(
+    service: ZeroLossMessageService, name: str, params: Mapping[str, Any] | None = None
+) -> list[tuple[Any, ...]]:
     """The rows of the named statement of :mod:`.statements`, run on ``service``'s connection."""
-    return service.engine.run(service.connection, statements, name, params)[0]
+    return service.engine.run(service.connection, statements, name, params or {})[0]
 
 
 def in_recovery(service: ZeroLossMessageService) -> bool:
@@ -229,13 +231,13 @@ def record_commit(service: ZeroLossMessageService, messages: Sequence[Message], 
     pks = [m.pk for m in messages]
     with transaction.atomic(using=service.using):
         # If the primary has synchronous_standby_names, COMMIT waits for them: bound it.
-        _run(service, "REPORT_REPLAY", [str(max(int(timeout * 1000), 1))])
+        _run(service, "REPORT_REPLAY", {"timeout_ms": str(max(int(timeout * 1000), 1))})
         target = _insert_lsn(service)
         if pks:
-            _run(service, "RECORD_LSN", [target, pks])
+            _run(service, "RECORD_LSN", {"lsn": target, "ids": pks})
         _run(service, "WRITE_COMMIT")
         if pks:
-            recorded = dict(_run(service, "RECORDED_LSNS", [pks]))
+            recorded = dict(_run(service, "RECORDED_LSNS", {"ids": pks}))
             for m in messages:
                 m.commit_lsn = recorded.get(m.pk, target)
     return target

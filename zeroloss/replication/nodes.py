@@ -62,14 +62,23 @@ def register_node(
         service.connection,
         statements,
         "REGISTER_NODE",
-        [node_id, address, role, encoded, state, sync_state, flush_lsn, replay_lsn],
+        {
+            "node_id": node_id,
+            "address": address,
+            "role": role,
+            "metadata": encoded,
+            "state": state,
+            "sync_state": sync_state,
+            "flush_lsn": flush_lsn,
+            "replay_lsn": replay_lsn,
+        },
     )
     return ReplicationNode.objects.using(service.using).get(node_id=node_id)
 
 
 def heartbeat(service: ZeroLossMessageService, node_id: str) -> bool:
     _check_node_id(node_id)
-    _, count = service.engine.run(service.connection, statements, "HEARTBEAT", [node_id])
+    _, count = service.engine.run(service.connection, statements, "HEARTBEAT", {"node_id": node_id})
     return count == 1
 
 

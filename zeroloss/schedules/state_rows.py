@@ -38,7 +38,7 @@ def _by_name(using: str, statement: str, names: list[str]) -> None:
     if names:
         conn = connections[using]
         engine = engine_for(conn)
-        engine.run(conn, statements, statement, engine.row_params(statement, [names]))
+        engine.run(conn, statements, statement, {"names": engine.column(names)})
 
 
 def stop_states(using: str, names: list[str]) -> None:
@@ -51,22 +51,21 @@ def start_states(using: str, names: list[str], at: dt.datetime) -> None:
     if names:
         conn = connections[using]
         engine = engine_for(conn)
-        stored = conn.ops.adapt_datetimefield_value(at)
-        params = engine.row_params("START_STATES", [names, [stored] * len(names)])
+        params = {"names": engine.column(names), "at": conn.ops.adapt_datetimefield_value(at)}
         engine.run(conn, statements, "START_STATES", params)
 
 
 def create_states(using: str, names: list[str]) -> None:
     conn = connections[using]
     engine = engine_for(conn)
-    engine.run(conn, statements, "CREATE_STATES", engine.row_params("CREATE_STATES", [names]))
+    engine.run(conn, statements, "CREATE_STATES", {"names": engine.column(names)})
 
 
 def lock_states(using: str, names: list[str]) -> dict[str, ScheduleState]:
     """The state rows of ``names``, locked in name order until commit."""
     conn = connections[using]
     engine = engine_for(conn)
-    rows, _ = engine.run(conn, statements, "LOCK_STATES", engine.row_params("LOCK_STATES", [names]))
+    rows, _ = engine.run(conn, statements, "LOCK_STATES", {"names": engine.column(names)})
     return {
         name: ScheduleState(
             name=name,
@@ -82,9 +81,9 @@ def save_states(using: str, changed: list[ScheduleState]) -> None:
     conn = connections[using]
     engine = engine_for(conn)
     stored = conn.ops.adapt_datetimefield_value
-    columns: list[list[Any]] = [
-        [s.name for s in changed],
-        [stored(s.last_tick) for s in changed],
-        [stored(s.last_sent) for s in changed],
-    ]
-    engine.run(conn, statements, "SAVE_STATES", engine.row_params("SAVE_STATES", columns))
+    rows = engine.batch(
+        name=[s.name for s in changed],
+        last_tick=[stored(s.last_tick) for s in changed],
+        last_sent=[stored(s.last_sent) for s in changed],
+    )
+    engine.run(conn, statements, "SAVE_STATES", rows)
