@@ -250,3 +250,14 @@ def test_the_settings_tables_in_the_docs_are_the_declared_settings():
         assert start in text, f"docs/settings.md has no table of {section!r} under its heading"
         between = text.split(start, 1)[1].split("\n<!-- settings table end -->", 1)[0]
         assert between == settings_table_markdown(section), f"regenerate the table of {section!r}"
+
+
+def test_every_key_a_schedule_may_have_has_its_row_in_the_docs():
+    from zeroloss.schedules.spec import KEYS
+
+    text = (ROOT / "docs" / "schedules.md").read_text(encoding="utf-8")
+    table = text.split("### Every key\n", 1)[1].strip().split("\n\n", 1)[0]
+    documented = {
+        key for row in table.splitlines()[2:] for key in re.findall(r"`(\w+)`", row.split(" | ")[0])
+    }
+    assert documented == KEYS

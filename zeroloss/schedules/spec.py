@@ -12,31 +12,14 @@ import json
 import math
 import re
 import zoneinfo
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-#: Keys a schedule may have (the names are fixed by the public surface, docs/schedules.md).
-KEYS = frozenset(
-    {
-        "queue",
-        "task",
-        "cron",
-        "every",
-        "timezone",
-        "payload",
-        "args",
-        "kwargs",
-        "priority",
-        "ordering_key",
-        "enabled",
-        "catch_up",
-        "max_catch_up",
-        "overlap",
-    }
-)
+from ..core.names import validate_queue_name
+
 CATCH_UP = ("latest", "all", "none")
 OVERLAP = ("allow", "skip")
 DEFAULT_MAX_CATCH_UP = 100
@@ -70,83 +53,6 @@ class ScheduleError(ImproperlyConfigured):
         self.message = message
 
 
-@dataclass(frozen=True)
-class ScheduleSpec:
-    """One schedule, validated. Exactly one of ``cron`` / ``every``; of ``queue`` / ``task``."""
-
-    name: str
-    queue: str
-    cron: str | None = None
-    every: float | None = None
-    timezone: str = "UTC"
-    payload: Any = None
-    task: str | None = None
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    priority: int = 0
-    ordering_key: str = ""
-    enabled: bool = True
-    catch_up: str = "latest"
-    max_catch_up: int = DEFAULT_MAX_CATCH_UP
-    overlap: str = "allow"
-    #: "settings" or "database" (the admin shows settings-defined ones read-only).
-    source: str = "settings"
-
-    @property
-    def tz(self) -> dt.tzinfo:
-        return zoneinfo.ZoneInfo(self.timezone)
-
-    @property
-    def when(self) -> str:
-        return f"cron {self.cron!r} ({self.timezone})" if self.cron else f"every {self.every:g}s"
-
-    def message_id(self, tick: dt.datetime) -> str:
-        return tick_message_id(self.name, tick)
-
-    def as_dict(self) -> dict[str, Any]:
-        data = {
-            "name": self.name,
-            "queue": self.queue,
-            "task": self.task,
-            "cron": self.cron,
-            "every": self.every,
-            "timezone": self.timezone,
-            "payload": self.payload,
-            "args": list(self.args),
-            "kwargs": self.kwargs,
-            "priority": self.priority,
-            "ordering_key": self.ordering_key,
-            "enabled": self.enabled,
-            "catch_up": self.catch_up,
-            "max_catch_up": self.max_catch_up,
-            "overlap": self.overlap,
-            "source": self.source,
-        }
-        return data
-
-
-def tick_message_id(name: str, tick: dt.datetime) -> str:
-    """``<name>@<tick in UTC, ISO 8601>``: every scheduler names a tick the same, so the ledger's
-    unique message id lets exactly one insert of it succeed."""
-    return f"{name}@{tick.astimezone(dt.UTC).isoformat()}"
-
-
-def _default_timezone() -> str:
-    from django.conf import settings
-
-    return str(getattr(settings, "TIME_ZONE", None) or "UTC")
-
-
-def _json(name: str, key: str, value: Any) -> Any:
-    try:
-        encoded = json.dumps(value, allow_nan=False, sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise ScheduleError(name, key, f"must be JSON ({exc}).", E_VALUE) from None
-    if json.loads(encoded) != value:
-        raise ScheduleError(name, key, "changes in a JSON round trip (dict keys must be strings).", E_VALUE)
-    return value
-
-
 def validate_cron(expr: Any) -> str:
     """A five-field cron expression, as ``cronsim`` reads it; ValueError says what is wrong."""
     from cronsim import CronSim, CronSimError
@@ -168,6 +74,153 @@ def validate_timezone(value: Any) -> str:
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
         raise ValueError(f"is not a known IANA time zone, got {value!r}.") from None
     return value
+
+
+def _every(value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"must be a number of seconds > 0, got {value!r}.")
+    if value < 0.001 or value > 100 * 365 * 86400:
+        raise ValueError(f"must be from 0.001 seconds to 100 years, got {value!r}.")
+    return float(value)
+
+
+def _json(value: Any) -> Any:
+    try:
+        encoded = json.dumps(value, allow_nan=False, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"must be JSON ({exc}).") from None
+    if json.loads(encoded) != value:
+        raise ValueError("changes in a JSON round trip (dict keys must be strings).")
+    return value
+
+
+def _args(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"must be a list, got {value!r}.")
+    return tuple(_json(list(value)))
+
+
+def _kwargs(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must be a dict, got {value!r}.")
+    return dict(_json(dict(value)))
+
+
+def _integer(low: int, high: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"must be an integer from {low} to {high}, got {value!r}.")
+        return value
+
+    return parse
+
+
+def _one_of(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if value not in options:
+            raise ValueError(f"must be one of {options}, got {value!r}.")
+        return str(value)
+
+    return parse
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be True or False, got {value!r}.")
+    return value
+
+
+def _ordering_key(value: Any) -> str:
+    if not isinstance(value, str) or len(value) > 255 or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(f"must be printable text of at most 255 characters, got {value!r}.")
+    return value
+
+
+def _task_path(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a task's import path, got {value!r}.")
+    return value
+
+
+_READ = "zeroloss.schedule_key"
+
+
+def _reads(parse: Callable[[Any], Any], check_id: str = E_VALUE) -> dict[str, Any]:
+    """A schedule key's field metadata: how its value is read (ValueError says what is wrong) and
+    the check id of a bad one."""
+    return {_READ: (parse, check_id)}
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """One schedule, validated. Exactly one of ``cron`` / ``every``; of ``queue`` / ``task``.
+    Each key of a ``SCHEDULES`` entry is a field whose metadata says how it is read."""
+
+    name: str
+    queue: str = field(metadata=_reads(validate_queue_name, E_QUEUE))  # InvalidMessage is a ValueError
+    task: str | None = field(default=None, metadata=_reads(_task_path, E_TASK))
+    cron: str | None = field(default=None, metadata=_reads(validate_cron, E_CRON))
+    every: float | None = field(default=None, metadata=_reads(_every, E_EVERY))
+    timezone: str = field(default="UTC", metadata=_reads(validate_timezone, E_TIMEZONE))
+    payload: Any = field(default=None, metadata=_reads(_json))
+    args: tuple[Any, ...] = field(default=(), metadata=_reads(_args))
+    kwargs: dict[str, Any] = field(default_factory=dict, metadata=_reads(_kwargs))
+    priority: int = field(default=0, metadata=_reads(_integer(-100, 100)))
+    ordering_key: str = field(default="", metadata=_reads(_ordering_key))
+    enabled: bool = field(default=True, metadata=_reads(_flag))
+    catch_up: str = field(default="latest", metadata=_reads(_one_of(CATCH_UP)))
+    max_catch_up: int = field(default=DEFAULT_MAX_CATCH_UP, metadata=_reads(_integer(1, 10_000)))
+    overlap: str = field(default="allow", metadata=_reads(_one_of(OVERLAP)))
+    #: "settings" or "database" (the admin shows settings-defined ones read-only).
+    source: str = "settings"
+
+    @property
+    def tz(self) -> dt.tzinfo:
+        return zoneinfo.ZoneInfo(self.timezone)
+
+    @property
+    def when(self) -> str:
+        return f"cron {self.cron!r} ({self.timezone})" if self.cron else f"every {self.every:g}s"
+
+    def message_id(self, tick: dt.datetime) -> str:
+        return tick_message_id(self.name, tick)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**data, "args": list(self.args)}
+
+
+#: How each key a schedule may have is read (the names are fixed by the public surface,
+#: docs/schedules.md), in the order a schedule is checked.
+READERS: dict[str, tuple[Callable[[Any], Any], str]] = {
+    f.name: f.metadata[_READ] for f in fields(ScheduleSpec) if _READ in f.metadata
+}
+KEYS = frozenset(READERS)
+_FIELDS = {f.name: f for f in fields(ScheduleSpec)}
+#: Read by :func:`_when` and :func:`_target`, which also check how they go together; every other
+#: key is read on its own.
+_PAIRED = frozenset({"cron", "every", "timezone", "queue", "task", "payload"})
+
+
+def tick_message_id(name: str, tick: dt.datetime) -> str:
+    """``<name>@<tick in UTC, ISO 8601>``: every scheduler names a tick the same, so the ledger's
+    unique message id lets exactly one insert of it succeed."""
+    return f"{name}@{tick.astimezone(dt.UTC).isoformat()}"
+
+
+def _default_timezone() -> str:
+    from django.conf import settings
+
+    return str(getattr(settings, "TIME_ZONE", None) or "UTC")
 
 
 def _known_queue(queue: str) -> bool:
@@ -194,11 +247,40 @@ def resolve_task(path: str) -> Any:
     return found
 
 
+def _read(name: str, key: str, value: Any) -> Any:
+    """``value`` of ``key`` as its field declares; a :class:`ScheduleError` naming both otherwise."""
+    parse, check_id = READERS[key]
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise ScheduleError(name, key, str(exc), check_id) from None
+
+
+def _given(raw: Mapping[str, Any], key: str) -> Any:
+    """``raw[key]``, or the field's default when the schedule leaves it out."""
+    if key in raw:
+        return raw[key]
+    declared = _FIELDS[key]
+    return declared.default if declared.default_factory is MISSING else declared.default_factory()
+
+
 def parse_schedule(
     name: Any, raw: Any, *, source: str = "settings", check_targets: bool = True
 ) -> ScheduleSpec:
     """Validate one schedule. ``check_targets=False`` skips the queue and task look-ups (used by
     tools that only compute ticks)."""
+    _check_shape(name, raw)
+    values: dict[str, Any] = {"name": name, "source": source}
+    values.update(_when(name, raw))
+    values.update(_target(name, raw, check_targets))
+    for key in READERS:
+        if key not in _PAIRED:
+            values[key] = _read(name, key, _given(raw, key))
+    return ScheduleSpec(**values)
+
+
+def _check_shape(name: Any, raw: Any) -> None:
+    """A valid name, a dict, and no key a schedule does not have (E050, E051)."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name) or len(name) > MAX_NAME_LENGTH:
         raise ScheduleError(
             str(name),
@@ -214,7 +296,10 @@ def parse_schedule(
         raise ScheduleError(
             name, str(unknown[0]), f"unknown key; known keys are {', '.join(sorted(KEYS))}.", E_UNKNOWN_KEY
         )
-    values: dict[str, Any] = {"name": name, "source": source}
+
+
+def _when(name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Exactly one of ``cron`` and ``every`` (E052), and the ``timezone`` (Django's by default)."""
     has_cron, has_every = raw.get("cron") is not None, raw.get("every") is not None
     if has_cron == has_every:
         raise ScheduleError(
@@ -224,31 +309,16 @@ def parse_schedule(
             + ("not both." if has_cron else "got neither."),
             E_WHEN,
         )
-    if has_cron:
-        try:
-            values["cron"] = validate_cron(raw["cron"])
-        except ValueError as exc:
-            raise ScheduleError(name, "cron", str(exc), E_CRON) from None
-    else:
-        every = raw["every"]
-        if (
-            isinstance(every, bool)
-            or not isinstance(every, int | float)
-            or not math.isfinite(every)
-            or every <= 0
-        ):
-            raise ScheduleError(name, "every", f"must be a number of seconds > 0, got {every!r}.", E_EVERY)
-        if every < 0.001 or every > 100 * 365 * 86400:
-            raise ScheduleError(
-                name, "every", f"must be from 0.001 seconds to 100 years, got {every!r}.", E_EVERY
-            )
-        values["every"] = float(every)
-    tz = raw.get("timezone")
-    try:
-        values["timezone"] = validate_timezone(_default_timezone() if tz is None else tz)
-    except ValueError as exc:
-        raise ScheduleError(name, "timezone", str(exc), E_TIMEZONE) from None
+    key = "cron" if has_cron else "every"
+    timezone = raw.get("timezone")
+    return {
+        key: _read(name, key, raw[key]),
+        "timezone": _read(name, "timezone", _default_timezone() if timezone is None else timezone),
+    }
 
+
+def _target(name: str, raw: Mapping[str, Any], check_targets: bool) -> dict[str, Any]:
+    """Exactly one of ``queue`` (with a ``payload``) and ``task`` (with ``args``, ``kwargs``)."""
     queue, task = raw.get("queue"), raw.get("task")
     if (queue is None) == (task is None):
         raise ScheduleError(
@@ -259,79 +329,29 @@ def parse_schedule(
             E_QUEUE,
         )
     if task is not None:
-        if not isinstance(task, str) or not task:
-            raise ScheduleError(name, "task", f"must be a task's import path, got {task!r}.", E_TASK)
-        values["task"] = task
+        values = {"task": _read(name, "task", task), "queue": ""}
         if check_targets:
             try:
                 values["queue"] = str(resolve_task(task).queue_name)
             except ValueError as exc:
                 raise ScheduleError(name, "task", str(exc), E_TASK) from None
-        else:
-            values["queue"] = ""
         if raw.get("payload") is not None:
             raise ScheduleError(
                 name, "payload", "a task schedule takes 'args'/'kwargs', not 'payload'.", E_VALUE
             )
-    else:
-        from ..ledger.validation import validate_queue_name
-
-        try:
-            values["queue"] = validate_queue_name(queue)
-        except Exception as exc:
-            raise ScheduleError(name, "queue", str(exc), E_QUEUE) from None
-        if check_targets and not _known_queue(values["queue"]):
+        return values
+    values = {"queue": _read(name, "queue", queue)}
+    if check_targets and not _known_queue(values["queue"]):
+        raise ScheduleError(
+            name, "queue", f"no @zeroloss.handler or task backend serves queue {queue!r}.", E_QUEUE
+        )
+    for key in ("args", "kwargs"):
+        if raw.get(key) is not None:
             raise ScheduleError(
-                name, "queue", f"no @zeroloss.handler or task backend serves queue {queue!r}.", E_QUEUE
+                name, key, f"'{key}' needs 'task'; a queue schedule takes 'payload'.", E_VALUE
             )
-        for key in ("args", "kwargs"):
-            if raw.get(key) is not None:
-                raise ScheduleError(
-                    name, key, f"'{key}' needs 'task'; a queue schedule takes 'payload'.", E_VALUE
-                )
-        values["payload"] = _json(name, "payload", raw.get("payload"))
-
-    args = raw.get("args")
-    if args is not None:
-        if not isinstance(args, list | tuple):
-            raise ScheduleError(name, "args", f"must be a list, got {args!r}.", E_VALUE)
-        values["args"] = tuple(_json(name, "args", list(args)))
-    kwargs = raw.get("kwargs")
-    if kwargs is not None:
-        if not isinstance(kwargs, Mapping):
-            raise ScheduleError(name, "kwargs", f"must be a dict, got {kwargs!r}.", E_VALUE)
-        values["kwargs"] = dict(_json(name, "kwargs", dict(kwargs)))
-    priority = raw.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
-        raise ScheduleError(
-            name, "priority", f"must be an integer from -100 to 100, got {priority!r}.", E_VALUE
-        )
-    values["priority"] = priority
-    key = raw.get("ordering_key", "")
-    if not isinstance(key, str) or len(key) > 255 or any(ord(c) < 32 or ord(c) == 127 for c in key):
-        raise ScheduleError(
-            name, "ordering_key", f"must be printable text of at most 255 characters, got {key!r}.", E_VALUE
-        )
-    values["ordering_key"] = key
-    enabled = raw.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise ScheduleError(name, "enabled", f"must be True or False, got {enabled!r}.", E_VALUE)
-    values["enabled"] = enabled
-    catch_up = raw.get("catch_up", "latest")
-    if catch_up not in CATCH_UP:
-        raise ScheduleError(name, "catch_up", f"must be one of {CATCH_UP}, got {catch_up!r}.", E_VALUE)
-    values["catch_up"] = catch_up
-    max_catch_up = raw.get("max_catch_up", DEFAULT_MAX_CATCH_UP)
-    if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or not 1 <= max_catch_up <= 10_000:
-        raise ScheduleError(
-            name, "max_catch_up", f"must be an integer from 1 to 10000, got {max_catch_up!r}.", E_VALUE
-        )
-    values["max_catch_up"] = max_catch_up
-    overlap = raw.get("overlap", "allow")
-    if overlap not in OVERLAP:
-        raise ScheduleError(name, "overlap", f"must be one of {OVERLAP}, got {overlap!r}.", E_VALUE)
-    values["overlap"] = overlap
-    return ScheduleSpec(**values)
+    values["payload"] = _read(name, "payload", raw.get("payload"))
+    return values
 
 
 def schedule_errors(raw: Any, *, check_targets: bool = True) -> list[ScheduleError]:
