@@ -23,7 +23,9 @@ from tests.support import expire_leases, make_available
 from zeroloss.exceptions import InvalidMessage
 from zeroloss.models import Message, MessageEvent
 from zeroloss.service import ZeroLossMessageService
+from zeroloss.states import Status
 from zeroloss.tasks_backend import InvalidTask, ZeroLossBackend, ZeroLossTask, compat
+from zeroloss.tasks_backend.backend import STATUS_MAP
 from zeroloss.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -359,3 +361,11 @@ def test_zeroloss_worker_runs_a_task_queue_by_name(capsys):
     result = tf.add.enqueue(7, 8)
     call_command("zeroloss_worker", "--queue", "default", "--burst", "--poll-interval", "0.05")
     assert tf.add.get_result(result.id).return_value == 15
+
+
+def test_each_ledger_status_maps_to_the_frameworks_from_its_traits():
+    assert set(STATUS_MAP) == set(Status)
+    assert STATUS_MAP[Status.PENDING] == compat.TaskResultStatus.READY
+    assert STATUS_MAP[Status.PROCESSING] == compat.TaskResultStatus.RUNNING
+    assert STATUS_MAP[Status.COMPLETED] == compat.TaskResultStatus.SUCCESSFUL
+    assert STATUS_MAP[Status.DEAD] == STATUS_MAP[Status.CANCELLED] == compat.TaskResultStatus.FAILED

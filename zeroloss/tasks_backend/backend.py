@@ -19,7 +19,7 @@ from django.utils.module_loading import import_string
 
 from ..exceptions import InvalidMessage
 from ..ledger.validation import canonical_json, validate_attempts
-from ..states import Reason, Status
+from ..states import TRAITS, Reason, Status
 from .compat import (
     BaseTaskBackend,
     InvalidTaskError,
@@ -66,17 +66,21 @@ def check_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     return [not_installed_error(b.alias) for b in task_backends.all() if isinstance(b, ZeroLossBackend)]
 
 
-#: Ledger status -> the framework's. A failed attempt that will be retried is ``pending`` again:
-#: READY, with its error in ``errors``.
-STATUS_MAP = {
-    Status.PENDING: TaskResultStatus.READY,
-    Status.PROCESSING: TaskResultStatus.RUNNING,
-    Status.COMPLETED: TaskResultStatus.SUCCESSFUL,
-    Status.DEAD: TaskResultStatus.FAILED,
-    # The framework has no cancelled status (READY, RUNNING, FAILED, SUCCESSFUL): a cancelled or
-    # aborted task did not succeed and will not run again.
-    Status.CANCELLED: TaskResultStatus.FAILED,
-}
+def _task_status(status: Status) -> TaskResultStatus:
+    if TRAITS[status].leased:
+        return TaskResultStatus.RUNNING
+    if status == Status.COMPLETED:
+        return TaskResultStatus.SUCCESSFUL
+    if TRAITS[status].finished:
+        # The framework has no cancelled status (READY, RUNNING, FAILED, SUCCESSFUL): a dead,
+        # cancelled or aborted task did not succeed and will not run again.
+        return TaskResultStatus.FAILED
+    return TaskResultStatus.READY
+
+
+#: Ledger status -> the framework's, from the status's traits. A failed attempt that will be
+#: retried is ``pending`` again: READY, with its error in ``errors``.
+STATUS_MAP = {status: _task_status(status) for status in Status}
 
 
 class InvalidTask(InvalidMessage, InvalidTaskError):
