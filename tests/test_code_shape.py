@@ -167,6 +167,7 @@ CONVERTED = (
     "ledger/statements_reads.py",
     "schedules/statements.py",
     "replication/statements.py",
+    "ledger/statements_control.py",
 )
 
 

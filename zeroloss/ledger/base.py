@@ -18,7 +18,7 @@ from ..exceptions import InvalidLeaseToken, InvalidMessage
 from ..states import Status
 from . import statements, statements_partitions
 from .catalogue import package_catalogues
-from .engine import Engine, Move, Rows
+from .engine import Engine, Move, Params, Rows
 from .postgres import PostgresEngine
 from .sqlite import SqliteEngine
 from .statements_moves import MOVED_NAMES
@@ -156,7 +156,7 @@ class LedgerContext:
     def engine(self) -> Engine:
         return engine_for(self.connection)
 
-    def run(self, name: str, params: Sequence[Any], *, prepare: bool = False) -> tuple[Rows, int]:
+    def run(self, name: str, params: Params, *, prepare: bool = False) -> tuple[Rows, int]:
         """Run the named statement (see :mod:`.statements`)."""
         engine = self.engine
         return engine.execute(

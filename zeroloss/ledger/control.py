@@ -98,8 +98,8 @@ class Control(Part):
         text = "" if rate is None else (rate.text if isinstance(rate, Rate) else parse_rate(rate).text)
         who = self._actor(actor)
         with transaction.atomic(using=self.using):
-            self._run("CONTROL_LIMIT", [queue_name, concurrency, text, who])
-            self._run("CONTROL_BUCKETS_RESET", [queue_name])
+            self._run("CONTROL_LIMIT", dict(queue=queue_name, concurrency=concurrency, rate=text, who=who))
+            self._run("CONTROL_BUCKETS_RESET", {"queue": queue_name})
             self._release_held(queue_name)
         self._settle(queue_name)
         self._changed(queue_name, who, f"limits concurrency={concurrency} rate={text or None}")
@@ -118,8 +118,8 @@ class Control(Part):
 
     def queue_states(self) -> list[QueueState]:
         """Every queue with a control row or a limit in the settings, by name."""
-        rows, _ = self._run("CONTROL_ALL", [])
-        counts, _ = self._run("CONTROL_COUNTS", [])
+        rows, _ = self._run("CONTROL_ALL", {})
+        counts, _ = self._run("CONTROL_COUNTS", {})
         by = {(q, s): n for q, s, n in counts}
         found = {r[0]: r for r in rows}
         names = sorted({*found, *(q for q, s in self.settings.QUEUES.items() if s.concurrency or s.rate)})
@@ -145,7 +145,7 @@ class Control(Part):
         validate_queue_name(queue_name)
         who = self._actor(actor)
         with transaction.atomic(using=self.using):
-            self._run("CONTROL_PAUSE", [queue_name, paused, who])
+            self._run("CONTROL_PAUSE", {"queue": queue_name, "paused": paused, "who": who})
             if not paused:
                 self._release_held(queue_name)
         self._settle(queue_name)
@@ -163,7 +163,8 @@ class Control(Part):
         deadline = time.monotonic() + bound
         first, pause = 0, 0.001
         while True:
-            rows, _ = self._run("CONTROL_SLOTS_TRY", [first, SLOTS, queue_name], prepare=True)
+            tried = dict(first=first, slots=SLOTS, queue=queue_name)
+            rows, _ = self._run("CONTROL_SLOTS_TRY", tried, prepare=True)
             if rows[0][0] is None:
                 return True
             first = rows[0][0]
@@ -195,7 +196,7 @@ class Control(Part):
         later; by the redispatch the sweep runs, so what it cannot publish the sweep does."""
         if self.settings.TRANSPORT != "celery":
             return
-        self._run("CONTROL_UNDISPATCH", [queue_name])
+        self._run("CONTROL_UNDISPATCH", {"queue": queue_name})
 
         def redispatch_now() -> None:
             try:
@@ -258,14 +259,14 @@ class Control(Part):
         seen = _CONTROLLED.get(self.using)
         if seen is not None and now - seen[0] < REFRESH:
             return seen[1], seen[2]
-        rows, _ = self._run("CONTROLLED_QUEUES", [])
+        rows, _ = self._run("CONTROLLED_QUEUES", {})
         names = frozenset(r[0] for r in rows)
         limited = frozenset(r[0] for r in rows if r[1] is not None or r[2])
         _CONTROLLED[self.using] = (now, names, limited)
         return names, limited
 
     def _queue_of(self, message_id: str) -> str | None:
-        rows, _ = self._run("MESSAGE_QUEUE", [message_id])
+        rows, _ = self._run("MESSAGE_QUEUE", {"message_id": message_id})
         return rows[0][0] if rows else None
 
     def _claim_controlled(
@@ -281,7 +282,7 @@ class Control(Part):
         if not self._claims_lock(queue_name):
             # Paused only, as far as this process knows: an unlocked read decides (no row lock
             # for every poll of a paused queue); a limit set meanwhile is found there too.
-            rows, _ = self._run("CONTROL_READ", [queue_name], prepare=True)
+            rows, _ = self._run("CONTROL_READ", {"queue": queue_name}, prepare=True)
             paused, concurrency, rate = rows[0] if rows else (False, None, "")
             if paused:
                 return []
@@ -321,9 +322,9 @@ class Control(Part):
         if not self._lock_slots(queue_name, EXACT_WAIT):
             return []  # a frozen claim holds a slot: nothing now, the worker polls again
         # The row lock: the claims of this queue, one after another (SQLite: the write lock).
-        rows = self._run("CONTROL_LOCK", [queue_name], prepare=True)[0] if slots else []
+        rows = self._run("CONTROL_LOCK", {"queue": queue_name}, prepare=True)[0] if slots else []
         if not rows:  # SQLite, or the queue's first claim
-            rows, _ = self._run("CONTROL_LOCK_UPSERT", [queue_name])
+            rows, _ = self._run("CONTROL_LOCK_UPSERT", {"queue": queue_name})
         paused, concurrency, rate, tokens, refilled_at, clock = rows[0]
         limits = self.queue_limits(queue_name, concurrency, rate)
         _SLOTTED[key] = slotted(limits)
@@ -331,7 +332,7 @@ class Control(Part):
             return []
         room = limit
         if limits.concurrency is not None and claim_counting is None:
-            counted, _ = self._run("CONTROL_IN_FLIGHT", [queue_name], prepare=True)
+            counted, _ = self._run("CONTROL_IN_FLIGHT", {"queue": queue_name}, prepare=True)
             room = min(room, limits.concurrency - counted[0][0])
         # A rate kept in slot shares (PostgreSQL): all of them; else the row's bucket.
         shares = self._shares(queue_name, limits.rate, clock) if slots and in_shares(limits.rate) else None
@@ -351,13 +352,12 @@ class Control(Part):
             leases = claim(room)
         if limits.rate is not None and leases:
             if shares is not None:  # each share pays its part: none left emptier than another
-                params = [
-                    [s for s, _, _ in shares],
-                    [v - len(leases) * v / available for _, v, _ in shares],
-                ]
-                self._run("CONTROL_BUCKETS_SPEND", [queue_name, *params, [r for _, _, r in shares]])
+                tokens = [v - len(leases) * v / available for _, v, _ in shares]
+                spent = dict(queue=queue_name, slot=[s for s, *_ in shares], tokens=tokens)
+                self._run("CONTROL_BUCKETS_SPEND", {**spent, "refilled_at": [r for *_, r in shares]})
             else:
-                self._run("CONTROL_SPEND", [available - len(leases), clock, queue_name], prepare=True)
+                left = dict(tokens=available - len(leases), refilled_at=clock, queue=queue_name)
+                self._run("CONTROL_SPEND", left, prepare=True)
         return leases
 
     def _slotted(self, key: tuple[str, str]) -> bool:
@@ -366,7 +366,7 @@ class Control(Part):
         process starts with run side by side instead of queueing on the exact path's lock."""
         known = _SLOTTED.get(key)
         if known is None:
-            rows, _ = self._run("CONTROL_READ", [key[1]], prepare=True)
+            rows, _ = self._run("CONTROL_READ", {"queue": key[1]}, prepare=True)
             known = bool(rows) and slotted(self.queue_limits(key[1], rows[0][1], rows[0][2]))
             _SLOTTED[key] = known
         return known
@@ -383,13 +383,13 @@ class Control(Part):
         limit it claims nothing and sends this process's next claims of the queue to the exact
         path for :data:`REFRESH` seconds."""
         first = random.randrange(SLOTS)
-        rows, _ = self._run("CONTROL_SLOT", [SLOTS, queue_name, first, SLOTS, queue_name], prepare=True)
+        rows, _ = self._run("CONTROL_SLOT", dict(slots=SLOTS, queue=queue_name, first=first), prepare=True)
         if not rows:  # no row yet: the exact path creates it
             return None
         slot = first if rows[0][3] is None else (first + rows[0][3]) % SLOTS
         if rows[0][3] is None:
-            self._run("CONTROL_SLOT_WAIT", [first, queue_name, first], prepare=True)
-        rows, _ = self._run("CONTROL_SLOT_READ", [queue_name, slot, queue_name], prepare=True)
+            self._run("CONTROL_SLOT_WAIT", {"first": first, "queue": queue_name}, prepare=True)
+        rows, _ = self._run("CONTROL_SLOT_READ", {"queue": queue_name, "slot": slot}, prepare=True)
         paused, concurrency, rate, tokens, refilled_at, clock, processing = rows[0]
         if paused:
             return []
@@ -408,9 +408,8 @@ class Control(Part):
             raise _NearLimit
         leases = claim(room)
         if limits.rate is not None and leases:
-            self._run(
-                "CONTROL_BUCKET_SPEND", [queue_name, slot, share[0] - len(leases), share[1]], prepare=True
-            )
+            spent = dict(queue=queue_name, slot=slot, tokens=share[0] - len(leases), refilled_at=share[1])
+            self._run("CONTROL_BUCKET_SPEND", spent, prepare=True)
         return leases
 
     def _level(
@@ -422,7 +421,7 @@ class Control(Part):
     def _shares(self, queue_name: str, rate: Rate | None, clock: object) -> list[tuple[int, float, object]]:
         """Every slot's share of the rate's bucket, as (slot, tokens at ``clock``, counted from)."""
         assert rate is not None
-        rows, _ = self._run("CONTROL_BUCKETS", [queue_name], prepare=True)
+        rows, _ = self._run("CONTROL_BUCKETS", {"queue": queue_name}, prepare=True)
         found = {slot: (tokens, at) for slot, tokens, at in rows}
         return [(s, *self._level(rate, *found.get(s, (None, None)), clock)) for s in range(SLOTS)]
 

@@ -135,6 +135,10 @@ class Engine:
         self.planned_per_call = statements.PLANNED_PER_CALL
         #: The names of :attr:`sql` read whole from a ``.sql`` catalogue (the others: rendered).
         self.whole: set[str] = set()
+        for catalogue in statements.WHOLE:
+            texts = catalogue.texts(self.vendor)
+            self.sql.update(texts)
+            self.whole.update(texts)
         self._composed: dict[tuple[Any, ...], str] = {}
 
     def render(self, name: str, template: str) -> str:

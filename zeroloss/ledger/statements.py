@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from ..states import TRANSITIONS, Reason, Transition
 from ..states import Status as S
-from . import statements_cancel, statements_leases
+from . import statements_cancel, statements_control, statements_leases
+from .catalogue import Catalogue
 from .statements_cancel import (  # noqa: F401  (named statements of the catalogue)
     ABORT_REQUEST,
     ABORTS_REQUESTED,
@@ -32,6 +33,9 @@ from .statements_leases import *  # noqa: F403  (named statements of the catalog
 from .statements_leases import LEASE_COLUMNS, PLANNED_PER_CALL  # noqa: F401
 from .statements_moves import AUDIT_COLUMNS as _AUDIT_COLUMNS
 from .statements_moves import Moving, edge
+
+#: The parts of the catalogue written whole (``.sql`` files), read by each engine as they are.
+WHOLE: tuple[Catalogue, ...] = (statements_control.CATALOGUE,)
 
 INSERT_COLUMNS = (
     "message_id, queue_name, payload, checksum, status, attempts, max_attempts, priority, ordering_key, "
@@ -429,7 +433,3 @@ def transition_table_markdown() -> str:
         via = ", ".join(f"`{name}`" for name in statements_of(t))
         lines.append(f"| {t.source or '(new)'} | {t.target} | `{t.reason.value}` | {t.actor} | {via} |")
     return "\n".join(lines)
-
-
-# Queue control's statements (kept in their own module, rendered with these).
-from .statements_control import *  # noqa: E402, F403
