@@ -1,4 +1,15 @@
-"""The ledger's transitions, in one process, against the real database of this pass."""
+"""The engine conformance suite: every operation of the ledger's engine, the same assertions
+against PostgreSQL and SQLite (this file runs in both passes), as River's ``riverdrivertest``.
+
+Each operation's contract through the service: persist (one, many, idempotent, refused input),
+claim (by queue, by id), renew, acknowledge, fail (retry, dead), snooze, release, fail final,
+the sweep (requeue, dead-letter, abort), cancel and abort, the operator's moves (requeue,
+redrive, dead-letter, purge) and the reads (integrity, snapshot, nodes). Every audit row a test
+here writes is recorded: :func:`test_every_edge_of_the_state_machine_is_exercised_here` (last)
+fails when an edge of ``zeroloss.states.TRANSITIONS`` has no test in this file, so a new
+operation or status gets its contract test here. The fencing guards of each statement are
+``test_fencing_guards.py``'s; random sequences against a model are ``test_state_machine.py``'s.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +28,33 @@ from zeroloss.exceptions import (
     MessageNotFound,
     PayloadTooLarge,
 )
+from zeroloss.ledger.types import CancelOutcome, Completion, Verdict
 from zeroloss.models import Message, MessageEvent, PurgeRecord, Status
 from zeroloss.service import ZeroLossMessageService
+from zeroloss.states import TRANSITIONS, Reason
+
+#: ``(from_status, to_status, reason)`` of every audit row the tests of this file wrote.
+EDGES_TAKEN: set[tuple[str, str, str]] = set()
+#: The tests of this file that ran (the edge check judges only a whole run of the file).
+RAN: set[str] = set()
+
+
+def _record_edges() -> None:
+    EDGES_TAKEN.update(MessageEvent.objects.values_list("from_status", "to_status", "reason").distinct())
+
+
+@pytest.fixture
+def db(db, request):
+    yield db
+    _record_edges()
+    RAN.add(request.node.nodeid)
+
+
+@pytest.fixture
+def transactional_db(transactional_db, request):
+    yield transactional_db
+    _record_edges()
+    RAN.add(request.node.nodeid)
 
 
 def reasons(message_id: str) -> list[str]:
@@ -324,6 +360,86 @@ class TestFailures:
         assert [exact.delay_for(n) for n in (1, 2, 3, 9, 10, 500)] == [1, 2, 4, 256, 300, 300]
 
 
+class TestOutcomes:
+    """The lease holder's other outcomes: each fenced by its token, each an audited edge."""
+
+    def test_snooze_puts_it_back_without_counting_the_attempt(self, service):
+        service.persist_message("m1", "q", {})
+        lease = service.claim_message("m1")
+        report = service.record_outcomes([Completion(lease, Verdict.SNOOZE, delay=1000)])
+        assert report.snoozed == ["m1"]
+        m = Message.objects.get()
+        assert (m.status, m.attempts, m.lease_token) == (Status.PENDING, 0, None)
+        assert service.claim_message("m1") is None  # not before its delay
+        make_available(["m1"])
+        assert service.claim_message("m1").attempt == 1
+        assert reasons("m1") == ["persisted", "claimed", "snoozed", "claimed"]
+
+    def test_release_gives_it_back_unstarted(self, service):
+        service.persist_message("m1", "q", {})
+        lease = service.claim_message("m1")
+        report = service.record_outcomes([Completion(lease, Verdict.RELEASE, "shutting down")])
+        assert report.released == ["m1"]
+        m = Message.objects.get()
+        assert (m.status, m.attempts, m.lease_token) == (Status.PENDING, 0, None)
+        assert service.claim_message("m1").attempt == 1  # claimable at once
+        assert reasons("m1") == ["persisted", "claimed", "released", "claimed"]
+
+    def test_fail_final_dead_letters_with_attempts_left(self, service):
+        service.persist_message("m1", "q", {}, max_attempts=5)
+        lease = service.claim_message("m1")
+        report = service.record_outcomes([Completion(lease, Verdict.FAIL_FINAL, "not retried")])
+        assert report.dead_lettered == ["m1"]
+        m = Message.objects.get()
+        assert (m.status, m.attempts, m.last_error) == (Status.DEAD, 1, "not retried") and m.dead_at
+        assert reasons("m1")[-1] == "dead_lettered_by_handler"
+
+    def test_a_stale_token_gets_no_outcome_recorded(self, service):
+        service.persist_message("m1", "q", {})
+        stale = service.claim_message("m1")
+        expire_leases(["m1"])
+        service.sweep()
+        service.claim_message("m1")
+        report = service.record_outcomes(
+            [Completion(stale, v, "late", delay=1) for v in (Verdict.SNOOZE, Verdict.RELEASE)]
+        )
+        assert report.refused == ["m1", "m1"] and Message.objects.get().attempts == 2
+
+
+class TestCancelAndAbort:
+    def test_cancel_a_pending_message(self, service):
+        service.persist_message("m1", "q", {})
+        (result,) = service.cancel_messages(["m1"], actor="dana")
+        assert (result.outcome, result.status) == (CancelOutcome.CANCELLED, Status.CANCELLED)
+        assert service.claim_message("m1") is None
+        last = MessageEvent.objects.for_message("m1").last()
+        assert last is not None
+        assert (last.from_status, last.to_status, last.reason, last.actor) == (
+            "pending",
+            "cancelled",
+            "cancelled_by_operator",
+            "dana",
+        )
+
+    def test_an_abort_ends_cancelled_when_its_holder_reports(self, service):
+        service.persist_message("m1", "q", {})
+        lease = service.claim_message("m1")
+        (result,) = service.cancel_messages(["m1"], abort=True)
+        assert result.outcome == CancelOutcome.ABORT_REQUESTED
+        assert service.acknowledge("m1", lease.token) is False  # refused: recorded cancelled instead
+        assert Message.objects.get().status == Status.CANCELLED
+        assert reasons("m1") == ["persisted", "claimed", "abort_requested", "aborted"]
+
+    def test_an_abort_whose_holder_is_gone_is_ended_by_the_sweep(self, service):
+        service.persist_message("m1", "q", {})
+        service.claim_message("m1")
+        service.cancel_messages(["m1"], abort=True)
+        expire_leases(["m1"])
+        service.sweep()
+        assert Message.objects.get().status == Status.CANCELLED
+        assert reasons("m1")[-1] == "aborted"
+
+
 class TestSweep:
     def test_expired_lease_requeued_exactly_once_and_renewed_one_untouched(self, db):
         short = ZeroLossMessageService(instance_id="short")
@@ -399,6 +515,11 @@ class TestOperator:
         assert (m.status, m.last_error) == ("dead", "poison: 50% off")
         last = MessageEvent.objects.for_message("m1").last()
         assert last is not None and last.reason == "dead_lettered_by_operator"
+        service.persist_message("m2", "q", {})
+        lease = service.claim_message("m2")
+        assert service.dead_letter_messages(["m2"], reason="stuck for good") == ["m2"]
+        assert service.acknowledge("m2", lease.token) is False  # its holder is fenced off
+        assert reasons("m2")[-1] == "dead_lettered_by_operator"
 
     def test_purge_counts_what_it_deletes(self, db):
         service = ZeroLossMessageService()
@@ -512,3 +633,18 @@ class TestConnectionLifecycle:
         assert list(Message.objects.values_list("message_id", flat=True)) == ["first"]
         service.persist_message("second", "q", {})  # the same cursor, after its failed statement
         assert reasons("second") == ["persisted"]
+
+
+def test_every_edge_of_the_state_machine_is_exercised_here(request):
+    """Last in the file: every edge (and the abort request) was taken by a test above."""
+    mine = [
+        item for item in request.session.items if item.path == request.node.path and item is not request.node
+    ]
+    if not all(
+        item.nodeid in RAN or not {"db", "transactional_db"} & set(item.fixturenames) for item in mine
+    ):
+        pytest.skip("judged on a run of the whole file")
+    every = {(t.source, t.target, t.reason.value) for t in TRANSITIONS}
+    every.add((Status.PROCESSING, Status.PROCESSING, Reason.ABORT_REQUESTED.value))
+    missing = every - EDGES_TAKEN
+    assert not missing, f"edges of zeroloss.states.TRANSITIONS no test of this file takes: {sorted(missing)}"
