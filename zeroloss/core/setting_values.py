@@ -35,7 +35,8 @@ class SettingError(ImproperlyConfigured):
 
 #: The check id of a bad value, unless its setting names its own.
 INVALID_VALUE = "zeroloss.E003"
-#: Longest duration any setting may name (100 years): both databases can add it to "now".
+#: Longest duration any setting, delay, window or age may name (100 years): both databases can add
+#: it to "now" or take it away, and nothing useful lies further.
 MAX_SECONDS = 100 * 365 * 24 * 3600.0
 #: The largest integer a setting may name unless it says less (the database columns are 32-bit).
 DEFAULT_INT_MAX = 2**31 - 1

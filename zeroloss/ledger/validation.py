@@ -21,6 +21,7 @@ from typing import Any
 from ..core.names import MAX_QUEUE_NAME_LENGTH as MAX_QUEUE_NAME_LENGTH
 from ..core.names import QUEUE_NAME_RE as QUEUE_NAME_RE
 from ..core.names import validate_queue_name as validate_queue_name
+from ..core.setting_values import MAX_SECONDS as MAX_SECONDS  # the longest delay, window or age
 from ..core.settings import json_default
 from ..exceptions import HeadersTooLarge, InvalidHeaders, InvalidMessage, InvalidPayload
 
@@ -28,9 +29,6 @@ MAX_MESSAGE_ID_LENGTH = 255
 MAX_ERROR_LENGTH = 10_000
 #: Attempts fit the database's 32-bit column with room for the counter to move.
 MAX_ATTEMPTS_LIMIT = 1_000_000
-#: Longest delay, window or age accepted (100 years): both databases represent "now" plus or
-#: minus this, and nothing useful lies further.
-MAX_SECONDS = 100 * 365 * 24 * 3600.0
 PRIORITY_RANGE = (-100, 100)
 #: Deepest payload nesting accepted (PostgreSQL's jsonb and Python's json both stop near here).
 MAX_DEPTH = 500

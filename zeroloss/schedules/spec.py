@@ -19,6 +19,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from ..core.names import validate_queue_name
+from ..core.setting_values import MAX_SECONDS
 
 CATCH_UP = ("latest", "all", "none")
 OVERLAP = ("allow", "skip")
@@ -84,7 +85,7 @@ def _every(value: Any) -> float:
         or value <= 0
     ):
         raise ValueError(f"must be a number of seconds > 0, got {value!r}.")
-    if value < 0.001 or value > 100 * 365 * 86400:
+    if value < 0.001 or value > MAX_SECONDS:
         raise ValueError(f"must be from 0.001 seconds to 100 years, got {value!r}.")
     return float(value)
 
