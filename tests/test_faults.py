@@ -51,7 +51,7 @@ from tests.faults.cluster import FaultCluster
 from tests.faults.partitions import NetResult, run_partitions
 from tests.faults.partitions import report as partition_report
 from tests.faults.scenario import CI, measure_recovery, report, run_celery, run_database
-from tests.faults.storage import CI_STORAGE, StorageRun, run_scenarios
+from tests.faults.storage import CI_STORAGE, StorageRun, run_scenarios, sqlite_on_failing_disk
 from tests.faults.storage import report as storage_report
 from tests.faults.workload import WorkerPool, child_env, producer
 from tests.netns import SUBNET_PREFIX, NetnsLab
@@ -649,7 +649,7 @@ def storage_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Stora
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("scenario", ["disk-full", "sqlite-full"])
+@pytest.mark.parametrize("scenario", ["disk-full", "wal-full", "sqlite-full"])
 def test_a_full_disk_loses_nothing_is_reported_and_processing_resumes_within_5s(
     storage_results: dict[str, StorageRun], scenario: str
 ):
@@ -673,7 +673,7 @@ def test_a_full_disk_loses_nothing_is_reported_and_processing_resumes_within_5s(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("scenario", ["fsync-stalls"])
+@pytest.mark.parametrize("scenario", ["fsync-stalls", "fsync-stall"])
 def test_stalled_fsyncs_lose_nothing_and_processing_resumes_within_5s(
     storage_results: dict[str, StorageRun], scenario: str
 ):
@@ -691,6 +691,18 @@ def test_stalled_fsyncs_lose_nothing_and_processing_resumes_within_5s(
     assert run.max_send_s >= 4.0, (
         f"no send() waited for a stalled fsync ({run.max_send_s}s): no stall happened"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sqlite_on_a_disk_that_refuses_writes_then_stalls_is_told_and_reported(tmp_path: Path):
+    """SQLite's file on the FUSE passthrough (tests/faults/stallfs.py): while it refuses every
+    write with ENOSPC, ``send()`` raises ``StorageFull`` within 5 s and the health report and
+    ``zeroloss_status`` report a storage fault; the same id is stored once the disk takes writes
+    again; while every fsync takes 4 s more, both report ``storage stalled`` and ``send()``
+    returns once its commit's fsync does; after it, neither reports anything."""
+    problems = sqlite_on_failing_disk(tmp_path)
+    assert problems == [], f"logs in {tmp_path}"
 
 
 # -- zeroloss bugs the suite found (left failing for the lead) --------------------------------

@@ -62,13 +62,31 @@ _stall_lock = threading.Lock()
 _stall_probes: dict[str, tuple[float, threading.Event]] = {}
 
 
+def _sqlite_file(conn: Any) -> Path | None:
+    """The SQLite database's file (None: in memory, or its folder missing)."""
+    name = str(conn.settings_dict["NAME"])
+    if not name or name.startswith(":memory:") or "mode=memory" in name:
+        return None
+    path = Path(name.removeprefix("file:").split("?", 1)[0])
+    return path if path.parent.is_dir() else None
+
+
 def _commit_probe(alias: str, done: threading.Event) -> None:
-    """Commit a tiny transaction on this thread's own connection (then close it)."""
+    """Commit a tiny transaction on this thread's own connection (then close it); on SQLite,
+    whose commits take its write lock (a long transaction would look like a stall), fsync its
+    file instead: what each of its commits waits for (``synchronous=FULL``)."""
     conn = connections[alias]
     try:
-        with transaction.atomic(using=alias):
-            engine_for(conn).run(conn, statements_reads, "COMMIT_PROBE")
-    except DatabaseError:
+        if engine_for(conn).is_server:
+            with transaction.atomic(using=alias):
+                engine_for(conn).run(conn, statements_reads, "COMMIT_PROBE")
+        elif (path := _sqlite_file(conn)) is not None:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except (DatabaseError, OSError):
         pass  # an unreachable or full database is the other checks' to report
     finally:
         with contextlib.suppress(DatabaseError):
@@ -79,10 +97,10 @@ def _commit_probe(alias: str, done: threading.Event) -> None:
 
 
 def commit_stall(alias: str = DEFAULT_DB_ALIAS, deadline: float = COMMIT_STALL_S) -> str:
-    """``""`` when a tiny commit on database ``alias`` (PostgreSQL) finishes within ``deadline``
-    seconds, else ``"a commit has taken > N s"``: its disk stalls (fsync takes seconds). The
-    commit runs in a thread of its own; one still stuck from an earlier call is waited on, not
-    started again."""
+    """``""`` when a tiny commit on database ``alias`` (SQLite: an fsync of its file) finishes
+    within ``deadline`` seconds, else ``"a commit has taken > N s"``: its disk stalls (fsync
+    takes seconds). The commit runs in a thread of its own; one still stuck from an earlier
+    call is waited on, not started again."""
     with _stall_lock:
         probe = _stall_probes.get(alias)
         if probe is None:
@@ -101,7 +119,7 @@ def storage_fault(alias: str = DEFAULT_DB_ALIAS) -> str:
 
     PostgreSQL: a small sort spilled to temporary files in the data directory (no data kept,
     no WAL written), refused when the disk is full (SQLSTATE 53100). SQLite: the free space of
-    its file's filesystem. Either answers for now, whatever this process's own statements met
+    its file's filesystem. Then whether a commit stalls (:func:`commit_stall`). Either answers for now, whatever this process's own statements met
     before. A database that cannot be reached raises (the health check's database check).
     """
     monitor = OutageMonitor.for_alias(alias)
@@ -123,18 +141,13 @@ def storage_fault(alias: str = DEFAULT_DB_ALIAS) -> str:
             found = " ".join(str(exc).split())[:300]
         if not found and (stall := commit_stall(alias)):
             return f"database {alias!r} storage stalled: {stall}"
-    else:
-        name = str(conn.settings_dict["NAME"])
-        folder = (
-            Path(name).parent
-            if name and not name.startswith(":memory:") and "mode=memory" not in name
-            else None
-        )
-        if folder is not None and folder.is_dir():
-            st = os.statvfs(folder)
-            free = st.f_bavail * st.f_frsize
-            if free < SQLITE_MIN_FREE_BYTES:
-                found = f"{free} bytes free on the filesystem of {name}"
+    elif (path := _sqlite_file(conn)) is not None:
+        st = os.statvfs(path.parent)
+        free = st.f_bavail * st.f_frsize
+        if free < SQLITE_MIN_FREE_BYTES:
+            found = f"{free} bytes free on the filesystem of {path}"
+        elif stall := commit_stall(alias):
+            return f"database {alias!r} storage stalled: {stall}"
     return f"database {alias!r} storage fault: {found}" if found else ""
 
 

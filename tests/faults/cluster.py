@@ -90,6 +90,10 @@ class FaultCluster(PgCluster):
             # The server log's times (when a restarted server became ready) in UTC, to the ms.
             conn.execute("ALTER SYSTEM SET log_timezone = 'UTC'")
             conn.execute("SELECT pg_reload_conf()")
+        self.prepare_template()
+
+    def prepare_template(self) -> None:
+        """Migrate the template database and add the transactional handler's effect table."""
         migrate = subprocess.run(
             [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
             cwd=ROOT,

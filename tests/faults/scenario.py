@@ -70,11 +70,13 @@ class Profile:
     #: Storage faults (tests/faults/storage.py): how long the disk stays full, and the workload
     #: around it (the fault starts a third of the way into the sending).
     storage_full_s: float = 6.0
-    storage_messages: int = 270
-    storage_duration: float = 18.0
+    storage_messages: int = 180
+    storage_duration: float = 12.0
     #: fsync stalls: 5 s each for this long; one long stall of this long.
     storage_stalls_s: float = 6.0
     storage_stall_s: float = 8.0
+    #: Sending goes on this long past a fault that ends after ``storage_duration``.
+    storage_tail_s: float = 5.0
 
 
 CI = Profile(
@@ -105,6 +107,7 @@ SOAK = Profile(
     storage_duration=60.0,
     storage_stalls_s=60.0,
     storage_stall_s=30.0,
+    storage_tail_s=15.0,
 )
 PROFILES = {p.name: p for p in (CI, SOAK)}
 

@@ -1,13 +1,16 @@
-"""A FUSE passthrough whose ``fsync`` stalls on command (issue 51): ``python -m tests.faults.stallfs
-BACKING MOUNTPOINT CONTROL``.
+"""A FUSE passthrough whose ``fsync`` stalls, or whose writes fail with ``ENOSPC``, on command
+(issue 51): ``python -m tests.faults.stallfs BACKING MOUNTPOINT CONTROL``.
 
-Every operation is passed to the directory ``BACKING``; ``fsync`` (and ``fsyncdir``) first waits
-as the file ``CONTROL`` says, re-read at most every 50 ms:
+Every operation is passed to the directory ``BACKING``, as the file ``CONTROL`` says (re-read
+at most every 50 ms):
 
-- ``delay S``: each fsync takes S seconds more (a saturated, throttled volume);
+- ``delay S``: each fsync (and fsyncdir) takes S seconds more (a saturated, throttled volume);
 - ``until T``: each fsync waits until the wall-clock time T (one long stall: every commit of
   the moment waits for it);
-- anything else, or no file: no wait.
+- ``full``: the disk is full: a write past a file's end, a growing truncate, a new directory
+  or symlink fails with ``ENOSPC`` (what a full ext4 answers: an empty file can still be
+  created, a file's own blocks rewritten), and ``statfs`` says no block is free;
+- anything else, or no file: passed through as is.
 
 Mounted ``allow_other`` (PostgreSQL runs as ``postgres``), run as root; files and directories
 created through it are given to the calling user, as a kernel filesystem would. Debian's
@@ -36,7 +39,8 @@ FUSE_LIBRARY = Path("/usr/lib/x86_64-linux-gnu/libfuse.so.2")
 
 
 class StallFs:
-    """The passthrough process for one mount point; :meth:`delay` / :meth:`stall_until` / :meth:`clear`."""
+    """The passthrough process for one mount point; :meth:`delay` / :meth:`stall_until` /
+    :meth:`fill` / :meth:`clear`."""
 
     def __init__(self, backing: Path, mountpoint: Path, control: Path, log: Path) -> None:
         self.backing = backing
@@ -90,6 +94,10 @@ class StallFs:
     def stall_until(self, at: float) -> None:
         self._write(f"until {at}\n")
 
+    def fill(self) -> None:
+        """Refuse what needs new space with ENOSPC (a full disk) until :meth:`clear`."""
+        self._write("full\n")
+
     def clear(self) -> None:
         self._write("none\n")
 
@@ -127,7 +135,7 @@ def serve(backing: str, mountpoint: str, control: str) -> None:  # pragma: no co
             self.value: float = 0.0
             self.lock = threading.Lock()
 
-        def wait(self) -> float:
+        def read(self) -> tuple[str, float]:
             with self.lock:
                 if time.monotonic() - self.read_at > 0.05:
                     self.read_at = time.monotonic()
@@ -136,7 +144,14 @@ def serve(backing: str, mountpoint: str, control: str) -> None:  # pragma: no co
                         self.kind, self.value = name, float(number or 0)
                     except (OSError, ValueError):
                         self.kind, self.value = "none", 0.0
-                kind, value = self.kind, self.value
+                return self.kind, self.value
+
+        def refuse_if_full(self) -> None:
+            if self.read()[0] == "full":
+                raise FuseOSError(errno.ENOSPC)
+
+        def wait(self) -> float:
+            kind, value = self.read()
             if kind == "delay":
                 return value
             if kind == "until":
@@ -182,18 +197,23 @@ def serve(backing: str, mountpoint: str, control: str) -> None:  # pragma: no co
             os.rmdir(self._full(path))
 
         def mkdir(self, path: str, mode: int) -> None:
+            stall.refuse_if_full()
             os.mkdir(self._full(path), mode)
             self._own(self._full(path))
 
         def statfs(self, path: str) -> dict[str, Any]:
             st = os.statvfs(self._full(path))
             keys = ("f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree", "f_files", "f_flag")
-            return {key: getattr(st, key) for key in (*keys, "f_frsize", "f_namemax")}
+            found = {key: getattr(st, key) for key in (*keys, "f_frsize", "f_namemax")}
+            if stall.read()[0] == "full":
+                found.update(f_bavail=0, f_bfree=0)
+            return found
 
         def unlink(self, path: str) -> None:
             os.unlink(self._full(path))
 
         def symlink(self, name: str, target: str) -> None:
+            stall.refuse_if_full()
             os.symlink(target, self._full(name))
 
         def rename(self, old: str, new: str) -> None:
@@ -217,10 +237,14 @@ def serve(backing: str, mountpoint: str, control: str) -> None:  # pragma: no co
             return os.pread(fh, length, offset)
 
         def write(self, path: str, buf: bytes, offset: int, fh: int) -> int:
+            if offset + len(buf) > os.fstat(fh).st_size:
+                stall.refuse_if_full()
             return os.pwrite(fh, buf, offset)
 
         def truncate(self, path: str, length: int, fh: int | None = None) -> None:
             with open(self._full(path), "r+b") as f:
+                if length > os.fstat(f.fileno()).st_size:
+                    stall.refuse_if_full()
                 f.truncate(length)
 
         def flush(self, path: str, fh: int) -> None:

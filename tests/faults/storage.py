@@ -42,7 +42,7 @@ from typing import Any
 import psycopg
 
 from tests.support.waiting import pause, wait_until
-from zeroloss.outage import COMMIT_STALL_QUIET, is_storage_fault
+from zeroloss.outage import COMMIT_STALL_QUIET, COMMIT_STALL_S, STORAGE_FAULT_QUIET, is_storage_fault
 
 from .checker import Checker, read_sends
 from .cluster import FaultCluster
@@ -66,6 +66,13 @@ RESUME_TARGET_S = 5.0
 FILLER = ".zl-filler"
 #: The fault starts a third of the way into the sending, at most this many seconds in.
 FAULT_AT_MOST_S = 10.0
+#: Each fsync's delay in the fsync-stalls scenario (seconds).
+STALLS_DELAY_S = 5.0
+#: A send() during a stall returns when the fsyncs it waits for do (docs/guarantees.md, "The
+#: disk stalls"): one stall's end, or at most this many delayed fsyncs in a row (the one under
+#: way, one that makes room in the WAL buffers, its commit's own); plus this much slack.
+STALLED_SEND_FSYNCS = 3
+STALLED_SEND_SLACK_S = 2.0
 
 
 class StorageError(RuntimeError):
@@ -226,6 +233,9 @@ class StorageCluster(FaultCluster):
             self.stop()
             raise
 
+    def prepare_template(self) -> None:
+        _prepare_template_from_dump(self)
+
     def running(self) -> bool:
         done = subprocess.run(
             [*_pg_as_postgres(), str(_pg_bin() / "pg_ctl"), "status", "-D", str(self.primary_dir)],
@@ -295,6 +305,9 @@ class StallCluster(FaultCluster):
             self.stop()
             raise
 
+    def prepare_template(self) -> None:
+        _prepare_template_from_dump(self)
+
     def stop(self) -> None:
         self.stall.clear()
         for datadir in (self.standby_dir, self.primary_dir):
@@ -304,6 +317,35 @@ class StallCluster(FaultCluster):
             self.stall.unmount()
         finally:
             super().stop()
+
+
+#: The storage clusters' migrated template database, dumped by the first (migrating a
+#: database costs about 10 s on a loaded host; loading the dump, about 1 s).
+_TEMPLATE_DUMP: list[str] = []
+
+
+def _prepare_template_from_dump(cluster: FaultCluster) -> None:
+    if not _TEMPLATE_DUMP:
+        FaultCluster.prepare_template(cluster)
+        dumped = subprocess.run(
+            [str(_pg_bin() / "pg_dump"), "--no-owner", "--dbname", cluster.url()],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if dumped.returncode != 0:
+            raise StorageError(f"pg_dump failed: {dumped.stderr.strip()}")
+        _TEMPLATE_DUMP.append(dumped.stdout)
+        return
+    loaded = subprocess.run(
+        [str(_pg_bin() / "psql"), "--quiet", "--set", "ON_ERROR_STOP=1", "--dbname", cluster.url()],
+        input=_TEMPLATE_DUMP[0],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if loaded.returncode != 0:
+        raise StorageError(f"loading the template's dump failed: {loaded.stderr.strip()[-2000:]}")
 
 
 def _pg_bin() -> Path:
@@ -331,9 +373,14 @@ class StorageRun:
     max_refusal_s: float = 0.0
     #: The longest call of send(), accepted or refused (a stalled commit makes it wait).
     max_send_s: float = 0.0
+    #: A stall: the longest a send() may take (documented); None: SEND_REFUSAL_BOUND_S applies.
+    send_bound_s: float | None = None
     #: wal-full: seconds from the space being freed to the server accepting connections again
     #: (its crash recovery); resumption is then measured from there.
     up_again_s: float | None = None
+    #: wal-full: seconds from the space being freed to processing resumed (the server's
+    #: restart included; resume_s counts from it accepting connections again).
+    resume_from_freed_s: float | None = None
     resume_ack_s: float | None = None
     resume_send_s: float | None = None
     during: list[dict[str, Any]] = field(default_factory=list)
@@ -385,6 +432,16 @@ class Prober:
             raise RuntimeError("the health prober exited")
         return dict(json.loads(line))
 
+    def send(self, message_id: str) -> dict[str, Any]:
+        """``zeroloss.send()`` one message (autocommit) in the prober: {"error", "storage", "took"}."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"send {message_id}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the health prober exited")
+        return dict(json.loads(line))
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -393,19 +450,31 @@ class Prober:
 
 
 def _serve_probes() -> None:
-    """The prober's side: one JSON line per line read (``python -m tests.faults.storage probe``)."""
+    """The prober's side: one JSON line per line read (``python -m tests.faults.storage probe``):
+    ``send ID`` sends a message, anything else probes."""
     import io
 
     from django.core.management import call_command
 
     from zeroloss.health import health_report
+    from zeroloss.transports import send
 
     print("ready", flush=True)
     from django.db import close_old_connections
 
-    for _ in sys.stdin:
+    for line in sys.stdin:
         close_old_connections()  # as at a request's start: a connection a crash broke is dropped
         began = time.time()
+        command, _, message_id = line.strip().partition(" ")
+        if command == "send":
+            error = ""
+            try:
+                send("faults.plain", {"n": 0, "probe": True}, message_id=message_id)
+            except Exception as exc:
+                error = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+            storage = bool(error) and is_storage_fault(Exception(error))
+            print(json.dumps({"error": error, "storage": storage, "took": time.time() - began}), flush=True)
+            continue
         health = json.dumps(health_report(use_cache=False).as_dict())
         status = io.StringIO()
         try:
@@ -465,8 +534,8 @@ def _fault_lines(pool: WorkerPool) -> dict[str, list[str]]:
     return lines
 
 
-def _stalls_ended(pool: WorkerPool) -> bool:
-    """Every worker that logged a stall's start logged its end."""
+def _faults_ended(pool: WorkerPool) -> bool:
+    """Every worker that logged a fault's start (a storage fault, a stall) logged its end."""
     return all(
         sum("since" in line for line in lines) <= sum("again" in line for line in lines)
         for lines in _fault_lines(pool).values()
@@ -489,6 +558,7 @@ def run_storage(
     tick: Callable[[], None] | None = None,
     server: FaultCluster | None = None,
     hold: Callable[[threading.Event], tuple[float, float]] | None = None,
+    send_bound_s: float | None = None,
 ) -> StorageRun:
     """The workload with ``fs`` held full for ``full_s`` seconds from about a third of ``duration``
     (``before_fill`` called just before, ``tick`` every 0.2 s while it is full and once after)."""
@@ -553,8 +623,11 @@ def run_storage(
         if producer_proc.alive:
             producer_proc.terminate(timeout=30)
         done = _drained(database_url, 120)
-        if scenario in STALLS:  # a stall ends COMMIT_STALL_QUIET after its last slow commit
-            wait_until(lambda: _stalls_ended(pool), COMMIT_STALL_QUIET + 30, interval=0.5)
+        # a storage fault ends STORAGE_FAULT_QUIET after its last refusal, a stall
+        # COMMIT_STALL_QUIET after its last slow commit: each worker logs it then
+        wait_until(
+            lambda: _faults_ended(pool), max(COMMIT_STALL_QUIET, STORAGE_FAULT_QUIET) + 30, interval=0.5
+        )
         after = prober.probe()
         pool.shutdown()
         sweep_exit = sweep_proc.terminate()
@@ -578,12 +651,14 @@ def run_storage(
             during=during,
             after=after,
             fault_lines=_fault_lines(pool),
+            send_bound_s=send_bound_s,
         )
         if isinstance(server, StorageCluster) and server.disk == "wal":
             run.up_again_s = None if server.up_again is None else round(server.up_again - freed, 2)
             if server.up_again is not None:
                 # as for a restart (docs/guarantees.md, "Recovery time after a restart"): from
                 # the server accepting connections again, once it was freed
+                run.resume_from_freed_s = run.resume_s
                 run.resume_ack_s, run.resume_send_s = _first_after(database_url, server.up_again, 60)
             run.server_crashes = server.crashes
             server_log = server.log_tail(1_000_000)
@@ -664,6 +739,8 @@ def _judge(run: StorageRun, sweep_exit: int, drained: bool) -> None:
         p.append(f"no send() was refused with StorageFull during the full disk: {dict(run.refused_errors)}")
     if run.max_refusal_s > SEND_REFUSAL_BOUND_S:
         p.append(f"a refused send() took {run.max_refusal_s}s (bound {SEND_REFUSAL_BOUND_S}s)")
+    if run.send_bound_s is not None and run.max_send_s > run.send_bound_s:
+        p.append(f"a send() during the stall took {run.max_send_s}s (documented bound {run.send_bound_s}s)")
     if not drained:
         p.append("the ledger did not drain within 120 s of the producer's end")
     if sweep_exit not in (0, -15):
@@ -677,8 +754,20 @@ def _judge(run: StorageRun, sweep_exit: int, drained: bool) -> None:
     # and is up (healthy) between its crashes; at least one probe must have caught it down.
     # A stall: commits are slow, not refused; the probes' own commit waits on it (any probe: one
     # may end before the first stalled fsync).
+    # A stall: every probe begun COMMIT_STALL_S into it and done before its end reports it (the
+    # repeated stalls end a delayed fsync before the recorded end: their last one ends then).
+    stall_end = run.fault.ended - (STALLS_DELAY_S if run.scenario == "fsync-stalls" else 0.0)
+    within = [
+        probe
+        for probe in run.during
+        if probe["began"] >= run.fault.began + COMMIT_STALL_S and probe["done_at"] <= stall_end
+    ]
     for name in ("health", "status"):
         seen = [_reports_storage(name, probe.get(name, ""), run.scenario) is True for probe in run.during]
+        if run.scenario in STALLS and not all(
+            _reports_storage(name, probe.get(name, ""), run.scenario) is True for probe in within
+        ):
+            p.append(f"{name} missed the stall in a probe begun {COMMIT_STALL_S}s into it")
         if not (any(seen) if run.scenario in ("wal-full", *STALLS) else all(seen)):
             p.append(
                 f"{name} reported the fault in {sum(seen)} of {len(seen)} probes while it lasted: "
@@ -819,7 +908,7 @@ def run_fsync_stalls(
     messages: int,
     duration: float,
     log: Callable[[str], None] = print,
-    stall_s: float = 5.0,
+    stall_s: float = STALLS_DELAY_S,
 ) -> StorageRun:
     """Scenario 3: every ``fsync`` of ``pg_wal`` takes ``stall_s`` seconds more, for ``full_s``
     seconds (longer than ACK_TIMEOUT): every commit, renewals included, waits that long."""
@@ -882,6 +971,8 @@ def _run_stalled(
             log=log,
             server=cluster,
             hold=hold,
+            send_bound_s=(length if stall_s is None else STALLED_SEND_FSYNCS * stall_s)
+            + STALLED_SEND_SLACK_S,
         )
     finally:
         cluster.stop()
@@ -928,12 +1019,107 @@ def run_sqlite_full(
         fs.unmount()
 
 
+def _migrated_sqlite(path: Path, run_dir: Path) -> str:
+    url = f"sqlite:///{path}"
+    migrate = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
+        cwd=ROOT,
+        env=child_env(url, run_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if migrate.returncode != 0:
+        raise StorageError(f"migrate failed: {migrate.stdout}{migrate.stderr}")
+    return url
+
+
+def _count_ids(path: Path, ids: list[str]) -> dict[str, int]:
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
+        sql = "SELECT count(*) FROM zeroloss_message WHERE message_id = ?"
+        return {mid: int(conn.execute(sql, [mid]).fetchone()[0]) for mid in ids}
+
+
+def sqlite_on_failing_disk(
+    base_dir: Path, stall_s: float = 4.0, log: Callable[[str], None] = print
+) -> list[str]:
+    """SQLite's file on the FUSE passthrough (:mod:`.stallfs`), which first refuses what needs
+    new space with ENOSPC, then stalls every fsync ``stall_s`` seconds: what ``send()``, the health report
+    and ``zeroloss_status`` say each time. Returns what did not hold (empty: all did)."""
+    run_dir = base_dir / "sqlite-fuse"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fs = StallFs(run_dir / "backing", run_dir / "mnt", run_dir / "stall.ctl", run_dir / "stallfs.log")
+    prober: Prober | None = None
+    problems: list[str] = []
+    try:
+        fs.mount()
+        path = fs.mountpoint / "zeroloss.sqlite3"
+        env = child_env(_migrated_sqlite(path, run_dir), run_dir)
+        prober = Prober(env, run_dir / "prober.log")
+
+        def storage_says() -> dict[str, str]:
+            probe = prober.probe()
+            return {name: probe.get(name, "") for name in ("health", "status")}
+
+        def quiet(said: dict[str, str]) -> bool:
+            return all(_reports_storage(name, out) is False for name, out in said.items())
+
+        def expect(when: str, sent: dict[str, Any], error: str, *, slow: bool = False) -> None:
+            log(f"  sqlite on FUSE, {when}: send {sent}")
+            if not (sent["error"].startswith(error) if error else not sent["error"]):
+                problems.append(f"{when}: send() raised {sent['error']!r}, want {error or 'nothing'}")
+            # a first commit on a new WAL file fsyncs it more than once (its header, its frames)
+            if sent["took"] > SEND_REFUSAL_BOUND_S + (3 * stall_s if slow else 0):
+                problems.append(f"{when}: send() took {sent['took']:.2f}s")
+            if slow and sent["took"] < stall_s * 0.9:
+                problems.append(f"{when}: send() took {sent['took']:.2f}s, less than the {stall_s}s stall")
+
+        def expect_reports(when: str, fragment: str | None) -> None:
+            """``fragment``: what both must say (None: nothing about the storage)."""
+            said = storage_says()
+            log(f"  sqlite on FUSE, {when}: {said}")
+            for name, out in said.items():
+                reports = _reports_storage(name, out)
+                if fragment is None and reports is not False:
+                    problems.append(f"{when}: {name} reported a storage fault: {out[-400:]}")
+                if fragment is not None and not (reports and fragment in out):
+                    problems.append(f"{when}: {name} did not report {fragment!r}: {out[-400:]}")
+
+        expect("before", prober.send("fuse-1"), "")
+        expect_reports("before", None)
+        fs.fill()
+        pause(threading.Event(), 0.2)  # the control file is re-read every 50 ms
+        expect("ENOSPC", prober.send("fuse-2"), "zeroloss.exceptions.StorageFull")
+        # (a new SQLite connection fails too: its -shm cannot grow, "disk I/O error")
+        expect_reports("ENOSPC", "disk I/O error")
+        fs.clear()
+        pause(threading.Event(), 0.2)
+        expect("after ENOSPC", prober.send("fuse-2"), "")  # the refused one again: stored now
+        expect_reports("after ENOSPC", None)
+        fs.delay(stall_s)
+        pause(threading.Event(), 0.2)
+        expect_reports("fsync stall", "storage stalled: a commit has taken > 2 s")
+        expect("fsync stall", prober.send("fuse-3"), "", slow=True)
+        fs.clear()
+        # the stalled probe's fsync ends within stall_s; then a fast one answers
+        wait_until(lambda: quiet(storage_says()), stall_s + 30, interval=0.5)
+        expect_reports("after the stall", None)
+        counts = _count_ids(path, ["fuse-1", "fuse-2", "fuse-3"])
+        if counts != {"fuse-1": 1, "fuse-2": 1, "fuse-3": 1}:
+            problems.append(f"each message stored once, not {counts}")
+    finally:
+        if prober is not None:
+            prober.close()
+        fs.unmount()
+    return problems
+
+
 def describe(run: StorageRun) -> str:
     f = run.findings
     lines = [
         f"{run.scenario}: {run.wall_s:.0f}s, full {run.fault.detail.get('full_s')}s; accepted {f.accepted}, "
         f"lost {len(f.lost)}, refused sends {f.refused_sends} ({dict(run.refused_errors)}; longest "
-        f"{run.max_refusal_s}s; longest send() call {run.max_send_s}s), effects twice {f.effects_twice_count}, re-runs {sum(f.reruns.values())} "
+        f"{run.max_refusal_s}s; longest send() call {run.max_send_s}s, bound {run.send_bound_s}s), effects twice {f.effects_twice_count}, re-runs {sum(f.reruns.values())} "
         f"{dict(f.reruns)}; resumed after {run.resume_s}s (first ack {run.resume_ack_s}s, first accepted "
         f"send {run.resume_send_s}s)",
     ]
@@ -942,7 +1128,7 @@ def describe(run: StorageRun) -> str:
             f"  server: {run.server_panics} PANIC(s) logged, found stopped {run.server_crashes} time(s), "
             f"ready again {run.server_restarts} time(s); "
             f"accepting connections again {run.up_again_s}s after the space was freed (resumption measured "
-            "from then)"
+            f"from then; {run.resume_from_freed_s}s from the space being freed)"
         )
     for cause, n in f.rerun_causes.most_common():
         lines.append(f"  re-run because {cause}: {n}")
@@ -965,21 +1151,25 @@ RUNNERS: dict[str, Callable[..., StorageRun]] = {
 STALLS = ("fsync-stalls", "fsync-stall")
 #: A fault at least this long must have met a worker (the soak's; the CI profile's are shorter).
 WORKER_MUST_MEET_FAULT_S = 15.0
-#: What the CI profile runs (its time is short: about 50 s each); the soak runs them all.
-CI_STORAGE = ("disk-full", "fsync-stalls", "sqlite-full")
+#: What the CI profile runs, each shortened (about 40 s each); the soak runs them too, longer.
+CI_STORAGE = ("disk-full", "wal-full", "fsync-stalls", "fsync-stall", "sqlite-full")
 
 
 def run_scenarios(
     names: list[str], profile: Any, seed: int, base_dir: Path, log: Callable[[str], None] = print
 ) -> list[StorageRun]:
     """Each named scenario with the profile's fault length and workload (sending goes on for
-    ``storage_duration`` seconds, or 10 s past a longer fault)."""
+    ``storage_duration`` seconds, or ``storage_tail_s`` past a fault that ends later)."""
     runs = []
     for name in names:
         length = {"fsync-stalls": profile.storage_stalls_s, "fsync-stall": profile.storage_stall_s}.get(
             name, profile.storage_full_s
         )
-        duration = max(profile.storage_duration, FAULT_AT_MOST_S + length + 5.0 + 10.0)
+        # the fault starts a third of the way in (at most FAULT_AT_MOST_S); repeated stalls
+        # end one delayed fsync after their length
+        lasts = length + (STALLS_DELAY_S if name == "fsync-stalls" else 0.0)
+        starts = min(profile.storage_duration / 3, FAULT_AT_MOST_S)
+        duration = max(profile.storage_duration, starts + lasts + profile.storage_tail_s)
         runs.append(
             RUNNERS[name](
                 full_s=length,
