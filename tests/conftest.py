@@ -117,6 +117,7 @@ TIERS: dict[str, str] = {
     "test_send_faults.py": "chaos",
     "test_service.py": "ledger",
     "test_several_ledgers.py": "process",
+    "test_events.py": "ledger",
     "test_signals.py": "ledger",
     "test_state_machine.py": "ledger",
     "test_sweep_command.py": "process",

@@ -154,3 +154,66 @@ def test_the_package_graph_collapses_subpackages():
 def test_no_import_cycle_between_zeroloss_subpackages():
     # Replication and transports hang on the ledger's hooks (zeroloss.ledger.hooks), not on imports.
     assert cycles(package_graph(import_graph())) == []
+
+
+#: What an outcome's side effects go through; the ledger tells them by its event stream
+#: (zeroloss.ledger.events), never by import. Matched by module name wherever the layers put it.
+SIDE_EFFECTS = {
+    "telemetry",
+    "signals",
+    "notices",
+    "logs",
+    "metrics",
+    "wakeup",
+    "delivery",
+    "processing",
+    "service",
+}
+SIDE_EFFECT_LIBRARIES = ("django.dispatch", "django.core.signals", "opentelemetry", "prometheus_client")
+
+
+def side_effect_imports(source: str, package: list[str]) -> list[str]:
+    """The modules of ``SIDE_EFFECTS`` a module imports, counting type-only and function-local imports."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            targets = [f"{module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for target in targets:
+            inside = target.startswith("zeroloss.") and SIDE_EFFECTS & set(target.split(".")[1:])
+            if inside or target.startswith(SIDE_EFFECT_LIBRARIES):
+                found.append(target)
+    return found
+
+
+def test_the_ledger_imports_none_of_its_side_effects():
+    ledger = PACKAGE / "ledger"
+    found = {
+        path.name: side_effect_imports(path.read_text(), ["zeroloss", "ledger"])
+        for path in sorted(ledger.rglob("*.py"))
+    }
+    assert {name: names for name, names in found.items() if names} == {}
+
+
+def test_the_side_effect_scan_sees_every_kind_of_import():
+    source = """
+from typing import TYPE_CHECKING
+from .. import telemetry
+from . import events
+if TYPE_CHECKING:
+    from ..service import ZeroLossMessageService
+def later():
+    from django.dispatch import Signal
+    import zeroloss.integrations.telemetry.tracing
+"""
+    assert side_effect_imports(source, ["zeroloss", "ledger"]) == [
+        "zeroloss.telemetry",
+        "zeroloss.service.ZeroLossMessageService",
+        "django.dispatch.Signal",
+        "zeroloss.integrations.telemetry.tracing",
+    ]

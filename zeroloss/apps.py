@@ -15,16 +15,27 @@ class ZeroLossConfig(AppConfig):
         from . import (
             checks,  # noqa: F401  (registers the system checks)
             replication,
+            telemetry,
         )
+        from .delivery import OutcomeWaiters
         from .handlers import add_queue_source, autodiscover
+        from .ledger import events
         from .ledger.hooks import install_redispatch, install_replication
         from .logs import LOGGER, TraceIds
+        from .notices import LogNotices, SignalNotices
+        from .service import ZeroLossMessageService
         from .tasks_backend.runner import TASK_QUEUES
+        from .telemetry.subscriber import TelemetryEvents
         from .transports.celery import redispatch
 
         # The ledger calls replication and the transport through its hooks, never by import.
         install_replication(replication.hooks())
         install_redispatch(redispatch)
+        # Its side effects subscribe to the ledger's events, in the order each batch reaches them.
+        events.subscribe(
+            LogNotices(), SignalNotices(ZeroLossMessageService), TelemetryEvents(), OutcomeWaiters()
+        )
+        events.install_tracer(telemetry)
         logger = logging.getLogger(LOGGER)
         if not any(isinstance(f, TraceIds) for f in logger.filters):
             logger.addFilter(TraceIds())

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .ledger.types import CompletionReport, Lease
+from .ledger.events import Event, Finished, Released
+from .ledger.types import Lease
 from .states import Status
 
 if TYPE_CHECKING:
@@ -105,25 +106,33 @@ def call_when_stored(message_id: str, callback: Callable[[str], None]) -> None:
         _when_stored[message_id] = callback
 
 
-def outcomes_stored(using: str, report: CompletionReport) -> None:
-    """Run the callbacks of the outcomes ``report`` recorded, when their transaction commits
-    (at once outside one). Called after ``ZeroLossMessageService.record_outcomes``."""
-    from django.db import transaction
+#: What a waiter is told, by the outcome of :class:`~.ledger.events.Finished`.
+_STORED_AS = {
+    Status.COMPLETED.value: Status.COMPLETED.value,
+    "failed": "retrying",
+    "snoozed": "retrying",
+    Status.DEAD.value: Status.DEAD.value,
+    Status.CANCELLED.value: Status.CANCELLED.value,
+}
 
-    with _when_stored_lock:
-        for mid in [*report.refused, *report.released]:
-            _when_stored.pop(mid, None)
-        due = [
-            (callback, outcome)
-            for outcome, ids in (
-                (Status.COMPLETED.value, report.acknowledged),
-                ("retrying", report.retrying),
-                ("retrying", report.snoozed),
-                (Status.DEAD.value, report.dead_lettered),
-                (Status.CANCELLED.value, report.cancelled),
-            )
-            for mid in ids
-            if (callback := _when_stored.pop(mid, None)) is not None
-        ]
-    for callback, outcome in due:
-        transaction.on_commit(lambda c=callback, o=outcome: c(o), using=using)  # type: ignore[misc]
+
+class OutcomeWaiters:
+    """The callbacks of :func:`call_when_stored`, as a subscriber of the ledger's events: each
+    called once its message's outcome is committed, dropped when the lease was lost or the
+    message released."""
+
+    def wants(self, kind: type) -> bool:
+        return kind in (Finished, Released) and bool(_when_stored)
+
+    def __call__(self, sender: type | None, events: Sequence[Event]) -> None:
+        due: list[tuple[Callable[[str], None], str]] = []
+        with _when_stored_lock:
+            for e in events:
+                if not isinstance(e, Finished | Released):
+                    continue
+                callback = _when_stored.pop(e.message_id, None)
+                told = _STORED_AS.get(e.outcome) if isinstance(e, Finished) else None
+                if callback is not None and told is not None:
+                    due.append((callback, told))
+        for callback, told in due:
+            callback(told)

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from . import signals, telemetry
+from . import telemetry
 from .delivery import Delivery, LeaseLost
 from .handlers import HandlerSpec
+from .ledger import events
 from .ledger.types import Completion, Lease, Verdict
 from .ledger.validation import MAX_ERROR_LENGTH, canonical_json, clean_text
 from .retry import Fail, Retry, Snooze, seconds_of
@@ -221,10 +222,8 @@ def _result(spec: HandlerSpec, value: Any) -> Any:
 def _started(delivery: Delivery, worker: str) -> Any:
     """The one place a handler run starts: the signal, then the telemetry's span and counters
     (the returned handle's ``end`` closes them)."""
-    if signals.message_started.receivers:
-        from .service import ZeroLossMessageService
-
-        signals.send(signals.message_started, ZeroLossMessageService, delivery=delivery, worker=worker)
+    if events.wanted(events.Started):
+        events.publish(None, [events.Started(delivery, worker)])
     try:
         return telemetry.process(delivery, worker)
     except Exception:  # a broken tracer or exporter must not cost the message its run

@@ -17,7 +17,6 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 
-from .delivery import _when_stored, outcomes_stored
 from .ledger.aborts import Aborts
 from .ledger.base import LedgerContext
 from .ledger.control import Control
@@ -96,7 +95,6 @@ class ZeroLossMessageService(DeprecatedNames):
     def __init__(self, *, using: str = DEFAULT_DB_ALIAS, instance_id: str | None = None, **overrides: Any):
         ctx = self.context = LedgerContext(using=using, instance_id=instance_id, **overrides)
         ctx.service = self  # the hooks' and signals' "service"
-        ctx.outcomes_recorded = _tell_waiters
         self.settings, self.using, self.instance_id = ctx.settings, ctx.using, ctx.instance_id
         self.store = ctx.store = Store(ctx)
         self.leases = ctx.leases = Leases(ctx)
@@ -109,11 +107,6 @@ class ZeroLossMessageService(DeprecatedNames):
         self.dispatch = ctx.dispatch = Dispatch(ctx)
         self.reads = ctx.reads = Reads(ctx)
         self.nodes = ctx.nodes = Nodes(ctx)
-
-
-def _tell_waiters(using: str, report: CompletionReport) -> None:
-    if _when_stored:  # something of this process waits for these outcomes (task_finished)
-        outcomes_stored(using, report)
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> bool:

@@ -16,7 +16,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from .. import conf
 from ..exceptions import InvalidLeaseToken, InvalidMessage
 from ..states import Status
-from . import statements, statements_partitions
+from . import events, statements, statements_partitions
 from .catalogue import package_catalogues
 from .engine import Engine, Move, Params, Rows
 from .postgres import PostgresEngine
@@ -25,7 +25,6 @@ from .statements_moves import MOVED_NAMES
 from .validation import default_instance_id, validate_message_id
 
 if TYPE_CHECKING:
-    from ..service import ZeroLossMessageService
     from .aborts import Aborts
     from .control import Control
     from .dispatch import Dispatch
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
     from .outcomes import Outcomes
     from .persist import Store
     from .sweep import Recovery
-    from .types import CompletionReport
 
 logger = logging.getLogger("zeroloss")
 
@@ -112,8 +110,10 @@ class LedgerContext:
     arguments override ``ZEROLOSS`` settings, by lower-case name (``ack_timeout=0.5``).
     """
 
-    # The parts, set by the service that composes them (zeroloss.service).
-    service: ZeroLossMessageService
+    #: The service that composes the parts (zeroloss.service): the hooks' argument, and whose
+    #: class sends the events' signals.
+    service: Any
+    # The parts, set by that service.
     store: Store
     leases: Leases
     outcomes: Outcomes
@@ -125,9 +125,6 @@ class LedgerContext:
     dispatch: Dispatch
     reads: Reads
     nodes: Nodes
-    #: Called with (database alias, report) after every batch of outcomes (the service's
-    #: waiters for outcomes: zeroloss.delivery); None: nobody.
-    outcomes_recorded: Callable[[str, CompletionReport], None] | None = None
 
     def __init__(self, *, using: str = DEFAULT_DB_ALIAS, instance_id: str | None = None, **overrides: Any):
         if overrides:
@@ -247,6 +244,13 @@ class LedgerContext:
             transaction.on_commit(action, using=self.using)
         else:
             action()
+
+    def emit(self, found: Sequence[events.Event]) -> None:
+        """Publish ``found`` (:mod:`.events`) once the current transaction commits (at once
+        outside one): never for a rollback."""
+        if found:
+            sender = type(self.service)
+            self.after_commit(lambda: events.publish(sender, found))
 
     def promote_after_commit(self, keys: set[tuple[str, str]], message_ids: Sequence[str]) -> None:
         """Release the next message of each key once the current transaction commits.

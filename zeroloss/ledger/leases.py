@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import OperationalError, transaction
 
-from .. import telemetry
+from . import events
 from .base import Part
 from .engine import MOVED_FROM
 from .types import Lease
@@ -120,8 +120,8 @@ class Leases(Part):
             )
             for r in rows
         ]
-        if leases and telemetry.active():
-            telemetry.claimed(cursor_of or leases[0].queue_name, leases)
+        if leases and events.wanted(events.Claimed):
+            self.ctx.emit([events.Claimed(cursor_of or leases[0].queue_name, leases)])
         return leases
 
     def _planned_claim(self, name: str, params: Sequence[Any]) -> list[Any]:

@@ -9,11 +9,10 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import telemetry
 from ..exceptions import InvalidMessage, MessageNotFound
 from ..models import PurgeRecord, Status
 from ..states import FINISHED_STATUSES
-from . import partitions, statements_ops
+from . import events, partitions, statements_ops
 from .base import Part
 from .types import CancelOutcome, CancelResult
 from .validation import clean_text, seconds, validate_count, validate_message_id, validate_queue_name
@@ -47,7 +46,7 @@ class Operator(Part):
     ) -> list[tuple[str, str, str]]:
         """Move ``ids`` with the named statement, in chunks; ``(id, queue, ordering_key)`` moved."""
         reason = self.engine.moves[name].reasons[0]
-        with telemetry.operation(reason, messages=len(ids), actor=actor or ""):  # an operator action's span
+        with events.span(reason, messages=len(ids), actor=actor or ""):  # an operator action's span
             moved: list[tuple[str, str, str]] = []
             for start in range(0, len(ids), CHUNK):
                 chunk = ids[start : start + CHUNK]
@@ -160,14 +159,10 @@ class Operator(Part):
         keys = {(queue, key) for _, queue, key in moved if key}
         if keys:
             self._promote_after_commit(keys, [m[0] for m in moved if m[2]])
-        if moved and telemetry.active():
-            cancelled = [(m[0], m[1]) for m in moved]
-
-            def measure() -> None:
-                for mid, queue in cancelled:
-                    telemetry.cancelled(queue, mid, "operator")
-
-            transaction.on_commit(measure, using=self.using)
+        if moved and events.wanted(events.Cancelled):
+            self.ctx.emit(
+                events.of_cancels(self.using, actor or self.instance_id, [(m[0], m[1]) for m in moved])
+            )
         return [CancelResult(m, outcomes[m], statuses.get(m, "")) for m in ids]
 
     # -- retention ----------------------------------------------------------------------

@@ -15,10 +15,9 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import telemetry
 from ..exceptions import InvalidMessage
 from ..states import Status
-from . import notices
+from . import events
 from .base import Part
 from .types import Completion, CompletionReport, Lease, Verdict
 from .validation import canonical_json, clean_text, validate_message_id
@@ -83,12 +82,8 @@ class Outcomes(Part):
         clock. Raises :class:`InvalidPayload` (nothing written) if a result is not JSON.
         """
         batch = list(completions)
-        with telemetry.settle_span(batch):
-            report = self._record(batch, locked)
-        after = self.ctx.outcomes_recorded
-        if after is not None:
-            after(self.using, report)
-        return report
+        with events.settle_span(batch):
+            return self._record(batch, locked)
 
     def _record(self, batch: list[Completion], locked: bool) -> CompletionReport:
         if not batch:
@@ -184,13 +179,12 @@ class Outcomes(Part):
             self._promote_after_commit(
                 finished, sorted(c.lease.message_id for c in batch if c.lease.ordering_key)
             )
-        if notices.wanted_after_outcomes(report):
-            # Dead letters logged, signals sent, once the outcomes are durable (never for a rollback).
-            self._after_commit(
-                lambda: notices.outcomes_recorded(
-                    type(self.ctx.service), self.using, self.instance_id, batch, report
-                )
-            )
+        kinds: list[type] = [events.Finished]
+        kinds += [events.DeadLettered] if report.dead_lettered else []
+        kinds += [events.Cancelled] if report.cancelled else []
+        kinds += [events.Released] if report.released else []
+        if events.wanted(*kinds):  # told once the outcomes are durable (never for a rollback)
+            self.ctx.emit(events.of_outcomes(self.using, self.instance_id, batch, report))
         return report
 
     def lock_held(self, leases: Sequence[Lease]) -> set[str]:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import time
 
 from django.db import DatabaseError, transaction
 
-from .. import telemetry
 from ..models import Status
-from . import notices, partitions
+from . import events, partitions
 from .base import Part, logger
 from .types import RecoveryReport
 from .validation import validate_count
@@ -42,7 +40,7 @@ class Recovery(Part):
         A message whose lease is renewed in time never matches. Also releases the next
         message of any ordering key left without a head (see :meth:`repair_ordering_keys`).
         """
-        with telemetry.operation("sweep"):  # each message moved: an event of this span
+        with events.span("sweep"):  # each message moved: an event of this span
             return self._recover(batch_size, limit)
 
     def _recover(self, batch_size: int | None, limit: int | None) -> RecoveryReport:
@@ -91,7 +89,7 @@ class Recovery(Part):
             rows = self._move("SWEEP", [since, size, since], actor=actor)
             batches += 1
             if rows:
-                self._after_commit(functools.partial(notices.swept, type(self.ctx.service), self.using, rows))
+                self.ctx.emit(events.of_sweep(self.using, rows))
             for row in rows:
                 {Status.DEAD: dead, Status.CANCELLED: cancelled}.get(row[2], requeued).append(row[1])
                 if row[2] in (Status.DEAD, Status.CANCELLED) and row[9]:

@@ -1,8 +1,8 @@
 """Traces and metrics of a message's life: one entry point per event (docs/observability.md).
 
-The ledger, the worker and the senders call these functions at the single places where the
-events happen (next to :mod:`zeroloss.signals` and the log records of :mod:`.notices`), and
-nothing else of zeroloss touches OpenTelemetry or the event counters. Each backend is loaded on
+The events of the ledger reach these functions through its event stream (:mod:`.subscriber`
+subscribes to :mod:`zeroloss.ledger.events`); the worker and the senders call the spans around
+their work here; nothing else of zeroloss touches OpenTelemetry or the event counters. Each backend is loaded on
 first use, only when it is installed and ``ZEROLOSS["TELEMETRY"]`` is on:
 
 - :mod:`.tracing` (``opentelemetry-api``, the ``zeroloss[otel]`` extra): PRODUCER and CONSUMER

@@ -21,8 +21,9 @@ from typing import Any, Protocol
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS
 
-from .. import signals, telemetry
+from .. import telemetry
 from ..handlers import default_max_attempts, get_handler
+from ..ledger import events
 from ..ledger.types import RecoveryReport
 from ..models import Message
 from ..service import ZeroLossMessageService
@@ -199,7 +200,7 @@ def send(
         )
         span.stored([message])
     get_transport(service).after_commit(service, [message])
-    if signals.message_sent.receivers or telemetry.active():
+    if events.wanted(events.Sent):
         _signal_sent(service, [message])
     return message
 
@@ -235,7 +236,7 @@ def send_many(
         service, messages = _send_many(
             queue_name, data, ids, headers, span, using, max_attempts, delay, priority, ordering_key
         )
-    if signals.message_sent.receivers or telemetry.active():
+    if events.wanted(events.Sent):
         _signal_sent(service, messages)
     return messages
 
@@ -295,23 +296,7 @@ def _send_many(
 
 def _signal_sent(service: ZeroLossMessageService, messages: Sequence[Message]) -> None:
     """``message_sent`` for each message, once the caller's transaction committed."""
-    sent = [(m.message_id, m.queue_name) for m in messages]
-    listened = bool(signals.message_sent.receivers)
-
-    def fire() -> None:
-        telemetry.sent([queue_name for _, queue_name in sent])
-        if not listened:
-            return
-        for message_id, queue_name in sent:
-            signals.send(
-                signals.message_sent,
-                type(service),
-                message_id=message_id,
-                queue_name=queue_name,
-                using=service.using,
-            )
-
-    service.context.after_commit(fire)
+    service.context.emit([events.Sent(m.message_id, m.queue_name, service.using) for m in messages])
 
 
 async def asend(queue_name: str, data: Any, **kwargs: Any) -> Message:
