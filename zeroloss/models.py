@@ -7,7 +7,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from .states import LIVE_STATUSES, Reason, Status
+from .states import ACTIVE_STATUSES, LIVE_STATUSES, Reason, Status
 
 __all__ = [
     "LIVE_STATUSES",
@@ -163,7 +163,8 @@ class Message(models.Model):
             models.UniqueConstraint(
                 fields=["queue_name", "ordering_key"],
                 name="zeroloss_ordering_head_uniq",
-                condition=Q(status__in=list(LIVE_STATUSES), available_at__isnull=False) & ~Q(ordering_key=""),
+                condition=Q(status__in=list(ACTIVE_STATUSES), available_at__isnull=False)
+                & ~Q(ordering_key=""),
             ),
         ]
         permissions = [

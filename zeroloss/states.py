@@ -78,6 +78,10 @@ FINISHED_STATUSES: tuple[Status, ...] = _having("finished")
 CLAIMABLE_STATUSES: tuple[Status, ...] = _having("claimable")
 #: Statuses under a lease.
 LEASED_STATUSES: tuple[Status, ...] = _having("leased")
+#: Claimable or under a lease: what can be its ordering key's head (one at most per key).
+ACTIVE_STATUSES: tuple[Status, ...] = tuple(
+    s for s in Status if s in CLAIMABLE_STATUSES or s in LEASED_STATUSES
+)
 #: Statuses a snapshot counts row by row (the others by an estimate where there is one).
 COUNTED_STATUSES: tuple[Status, ...] = _having("estimated", False)
 #: Every declared set, by name: SQL that spells a set of statuses must spell one of these.
@@ -86,6 +90,7 @@ STATUS_SETS: dict[str, frozenset[str]] = {
     "FINISHED_STATUSES": frozenset(FINISHED_STATUSES),
     "CLAIMABLE_STATUSES": frozenset(CLAIMABLE_STATUSES),
     "LEASED_STATUSES": frozenset(LEASED_STATUSES),
+    "ACTIVE_STATUSES": frozenset(ACTIVE_STATUSES),
     "COUNTED_STATUSES": frozenset(COUNTED_STATUSES),
 }
 
@@ -154,6 +159,12 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(R, X, Reason.ABORTED, "worker"),
     Transition(R, X, Reason.ABORTED, "sweep"),
 )
+
+
+def sources_of(reason: Reason) -> frozenset[str]:
+    """The statuses a message can leave for ``reason`` (an operator's action applies to these)."""
+    return frozenset(t.source for t in TRANSITIONS if t.reason == reason)
+
 
 #: Audit rows that record an event but move nothing (``from_status == to_status``).
 ANNOTATIONS: frozenset[Reason] = frozenset({Reason.DUPLICATE_ABSORBED, Reason.ABORT_REQUESTED})

@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from ..ledger import statements_reads
 from ..ledger.base import engine_for
 from ..models import Message, MessageEvent, Status
-from ..states import LIVE_STATUSES
+from ..states import ACTIVE_STATUSES
 from .base import cache_get, cache_set, get_service
 
 #: A value filter (queue, reason) lists at most this many values.
@@ -57,7 +57,7 @@ class OrderingStateFilter(admin.SimpleListFilter):
         value = self.value()
         if value == "head":
             # The one-head index's own condition.
-            return queryset.filter(status__in=LIVE_STATUSES, available_at__isnull=False).exclude(
+            return queryset.filter(status__in=ACTIVE_STATUSES, available_at__isnull=False).exclude(
                 ordering_key=""
             )
         if value == "waiting":

@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext_lazy as _
 
 from ..models import Message, Status
-from ..states import LIVE_STATUSES
+from ..states import ACTIVE_STATUSES, Reason, sources_of
 from . import actions, search
 from .display import MessageColumns, database_now, lease_info
 from .filters import LeaseStateFilter, OrderingStateFilter, PriorityFilter, QueueFilter
@@ -169,9 +169,9 @@ class MessageAdmin(MessageColumns, DeskViews):
                 "requeue_stuck": lease == "expired",
                 "force_requeue": obj.status == Status.PROCESSING,
                 "redrive": obj.status == Status.DEAD,
-                "dead_letter": obj.status in LIVE_STATUSES,
+                "dead_letter": obj.status in sources_of(Reason.DEAD_LETTERED_BY_OPERATOR),
                 "skip_key_head": bool(obj.ordering_key)
-                and obj.status in LIVE_STATUSES
+                and obj.status in ACTIVE_STATUSES
                 and obj.available_at is not None,
                 "requeue_key_head": bool(obj.ordering_key) and lease == "expired",
             }
