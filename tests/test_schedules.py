@@ -136,6 +136,104 @@ def test_one_walk_decides_which_ticks_are_due_and_which_are_sent_lord_howe():
     assert [next_ticks(spec, t, 1)[0] for t in LORD_HOWE_NIGHT[:-1]] == LORD_HOWE_NIGHT[1:]
 
 
+#: Zones with whole-hour, 30-minute (Lord Howe) and 45-minute (Chatham) changes, changes at
+#: midnight (Havana), southern ones, Casablanca's Ramadan changes, and two without any.
+WALK_ZONES = [
+    "UTC",
+    "Europe/Berlin",
+    "Europe/London",
+    "America/New_York",
+    "America/Havana",
+    "America/St_Johns",
+    "America/Santiago",
+    "Australia/Adelaide",
+    "Australia/Lord_Howe",
+    "Pacific/Chatham",
+    "Pacific/Auckland",
+    "Africa/Casablanca",
+    "Asia/Kathmandu",
+]
+WALK_CRONS = [
+    "* * * * *",
+    "*/15 * * * *",
+    "30 * * * *",
+    "0 */2 * * *",
+    "0 2 * * *",
+    "30 2 * * *",
+    "0 0 * * *",
+    "15 1,2,3 * * *",
+    "0 3 * * 0",
+    "0 12 1 * *",
+    "*/30 1-3 * * *",
+    "45 23 * * *",
+    "0 0 1 1 *",
+]
+
+
+def offset_changes(zone: str, year: int) -> list[dt.datetime]:
+    """Every change of the zone's UTC offset during ``year`` (to the hour after it)."""
+    import zoneinfo
+
+    tz = zoneinfo.ZoneInfo(zone)
+    hour = dt.timedelta(hours=1)
+    instant, end = at(year, 1, 1), at(year + 1, 1, 1)
+    changes = []
+    while instant < end:
+        if (instant + hour).astimezone(tz).utcoffset() != instant.astimezone(tz).utcoffset():
+            changes.append(instant + hour)
+        instant += hour
+    return changes
+
+
+def due_one_after_another(spec, start: dt.datetime, end: dt.datetime) -> list[dt.datetime]:
+    """The due walk: each tick the next after the one before, as the scheduler finds them due."""
+    due = []
+    while (tick := next_ticks(spec, start, 1)) and tick[0] <= end:
+        due.append(tick[0])
+        start = tick[0]
+    return due
+
+
+def test_the_due_walk_and_the_sent_walk_agree_over_a_year_of_13_zones_and_13_crons():
+    # Away from a change of offset a zone is a fixed offset and both walks read the same wall
+    # clock: they can disagree only around a change. So each of the year's changes in each zone
+    # is walked, from 26 h before to 26 h after (a daily tick on either side), both ways, plus
+    # one ordinary day per zone.
+    day = dt.timedelta(hours=26)
+    compared = 0
+    mismatches = []
+    for zone in WALK_ZONES:
+        windows = [(c - day, c + day) for c in offset_changes(zone, 2026)]
+        windows.append((at(2026, 6, 10), at(2026, 6, 11, 2)))
+        for cron in WALK_CRONS:
+            spec = parse_schedule(
+                "x", {"queue": "demo.record", "cron": cron, "timezone": zone}, check_targets=False
+            )
+            for start, end in windows:
+                sent = latest_ticks(spec, start, end, 10**6)
+                due = due_one_after_another(spec, start, end)
+                compared += len(sent)
+                if due != sent:
+                    mismatches.append((zone, cron, start, sorted(set(due) ^ set(sent))))
+    assert not mismatches, mismatches
+    assert compared > 90_000  # every window walked (both walks empty would agree too)
+
+
+def test_the_chatham_changes_neither_cycle_nor_skip_a_tick():
+    # 45-minute offsets: the wall clock jumps 02:45 -> 03:45 (spring) and 03:45 -> 02:45 (fall).
+    spec = parse_schedule(
+        "ch",
+        {"queue": "demo.record", "cron": "0 */2 * * *", "timezone": "Pacific/Chatham"},
+        check_targets=False,
+    )
+    spring = latest_ticks(spec, at(2026, 9, 26, 10), at(2026, 9, 26, 16), 100)
+    # 00:00 and 02:00 CHAST (+12:45), then 04:00 CHADT (+13:45); cronsim's own walk skips 02:00.
+    assert spring == [at(2026, 9, 26, 11, 15), at(2026, 9, 26, 13, 15), at(2026, 9, 26, 14, 15)]
+    fall = latest_ticks(spec, at(2026, 4, 4, 10), at(2026, 4, 4, 16), 100)
+    # 00:00 and 02:00 CHADT, then 04:00 CHAST; cronsim's own walk back from 04:00 never returns.
+    assert fall == [at(2026, 4, 4, 10, 15), at(2026, 4, 4, 12, 15), at(2026, 4, 4, 15, 15)]
+
+
 @pytest.mark.parametrize("policy", ["latest", "all"])
 def test_the_lord_howe_fall_back_tick_is_sent_on_time_through_the_scheduler(settings, db, policy):
     schedules(

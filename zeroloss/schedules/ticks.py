@@ -18,6 +18,11 @@ walk's ticks below it. cronsim's two directions disagree on a few instants (Lord
 fall-back: ``0 */2 * * *`` on 2026-04-05, whose 02:00 the forward walk skips); with two walks a
 tick could be due by one and never sent by the other.
 
+**The backward walk steps back in elapsed time** (:class:`_CronWalk`): cronsim's own backward
+hour step sets the wall clock to ``hh:59:59``, which across a change of offset inside that wall
+hour moves forward in time: around Chatham's changes (45-minute offsets, ``0 */2 * * *``) it
+cycles for ever on the fall-back and skips 02:00 on the spring-forward.
+
 All instants returned are aware datetimes in UTC.
 """
 
@@ -25,6 +30,8 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator
+
+from cronsim import CronSim
 
 from .spec import ScheduleSpec
 
@@ -46,11 +53,39 @@ def _every_us(spec: ScheduleSpec) -> int:
     return max(1, round(spec.every * 1_000_000))
 
 
-def _cron(spec: ScheduleSpec, start: dt.datetime, *, reverse: bool) -> Iterator[dt.datetime]:
-    from cronsim import CronSim
+_SECOND = dt.timedelta(seconds=1)
 
+
+class _CronWalk(CronSim):
+    """cronsim, its backward hour step taken in elapsed time (module docstring)."""
+
+    def reverse_hour(self) -> bool:
+        now = self.dt
+        if now.hour in self.hours or now.tzinfo in (None, dt.UTC):  # naive: wall-clock arithmetic
+            return bool(super().reverse_hour())
+        at = now.astimezone(dt.UTC)
+        # The last second before this wall hour began: at hh:00 by elapsed time, or at the change
+        # of offset inside it if the wall clock jumped into this hour there (a spring-forward).
+        land = at - dt.timedelta(seconds=now.minute * 60 + now.second + 1)
+        if land.astimezone(now.tzinfo).utcoffset() != now.utcoffset():
+            low, high = land, at  # the change lies between: find its second
+            while high - low > _SECOND:
+                mid = (low + (high - low) / 2).replace(microsecond=0)
+                if mid.astimezone(now.tzinfo).utcoffset() == now.utcoffset():
+                    high = mid
+                else:
+                    low = mid
+            if (high - _SECOND).astimezone(now.tzinfo).hour != now.hour:
+                land = high - _SECOND
+        self.dt = land.astimezone(now.tzinfo)
+        while self.dt.hour not in self.hours and self.dt.hour != 23:  # 23: the day is checked again
+            self.tick(3600)
+        return True
+
+
+def _cron(spec: ScheduleSpec, start: dt.datetime, *, reverse: bool) -> Iterator[dt.datetime]:
     assert spec.cron is not None
-    for tick in CronSim(spec.cron, start.astimezone(spec.tz), reverse=reverse):
+    for tick in _CronWalk(spec.cron, start.astimezone(spec.tz), reverse=reverse):
         yield tick.astimezone(dt.UTC)
 
 
