@@ -53,11 +53,11 @@ BEING_REMOVED = frozenset(
 #: How each kind of guard reads in a statement's WHERE clause (the clock: any engine fragment
 #: or SQL function, so a clock other than ``{now}`` still matches).
 GUARD_KINDS = {
-    "token": r"(?:\{msg\}\.)?lease_token = (?:b\.tok|%s)|b\.tok = lease_token",
-    "status": r"(?:\{msg\}\.)?\bstatus = (?:'[a-z]+'|%s)",
+    "token": r"(?:\{msg\}\.)?lease_token = (?:b\.tok|%s|%\(\w+\)s)|b\.tok = lease_token",
+    "status": r"(?:\{msg\}\.)?\bstatus = (?:'[a-z]+'|%s|%\(\w+\)s)",
     "expiry": r"(?:\{msg\}\.)?lease_expires_at [<>] (?:\{\w+\}|\w+\(\))",
     "available": r"(?:\{msg\}\.)?available_at <= (?:\{\w+\}|\w+\(\))",
-    "owner": r"(?:\{msg\}\.)?claimed_by = %s",
+    "owner": r"(?:\{msg\}\.)?claimed_by = (?:%s|%\(\w+\)s)",
     "abort": r"(?:\{msg\}\.)?abort_requested_at IS (?:NOT )?NULL",
 }
 #: A statement is fenced when it moves a message or compares a lease column.
@@ -77,17 +77,24 @@ def expect(condition: object, breach: object) -> None:
 
 def predicates(template: str) -> tuple[str, str]:
     """A statement split before its first WHERE: (what it sets, what it checks)."""
-    head, where, tail = template.partition(" WHERE ")
+    head, where, tail = (
+        re.split(r"(\sWHERE\s)", template, maxsplit=1)
+        if re.search(r"\sWHERE\s", template)
+        else (template, "", "")
+    )
     return head + where, tail
 
 
 def catalogue() -> dict[str, str]:
-    """Every named statement template of the catalogue."""
-    return {
+    """Every named statement of the catalogue: its templates, and its statements written whole
+    (as PostgreSQL runs them: the same predicates as SQLite's, a clock spelled as a function)."""
+    templates = {
         name: value
         for name, value in vars(statements).items()
         if name.isupper() and not name.startswith("_") and isinstance(value, str)
     }
+    whole = {name: texts["postgresql"] for c in statements.WHOLE for name, texts in c.statements.items()}
+    return {**templates, **whole}
 
 
 def fenced_guards() -> set[tuple[str, str]]:
@@ -600,21 +607,33 @@ GUARDS: list[Guard] = [
 ]
 
 
+#: A clock as a template or a statement written whole spells it: a fragment, an SQL function,
+#: SQLite's strftime of now.
+_CLOCK = r"(?:\{\w+\}|\w+\(\)|strftime\('[^']*', 'now'\))"
+_PARAMETER = r"(?:%s|%\(\w+\)s)"
+
+
 def _predicate_pattern(predicate: str) -> str:
-    """The predicate as a regular expression: with its optional table prefix, any fragment."""
+    """The predicate as a regular expression: with its optional table prefix (a template's, or
+    the table's name), any clock, a positional or named parameter."""
     pattern = re.escape(predicate)
-    pattern = re.sub(r"\\\{\w+\\\}", lambda _: r"(?:\{\w+\}|\w+\(\))", pattern)
-    return r"(?:\{msg\}\.)?" + pattern
+    pattern = re.sub(r"\\\{\w+\\\}", lambda _: _CLOCK, pattern)
+    pattern = pattern.replace("%s", _PARAMETER)
+    return r"(?:\{msg\}\.|zeroloss_message\.)?" + pattern
 
 
 def without_guard(template: str, guard: Guard) -> str:
     """The statement with every occurrence of the guard's predicate made always true."""
-    removed = guard.removed
-    if removed is None:
-        # A %s predicate keeps its parameter, so the statement's parameters stay the same.
-        removed = "CAST(%s AS TEXT) IS NOT NULL" if "%s" in guard.predicate else "true"
+
+    def removed(found: re.Match[str]) -> str:
+        if guard.removed is not None:
+            return guard.removed
+        # A predicate on a parameter keeps it, so the statement's parameters stay the same.
+        parameter = re.search(_PARAMETER, found[0]) if "%s" in guard.predicate else None
+        return f"CAST({parameter[0]} AS TEXT) IS NOT NULL" if parameter else "true"
+
     sets, checked = predicates(template)
-    mutated, count = re.subn(_predicate_pattern(guard.predicate), lambda _: removed, checked)
+    mutated, count = re.subn(_predicate_pattern(guard.predicate), removed, checked)
     assert count, f"{guard.statement} no longer checks {guard.predicate!r}: update GUARDS"
     return sets + mutated
 
@@ -629,9 +648,12 @@ def catalogue_without(guard: Guard) -> Iterator[None]:
     """
     engine = engine_for(connection)
     original = engine.sql[guard.statement]
-    engine.sql[guard.statement] = engine.render(
-        guard.statement, without_guard(getattr(statements, guard.statement), guard)
-    )
+    if guard.statement in engine.whole:  # as this database runs it
+        engine.sql[guard.statement] = without_guard(original, guard)
+    else:
+        engine.sql[guard.statement] = engine.render(
+            guard.statement, without_guard(getattr(statements, guard.statement), guard)
+        )
     assert engine.sql[guard.statement] != original
     engine._composed.clear()
     try:

@@ -88,7 +88,8 @@ def all_statements() -> Iterator[tuple[str, str, str]]:
     (:mod:`.statements_partitions`), as written: its identifiers are filled in per call.
     """
     for catalogue in package_catalogues():
-        yield from catalogue
+        # A moving statement: as its transition runs it, below.
+        yield from (statement for statement in catalogue if statement[0] not in statements.MOVES)
     for dialect, engine in _ENGINES.items():
         for name, text in engine.sql.items():
             if name in engine.moves:
@@ -171,7 +172,7 @@ class LedgerContext:
     def move(
         self,
         name: str,
-        params: Sequence[Any],
+        params: Params,
         *,
         detail: str = "",
         actor: str | None = None,
@@ -191,7 +192,7 @@ class LedgerContext:
         engine = engine_for(conn)
         declared = engine.moves[name]
         if declared.takes_detail:
-            params = [*params, detail]
+            params = {**params, "detail": detail} if isinstance(params, dict) else [*params, detail]
         rows = engine.transition(
             conn,
             Move(

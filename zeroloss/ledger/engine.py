@@ -59,7 +59,8 @@ class Move(NamedTuple):
     of client CPU to build (measured)."""
 
     name: str
-    params: Sequence[Any]
+    #: Named for a statement written whole (the engine adds ``actor``), else positional.
+    params: Params
     actor: str
     #: When a message of an ordering key finished (completed, dead or cancelled), release the
     #: next one of its key in the same transaction.
@@ -134,11 +135,14 @@ class Engine:
             self.picks[name] = None if m.result is None else tuple(names.index(c) for c in m.result)
         self.planned_per_call = statements.PLANNED_PER_CALL
         #: The names of :attr:`sql` read whole from a ``.sql`` catalogue (the others: rendered).
+        #: A moving one is written with its RETURNING columns, as :attr:`returning` derives them.
         self.whole: set[str] = set()
         for catalogue in statements.WHOLE:
             texts = catalogue.texts(self.vendor)
             self.sql.update(texts)
             self.whole.update(texts)
+        for name in self.whole & set(self.moves):
+            self.returning[name] = self.render(name, self.moves[name].returning_sql(named=True))
         self._composed: dict[tuple[Any, ...], str] = {}
 
     def render(self, name: str, template: str) -> str:
@@ -322,11 +326,12 @@ class Engine:
         return sql
 
     @staticmethod
-    def event_insert(source: str) -> str:
-        """INSERT of audit rows from a row source with the ``MOVED`` columns."""
+    def event_insert(source: str, actor: str = "%s") -> str:
+        """INSERT of audit rows from a row source with the ``MOVED`` columns (``actor``: its
+        parameter, ``%(actor)s`` around a statement written whole)."""
         return (
             f"INSERT INTO {EVT} ({AUDIT_COLUMNS}) "
-            f"SELECT id, from_status, status, reason, %s, attempts, detail, updated_at, created_at FROM {source}"
+            f"SELECT id, from_status, status, reason, {actor}, attempts, detail, updated_at, created_at FROM {source}"
         )
 
     # -- the other areas' catalogues, and what a database can do --------------------------

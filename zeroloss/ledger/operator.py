@@ -35,14 +35,20 @@ class Operator(Part):
         ids = [validate_message_id(m) for m in message_ids]
         for start in range(0, len(ids), CHUNK):
             chunk = ids[start : start + CHUNK]
-            found = {r[0] for r in self._run("KNOWN_IDS", self._rows("KNOWN_IDS", chunk))[0]}
+            found = {r[0] for r in self._run("KNOWN_IDS", {"ids": self.engine.column(chunk)})[0]}
             missing = [m for m in chunk if m not in found]
             if missing:
                 raise MessageNotFound(missing[0])
         return ids
 
     def _by_ids(
-        self, name: str, ids: Sequence[str], *, before: Sequence[Any] = (), detail: str, actor: str | None
+        self,
+        name: str,
+        ids: Sequence[str],
+        *,
+        params: dict[str, Any] | None = None,
+        detail: str,
+        actor: str | None,
     ) -> list[tuple[str, str, str]]:
         """Move ``ids`` with the named statement, in chunks; ``(id, queue, ordering_key)`` moved."""
         reason = self.engine.moves[name].reasons[0]
@@ -50,9 +56,8 @@ class Operator(Part):
             moved: list[tuple[str, str, str]] = []
             for start in range(0, len(ids), CHUNK):
                 chunk = ids[start : start + CHUNK]
-                rows = self._move(
-                    name, [*before, *self._rows(name, chunk)], detail=clean_text(detail), actor=actor
-                )
+                chunk_params = {**(params or {}), "ids": self.engine.column(chunk)}
+                rows = self._move(name, chunk_params, detail=clean_text(detail), actor=actor)
                 moved += [(r[1], r[8], r[9]) for r in rows]
             return moved
 
@@ -112,7 +117,7 @@ class Operator(Part):
         moved: list[tuple[str, str, str]] = []
         with transaction.atomic(using=self.using):
             for name in ("DEAD_LETTER_PENDING", "DEAD_LETTER_PROCESSING"):
-                moved += self._by_ids(name, ids, before=[text], detail=text, actor=actor)
+                moved += self._by_ids(name, ids, params={"error": text}, detail=text, actor=actor)
         keys = {(queue, key) for _, queue, key in moved if key}
         if keys:
             self._promote_after_commit(keys, [m[0] for m in moved if m[2]])
@@ -145,7 +150,7 @@ class Operator(Part):
                     actor=actor,
                 )
                 outcomes.update(dict.fromkeys((m[0] for m in asked), CancelOutcome.ABORT_REQUESTED))
-            rows = self._run("STATUS_OF", self._rows("STATUS_OF", ids))[0] if ids else []
+            rows = self._run("STATUS_OF", {"ids": self.engine.column(ids)})[0] if ids else []
         statuses = {r[0]: r[1] for r in rows}
         for mid, status, abort_at in rows:
             if mid in outcomes:

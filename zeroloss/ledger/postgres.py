@@ -329,10 +329,11 @@ class PostgresEngine(Engine):
             key, lambda: self._with_audit(move.name, move.promote)
         )
         conn.__dict__[MOVED_FROM] = time.monotonic()
+        params = move.params
         rows, _ = self.execute(
             conn,
             full,
-            [*move.params, move.actor],
+            {**params, "actor": move.actor} if isinstance(params, dict) else [*params, move.actor],
             prepare=move.prepare,
             reuse_plan=move.name not in self.planned_per_call,
         )
@@ -349,9 +350,13 @@ class PostgresEngine(Engine):
         returned = ", ".join(_EPOCH.get(c, c) for c in result) if result else "*"
         promoted = f", {self.sql['PROMOTE_FINISHED']}" if promote else ""
         first = self.key_ctes.get(name)
+        if name in self.whole:  # written with its RETURNING columns, and named parameters
+            moved, actor = self.sql[name], "%(actor)s"
+        else:
+            moved, actor = f"{self.sql[name]} RETURNING {self.returning[name]}", "%s"
         return (
-            f"WITH {first + ', ' if first else ''}t AS ({self.sql[name]} RETURNING {self.returning[name]}), "
-            f"ev AS ({self.event_insert('t')}){promoted} SELECT {returned} FROM t"
+            f"WITH {first + ', ' if first else ''}t AS ({moved}), "
+            f"ev AS ({self.event_insert('t', actor)}){promoted} SELECT {returned} FROM t"
         )
 
     # -- what this database can do (see Engine) -------------------------------------------

@@ -126,6 +126,8 @@ class SqliteEngine(Engine):
 
     def transition_texts(self, name: str) -> dict[str, str]:
         # The audit rows' one INSERT and the promotion are statements of their own here.
+        if name in self.whole:  # written with its RETURNING columns
+            return {name: self.sql[name]}
         return {name: f"{self.sql[name]} RETURNING {self.returning[name]}"}
 
     @staticmethod

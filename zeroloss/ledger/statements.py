@@ -22,12 +22,9 @@ from ..states import Status as S
 from . import statements_cancel, statements_control, statements_leases
 from .catalogue import Catalogue
 from .statements_cancel import (  # noqa: F401  (named statements of the catalogue)
-    ABORT_REQUEST,
     ABORTS_REQUESTED,
-    CANCEL,
     CANCEL_ABORTED,
     CANCEL_ABORTED_LOCKED,
-    STATUS_OF,
 )
 from .statements_leases import *  # noqa: F403  (named statements of the catalogue)
 from .statements_leases import LEASE_COLUMNS, PLANNED_PER_CALL  # noqa: F401
@@ -35,7 +32,11 @@ from .statements_moves import AUDIT_COLUMNS as _AUDIT_COLUMNS
 from .statements_moves import Moving, edge
 
 #: The parts of the catalogue written whole (``.sql`` files), read by each engine as they are.
-WHOLE: tuple[Catalogue, ...] = (statements_control.CATALOGUE,)
+WHOLE: tuple[Catalogue, ...] = (
+    Catalogue("sql/operator.sql"),
+    statements_cancel.CATALOGUE,
+    statements_control.CATALOGUE,
+)
 
 INSERT_COLUMNS = (
     "message_id, queue_name, payload, checksum, status, attempts, max_attempts, priority, ordering_key, "
@@ -302,30 +303,9 @@ KEY_HEAD_LOCK = (
 )
 
 
-# -- operator actions (chunks of message ids) -----------------------------------------
+# -- operator actions (chunks of message ids): sql/operator.sql, but for ------------------
 
 _BY_IDS = "WHERE message_id IN (SELECT b.mid FROM {rows})"
-# An operator's requeue or redrive also withdraws an abort request (the message runs again).
-REQUEUE = (
-    "UPDATE {msg} SET status = 'pending', attempts = 0, available_at = {now}, lease_token = NULL, "
-    "lease_expires_at = NULL, started_at = NULL, abort_requested_at = NULL, updated_at = {now} "
-    + _BY_IDS
-    + " AND status = 'processing'"
-)
-REQUEUE_STUCK = REQUEUE + " AND lease_expires_at < {now}"
-REDRIVE = (
-    "UPDATE {msg} SET status = 'pending', attempts = 0, "
-    "available_at = CASE WHEN ordering_key <> '' THEN NULL ELSE {now} END, dead_at = NULL, "
-    "abort_requested_at = NULL, updated_at = {now} " + _BY_IDS + " AND status = 'dead'"
-)
-_DEAD_LETTER = (
-    "UPDATE {msg} SET status = 'dead', dead_at = {now}, lease_token = NULL, lease_expires_at = NULL, "
-    "last_error = %s, updated_at = {now} " + _BY_IDS
-)
-# One statement per source status: each declares its own edge.
-DEAD_LETTER_PENDING = _DEAD_LETTER + " AND status = 'pending'"
-DEAD_LETTER_PROCESSING = _DEAD_LETTER + " AND status = 'processing'"
-KNOWN_IDS = "SELECT message_id FROM {msg} " + _BY_IDS
 #: The stored rows of ids whose insert conflicted (a resent batch): one read a chunk.
 STORED_ROWS = "SELECT * FROM {msg} " + _BY_IDS
 
@@ -370,12 +350,6 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "PROMOTE_CLAIMING_HEAD": (("q", "text"), ("k", "text")),
     "HEAD_LOCK": (("q", "text"), ("k", "text")),
     "HEAD_STALE": (("q", "text"), ("k", "text")),
-    "REQUEUE": (("mid", "text"),),
-    "REQUEUE_STUCK": (("mid", "text"),),
-    "REDRIVE": (("mid", "text"),),
-    "DEAD_LETTER_PENDING": (("mid", "text"),),
-    "DEAD_LETTER_PROCESSING": (("mid", "text"),),
-    "KNOWN_IDS": (("mid", "text"),),
     "STORED_ROWS": (("mid", "text"),),
     "MARK_DISPATCHED": (("mid", "text"),),
     "MARK_UNDISPATCHED": (("mid", "text"),),

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from ..states import Reason
 from ..states import Status as S
+from .catalogue import Catalogue
 from .statements_moves import Moving, edge
 
-_BY_IDS = "WHERE message_id IN (SELECT b.mid FROM {rows})"
+#: The operator's statements (CANCEL, ABORT_REQUEST, STATUS_OF), written whole.
+CATALOGUE = Catalogue("sql/cancel.sql")
 # ``{in_period}``: see statements_leases._FENCE.
 _HELD = "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'{in_period}"
 
@@ -22,16 +24,6 @@ _HELD = "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status
 #: ended, whatever it returned; only CANCEL_ABORTED may record it.
 NOT_ABORTED = " AND {msg}.abort_requested_at IS NULL"
 
-# Operator: pending (claimable, delayed, or waiting behind its ordering key's head) -> cancelled.
-CANCEL = "UPDATE {msg} SET status = 'cancelled', updated_at = {now} " + _BY_IDS + " AND status = 'pending'"
-# Operator: record an abort request on a processing message (an annotation: it stays processing).
-ABORT_REQUEST = (
-    "UPDATE {msg} SET abort_requested_at = {now}, updated_at = {now} "
-    + _BY_IDS
-    + " AND status = 'processing' AND abort_requested_at IS NULL"
-)
-# What the cancel command reports for the ids it did not move.
-STATUS_OF = "SELECT message_id, status, abort_requested_at FROM {msg} " + _BY_IDS
 # The lease keeper: which of the leases in hand have an abort request.
 ABORTS_REQUESTED = (
     "SELECT {msg}.message_id FROM {msg}, {rows} WHERE " + _HELD + " AND {msg}.abort_requested_at IS NOT NULL"
@@ -46,9 +38,6 @@ CANCEL_ABORTED = _CANCEL_ABORTED + " AND {msg}.lease_expires_at > {clock}"
 CANCEL_ABORTED_LOCKED = _CANCEL_ABORTED
 
 ROWS: dict[str, tuple[tuple[str, str], ...]] = {
-    "CANCEL": (("mid", "text"),),
-    "ABORT_REQUEST": (("mid", "text"),),
-    "STATUS_OF": (("mid", "text"),),
     "ABORTS_REQUESTED": (("mid", "text"), ("tok", "uuid")),
     "CANCEL_ABORTED": (("mid", "text"), ("tok", "uuid")),
     "CANCEL_ABORTED_LOCKED": (("mid", "text"), ("tok", "uuid")),

@@ -39,6 +39,8 @@ MOVED_NAMES = (
 )
 #: The audit detail when it is a parameter of the move (its value passed by the caller).
 DETAIL_PARAMETER = "CAST(%s AS TEXT)"
+#: The same in a statement written whole, with named parameters.
+DETAIL_NAMED = "CAST(%(detail)s AS TEXT)"
 #: Statuses a message finishes in: a move into one may release its ordering key's next message.
 FINISHED = frozenset(s.value for s in FINISHED_STATUSES)
 
@@ -105,10 +107,12 @@ class Moving:
         whens = " ".join(f"WHEN status = '{e.target}' THEN '{e.reason}'" for e in cases)
         return f"CASE {whens} ELSE '{last.reason}' END"
 
-    def returning_sql(self) -> str:
-        """Its RETURNING columns (a template: the engine renders ``{notify}``)."""
+    def returning_sql(self, *, named: bool = False) -> str:
+        """Its RETURNING columns (a template: the engine renders ``{notify}``); ``named``: as a
+        statement written whole spells them (its detail parameter named ``detail``)."""
+        detail = DETAIL_NAMED if named and self.takes_detail else self.detail
         moved = MOVED.format(
-            from_status=f"CAST('{self.source}' AS TEXT)", reason=self.reason_sql(), detail=self.detail
+            from_status=f"CAST('{self.source}' AS TEXT)", reason=self.reason_sql(), detail=detail
         )
         return moved.replace("{", "{{").replace("}", "}}") + self.returning
 
