@@ -16,6 +16,7 @@ import ast
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from django.apps import apps
@@ -514,3 +515,47 @@ if __name__ == "__main__":
     print(
         f"statements built at run time from fragments: {len(built)} texts, {len({n for n, _ in built})} names"
     )
+
+
+# -- the service's flat names: each one part's operation, written once ------------------------
+
+
+def test_the_services_flat_names_are_its_parts_operations_written_once() -> None:
+    """No hand-written forwarding: each flat name of the service is declared as one part's method
+    (``claim = operation(Leases.claim)``) and, on a service, is that method bound to the part, with
+    its signature and docstring (what help() and the reference docs show)."""
+    import inspect
+
+    from zeroloss.ledger.surface import PART_ATTRIBUTES, operation
+    from zeroloss.service import ZeroLossMessageService
+
+    body = vars(ZeroLossMessageService)
+    written = [n for n, v in body.items() if inspect.isfunction(v) and not n.startswith("_")]
+    assert written == [], f"methods written on the service instead of declared: {written}"
+    declared = {n: v for n, v in body.items() if isinstance(v, operation)}
+    assert {"claim", "record_outcomes", "persist_message", "sweep", "cancel_messages"} <= set(declared)
+    service = ZeroLossMessageService()
+    for name, declaration in declared.items():
+        method = getattr(service, name)
+        part = getattr(service, declaration.part)
+        assert declaration.part in PART_ATTRIBUTES.values()
+        assert getattr(method, "__self__", part) is part, name  # a deprecated name wraps it
+        assert (method.__doc__ or "").strip(), f"{name}: no docstring for help() and the docs"
+        unbound = inspect.signature(getattr(ZeroLossMessageService, name))
+        assert inspect.signature(method) == unbound.replace(parameters=list(unbound.parameters.values())[1:])
+    assert service.claim.__func__ is service.leases.claim.__func__  # type: ignore[attr-defined]
+    assert service.__dict__["claim"] == service.leases.claim  # later lookups: the part's method, directly
+
+
+def test_an_operation_must_belong_to_a_part() -> None:
+    from zeroloss.ledger.surface import operation
+
+    with pytest.raises(TypeError, match="no operation of a part"):
+        operation(str.upper)
+
+
+if TYPE_CHECKING:  # checked by mypy (warn_unused_ignores): the flat names keep their parts' types
+    from zeroloss.service import ZeroLossMessageService as _Service
+
+    _Service().claim("q", limit="many")  # type: ignore[arg-type]
+    _Service().record_outcomes([], locked=1.5)  # type: ignore[arg-type]

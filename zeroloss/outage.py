@@ -23,12 +23,13 @@ that long, for supervisors that prefer a restart.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
 
@@ -37,6 +38,7 @@ from .exceptions import StorageFull
 logger = logging.getLogger("zeroloss")
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 5.0
@@ -96,6 +98,22 @@ def refused_for_storage(exc: BaseException, message_id: str | None, alias: str) 
     send refused for lack of space is told apart from an outage, never a raw driver error."""
     if isinstance(exc, OperationalError) and not isinstance(exc, StorageFull) and is_storage_fault(exc):
         raise StorageFull(message_id, alias, exc.__cause__ or exc) from (exc.__cause__ or exc)
+
+
+def refusing_for_storage(store: Callable[Concatenate[Any, P], T]) -> Callable[Concatenate[Any, P], T]:
+    """A method of the ledger's store (on ``self.using``; its first argument, a message id or
+    not) that raises :class:`StorageFull` where the database refused it for lack of space."""
+
+    @functools.wraps(store)
+    def refusing(self: Any, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return store(self, *args, **kwargs)
+        except OperationalError as exc:
+            first = args[0] if args else kwargs.get("message_id")
+            refused_for_storage(exc, first if isinstance(first, str) else None, self.using)
+            raise
+
+    return refusing
 
 
 #: A renewal's or acknowledgement's commit slower than this many seconds is a stalled disk (a

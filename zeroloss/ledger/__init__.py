@@ -1,5 +1,5 @@
-"""The ledger, by part. :class:`zeroloss.service.ZeroLossMessageService` is their facade: it builds
-one :class:`.base.LedgerContext` and a part of each kind over it (no part inherits another; a part
+"""The ledger, by part. :class:`zeroloss.service.ZeroLossMessageService` names their operations: it
+builds one :class:`.base.LedgerContext` and a part of each kind over it (no part inherits another; a part
 calls a sibling through the context):
 
 - :mod:`.persist` (``Store``) — storing messages (idempotency, deduplication windows, ordering
@@ -13,8 +13,10 @@ calls a sibling through the context):
 - :mod:`.dispatch` (``Dispatch``) — bookkeeping for the Celery transport;
 - :mod:`.integrity` (``Reads``) — reads and integrity checks; :mod:`.nodes` (``Nodes``) — the
   replication node registry;
-- :mod:`.facade` — the service's methods, each a delegation; :mod:`.deprecated` — the old names
-  of renamed ones;
+- :mod:`.surface` — ``operation``: a service's flat name *is* a part's method; :mod:`.deprecated`
+  — the old names of renamed ones;
+- :mod:`.events` — what the ledger did, published after commit to its subscribers (signals, log
+  records, telemetry, waiters), which it never imports;
 - :mod:`.statements` — every SQL statement, by name, and the edges each moving one declares
   (:mod:`.statements_moves`); :mod:`.postgres` and :mod:`.sqlite` — the engines;
 - :mod:`zeroloss.states` — the state machine they implement.

@@ -18,10 +18,12 @@ class Reads(Part):
     """Reads of messages and their audit trail, and their integrity checks."""
 
     def get_message(self, message_id: str) -> Message | None:
+        """The stored message, or None if there is none of that id."""
         validate_message_id(message_id)
         return Message.objects.using(self.using).filter(message_id=message_id).first()
 
     def get_events(self, message_id: str) -> list[MessageEvent]:
+        """The message's audit trail, one row per transition, oldest first."""
         validate_message_id(message_id)
         return list(MessageEvent.objects.using(self.using).for_message(message_id))
 

@@ -21,9 +21,11 @@ class Nodes(Part):
         )
 
     def heartbeat_node(self, node_id: str) -> bool:
+        """Record that a registered node is alive; False if it is not registered."""
         return replication().heartbeat(self.ctx.service, node_id)
 
     def unregister_replication_node(self, node_id: str) -> bool:
+        """Remove a node from the registry; False if it was not registered."""
         return replication().unregister_node(self.ctx.service, node_id)
 
     def get_replication_targets(self) -> list[ReplicationNode]:
