@@ -492,7 +492,7 @@ def test_the_sql_status_scan_finds_what_it_looks_for() -> None:
     bad = [
         ("typo", "UPDATE m SET status = 'pendng' WHERE id = %s"),
         ("case", "UPDATE m SET status = CASE WHEN a THEN 'gone' ELSE 'pending' END"),
-        ("insert", "INSERT INTO m (id, status) VALUES (%s, 'waiting')"),
+        ("insert", "INSERT INTO m (id, status) VALUES (%s, 'parked')"),
         ("set", "SELECT 1 FROM m WHERE status IN ('pending', 'dead')"),
         ("unread", "SELECT 'dead' = ANY(x) FROM m"),
     ]
