@@ -6,13 +6,14 @@ transaction or changes the caller's."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from zeroloss.ledger import statements_leases
+from zeroloss.ledger import partitions, statements_leases
 from zeroloss.ledger.base import engine_for
 from zeroloss.ledger.postgres import PostgresEngine
 from zeroloss.service import ZeroLossMessageService
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)
 QUEUE = "demo.record"
 RETAINED = 200_000
 PENDING = 3_000
+DAY = 86400
 
 
 def load(queue: str, count: int, status: str, *, analyze: bool = True) -> None:
@@ -175,3 +177,62 @@ def test_the_workers_outcome_and_claim_transaction_is_planned_once_when_it_begin
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
         assert len(service.claim(QUEUE, limit=1)) == 1
     assert len(plan_statements(queries.captured_queries)) == 2
+
+
+def ack_plan(service: ZeroLossMessageService, *, upper: bool = False) -> tuple[str, str]:
+    """EXPLAIN ANALYZE of the acknowledgement of a claim of 100 (the worker's batch statement,
+    its audit CTE included), rolled back; and the partition its messages are in. ``upper``: with
+    an upper bound beside the lower one (the end of the lower bound's day)."""
+    engine = engine_for(connection)
+    assert isinstance(engine, PostgresEngine)
+    leases = service.claim(QUEUE, limit=100)
+    assert len(leases) == 100
+    sql = engine._with_audit("ACK", False)
+    bound = engine.period_params([x.created_at for x in leases])
+    if upper:
+        lower = "created_at >= CAST(%s AS timestamptz)"
+        assert lower in sql
+        sql = sql.replace(lower, f"{lower} AND zeroloss_message.created_at < CAST(%s AS timestamptz)")
+        bound = [bound[0], bound[0] + dt.timedelta(days=1)]
+    params = [
+        *engine.row_params("ACK", [[x.message_id for x in leases], [x.token for x in leases], [None] * 100]),
+        *bound,
+        "",
+        "test-worker",
+    ]  # detail, actor
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(engine.sql["PLAN_CLAIM"], [0, "0"])  # as in the worker's transaction
+        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    assert re.search(r"Update on zeroloss_message .*rows=100 ", plan), plan
+    created = leases[0].created_at
+    assert created is not None
+    return plan, f"zeroloss_message_p{created.astimezone(dt.UTC):%Y%m%d}"
+
+
+def test_an_acknowledgement_on_a_backlog_sent_since_the_last_analyze_reads_no_creation_time_index() -> None:
+    """A batch statement is bounded below by its messages' creation day, not above too: a range
+    of both bounds, on a partition whose statistics predate its backlog, was planned through the
+    creation-time index, every row of the day for each acknowledgement of 100."""
+    service = ZeroLossMessageService()
+    # A partition no ANALYZE has seen (an earlier test's ANALYZE left statistics on today's).
+    sent = partitions.period_start(partitions.database_now(connection), DAY) - dt.timedelta(days=40)
+    partitions.create_partitions(connection, sent, sent + dt.timedelta(hours=1), DAY)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO zeroloss_message (message_id, queue_name, payload, checksum, status, attempts, "
+            "max_attempts, available_at, claimed_by, last_error, replication_targets, created_at, updated_at) "
+            "SELECT %s || g, %s, '{}'::jsonb, md5(g::text), 'pending', 0, 5, %s, '', '', '[]'::jsonb, %s, %s "
+            "FROM generate_series(1, 20000) g",
+            [f"{QUEUE}-", QUEUE, *[sent + dt.timedelta(hours=1)] * 3],
+        )
+    plan, partition = ack_plan(service)
+    assert partition == f"zeroloss_message_p{sent:%Y%m%d}"
+    assert "created_idx" not in plan, plan
+    # The earlier periods' partitions are pruned when it is planned: the first it updates is
+    # its messages'.
+    assert min(re.findall(r"Update on (zeroloss_message_p\d+)", plan)) == partition, plan
+    # What it guards against, on this very partition: an upper bound beside the lower one.
+    plan, _ = ack_plan(service, upper=True)
+    assert "created_idx" in plan, plan

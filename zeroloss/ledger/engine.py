@@ -109,7 +109,7 @@ class Engine:
     #: :mod:`.partitions`): partitions created ahead, whole periods dropped by the purge.
     partitions_by_period: ClassVar[bool] = False
     #: A lease holder's batch statement bounded to the creation times of its leases' messages
-    #: (``{in_period}``, with :meth:`period_params`): planned for their partitions alone.
+    #: (``{in_period}``, with :meth:`period_params`): planned without the earlier periods' partitions.
     in_period: ClassVar[str] = ""
     #: A claim's bound to messages created by now: the partitions of periods to come pruned.
     created_by_now: ClassVar[str] = ""
@@ -203,7 +203,7 @@ class Engine:
         return value
 
     def period_params(self, created: Sequence[dt.datetime | None]) -> list[Any]:
-        """Parameters for ``{in_period}``: the bounds of the messages' creation times (``None``:
+        """Parameters for ``{in_period}``: the bound of the messages' creation times (``None``:
         a lease built without it, which leaves the statement unbounded)."""
         return []
 

@@ -20,7 +20,7 @@ _EPOCH = {
     name: f"extract(epoch FROM {name})::float8"
     for name in ("lease_expires_at", "updated_at", "available_at", "created_at")
 }
-#: How far :meth:`PostgresEngine.period_params` widens the bounds (epoch seconds are floats).
+#: How far :meth:`PostgresEngine.period_params` widens its bound (epoch seconds are floats).
 _PERIOD_SLACK = dt.timedelta(milliseconds=1)
 # libpq's PGRES_TUPLES_OK (psycopg.pq.ExecStatus.TUPLES_OK; psycopg is imported only when used).
 _TUPLES_OK = 2
@@ -118,9 +118,10 @@ class PostgresEngine(Engine):
     # A row visible to a claim was stored by a statement that began before the claim's.
     created_by_now = f" AND {MSG}.created_at <= statement_timestamp()"
     plans_claims = True
-    in_period = (
-        f" AND {MSG}.created_at >= CAST(%s AS timestamptz) AND {MSG}.created_at < CAST(%s AS timestamptz)"
-    )
+    # A lower bound alone: with an upper one too, a partition whose statistics predate its rows
+    # (a backlog sent since its last ANALYZE) takes the pair for a narrow range and ANDs its
+    # creation-time index, every row of the day, into each batch's lookup (period_params).
+    in_period = f" AND {MSG}.created_at >= CAST(%s AS timestamptz)"
 
     def __init__(self) -> None:
         super().__init__()
@@ -194,20 +195,17 @@ class PostgresEngine(Engine):
 
     def period_params(self, created: Sequence[dt.datetime | None]) -> list[Any]:
         if not created or any(at is None for at in created):
-            return ["-infinity", "infinity"]
-        known = [at for at in created if at is not None]
-        # Whole UTC days, not the batch's own span: the bound is for pruning, and a span of a
-        # few milliseconds would tempt the planner to the creation-time index on a retained
-        # ledger (rows a send stored in one statement share one created_at: a bitmap of them
-        # all for every batch). A millisecond of slack: the claim handed the times back as
-        # epoch seconds (floats).
-        first = (min(known) - _PERIOD_SLACK).astimezone(dt.UTC)
-        last = (max(known) + _PERIOD_SLACK).astimezone(dt.UTC)
-        day = dt.timedelta(days=1)
-        return [
-            dt.datetime.combine(first.date(), dt.time(), dt.UTC),
-            dt.datetime.combine(last.date(), dt.time(), dt.UTC) + day,
-        ]
+            return ["-infinity"]
+        # The UTC day of the batch's earliest message: the earlier periods' partitions are
+        # pruned when the statement is planned. Not the batch's own span, nor an upper bound:
+        # without statistics PostgreSQL takes any range of both bounds for a narrow one
+        # (DEFAULT_RANGE_INEQ_SEL) and ANDs the creation-time index into the lookup: each
+        # acknowledgement of 100 on a backlog sent since the partition's last ANALYZE read the
+        # day's every row from it (measured: 50,100 index entries, 6.6 ms of server CPU against
+        # 3.7 ms bounded below only). The periods to come are not pruned: PARTITIONS_AHEAD
+        # empty ones. A millisecond of slack: the claim handed the times back as epoch seconds.
+        first = (min(at for at in created if at is not None) - _PERIOD_SLACK).astimezone(dt.UTC)
+        return [dt.datetime.combine(first.date(), dt.time(), dt.UTC)]
 
     def row_params(self, name: str, columns: Sequence[Sequence[Any]]) -> list[Any]:
         return [list(column) for column in columns]

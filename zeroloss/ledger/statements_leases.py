@@ -66,9 +66,9 @@ LEASED_ATTEMPT = (
 )
 # Every lease-holder statement is fenced: the current token, still processing, lease unexpired.
 # (An aborted message's outcome is recorded by CANCEL_ABORTED only: NOT_ABORTED.)
-# ``{in_period}``: bounded by the leases' creation times (PostgreSQL: two parameters, the
-# batch's earliest and latest), so that the statement is planned for the partitions holding
-# them alone (docs/scaling.md#retention-by-partition); nothing where nothing is partitioned.
+# ``{in_period}``: bounded by the leases' creation times (PostgreSQL: one parameter, the day of
+# the batch's earliest), so that the statement is planned without the partitions of earlier
+# periods (docs/scaling.md#retention-by-partition); nothing where nothing is partitioned.
 _FENCE = (
     "FROM {rows} WHERE {msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
     + _NOT_ABORTED
