@@ -31,15 +31,9 @@ class Aborts(Part):
         if not held:
             return set()
         engine = self.engine
+        batch = engine.batch(mid=[x.message_id for x in held], tok=[engine.token(x.token) for x in held])
         rows, _ = self._run(
-            "ABORTS_REQUESTED",
-            [
-                *self._rows(
-                    "ABORTS_REQUESTED", [x.message_id for x in held], [engine.token(x.token) for x in held]
-                ),
-                *engine.period_params([x.created_at for x in held]),
-            ],
-            prepare=True,
+            "ABORTS_REQUESTED", {**batch, **engine.period([x.created_at for x in held])}, prepare=True
         )
         return {r[0] for r in rows}
 
@@ -55,6 +49,6 @@ class Aborts(Part):
         left as they are: the caller's outcome statements skipped them for another reason).
         ``created``: the leases' creation times (empty: unknown)."""
         name = "CANCEL_ABORTED_LOCKED" if locked else "CANCEL_ABORTED"
-        params = [*self._rows(name, ids, tokens), *self.engine.period_params(created)]
+        params = {**self.engine.batch(mid=ids, tok=tokens), **self.engine.period(created)}
         rows = self._move(name, params, detail=_ABORTED_DETAIL)
         return [r[1] for r in rows]

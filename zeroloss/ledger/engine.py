@@ -207,6 +207,11 @@ class Engine:
         a lease built without it, which leaves the statement unbounded)."""
         return []
 
+    def period(self, created: Sequence[dt.datetime | None]) -> dict[str, Any]:
+        """:meth:`period_params` as a whole statement names it (``created_from``; none where
+        nothing is partitioned)."""
+        return dict(zip(("created_from",), self.period_params(created), strict=False))
+
     def session_of(self, conn: BaseDatabaseWrapper) -> int | None:
         """An id of the server session behind ``conn`` (None where a lost statement cannot
         outlive its client, as with SQLite, which runs in the client)."""

@@ -34,7 +34,7 @@ class Outcomes(Part):
         token = self._token(lease_token)
         encoded = None if result is None else canonical_json(result)
         # ACK for one row, with scalar parameters (arrays cost client CPU to dump).
-        rows = self._move("ACK_ONE", [encoded, message_id, token])
+        rows = self._move("ACK_ONE", {"result": encoded, "mid": message_id, "tok": token})
         if not rows:  # refused: an aborted message is recorded cancelled instead
             self.ctx.aborts.cancel_aborted([message_id], [token])
         return bool(rows)
@@ -240,7 +240,8 @@ class Outcomes(Part):
     ) -> list[str]:
         # ``promote``: the statement also releases the next message of each finished ordering
         # key; a batch whose leases carry no key leaves that part out (a smaller plan to run).
-        params = [*self._rows(name, ids, tokens, results), *self.engine.period_params(created)]
+        engine = self.engine
+        params = {**engine.batch(mid=ids, tok=tokens, res=results), **engine.period(created)}
         rows = self._move(name, params, keyed=promote)
         return [r[1] for r in rows]
 
@@ -256,27 +257,27 @@ class Outcomes(Part):
         statuses: bool = False,
         promote: bool = True,
     ) -> list[Any]:
-        params = [*self._rows(name, ids, tokens, errors, delays), *self.engine.period_params(created)]
+        engine = self.engine
+        params = {**engine.batch(mid=ids, tok=tokens, err=errors, delay=delays), **engine.period(created)}
         rows = self._move(name, params, keyed=promote)
         return [(r[0], r[1]) for r in rows] if statuses else [r[0] for r in rows]
 
     def _fail_final(self, name: str, batch: list[Completion], *, promote: bool) -> list[str]:
         engine = self.engine
-        params = [
-            *self._rows(
-                name,
-                [c.lease.message_id for c in batch],
-                [engine.token(c.lease.token) for c in batch],
-                [clean_text(c.error) for c in batch],
+        params = {
+            **engine.batch(
+                mid=[c.lease.message_id for c in batch],
+                tok=[engine.token(c.lease.token) for c in batch],
+                err=[clean_text(c.error) for c in batch],
             ),
-            *engine.period_params([c.lease.created_at for c in batch]),
-        ]
+            **engine.period([c.lease.created_at for c in batch]),
+        }
         return [r[0] for r in self._move(name, params, keyed=promote)]
 
     def _within_snoozes(self, batch: list[Completion]) -> tuple[list[Completion], list[Completion]]:
         """The snoozes within ``MAX_SNOOZES``, and those past it made failed attempts (retried
         after their delay): a message cannot snooze for ever."""
-        rows, _ = self._run("SNOOZE_COUNTS", self._rows("SNOOZE_COUNTS", [c.lease.message_id for c in batch]))
+        rows, _ = self._run("SNOOZE_COUNTS", {"mid": self.engine.column(c.lease.message_id for c in batch)})
         counts = {r[0]: int(r[1]) for r in rows}
         limit = self.settings.MAX_SNOOZES
         within: list[Completion] = []
@@ -301,21 +302,20 @@ class Outcomes(Part):
             by_detail.setdefault(detail, []).append(c)
         snoozed: list[str] = []
         for detail, group in by_detail.items():
-            params = [
-                *self._rows(
-                    name,
-                    [c.lease.message_id for c in group],
-                    [engine.token(c.lease.token) for c in group],
-                    [0.0 if c.delay is None else c.delay for c in group],
+            params = {
+                **engine.batch(
+                    mid=[c.lease.message_id for c in group],
+                    tok=[engine.token(c.lease.token) for c in group],
+                    delay=[0.0 if c.delay is None else c.delay for c in group],
                 ),
-                *engine.period_params([c.lease.created_at for c in group]),
-            ]
+                **engine.period([c.lease.created_at for c in group]),
+            }
             snoozed.extend(r[0] for r in self._move(name, params, detail=detail))
         return snoozed
 
     def _release(
         self, ids: list[str], tokens: list[Any], created: Sequence[dt.datetime | None], detail: str
     ) -> list[str]:
-        params = [*self._rows("RELEASE", ids, tokens), *self.engine.period_params(created)]
+        params = {**self.engine.batch(mid=ids, tok=tokens), **self.engine.period(created)}
         rows = self._move("RELEASE", params, detail=detail)
         return [r[1] for r in rows]

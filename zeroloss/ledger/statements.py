@@ -21,11 +21,6 @@ from ..states import TRANSITIONS, Reason, Transition
 from ..states import Status as S
 from . import statements_cancel, statements_control, statements_leases
 from .catalogue import Catalogue
-from .statements_cancel import (  # noqa: F401  (named statements of the catalogue)
-    ABORTS_REQUESTED,
-    CANCEL_ABORTED,
-    CANCEL_ABORTED_LOCKED,
-)
 from .statements_leases import *  # noqa: F403  (named statements of the catalogue)
 from .statements_leases import LEASE_COLUMNS, PLANNED_PER_CALL  # noqa: F401
 from .statements_moves import AUDIT_COLUMNS as _AUDIT_COLUMNS
@@ -36,6 +31,7 @@ WHOLE: tuple[Catalogue, ...] = (
     Catalogue("sql/operator.sql"),
     statements_cancel.CATALOGUE,
     statements_control.CATALOGUE,
+    statements_leases.OUTCOMES,
 )
 
 INSERT_COLUMNS = (
@@ -354,7 +350,6 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "MARK_DISPATCHED": (("mid", "text"),),
     "MARK_UNDISPATCHED": (("mid", "text"),),
     **statements_leases.LEASE_ROWS,
-    **statements_cancel.ROWS,
 }
 
 # Persisting hands back each new row's ``available_at`` (and wakes idle workers, PostgreSQL).

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from ..states import Reason
 from ..states import Status as S
-from .statements_cancel import NOT_ABORTED as _NOT_ABORTED
+from .catalogue import Catalogue
 from .statements_moves import Moving, edge
+
+#: The lease holder's outcomes, written whole (part of :data:`.statements.WHOLE`).
+OUTCOMES = Catalogue("sql/outcomes.sql")
 
 # -- leases ---------------------------------------------------------------------------
 
@@ -64,16 +67,11 @@ CLAIM_BY_ID = (
 LEASED_ATTEMPT = (
     "SELECT attempts FROM {msg} WHERE message_id = %s AND lease_token = %s AND status = 'processing'"
 )
-# Every lease-holder statement is fenced: the current token, still processing, lease unexpired.
-# (An aborted message's outcome is recorded by CANCEL_ABORTED only: NOT_ABORTED.)
-# ``{in_period}``: bounded by the leases' creation times (PostgreSQL: one parameter, the day of
-# the batch's earliest), so that the statement is planned without the partitions of earlier
-# periods (docs/scaling.md#retention-by-partition); nothing where nothing is partitioned.
-_FENCE = (
-    "FROM {rows} WHERE {msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
-    + _NOT_ABORTED
-    + "{in_period}"
-)
+# The lease holder's outcomes (ACK, FAIL, FAIL_FINAL, SNOOZE, RELEASE and their _LOCKED forms,
+# ACK_ONE, SNOOZE_COUNTS) are written whole in sql/outcomes.sql. ``{in_period}``: bounded by the
+# leases' creation times (PostgreSQL: one parameter, the day of the batch's earliest), so that
+# the statement is planned without the partitions of earlier periods
+# (docs/scaling.md#retention-by-partition); nothing where nothing is partitioned.
 _UNEXPIRED = " AND {msg}.lease_expires_at > {clock}"
 _FENCED_LEASE = (
     "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
@@ -89,60 +87,6 @@ RENEW = (
     "AND lease_expires_at > {clock}{in_period} RETURNING message_id"
 )
 RENEW_BUSY = "SELECT {msg}.message_id FROM {msg}, {rows} WHERE " + _FENCED_LEASE
-# The acknowledged state; ``{{result}}`` is the stored result (a batch column or a parameter).
-_ACK_SET = (
-    "UPDATE {{msg}} SET status = 'completed', completed_at = {{now}}, last_error = '', result = {result}{{jsonb}}, "
-    "lease_token = NULL, lease_expires_at = NULL, updated_at = {{now}} "
-)
-_ACK = _ACK_SET.format(result="b.res") + _FENCE
-ACK = _ACK + _UNEXPIRED
-# One acknowledgement (acknowledge): scalar parameters, no batch to unpack.
-ACK_ONE = (
-    _ACK_SET.format(result="%s")
-    + "WHERE message_id = %s AND lease_token = %s AND status = 'processing'"
-    + _NOT_ABORTED
-    + _UNEXPIRED
-)
-# Inside a transactional batch whose rows this transaction locked after a fenced check
-# (LOCK_HELD): nobody else can have moved them since, whatever the clock says now.
-ACK_LOCKED = _ACK
-_SPENT = "{msg}.attempts >= {msg}.max_attempts"
-_FAIL = (
-    "UPDATE {msg} SET status = CASE WHEN " + _SPENT + " THEN 'dead' ELSE 'pending' END, "
-    "dead_at = CASE WHEN " + _SPENT + " THEN {now} END, "
-    "available_at = CASE WHEN " + _SPENT + " THEN {msg}.available_at ELSE {after_delay} END, "
-    "last_error = b.err, lease_token = NULL, lease_expires_at = NULL, updated_at = {now} " + _FENCE
-)
-FAIL = _FAIL + _UNEXPIRED
-FAIL_LOCKED = _FAIL
-# The handler raised zeroloss.Fail (or an error its retry policy does not retry): dead at once.
-_FAIL_FINAL = (
-    "UPDATE {msg} SET status = 'dead', dead_at = {now}, last_error = b.err, lease_token = NULL, "
-    "lease_expires_at = NULL, updated_at = {now} " + _FENCE
-)
-FAIL_FINAL = _FAIL_FINAL + _UNEXPIRED
-FAIL_FINAL_LOCKED = _FAIL_FINAL
-# The handler raised zeroloss.Snooze: pending again after its delay, the attempt not counted;
-# ``last_error`` is left as it was (a snooze is no error). Its audit detail is a parameter: a
-# batch of snoozes runs one statement per detail.
-_SNOOZE = (
-    "UPDATE {msg} SET status = 'pending', attempts = {msg}.attempts - 1, available_at = {after_delay}, "
-    "lease_token = NULL, lease_expires_at = NULL, started_at = NULL, updated_at = {now} " + _FENCE
-)
-SNOOZE = _SNOOZE + _UNEXPIRED
-SNOOZE_LOCKED = _SNOOZE
-# How often each message was snoozed (its audit rows say). Not fenced: SNOOZE is, and only the
-# lease holder can add a snooze.
-SNOOZE_COUNTS = (
-    "SELECT {msg}.message_id, (SELECT count(*) FROM {evt} e WHERE e.message_id = {msg}.id "
-    "AND e.reason = 'snoozed') FROM {msg}, {rows} WHERE {msg}.message_id = b.mid"
-)
-RELEASE = (
-    "UPDATE {msg} SET status = 'pending', attempts = {msg}.attempts - 1, available_at = {now}, "
-    "lease_token = NULL, lease_expires_at = NULL, started_at = NULL, updated_at = {now} "
-    + _FENCE
-    + _UNEXPIRED
-)
 # A transactional batch locks its rows, fenced, before running any handler.
 LOCK_HELD = (
     "SELECT {msg}.message_id FROM {msg}, {rows} WHERE {msg}.message_id = b.mid "
@@ -258,23 +202,9 @@ PLANNED_PER_CALL = frozenset(
 )
 
 _MID_TOK = (("mid", "text"), ("tok", "uuid"))
-_ACK_ROWS = (*_MID_TOK, ("res", "text"))
-_FAIL_ROWS = (*_MID_TOK, ("err", "text"), ("delay", "float8"))
-_FINAL_ROWS = (*_MID_TOK, ("err", "text"))
-_SNOOZE_ROWS = (*_MID_TOK, ("delay", "float8"))
 LEASE_ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "RENEW": _MID_TOK,
     "RENEW_BUSY": _MID_TOK,
-    "ACK": _ACK_ROWS,
-    "ACK_LOCKED": _ACK_ROWS,
-    "FAIL": _FAIL_ROWS,
-    "FAIL_LOCKED": _FAIL_ROWS,
-    "FAIL_FINAL": _FINAL_ROWS,
-    "FAIL_FINAL_LOCKED": _FINAL_ROWS,
-    "SNOOZE": _SNOOZE_ROWS,
-    "SNOOZE_LOCKED": _SNOOZE_ROWS,
-    "SNOOZE_COUNTS": (("mid", "text"),),
-    "RELEASE": _MID_TOK,
     "LOCK_HELD": _MID_TOK,
     "RELEASE_UNKNOWN": (("tok", "uuid"),),
     "NEXT_AVAILABLE": (("q", "text"),),
