@@ -188,18 +188,20 @@ def ack_plan(service: ZeroLossMessageService, *, upper: bool = False) -> tuple[s
     leases = service.claim(QUEUE, limit=100)
     assert len(leases) == 100
     sql = engine._with_audit("ACK", False)
-    bound = engine.period_params([x.created_at for x in leases])
+    bound = engine.period([x.created_at for x in leases])
     if upper:
-        lower = "created_at >= CAST(%s AS timestamptz)"
+        lower = "created_at >= CAST(%(created_from)s AS timestamptz)"
         assert lower in sql
-        sql = sql.replace(lower, f"{lower} AND zeroloss_message.created_at < CAST(%s AS timestamptz)")
-        bound = [bound[0], bound[0] + dt.timedelta(days=1)]
-    params = [
-        *engine.row_params("ACK", [[x.message_id for x in leases], [x.token for x in leases], [None] * 100]),
-        *bound,
-        "",
-        "test-worker",
-    ]  # detail, actor
+        sql = sql.replace(
+            lower, f"{lower} AND zeroloss_message.created_at < CAST(%(created_to)s AS timestamptz)"
+        )
+        bound["created_to"] = bound["created_from"] + dt.timedelta(days=1)
+    params = {
+        **engine.batch(mid=[x.message_id for x in leases], tok=[x.token for x in leases], res=[None] * 100),
+        **bound,
+        "detail": "",
+        "actor": "test-worker",
+    }
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(engine.sql["PLAN_CLAIM"], [0, "0"])  # as in the worker's transaction
         cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql, params)
