@@ -5,6 +5,7 @@ ledger's audit rows (database clock). docs/control.md states the promises checke
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from tests.support import expire_leases
 from tests.support.celery import REDIS_URL
 from tests.support.processes import Proc, celery_worker, db_worker
 from tests.support.waiting import hold_for, wait_for
+from zeroloss.conf import get_settings
 from zeroloss.ledger import control
 from zeroloss.models import Message, MessageEvent, QueueControl
 from zeroloss.service import ZeroLossMessageService, wait_until
@@ -362,3 +364,70 @@ def test_a_rate_holds_and_claims_go_on_with_a_frozen_then_sigkilled_slot_holder(
     )
     assert frozen_claims > 0 and claimed > frozen_claims  # claims went on, frozen holder or not
     assert processing == claimed <= 60 + 10 * elapsed + 1, (claimed, elapsed)
+
+
+def test_a_frozen_thread_pool_worker_woken_after_a_takeover_stops_its_handler_within_a_renewal():
+    # Two thread-pool workers, a queue of concurrency 1, a pure-Python handler (tl.spin). The
+    # worker running it is SIGSTOPped; its lease is moved into the past on the database clock,
+    # the sweep puts the message back and the other worker's run starts. Woken, the frozen
+    # worker's keeper finds its renewal refused and raises LeaseLostInterrupt in the handler's
+    # thread: the old run ends within one renewal interval, its outcome refused, and the
+    # message is completed once, by the new run.
+    import os
+    import signal
+
+    import tests.timelimits_app.zeroloss_handlers  # noqa: F401  (the queue, known here too)
+
+    queue = "tl.spin"
+    service = ZeroLossMessageService()
+    service.limit_queue(queue, concurrency=1)
+    apps = {"ZEROLOSS_EXTRA_APPS": "tests.timelimits_app"}
+    workers = [
+        # One thread each: a second thread of the frozen worker could be frozen inside an exact
+        # claim, holding the control row (docs/control.md: then no claim of the queue runs).
+        db_worker("--queue", queue, "--concurrency", "1", "--poll-interval", "0.1", "--no-sweep", **apps)
+        for _ in range(2)
+    ]
+    frozen: Proc | None = None
+    try:
+        service.persist_message("sp0", queue, {})
+        assert wait_until(lambda: OrderedRun.objects.filter(message_id="sp0").exists(), timeout=90), [
+            w.text[-2000:] for w in workers
+        ]
+        first = OrderedRun.objects.get(message_id="sp0")
+        [frozen] = [w for w in workers if str(w.popen.pid) == first.worker]
+        [other] = [w for w in workers if w is not frozen]
+        os.killpg(frozen.popen.pid, signal.SIGSTOP)
+        assert expire_leases(["sp0"]) == 1
+        assert service.sweep().requeued == ["sp0"]
+        assert wait_until(lambda: OrderedRun.objects.filter(message_id="sp0").count() == 2, timeout=60), (
+            other.text[-2000:]
+        )
+        woken = time.time()
+        os.killpg(frozen.popen.pid, signal.SIGCONT)
+        assert wait_until(lambda: OrderedRun.objects.get(pk=first.pk).finished is not None, timeout=20), (
+            frozen.text[-3000:]
+        )
+        assert wait_until(lambda: completed("sp0") == 1, timeout=60), other.text[-2000:]
+        assert wait_until(lambda: "lease of sp0 was lost" in frozen.text, timeout=10), frozen.text[-3000:]
+    finally:
+        if frozen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(frozen.popen.pid, signal.SIGCONT)
+        stop(workers)
+    old, new = OrderedRun.objects.filter(message_id="sp0").order_by("started")
+    assert old.finished is not None and new.finished is not None
+    interval = get_settings().heartbeat_interval
+    stopped_s = old.finished - woken
+    runs = [(old.started, old.finished), (new.started, new.finished)]
+    beside_s = max(0.0, min(old.finished, new.finished) - max(woken, new.started))
+    print(
+        f"frozen thread-pool worker woken after a takeover: its handler stopped {stopped_s:.3f} s after "
+        f"SIGCONT (renewal interval {interval:g} s); most runs at once {most_at_once(runs)}, side by side "
+        f"after the wake {beside_s:.3f} s"
+    )
+    assert stopped_s < interval + 1.5, (stopped_s, interval)
+    assert most_at_once(runs) == 2  # the frozen run's interval spans the takeover: the stated exception
+    message = Message.objects.get(message_id="sp0")
+    assert message.status == "completed" and message.attempts == 2
+    assert MessageEvent.objects.for_message("sp0").filter(reason="acknowledged").count() == 1

@@ -20,7 +20,7 @@ from tests.support import count_keeper_passes, expire_leases, finish, register, 
 from tests.support.waiting import hold_for, never_done, suspend
 from zeroloss import handlers
 from zeroloss.conf import get_settings
-from zeroloss.exceptions import InvalidHandler, SoftTimeLimitExceeded
+from zeroloss.exceptions import InvalidHandler, LeaseLostInterrupt, SoftTimeLimitExceeded
 from zeroloss.handlers import HandlerSpec
 from zeroloss.models import Message, MessageEvent, Status
 from zeroloss.processing import Delivery, run_handler
@@ -164,16 +164,16 @@ def test_the_soft_limit_is_never_raised_once_the_handler_has_returned():
 def test_a_soft_limit_that_runs_out_before_its_timer_is_armed_is_raised_by_the_block():
     """A timer firing while Thread.start() still runs must not interrupt it (that surfaced as a
     KeyError from threading's bookkeeping): it marks itself due, and arming raises the limit."""
-    from zeroloss.timelimits import _SoftTimer
+    from zeroloss.timelimits import ThreadGuard
 
-    timer = _SoftTimer(3600, threading.get_ident())
-    timer._fire()  # ran out before arm(): nothing is sent to the thread
-    assert not timer.fired
+    guard = ThreadGuard(threading.get_ident(), 3600)
+    guard.fire(SoftTimeLimitExceeded)  # ran out before arm(): nothing is sent to the thread
+    assert guard.due is SoftTimeLimitExceeded
     with pytest.raises(SoftTimeLimitExceeded):
-        timer.arm()
-    timer.disarm()
-    timer._fire()  # a late firing after the block: nothing
-    assert not timer.fired and timer.state == "done"
+        guard.arm()
+    guard.disarm()
+    guard.fire(LeaseLostInterrupt)  # a late firing after the block: nothing
+    assert guard.sent == {SoftTimeLimitExceeded} and guard.state == "done"
 
 
 def test_an_async_handler_past_its_soft_limit_gets_the_exception_in_its_task():

@@ -95,6 +95,14 @@ class SoftTimeLimitExceeded(Exception):
     """
 
 
+class LeaseLostInterrupt(BaseException):
+    """Raised inside a sync handler on a worker thread once its lease is known lost (taken over
+    while its worker was frozen, or run out): another run owns the message, this run's outcome
+    will be refused. A ``BaseException``, like ``KeyboardInterrupt``, so that a handler's
+    ``except Exception`` does not swallow it (its ``finally`` blocks run). Delivered between two
+    bytecodes: a handler blocked in one C call sees it when that call returns."""
+
+
 class TimeLimitExceeded(Exception):
     """The error recorded for an attempt stopped at its hard ``time_limit``: the process pool
     killed its child, or an async handler was cancelled."""

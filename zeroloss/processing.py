@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import itertools
 import logging
@@ -252,8 +253,10 @@ def run_handler(
         return run_coroutine(run_async_handler(spec, delivery, worker=worker, timeout=timeout))
     started = time.monotonic()
     handle = _started(delivery, worker)
+    keeper = delivery.keeper  # stops the handler if its lease is lost (worker.stops)
+    watch = None if keeper is None else functools.partial(keeper.running, delivery.message_id)
     try:
-        with soft_limit(spec.soft_time_limit):
+        with soft_limit(spec.soft_time_limit, watch=watch):
             value = spec.func(delivery)
         if inspect.isawaitable(value):
             raise _returned_awaitable(spec, value)

@@ -6,8 +6,13 @@
   ``SIGUSR1`` in a process-pool child (:mod:`zeroloss.worker.pool`).
 - The **hard** limit is the handler's own override of ``HANDLER_TIMEOUT``
   (:func:`hard_limit`): the process pool kills the child running it, an async handler is
-  cancelled, and in the thread pool (a thread cannot be stopped) the lease keeper stops
-  renewing the lease, so another worker gets the message and this run's outcome is refused.
+  cancelled, and in the thread pool the lease keeper stops renewing the lease (on a queue
+  without a concurrency limit), so another worker gets the message and this run's outcome is
+  refused.
+- A sync handler on a thread whose **lease is lost** (its worker froze past ``ACK_TIMEOUT`` and
+  another took the message over, or the lease ran out) gets
+  :class:`~zeroloss.exceptions.LeaseLostInterrupt` from the lease keeper, through the same
+  guard as its soft limit.
 """
 
 from __future__ import annotations
@@ -16,11 +21,11 @@ import asyncio
 import ctypes
 import math
 import threading
-from collections.abc import Awaitable, Generator, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .exceptions import InvalidHandler, SoftTimeLimitExceeded
+from .exceptions import InvalidHandler, LeaseLostInterrupt, SoftTimeLimitExceeded
 
 if TYPE_CHECKING:
     from .handlers import HandlerSpec
@@ -67,74 +72,90 @@ _set_async_exc.argtypes = [ctypes.c_ulong, ctypes.py_object]
 _set_async_exc.restype = ctypes.c_int
 
 
-class _SoftTimer:
-    """Raises SoftTimeLimitExceeded in one thread after ``seconds``, only while it is armed.
+class ThreadGuard:
+    """Raises an exception in one thread, only while it is armed: its soft time limit (a timer
+    started by :meth:`arm`), or whoever calls :meth:`fire` (the lease keeper, once the run's
+    lease is lost: :class:`~zeroloss.exceptions.LeaseLostInterrupt`).
 
     Armed only once its timer thread has started: an exception delivered inside
     ``Thread.start()`` would break the threading module's bookkeeping (a ``KeyError`` from
-    its limbo table instead of the limit). A timer that fires before then marks itself due,
-    and :meth:`arm` raises the limit itself.
+    its limbo table instead of the limit). One fired before then is due, and :meth:`arm`
+    raises it itself. Each exception type is delivered once.
     """
 
-    def __init__(self, seconds: float, thread_id: int) -> None:
+    def __init__(self, thread_id: int, soft_seconds: float | None = None) -> None:
         self.thread_id = thread_id
         self.lock = threading.Lock()
         self.state = "starting"  # then "armed", then "done"
-        self.due = False
-        self.fired = False
-        self.timer = threading.Timer(seconds, self._fire)
-        self.timer.daemon = True
+        self.due: type[BaseException] | None = None
+        self.sent: set[type[BaseException]] = set()
+        self.timer: threading.Timer | None = None
+        if soft_seconds is not None:
+            self.timer = threading.Timer(soft_seconds, self.fire, args=(SoftTimeLimitExceeded,))
+            self.timer.daemon = True
 
-    def _fire(self) -> None:
+    def fire(self, exc: type[BaseException]) -> None:
         with self.lock:
+            if exc in self.sent or self.state == "done":
+                return  # "done": the guarded block ended first
+            self.sent.add(exc)
             if self.state == "starting":
-                self.due = True
-            elif self.state == "armed":
-                self.fired = True
-                _set_async_exc(self.thread_id, SoftTimeLimitExceeded)
-            # "done": the handler ended first
+                self.due = exc
+            else:
+                _set_async_exc(self.thread_id, exc)
 
     def arm(self) -> None:
-        """Start the timer; raise here if it ran out before it was armed."""
-        self.timer.start()
+        """Start the timer; raise here what was fired before it was armed."""
+        if self.timer is not None:
+            self.timer.start()
         with self.lock:
-            self.state = "done" if self.due else "armed"
-        if self.due:
-            raise SoftTimeLimitExceeded
+            due, self.state = self.due, "done" if self.due else "armed"
+        if due is not None:
+            raise due
 
     def disarm(self) -> None:
         """After this returns nothing more is raised: a pending exception not yet delivered to
         the thread is withdrawn (``PyThreadState_SetAsyncExc(id, NULL)``) under the lock."""
-        self.timer.cancel()
+        if self.timer is not None:
+            self.timer.cancel()
         with self.lock:
-            self.state = "done"
-            if self.fired:
+            fired, self.state = self.state == "armed" and bool(self.sent), "done"
+            if fired:
                 _set_async_exc(self.thread_id, ctypes.py_object())  # NULL: clear what is pending
 
 
 @contextmanager
-def soft_limit(seconds: float | None) -> Iterator[None]:
+def soft_limit(
+    seconds: float | None, *, watch: Callable[[ThreadGuard | None], None] | None = None
+) -> Iterator[None]:
     """Raise SoftTimeLimitExceeded in this thread if the block runs longer than ``seconds``.
+
+    ``watch`` (the lease keeper's, for one message) is handed the block's guard before it is
+    armed and None once it is disarmed: it may fire the guard meanwhile.
 
     Delivered between two bytecodes: a handler blocked inside one C call (``time.sleep(60)``,
     a socket read without timeout) sees it only when that call returns. An exception that
     arrives while the block is ending propagates from the block (the handler did run past
     its limit); none can arrive after it.
     """
-    if seconds is None:
+    if seconds is None and watch is None:
         yield
         return
-    timer = _SoftTimer(seconds, threading.get_ident())
+    guard = ThreadGuard(threading.get_ident(), seconds)
+    if watch is not None:
+        watch(guard)
     try:
-        timer.arm()
+        guard.arm()
         yield
     finally:
         while True:
             try:
-                timer.disarm()
+                guard.disarm()
                 break
-            except SoftTimeLimitExceeded:  # delivered inside disarm itself: disarm again
+            except (SoftTimeLimitExceeded, LeaseLostInterrupt):  # delivered inside disarm: again
                 continue
+        if watch is not None:
+            watch(None)
 
 
 # -- async handlers -------------------------------------------------------------------------

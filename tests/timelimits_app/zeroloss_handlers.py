@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import time
 
 from asgiref.sync import sync_to_async
 
 import zeroloss
-from project.demo.models import HandledRecord
+from project.demo.models import HandledRecord, OrderedRun
 from tests.support.waiting import NEVER, never_done
 from zeroloss.processing import Delivery
 
@@ -78,3 +79,19 @@ def stubborn(delivery: Delivery) -> None:
     except zeroloss.SoftTimeLimitExceeded:
         note(delivery, "soft")
     NEVER.wait()
+
+
+@zeroloss.handler("tl.spin")
+def spin(delivery: Delivery) -> None:
+    """Pure Python, in steps of 5 ms: the first attempt for up to 120 s, a later one for 3 s.
+    Its ``OrderedRun`` (``worker``: the pid) records when it started and, however it ended
+    (returned, or stopped by an exception), when it ended."""
+    run = OrderedRun.objects.create(
+        message_id=delivery.message_id, ordering_key="", worker=str(os.getpid()), started=time.time()
+    )
+    until = time.monotonic() + (120 if delivery.attempt == 1 else 3)
+    try:
+        while time.monotonic() < until:
+            time.sleep(0.005)
+    finally:
+        OrderedRun.objects.filter(pk=run.pk).update(finished=time.time())

@@ -32,6 +32,7 @@ from ..outage import COMMIT_STALL_S, Backoff, OutageMonitor
 from ..service import ZeroLossMessageService
 from .aborts import AbortWatch
 from .batch import Batch
+from .stops import HandlerStops
 
 logger = logging.getLogger("zeroloss")
 
@@ -47,9 +48,8 @@ class _Held:
     timed_out: bool = False
     #: The hard bound of its handler's run: its ``time_limit``, else ``HANDLER_TIMEOUT``.
     limit: float | None = None
-    #: Its queue has a concurrency limit: its lease is its slot, renewed past the hard bound
-    #: until the handler returns (a thread cannot be stopped; letting the lease go would let
-    #: another run of the queue start beside this one).
+    #: Its queue has a concurrency limit: its lease is its slot, renewed past the hard bound until
+    #: the handler returns (let go, another run of the queue could start beside this one).
     holds_slot: bool = False
 
 
@@ -68,7 +68,7 @@ class TransactionWatch:
     overdue: Lease | None = None
 
 
-class LeaseKeeper(AbortWatch):
+class LeaseKeeper(AbortWatch, HandlerStops):
     """Renews every held lease each ``interval`` seconds in one statement, on its own connection."""
 
     def __init__(
@@ -95,6 +95,7 @@ class LeaseKeeper(AbortWatch):
         #: Given back but not recorded yet (a failed release is tried again at every tick).
         self._releasing: dict[str, Completion] = {}
         self._watched: dict[int, TransactionWatch] = {}
+        self._guards = {}  # see HandlerStops
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run_recorded, name="zeroloss-keeper", daemon=True)
@@ -127,9 +128,8 @@ class LeaseKeeper(AbortWatch):
                 self.lost.discard(lease.message_id)
 
     def _bounds_running(self, queue_name: str) -> bool:
-        """Whether the queue's runs hold a concurrency slot. Unknown while the database does not
-        answer: then yes, the limit's side (a lease kept past the hard bound until its handler
-        returns, never a second run beside it); the worker meets the outage at its next statement."""
+        """Whether the queue's runs hold a concurrency slot. Unknown (the database does not answer):
+        yes, the limit's side; the worker meets the outage at its next statement."""
         try:
             return self.service.control.bounds_running(queue_name)
         except DatabaseError:
@@ -171,8 +171,7 @@ class LeaseKeeper(AbortWatch):
                 self._watched.pop(id(watch), None)
 
     def forget_later(self, message_ids: Iterable[str]) -> None:
-        """Stop renewing these, but remember them as this worker's until their leases have run
-        out: their handlers ran, so nothing may release them as never started."""
+        """Stop renewing these; they stay this worker's until their leases run out (they ran)."""
         with self._lock:
             for mid in message_ids:
                 self._settling.discard(mid)
@@ -280,11 +279,11 @@ class LeaseKeeper(AbortWatch):
                     logger.warning(
                         "lease of %s was renewed only after it had expired here; treated as lost", mid
                     )
-                    self.lost.add(mid)
+                    self._lose(mid)
                     h.expires = started + ttl  # remembered as ours until the renewed lease runs out
                 elif mid not in self.lost:
                     logger.warning("lease of %s was lost before it could be renewed", mid)
-                    self.lost.add(mid)
+                    self._lose(mid)
 
     def give_back(self, completions: Iterable[Completion]) -> None:
         """Release these unstarted messages at the next tick (renewed until it lands)."""
@@ -365,7 +364,7 @@ class LeaseKeeper(AbortWatch):
             )
             if running is not None:
                 with self._lock:
-                    self.lost.add(running.message_id)
+                    self._lose(running.message_id)
             for lease in watch.batch.take_unstarted():
                 self.give_back([Completion(lease, Verdict.RELEASE, "released unstarted at HANDLER_TIMEOUT")])
                 # (still in hand: renewed until the release lands)
@@ -386,6 +385,7 @@ class LeaseKeeper(AbortWatch):
         try:
             while not self._stop.wait(poll):
                 if self._held:
+                    self.stop_lapsed_runs()
                     # An outage is the renewals' to notice and wait out (below), not this read's.
                     with contextlib.suppress(DatabaseError):
                         self.poll_aborts()
