@@ -414,6 +414,8 @@ def _enable(how: str, row: Schedule) -> None:
     elif how == "admin action":  # what the admin's Enable does
         row.enabled = True
         row.save(update_fields=["enabled", "updated_at"])
+    elif how == "command":
+        run("enable", row.name)
     elif how == "queryset update":  # a shell, a data migration, a command of the project's own
         Schedule.objects.filter(pk=row.pk).update(enabled=True)
     elif how == "re-created":
@@ -425,7 +427,7 @@ def _enable(how: str, row: Schedule) -> None:
         row.save()
 
 
-@pytest.mark.parametrize("how", ["save", "admin action", "queryset update", "re-created"])
+@pytest.mark.parametrize("how", ["save", "admin action", "command", "queryset update", "re-created"])
 def test_a_schedule_enabled_again_starts_from_the_next_tick(settings, db, how):
     # catch_up="all", every 1 s, off for 60 s by the database clock: enabling it again replays
     # none of the 60 ticks it missed; its first tick is the next one after the enabling.
@@ -581,6 +583,55 @@ def test_the_command_refuses_an_unknown_schedule_with_exit_code_2(settings, db):
     with pytest.raises(CommandError) as raised:
         run()
     assert raised.value.returncode == 2
+
+
+def test_the_command_disables_and_enables_a_database_schedule_as_the_admin_does(settings, db):
+    schedules(settings, nightly={"queue": "demo.record", "cron": "0 3 * * *"})
+    row = Schedule.objects.create(name="hb", queue="demo.record", every=60, catch_up="all", payload={})
+    revision = Schedule.objects.get(pk=row.pk).revision
+    assert json.loads(run("disable", "hb", "--json")) == {
+        "name": "hb",
+        "enabled": False,
+        "changed": True,
+        "next_tick": None,
+    }
+    assert Schedule.objects.get(pk=row.pk).revision == revision + 1  # running schedulers see it
+    assert json.loads(run("disable", "hb", "--json"))["changed"] is False  # again: nothing written
+    assert Schedule.objects.get(pk=row.pk).revision == revision + 1
+    backdate_start("hb", 3600)  # off for an hour: 60 ticks missed
+    before = read_clock("default")[0]
+    enabled = json.loads(run("enable", "hb", "--json"))
+    assert enabled["enabled"] is True and enabled["changed"] is True
+    assert Schedule.objects.get(pk=row.pk).revision == revision + 2
+    start = start_of("hb")
+    assert start >= before  # it starts at the database clock of the enabling
+    assert dt.datetime.fromisoformat(enabled["next_tick"]) > start
+    sent = Scheduler().run_once().sent  # none of the 60 missed ticks, catch_up="all" or not
+    assert all(dt.datetime.fromisoformat(m.split("@", 1)[1]) > start for m in sent), sent
+    assert "hb: already enabled, next tick" in run("enable", "hb")
+    assert run("disable", "hb") == "hb: disabled\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("nightly", "schedule 'nightly' is defined in settings: set its 'enabled' in ZEROLOSS['SCHEDULES']"),
+        ("nope", "unknown schedule 'nope' (database schedules: hb)"),
+    ],
+)
+def test_the_command_refuses_to_enable_a_settings_or_unknown_schedule_with_exit_code_2(
+    settings, db, name, says
+):
+    schedules(settings, nightly={"queue": "demo.record", "cron": "0 3 * * *"})
+    Schedule.objects.create(name="hb", queue="demo.record", every=60, payload={}, enabled=False)
+    for action in ("enable", "disable"):
+        with pytest.raises(CommandError) as raised:
+            run(action, name)
+        assert raised.value.returncode == 2 and says in str(raised.value), str(raised.value)
+    with pytest.raises(CommandError) as raised:
+        run("enable")
+    assert raised.value.returncode == 2 and "enable needs a schedule NAME" in str(raised.value)
+    assert not Schedule.objects.get(name="hb").enabled  # nothing changed
 
 
 def test_the_celery_beat_task_runs_a_round_on_every_ledger_database(settings, db):

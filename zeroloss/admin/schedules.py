@@ -139,16 +139,14 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.action(description=_("Enable selected schedules"), permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        for row in queryset:  # save(): updated_at moves, so running schedulers notice
-            row.enabled = True
-            row.save(update_fields=["enabled", "updated_at"])
+        for row in queryset:  # its revision bumped: running schedulers notice
+            row.set_enabled(True)
         self.message_user(request, _("Enabled %d schedule(s).") % len(queryset), messages.SUCCESS)
 
     @admin.action(description=_("Disable selected schedules"), permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         for row in queryset:
-            row.enabled = False
-            row.save(update_fields=["enabled", "updated_at"])
+            row.set_enabled(False)
         self.message_user(request, _("Disabled %d schedule(s).") % len(queryset), messages.SUCCESS)
 
     @admin.action(description=_("Run selected schedules now"), permissions=["change"])

@@ -120,6 +120,12 @@ class Schedule(models.Model):
             if self.enabled and (before is None or renamed or not before["enabled"]):
                 _enable_states(using, [self.name])
 
+    def set_enabled(self, enabled: bool) -> None:
+        """Enable or disable it (the admin's actions, ``zeroloss_schedule enable|disable``):
+        enabling starts it at the database clock, and the write bumps its revision."""
+        self.enabled = enabled
+        self.save(update_fields=["enabled", "updated_at"])
+
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         using = kwargs.get("using") or self._state.db or "default"
         with transaction.atomic(using=using):

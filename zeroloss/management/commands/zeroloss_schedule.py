@@ -1,12 +1,16 @@
-"""``manage.py zeroloss_schedule``: list schedules, preview their ticks, send one now, or run the scheduler.
+"""``manage.py zeroloss_schedule``: list schedules, preview their ticks, send one now, enable or
+disable one, or run the scheduler.
 
     zeroloss_schedule list
     zeroloss_schedule preview NAME [--next N]
     zeroloss_schedule run NAME
+    zeroloss_schedule enable NAME     # a database schedule, as the admin's Enable
+    zeroloss_schedule disable NAME
     zeroloss_schedule --loop          # the scheduler alone (every zeroloss_worker runs one too)
 
-Exit codes: 0 done; 2 bad arguments (an unknown schedule name, a bad settings schedule: the
-message says which field); 4 the database could not be reached (or, with ``--loop``, stayed
+Exit codes: 0 done (enabling an enabled schedule too: nothing changed); 2 bad arguments (an
+unknown schedule name, a settings schedule to enable or disable, a bad settings schedule: the
+message says what to fix); 4 the database could not be reached (or, with ``--loop``, stayed
 unreachable longer than ``DB_OUTAGE_TOLERANCE``).
 """
 
@@ -25,15 +29,18 @@ from ...schedules.spec import ScheduleError
 from ...worker.sessions import harden_sessions
 from ..base import EXIT_UNREACHABLE, ZeroLossCommand, positive_int
 
+ACTIONS = ["list", "preview", "run", "enable", "disable"]
+
 
 class Command(ZeroLossCommand):
     help = gettext_noop(
-        "List schedules, preview a schedule's next ticks, send one now, or run the scheduler (--loop)."
+        "List schedules, preview a schedule's next ticks, send one now, enable or disable one, "
+        "or run the scheduler (--loop)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", nargs="?", choices=["list", "preview", "run"], help=_("What to do."))
-        parser.add_argument("name", nargs="?", help=_("The schedule (preview, run)."))
+        parser.add_argument("action", nargs="?", choices=ACTIONS, help=_("What to do."))
+        parser.add_argument("name", nargs="?", help=_("The schedule (preview, run, enable, disable)."))
         parser.add_argument(
             "--next", type=positive_int, default=5, help=_("preview: how many ticks (default 5).")
         )
@@ -56,8 +63,10 @@ class Command(ZeroLossCommand):
     ) -> None:
         service = self.service(options)
         if loop == (action is not None):
-            self.usage_error(_("give one of: list, preview NAME, run NAME, --loop"))
-        if action in ("preview", "run") and not name:
+            self.usage_error(
+                _("give one of: list, preview NAME, run NAME, enable NAME, disable NAME, --loop")
+            )
+        if action not in (None, "list") and not name:
             self.usage_error(_("%(action)s needs a schedule NAME") % {"action": action})
         try:
             if loop:
@@ -66,6 +75,8 @@ class Command(ZeroLossCommand):
             if action == "list":
                 return self._list(scheduler, json)
             assert name is not None
+            if action in ("enable", "disable"):
+                return self._enable(scheduler, name, action == "enable", json)
             if name not in load_schedules(service.using):
                 known = ", ".join(sorted(load_schedules(service.using))) or _("none")
                 self.usage_error(
@@ -101,6 +112,56 @@ class Command(ZeroLossCommand):
             self.emit_json({"name": name, "message_id": message_id})
         else:
             self.stdout.write(_("sent %(message_id)s") % {"message_id": message_id})
+
+    def _enable(self, scheduler: Scheduler, name: str, enabled: bool, json: bool) -> None:
+        """The admin's Enable/Disable (:meth:`Schedule.set_enabled`): enabling starts the schedule
+        at the database clock, its next tick the first after it; every write bumps its revision."""
+        from ...schedules.models import Schedule
+        from ...schedules.spec import settings_schedules
+        from ...schedules.ticks import next_tick
+
+        if name in settings_schedules(check_targets=False):
+            self.usage_error(
+                _(
+                    "schedule %(name)r is defined in settings: set its 'enabled' in ZEROLOSS['SCHEDULES'] "
+                    "and deploy (enable and disable change database schedules)"
+                )
+                % {"name": name}
+            )
+        row = Schedule.objects.using(scheduler.using).filter(name=name).first()
+        if row is None:
+            known = ", ".join(sorted(Schedule.objects.using(scheduler.using).values_list("name", flat=True)))
+            self.usage_error(
+                _("unknown schedule %(name)r (database schedules: %(known)s)")
+                % {"name": name, "known": known or _("none")}
+            )
+        changed = row.enabled != enabled
+        if changed:
+            row.set_enabled(enabled)
+        upcoming = None
+        if enabled:
+            spec = load_schedules(scheduler.using, check_targets=False).get(name)
+            upcoming = next_tick(spec, scheduler.read_clock()[0]) if spec is not None else None
+        if json:
+            self.emit_json(
+                {
+                    "name": name,
+                    "enabled": enabled,
+                    "changed": changed,
+                    "next_tick": upcoming.isoformat() if upcoming else None,
+                }
+            )
+            return
+        if enabled:
+            text = (
+                _("%(name)s: enabled, next tick %(tick)s")
+                if changed
+                else _("%(name)s: already enabled, next tick %(tick)s")
+            )
+            self.stdout.write(text % {"name": name, "tick": upcoming.isoformat() if upcoming else "-"})
+        else:
+            text = _("%(name)s: disabled") if changed else _("%(name)s: already disabled")
+            self.stdout.write(text % {"name": name})
 
     def _list(self, scheduler: Scheduler, json: bool) -> None:
         from ...schedules.models import ScheduleState
