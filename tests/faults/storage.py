@@ -614,7 +614,8 @@ def run_storage(
             raise RuntimeError(f"{scenario}: the fault did not end within {full_s + 60:.0f}s")
         began, freed = holder_result[0]
         log(f"  {scenario}: fault {began:.1f} .. {freed:.1f} ({freed - began:.1f}s)")
-        during = [p for p in probes if p["done_at"] < freed]
+        # (a probe begun while the filler was still filling is not during the fault)
+        during = [p for p in probes if began <= p["began"] and p["done_at"] < freed]
         if not during:
             raise RuntimeError(f"{scenario}: no health and status probe ended during the fault")
         log(f"  {scenario}: {len(during)} health and status probes during the fault")
