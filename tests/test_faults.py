@@ -704,7 +704,7 @@ def test_sqlite_on_a_disk_that_refuses_writes_then_stalls_is_told_and_reported(t
     """SQLite's file on the FUSE passthrough (tests/faults/stallfs.py): while it refuses every
     write with ENOSPC, ``send()`` raises ``StorageFull`` within 5 s and the health report and
     ``zeroloss_status`` report a storage fault; the same id is stored once the disk takes writes
-    again; while every fsync takes 4 s more, both report ``storage stalled`` and ``send()``
+    again; while every fsync takes 3 s more, both report ``storage stalled`` and ``send()``
     returns once its commit's fsync does; after it, neither reports anything."""
     problems = sqlite_on_failing_disk(tmp_path)
     assert problems == [], f"logs in {tmp_path}"

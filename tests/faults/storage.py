@@ -1043,7 +1043,7 @@ def _count_ids(path: Path, ids: list[str]) -> dict[str, int]:
 
 
 def sqlite_on_failing_disk(
-    base_dir: Path, stall_s: float = 4.0, log: Callable[[str], None] = print
+    base_dir: Path, stall_s: float = 3.0, log: Callable[[str], None] = print
 ) -> list[str]:
     """SQLite's file on the FUSE passthrough (:mod:`.stallfs`), which first refuses what needs
     new space with ENOSPC, then stalls every fsync ``stall_s`` seconds: what ``send()``, the health report
@@ -1054,9 +1054,12 @@ def sqlite_on_failing_disk(
     prober: Prober | None = None
     problems: list[str] = []
     try:
+        # migrated on the backing directory (through the passthrough, its fsyncs cost seconds)
+        fs.backing.mkdir(parents=True, exist_ok=True)
+        _migrated_sqlite(fs.backing / "zeroloss.sqlite3", run_dir)
         fs.mount()
         path = fs.mountpoint / "zeroloss.sqlite3"
-        env = child_env(_migrated_sqlite(path, run_dir), run_dir)
+        env = child_env(f"sqlite:///{path}", run_dir)
         prober = Prober(env, run_dir / "prober.log")
 
         def storage_says() -> dict[str, str]:
