@@ -402,6 +402,14 @@ class StorageRun:
         return not self.findings.violations and not self.problems
 
 
+#: The prober's process: Django set up before this module is imported (its imports reach the
+#: models through tests.faults.zeroloss_handlers).
+PROBER_MAIN = (
+    "import os, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'project.settings'); "
+    "django.setup(); from tests.faults.storage import _serve_probes; _serve_probes()"
+)
+
+
 class Prober:
     """A process that has Django loaded and waits: each :meth:`probe` makes it read what the
     health report (uncached) and ``zeroloss_status --json --no-cache`` say now, so that no
@@ -410,7 +418,7 @@ class Prober:
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self._err = open(log, "ab")  # noqa: SIM115 - closed by close()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.storage", "probe"],
+            [sys.executable, "-c", PROBER_MAIN],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,
@@ -449,7 +457,7 @@ class Prober:
 
 
 def _serve_probes() -> None:
-    """The prober's side: one JSON line per line read (``python -m tests.faults.storage probe``):
+    """The prober's side: one JSON line per line read (:data:`PROBER_MAIN`):
     ``send ID`` sends a message, anything else probes."""
     import io
 
@@ -1212,21 +1220,3 @@ def report(runs: list[StorageRun]) -> str:
     lines.append("")
     lines += [describe(run) for run in runs]
     return "\n".join(lines)
-
-
-if __name__ == "__main__":  # python -m tests.faults.storage disk-full|sqlite-full|probe [ci|soak] [dir]
-    import django
-
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-    django.setup()
-    if sys.argv[1] == "probe":
-        _serve_probes()
-        sys.exit(0)
-    from .scenario import PROFILES
-
-    base = Path(sys.argv[3] if len(sys.argv) > 3 else "/tmp/zl-i51-run")
-    base.mkdir(parents=True, exist_ok=True)
-    results = run_scenarios(
-        sys.argv[1].split(","), PROFILES[sys.argv[2] if len(sys.argv) > 2 else "ci"], 1, base
-    )
-    print(report(results))
