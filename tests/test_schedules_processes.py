@@ -368,3 +368,91 @@ def test_a_disable_after_an_edit_from_a_host_an_hour_ahead_is_seen_within_one_ro
     wait_db_clock(db_now() + dt.timedelta(seconds=2.5), [])
     assert scheduler.run_once().sent == []
     assert Message.objects.filter(message_id__startswith="disabled@").count() == before
+
+
+def test_a_scheduler_frozen_inside_its_round_holds_the_others_back_only_until_ack_timeout(db, settings):
+    # A real `zeroloss_schedule --loop` is held inside its round's transaction — its schedule's
+    # state row locked, its insert of the tick's message waiting for this session's uncommitted
+    # insert of that id — and SIGSTOPped there. This session rolls back: the frozen scheduler's
+    # insert completes on the server and its session sits idle in its transaction, the row
+    # locked. Another scheduler's round (this process's) waits for the row until the server ends
+    # that transaction, ACK_TIMEOUT after it went idle, then sends the ticks, each once.
+    import contextlib
+    import os
+    import signal
+    import threading
+    import time
+
+    from django.db import transaction
+
+    from zeroloss.conf import get_settings
+    from zeroloss.schedules.scheduler import Scheduler
+    from zeroloss.schedules.spec import tick_message_id
+    from zeroloss.service import ZeroLossMessageService
+
+    entry = {"queue": "demo.record", "every": EVERY, "catch_up": "all"}
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "SCHEDULES": {"fz": entry}}
+    env = child_env(
+        ZEROLOSS_LOG_LEVEL="INFO",
+        ZEROLOSS_SETTINGS_JSON=json.dumps({"SCHEDULE_INTERVAL": 0.2, "SCHEDULES": {"fz": entry}}),
+        PGAPPNAME="zl-frozen-scheduler",
+    )
+    frozen = Proc([sys.executable, "manage.py", "zeroloss_schedule", "--loop"], env)
+    ack_timeout = get_settings().ACK_TIMEOUT
+    try:
+        frozen.wait_for("zeroloss_schedule: a round every")
+        wait_for("the schedule started", lambda: _started("fz"), 60, interval=0.1)
+        # The tick after the next one: far enough ahead for this session's insert to come first.
+        now = db_now()
+        tick = dt.datetime.fromtimestamp((int(now.timestamp()) // EVERY + 2) * EVERY, tz=dt.UTC)
+        blocker = tick_message_id("fz", tick)
+        with transaction.atomic():
+            ZeroLossMessageService().persist_message(blocker, "demo.record", {})
+            wait_for(
+                "the scheduler waiting on this session's insert",
+                lambda: _waits_on_lock("zl-frozen-scheduler"),
+                30,
+                interval=0.05,
+            )
+            os.killpg(frozen.popen.pid, signal.SIGSTOP)
+            transaction.set_rollback(True)
+        released = time.monotonic()
+        done: list[float] = []
+        sent: list[str] = []
+
+        def round_() -> None:
+            try:
+                sent.extend(Scheduler().run_once().sent)
+                done.append(time.monotonic() - released)
+            finally:
+                connection.close()
+
+        runner = threading.Thread(target=round_, daemon=True)
+        runner.start()
+        runner.join(ack_timeout + 20)
+        assert done, f"the other scheduler's round still waits {ack_timeout + 20:g} s after the freeze"
+        print(
+            f"scheduler frozen in its round: another's round returned {done[0]:.2f} s later (ACK_TIMEOUT {ack_timeout:g} s)"
+        )
+        assert done[0] < ack_timeout + 3, done
+        assert blocker in sent  # the frozen one's insert went with its transaction
+        assert Message.objects.filter(message_id=blocker).count() == 1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(frozen.popen.pid, signal.SIGCONT)
+        frozen.terminate()
+
+
+def _started(name: str) -> bool:
+    from zeroloss.schedules.models import ScheduleState
+
+    return ScheduleState.objects.filter(name=name, last_tick__isnull=False).exists()
+
+
+def _waits_on_lock(app_name: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+            [app_name],
+        )
+        return bool(cursor.fetchone()[0])

@@ -242,7 +242,7 @@ class Scheduler:
                 # Known to exist once this transaction commits (run_once forgets them if it does not).
                 self._have_state.update(missing)
                 report.queries += 1
-            states = lock_states(self.using, names)
+            states = lock_states(self.using, names, idle_bound=self.service.settings.ACK_TIMEOUT)
             report.queries += 1
             plans: dict[str, list[dt.datetime]] = {}
             for spec in due:

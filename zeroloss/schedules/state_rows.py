@@ -61,10 +61,13 @@ def create_states(using: str, names: list[str]) -> None:
     engine.run(conn, statements, "CREATE_STATES", {"names": engine.column(names)})
 
 
-def lock_states(using: str, names: list[str]) -> dict[str, ScheduleState]:
-    """The state rows of ``names``, locked in name order until commit."""
+def lock_states(using: str, names: list[str], *, idle_bound: float) -> dict[str, ScheduleState]:
+    """The state rows of ``names``, locked in name order until commit. Every other scheduler's
+    round waits for them: the server ends this transaction once it stays idle ``idle_bound``
+    seconds (its scheduler frozen inside it, SIGSTOP or a paused VM)."""
     conn = connections[using]
     engine = engine_for(conn)
+    engine.bound_transaction(conn, idle_bound)
     rows, _ = engine.run(conn, statements, "LOCK_STATES", {"names": engine.column(names)})
     return {
         name: ScheduleState(
