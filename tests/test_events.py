@@ -4,6 +4,9 @@ a batch nobody listens to registers nothing."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -142,3 +145,13 @@ def test_a_batch_nobody_wants_registers_nothing_after_commit():
             assert connection.run_on_commit == []
     finally:
         events.subscribe(*installed)
+
+
+@pytest.mark.process
+def test_the_stream_and_its_publishers_import_before_django_setup():
+    # A process-pool child and the fault suite's probers import the handler path before
+    # django.setup(): the events must not pull the models in (AppRegistryNotReady).
+    code = "import zeroloss.ledger.events, zeroloss.processing, zeroloss.delivery"
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]

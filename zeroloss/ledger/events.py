@@ -21,11 +21,13 @@ import contextlib
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..states import Status
-from .engine import Rows
 from .types import Completion, CompletionReport, Lease
+
+if TYPE_CHECKING:
+    from .engine import Rows
 
 __all__ = [
     "Cancelled",
