@@ -59,8 +59,8 @@ def child(url: str, rounds: int) -> dict[str, Any]:
     from django.core.management import call_command
 
     import zeroloss
-    from zeroloss.models import Message, MessageEvent
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.ledger.models import Message, MessageEvent
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     call_command("migrate", verbosity=0, interactive=False)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ZEROLOSS_SETTINGS_JSON": settings_json}

@@ -55,7 +55,7 @@ def measure(rows: int, runs: int) -> list[tuple[str, float, str]]:
 
     django.setup()
     from zeroloss.admin import paginator, search
-    from zeroloss.models import Message, MessageEvent
+    from zeroloss.ledger.models import Message, MessageEvent
 
     term = f"bench-{rows // 2}"
     request = RequestFactory().get("/")

@@ -52,7 +52,7 @@ def main() -> int:
         import django
 
         django.setup()
-        from zeroloss.service import ZeroLossMessageService
+        from zeroloss.ledger.service import ZeroLossMessageService
 
         print(
             f"PostgreSQL primary :{cluster.primary_port} + streaming standby :{cluster.standby_port} (fsync on)"

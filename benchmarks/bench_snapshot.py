@@ -12,7 +12,7 @@ dead letters and a few sweep recoveries. Then, for each size in ``--sizes`` (asc
 bulk-loads completed messages with ``INSERT ... SELECT generate_series`` until that many are
 retained, runs ``VACUUM ANALYZE`` (what autovacuum does in production) and times, warm:
 
-- ``compute_snapshot``: :func:`zeroloss.snapshot.compute_snapshot` of the checked-out code
+- ``compute_snapshot``: :func:`zeroloss.ops.snapshot.compute_snapshot` of the checked-out code
   (the uncached read every metrics/health/status cache miss pays);
 - ``before``: ``compute_snapshot`` of the older ``snapshot.py`` given with ``--before`` (loaded
   as ``zeroloss._snapshot_before``, so it runs against the same models and service);
@@ -65,7 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Completed rows retained at each measurement (ascending).",
     )
     parser.add_argument(
-        "--before", type=Path, metavar="FILE", help="An older zeroloss/snapshot.py to time next to this one."
+        "--before",
+        type=Path,
+        metavar="FILE",
+        help="An older snapshot module (zeroloss/ops/snapshot.py; zeroloss/snapshot.py before 0.3) to time next to this one.",
     )
     parser.add_argument("--runs", type=int, default=7, help="Timed runs per figure (the median is shown).")
     parser.add_argument("--server-url", help="Any database URL on the PostgreSQL server to use.")
@@ -86,8 +89,8 @@ def _log(message: str) -> None:
 
 def load_live_set() -> None:
     """Pending, processing (some stuck), dead and recovered messages, written by the service."""
-    from zeroloss.models import Message
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.ledger.models import Message
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     service = ZeroLossMessageService(instance_id="bench-live")
     # First a few sweep recoveries, so the audit-trail part of the snapshot has something to count.
@@ -144,10 +147,13 @@ def load_completed(conn: Any, start: int, stop: int) -> None:
 
 
 def load_before(path: Path) -> Any:
-    """An older snapshot module, importable next to the current one (same package, same models)."""
+    """An older snapshot module, importable next to the current one (same package, same models):
+    in ``zeroloss.ops`` as the snapshot is now, or at the package's root as before 0.3 (whose
+    relative imports go up one level, never two)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("zeroloss._snapshot_before", path)
+    package = "zeroloss.ops" if "from .." in path.read_text() else "zeroloss"
+    spec = importlib.util.spec_from_file_location(f"{package}._snapshot_before", path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -174,8 +180,8 @@ def fmt(values: list[float]) -> str:
 
 
 def measure(conn: Any, size: int, runs: int, before: Any) -> dict[str, Any]:
-    from zeroloss.service import ZeroLossMessageService
-    from zeroloss.snapshot import compute_snapshot
+    from zeroloss.ledger.service import ZeroLossMessageService
+    from zeroloss.ops.snapshot import compute_snapshot
 
     service = ZeroLossMessageService(instance_id="bench-snapshot")
     fns = {"snapshot": lambda: compute_snapshot(service)}

@@ -56,7 +56,7 @@ def claimer(args: dict[str, Any]) -> dict[str, Any]:
     django.setup()
     from django.db import connection
 
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     service = ZeroLossMessageService(instance_id=f"claimer-{os.getpid()}")
     service.database_now()  # connect before the barrier
@@ -91,7 +91,7 @@ def paced_producer(args: dict[str, Any]) -> dict[str, Any]:
     import django
 
     django.setup()
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     service = ZeroLossMessageService(instance_id=f"producer-{os.getpid()}")
     service.database_now()  # connect before the barrier

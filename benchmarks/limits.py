@@ -89,7 +89,7 @@ def _reset(queue: str) -> None:
 
 
 def _send(queue: str, n: int) -> None:
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     service = ZeroLossMessageService()
     for start in range(0, n, 1000):
@@ -156,7 +156,7 @@ NEVER_REACHED = {
 
 
 def drain(n: int, limited: bool, kind: str = "both") -> float:
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     queue = "bench.noop"
     _reset(queue)
@@ -170,8 +170,8 @@ def drain(n: int, limited: bool, kind: str = "both") -> float:
 
 
 def in_flight(limit: int, n: int) -> dict[str, float]:
-    from zeroloss.models import Message
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.ledger.models import Message
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     queue = "bench.hold"
     _reset(queue)
@@ -201,8 +201,8 @@ def in_flight(limit: int, n: int) -> dict[str, float]:
 
 
 def rate_accuracy(count: int, period: str, seconds: float) -> dict[str, float]:
-    from zeroloss.rates import parse_rate
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.core.rates import parse_rate
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     queue = "bench.noop"
     _reset(queue)

@@ -24,7 +24,7 @@ from benchmarks.settings import *  # noqa: F403
 
 MODE = os.environ.get("ZEROLOSS_BENCH_TELEMETRY", "all")
 # A module set to None in sys.modules raises ImportError on import: zeroloss then sees the
-# package as not installed (zeroloss.telemetry loads its backends on first use, after this).
+# package as not installed (zeroloss.integrations.telemetry loads its backends on first use, after this).
 if MODE == "prom":
     sys.modules.setdefault("opentelemetry", None)  # type: ignore[arg-type]
 if MODE == "api":

@@ -268,7 +268,7 @@ def child(args: dict[str, Any]) -> int:
         import django
 
         django.setup()
-        from zeroloss.service import ZeroLossMessageService
+        from zeroloss.ledger.service import ZeroLossMessageService
 
         service = ZeroLossMessageService(instance_id=actor)
         service.database_now()
@@ -539,7 +539,7 @@ def purge_child(args: dict[str, Any]) -> int:
     from django.db import connection
 
     from zeroloss.ledger import partitions
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     service = ZeroLossMessageService(instance_id="retention-bench")
     phase = args.get("phase", "all")

@@ -75,9 +75,9 @@ def run(schedules: int, minutes: int, server: str) -> dict[str, Any]:
         from django.core.management import call_command
         from django.db import connection
 
-        from zeroloss.models import Message
-        from zeroloss.schedules.models import Schedule
-        from zeroloss.schedules.scheduler import Scheduler
+        from zeroloss.ledger.models import Message
+        from zeroloss.runtime.schedules.models import Schedule
+        from zeroloss.runtime.schedules.scheduler import Scheduler
 
         call_command("migrate", verbosity=0)
         Schedule.objects.bulk_create(

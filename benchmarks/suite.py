@@ -178,7 +178,7 @@ class Suite(ThroughputWorkloads):
         return f"{name}-{self.counter}"
 
     def service(self, instance_id: str = "bench", using: str = "default") -> Any:
-        from zeroloss.service import ZeroLossMessageService
+        from zeroloss.ledger.service import ZeroLossMessageService
 
         return ZeroLossMessageService(instance_id=instance_id, using=using)
 

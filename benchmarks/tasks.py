@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-from zeroloss.tasks_backend.compat import task
+from zeroloss.integrations.tasks_backend.compat import task
 
 from .db import MARKER_DIR_ENV
 

@@ -238,7 +238,7 @@ class ThroughputWorkloads:
     # -- bulk send --------------------------------------------------------------------
 
     def run_bulksend(self) -> None:
-        from zeroloss.transports import send_many
+        from zeroloss.runtime.transports import send_many
 
         from .raw import copy_messages
 
@@ -429,7 +429,7 @@ class ThroughputWorkloads:
     # -- ordered delivery -------------------------------------------------------------
 
     def run_ordered(self) -> None:
-        from zeroloss.service import ZeroLossMessageService
+        from zeroloss.ledger.service import ZeroLossMessageService
 
         n = self.sizes.drain
         unordered = self.figure("ordered.none", "drain, unordered, 1 process", "msg/s")
@@ -481,7 +481,7 @@ class ThroughputWorkloads:
         db.reset(self.conn)
 
     def _drain_ordered(self, n: int, keys: int) -> float:
-        from zeroloss.service import ZeroLossMessageService
+        from zeroloss.ledger.service import ZeroLossMessageService
 
         from .suite import WorkerProcess
 
@@ -519,7 +519,7 @@ def _produce(queue: str, rate: float, seconds: float) -> tuple[int, float]:
     rate, and a producer behind its schedule would saturate a core and measure the host's
     scheduler instead of the ledger. Returns the count sent and the rate achieved.
     """
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     service = ZeroLossMessageService(instance_id="bench-producer")
     per_tx = max(1, math.ceil(rate / PRODUCER_TX_RATE))

@@ -62,7 +62,7 @@ def count(conn: psycopg.Connection[Any], sql: str) -> int:
 #: the purge's own code (``_drop_expired_periods``), with a cut-off two days ahead so that
 #: today's period counts as past retention (nothing else is changed to get there).
 DROP_TODAY = """
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.service import ZeroLossMessageService
 dropped = ZeroLossMessageService(instance_id="wal-life").operator._drop_expired_periods(-2 * 86400, "wal-life")
 assert dropped == {count}, dropped
 """

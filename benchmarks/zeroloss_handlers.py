@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import zeroloss
-from zeroloss.processing import Delivery
+from zeroloss.runtime.processing import Delivery
 
 from .db import MARKER_DIR_ENV
 

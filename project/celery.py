@@ -13,6 +13,6 @@ app.autodiscover_tasks(["zeroloss"])
 
 @app.on_after_finalize.connect
 def _schedule_sweep(sender: Celery, **kwargs: object) -> None:
-    from zeroloss.schedule import beat_schedule_entry
+    from zeroloss.integrations.celery.beat import beat_schedule_entry
 
     sender.conf.beat_schedule = {**sender.conf.beat_schedule, **beat_schedule_entry()}

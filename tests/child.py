@@ -38,7 +38,7 @@ def main() -> None:
     import django
 
     django.setup()
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     service = ZeroLossMessageService(instance_id=args.get("instance_id"), **args.get("overrides", {}))
 
@@ -114,7 +114,7 @@ def main() -> None:
 
         import zeroloss
         from zeroloss.exceptions import InvalidMessage
-        from zeroloss.transports import database_for
+        from zeroloss.runtime.transports import database_for
 
         for queue, count in args["sends"].items():
             alias = database_for(queue)

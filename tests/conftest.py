@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 
 from tests.support.waiting import wait_for
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.service import ZeroLossMessageService
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -407,7 +407,7 @@ def spans():
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from zeroloss.telemetry import tracing
+    from zeroloss.integrations.telemetry import tracing
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

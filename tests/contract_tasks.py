@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zeroloss.tasks_backend.compat import task
+from zeroloss.integrations.tasks_backend.compat import task
 
 
 class ShadowedError(Exception):

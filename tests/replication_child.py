@@ -48,9 +48,9 @@ def main() -> int:
 def run(role: str, args: dict[str, Any]) -> int:
     from django.db import transaction
 
-    from zeroloss import replication
     from zeroloss.exceptions import ReplicationTimeout
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.integrations import replication
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     service = ZeroLossMessageService(instance_id=args.get("instance_id", f"repl-child-{os.getpid()}"))
 
@@ -97,7 +97,7 @@ def run(role: str, args: dict[str, Any]) -> int:
         _emit(checks=[[m.id, m.msg] for m in found if (m.id or "").startswith("zeroloss.")])
         return 0
     if role == "stats":
-        from zeroloss.snapshot import compute_snapshot
+        from zeroloss.ops.snapshot import compute_snapshot
 
         health = compute_snapshot(service).replication
         _emit(required=health.required, available=health.available, ok=health.ok, problems=health.problems)
@@ -111,8 +111,8 @@ def run(role: str, args: dict[str, Any]) -> int:
         _emit(targets=[n.node_id for n in service.get_replication_targets()])
         return 0
     if role == "sweep":
-        from zeroloss.loops import SweepLoop
-        from zeroloss.transports import after_sweep_hooks
+        from zeroloss.runtime.sweep_loop import SweepLoop
+        from zeroloss.runtime.transports import after_sweep_hooks
 
         SweepLoop(service, after_sweep=after_sweep_hooks(service)).run_once()
         _emit(nodes={n.node_id: [n.role, n.state] for n in replication.live_nodes(service)})

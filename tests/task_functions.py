@@ -9,7 +9,7 @@ from typing import Any
 
 from project.demo.models import OrderedRun
 from tests.support.waiting import NEVER, suspend
-from zeroloss.tasks_backend.compat import task
+from zeroloss.integrations.tasks_backend.compat import task
 
 
 @task()

@@ -21,8 +21,8 @@ from project.demo.models import HandledRecord
 from tests.support import expire_leases
 from tests.support.celery import REDIS_URL
 from tests.support.processes import celery_worker, db_worker
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

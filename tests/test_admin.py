@@ -23,10 +23,10 @@ from django.urls import reverse
 from tests.support import expire_leases
 from tests.support.admin import CHANGELIST, client_for, make_user
 from zeroloss import admin as zl_admin
-from zeroloss import dashboard
 from zeroloss.admin import paginator as zl_paginator
-from zeroloss.models import Message, MessageEvent, PurgeRecord, ReplicationNode, Status
-from zeroloss.service import Lease, ZeroLossMessageService
+from zeroloss.ledger.models import Message, MessageEvent, PurgeRecord, ReplicationNode, Status
+from zeroloss.ledger.service import Lease, ZeroLossMessageService
+from zeroloss.ops import dashboard
 
 #: A count per status, all zero (a status added later counts zero here too).
 NONE = dict.fromkeys(Status.values, 0)

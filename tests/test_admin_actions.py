@@ -21,8 +21,8 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.support.admin import CHANGELIST, confirm_form, feedback
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 
 
 def root_client() -> Client:

@@ -18,8 +18,8 @@ from django.contrib.auth.models import Permission, User
 from django.db import connections
 
 from tests.support import expire_leases
-from zeroloss.models import Message, MessageEvent, QueueControl, Status
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.models import Message, MessageEvent, QueueControl, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 
 CHROMIUM = os.environ.get("ZEROLOSS_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [

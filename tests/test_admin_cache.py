@@ -16,8 +16,8 @@ from django.core.cache import caches
 from django.test import Client
 from django.urls import reverse
 
-from zeroloss.models import Message
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.models import Message
+from zeroloss.ledger.service import ZeroLossMessageService
 
 
 def unused_loopback_port() -> int:

@@ -14,7 +14,7 @@ from django.urls import reverse
 from tests.support import expire_leases
 from tests.support.admin import client_for, make_user
 from tests.support.factories import blocked_ledger
-from zeroloss.models import Message, MessageEvent, Status
+from zeroloss.ledger.models import Message, MessageEvent, Status
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

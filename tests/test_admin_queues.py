@@ -14,9 +14,9 @@ from django.test import Client
 from django.urls import reverse
 
 from zeroloss.admin.queue_page import queue_lines
-from zeroloss.models import QueueControl
-from zeroloss.schedules.models import Schedule
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.models import QueueControl
+from zeroloss.ledger.service import ZeroLossMessageService
+from zeroloss.runtime.schedules.models import Schedule
 
 pytestmark = pytest.mark.django_db
 

@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from zeroloss.admin import get_service
-from zeroloss.models import Message
+from zeroloss.ledger.models import Message
 
 #: A statement that changes something: DML anywhere (a CTE may hide it), or a SET of any kind.
 WRITE = re.compile(r"\b(INSERT|UPDATE|DELETE|MERGE)\b|^\s*SET\b|pg_current_xact_id\(\)", re.IGNORECASE)

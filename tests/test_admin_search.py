@@ -17,7 +17,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.service import ZeroLossMessageService
 
 CHANGELIST = "admin:zeroloss_message_changelist"
 EVENTS = "admin:zeroloss_messageevent_changelist"

@@ -17,11 +17,11 @@ import zeroloss
 from tests.support import expire_leases, finish, register, run_worker
 from tests.support.waiting import never_done, suspend, wait_for
 from zeroloss.exceptions import InvalidHandler
-from zeroloss.handlers import HandlerSpec
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.processing import Delivery, describe_error, run_handler
-from zeroloss.service import ZeroLossMessageService, wait_until
-from zeroloss.worker.transport_runtime import DeliveryRuntime, deliver
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
+from zeroloss.runtime.handlers import HandlerSpec
+from zeroloss.runtime.processing import Delivery, describe_error, run_handler
+from zeroloss.runtime.worker.transport_runtime import DeliveryRuntime, deliver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,8 +12,8 @@ from project.demo.models import HandledRecord
 from tests.support import expire_leases
 from tests.support.processes import db_worker
 from zeroloss.exceptions import InvalidPayload
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,8 +23,8 @@ import zeroloss
 from tests.support import PrivateRedis, expire_leases
 from tests.support.celery import use_broker
 from tests.support.processes import Proc, celery_beat, celery_worker
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
 
 from .conftest import child_env
 
@@ -122,7 +122,7 @@ def test_the_beat_sweep_is_not_starved_by_deliveries_nor_defeated_by_a_skewed_cl
         # 300 slow deliveries queued ahead of any sweep, on the same worker.
         service.persist_messages([(f"slow{i}", "demo.record", {"sleep": 0.05}) for i in range(300)])
         use_broker(server.url)
-        from zeroloss.transports.celery import publish
+        from zeroloss.integrations.celery.transport import publish
 
         assert len(publish(service, [(f"slow{i}", 0.0) for i in range(300)])) == 300
         env = {"ZEROLOSS_SWEEP_INTERVAL": "0.5"}

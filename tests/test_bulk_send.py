@@ -12,9 +12,9 @@ from django.test.utils import CaptureQueriesContext
 import zeroloss
 from zeroloss.exceptions import InvalidMessage, InvalidPayload, MessageConflict, PayloadTooLarge
 from zeroloss.ledger.base import engine_for
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.validation import canonical_json, payload_checksum
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

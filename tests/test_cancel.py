@@ -10,9 +10,9 @@ import zeroloss
 from tests.support import backdate, expire_leases
 from tests.support.cli import run
 from zeroloss.exceptions import InvalidMessage, MessageNotFound
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import CancelOutcome, Completion, Verdict
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,8 +9,8 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.support.admin import CHANGELIST, client_for, confirm_form, feedback, make_user
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 
 pytestmark = pytest.mark.django_db
 

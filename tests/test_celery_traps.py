@@ -33,14 +33,14 @@ from tests.support.cli import run
 from tests.support.processes import celery_beat, celery_worker
 from tests.support.waiting import wait_until
 from zeroloss.exceptions import CeleryAppNotConfigured
-from zeroloss.health import health_report
-from zeroloss.models import Message, Status
-from zeroloss.schedule import beat_schedule_entry
-from zeroloss.schedules.models import ScheduleState
-from zeroloss.schedules.overdue import overdue_schedules
-from zeroloss.schedules.scheduler import Scheduler
-from zeroloss.service import ZeroLossMessageService
-from zeroloss.transports import celery_app
+from zeroloss.integrations.celery import app as celery_app
+from zeroloss.integrations.celery.beat import beat_schedule_entry
+from zeroloss.ledger.models import Message, Status
+from zeroloss.ledger.service import ZeroLossMessageService
+from zeroloss.ops.health import health_report
+from zeroloss.runtime.schedules.models import ScheduleState
+from zeroloss.runtime.schedules.overdue import overdue_schedules
+from zeroloss.runtime.schedules.scheduler import Scheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -143,7 +143,7 @@ SEND = """
 
     call_command("migrate", verbosity=0)
     import zeroloss
-    from zeroloss.models import Message
+    from zeroloss.ledger.models import Message
 
     try:
         zeroloss.send("emails", {"to": "a@example.com"})

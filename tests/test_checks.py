@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection
 
-from zeroloss import checks
+from zeroloss.ops import checks
 
 
 def ids(messages):

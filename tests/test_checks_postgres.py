@@ -15,7 +15,7 @@ import pytest
 from django.core.checks import Error, Warning
 from django.db import connection, connections
 
-from zeroloss import checks
+from zeroloss.ops import checks
 
 from .conftest import ROOT, child_env
 from .pgcluster import PgCluster

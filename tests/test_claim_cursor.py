@@ -17,7 +17,7 @@ from django.db import connection
 
 from tests.support import expire_leases
 from zeroloss.ledger import leases
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.service import ZeroLossMessageService
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

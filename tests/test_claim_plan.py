@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from zeroloss.ledger import partitions, statements_leases
 from zeroloss.ledger.base import engine_for
 from zeroloss.ledger.postgres import PostgresEngine
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.service import ZeroLossMessageService
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 

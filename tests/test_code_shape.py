@@ -3,7 +3,7 @@ a status is spelled only where it is declared.
 
 A scan of ``zeroloss/`` (no database): a string literal that reads as SQL, or a comparison with
 a connection's ``vendor``, outside its home fails the test; so does a Python string equal to a
-status (``"dead"``) outside ``zeroloss.states``. Run it directly to print the counts
+status (``"dead"``) outside ``zeroloss.core.states``. Run it directly to print the counts
 (``python tests/test_code_shape.py [ROOT]``).
 
 The ``.sql`` catalogues (:mod:`zeroloss.ledger.catalogue`) hold statements whole: named
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 import pytest
 from django.apps import apps
 
+from zeroloss.core.states import Status
 from zeroloss.ledger import statements_reads
 from zeroloss.ledger.base import _ENGINES as ENGINES
 from zeroloss.ledger.base import all_statements
 from zeroloss.ledger.catalogue import PARAMETER, Catalogue, CatalogueError, package_catalogues, parse
 from zeroloss.ledger.statements import MOVES
-from zeroloss.states import Status
 
 PACKAGE = Path(__file__).resolve().parent.parent / "zeroloss"
 
@@ -167,8 +167,8 @@ def test_catalogue_statements_are_whole_with_named_parameters() -> None:
 CONVERTED = (
     "ledger/statements_ops.py",
     "ledger/statements_reads.py",
-    "schedules/statements.py",
-    "replication/statements.py",
+    "runtime/schedules/statements.py",
+    "integrations/replication/statements.py",
     "ledger/statements_control.py",
     "ledger/statements_cancel.py",
 )
@@ -254,9 +254,9 @@ def test_a_catalogue_reads_as_written() -> None:
     }
 
 
-# -- statuses: declared once (zeroloss.states), every other module derives from the declaration ----
+# -- statuses: declared once (zeroloss.core.states), every other module derives from the declaration ----
 
-#: Every status's value, as ``zeroloss.states.Status`` declares it.
+#: Every status's value, as ``zeroloss.core.states.Status`` declares it.
 STATUS_VALUES = frozenset(Status.values)
 #: Where a status may be spelled in Python: its declaration, and frozen migrations. SQL text
 #: spells them inside longer strings (checked against the declaration below).
@@ -331,8 +331,8 @@ def test_a_status_is_spelled_only_where_it_is_declared() -> None:
     assert {"pending", "processing", "completed", "dead", "cancelled"} <= STATUS_VALUES, STATUS_VALUES
     found = status_literals()
     assert not found, (
-        "a status spelled as a string outside zeroloss/states.py: use its Status member, or a set "
-        "of zeroloss.states (LIVE_STATUSES, FINISHED_STATUSES, ...; add one there if the code "
+        "a status spelled as a string outside zeroloss/core/states.py: use its Status member, or a set "
+        "of zeroloss.core.states (LIVE_STATUSES, FINISHED_STATUSES, ...; add one there if the code "
         "needs another):\n" + "\n".join(f"  {rel}: {sorted(set(n))}" for rel, n in found.items())
     )
 
@@ -447,7 +447,7 @@ def catalogue_statements() -> list[tuple[str, str]]:
 def stray_status_spellings(statements: list[tuple[str, str]]) -> list[str]:
     """What a statement spells wrong: a literal in a status's place that is no declared status,
     a set that is no declared set, a status literal in a place this scan does not read."""
-    from zeroloss.states import STATUS_SETS
+    from zeroloss.core.states import STATUS_SETS
 
     declared_sets = set(STATUS_SETS.values())
     problems: list[str] = []
@@ -458,7 +458,7 @@ def stray_status_spellings(statements: list[tuple[str, str]]) -> list[str]:
             f"{where}: '{v}' is not a declared status" for _, v in literals if v not in STATUS_VALUES
         ]
         problems += [
-            f"{where}: the set {sorted(s)} is none of zeroloss.states.STATUS_SETS"
+            f"{where}: the set {sorted(s)} is none of zeroloss.core.states.STATUS_SETS"
             for s in sets
             if s not in declared_sets
         ]
@@ -509,7 +509,7 @@ def test_the_sql_status_scan_finds_what_it_looks_for() -> None:
 if __name__ == "__main__":
     print(_report(*scan(Path(sys.argv[1]) if len(sys.argv) > 1 else PACKAGE)))
     literals = status_literals(Path(sys.argv[1]) if len(sys.argv) > 1 else PACKAGE)
-    print(f"status literals outside zeroloss/states.py: {_total(literals)} in {len(literals)} files")
+    print(f"status literals outside zeroloss/core/states.py: {_total(literals)} in {len(literals)} files")
     for rel, lines in literals.items():
         print(f"  {rel}: {sorted(set(lines))}")
     built = built_at_run_time()
@@ -527,8 +527,8 @@ def test_the_services_flat_names_are_its_parts_operations_written_once() -> None
     its signature and docstring (what help() and the reference docs show)."""
     import inspect
 
+    from zeroloss.ledger.service import ZeroLossMessageService
     from zeroloss.ledger.surface import PART_ATTRIBUTES, operation
-    from zeroloss.service import ZeroLossMessageService
 
     body = vars(ZeroLossMessageService)
     written = [n for n, v in body.items() if inspect.isfunction(v) and not n.startswith("_")]
@@ -556,7 +556,7 @@ def test_an_operation_must_belong_to_a_part() -> None:
 
 
 if TYPE_CHECKING:  # checked by mypy (warn_unused_ignores): the flat names keep their parts' types
-    from zeroloss.service import ZeroLossMessageService as _Service
+    from zeroloss.ledger.service import ZeroLossMessageService as _Service
 
     _Service().claim("q", limit="many")  # type: ignore[arg-type]
     _Service().record_outcomes([], locked=1.5)  # type: ignore[arg-type]

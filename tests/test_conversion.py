@@ -26,7 +26,7 @@ from django.db import connection
 from tests.support.cli import manage
 from tests.support.processes import Proc
 from tests.support.waiting import wait_for
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.service import ZeroLossMessageService
 
 from .conftest import child_env, database_url
 

@@ -16,10 +16,10 @@ from django.core.management.base import CommandError
 
 import zeroloss
 from tests.support.processes import db_worker
-from zeroloss import checks
 from zeroloss.conf import QUEUE_OPTIONS, QueueSettings, get_settings
 from zeroloss.exceptions import UnknownQueue
-from zeroloss.models import Message
+from zeroloss.ledger.models import Message
+from zeroloss.ops import checks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

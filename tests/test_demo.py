@@ -17,7 +17,7 @@ import redis
 from django.db import connection
 
 from project.demo.models import HandledRecord
-from zeroloss.models import Message, MessageEvent
+from zeroloss.ledger.models import Message, MessageEvent
 
 from .conftest import ROOT, database_url
 

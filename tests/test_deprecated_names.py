@@ -10,9 +10,9 @@ import pytest
 
 from tests.support import expire_leases
 from zeroloss.ledger.deprecated import RENAMED
+from zeroloss.ledger.models import Message, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import Completion, Verdict
-from zeroloss.models import Message, Status
-from zeroloss.service import ZeroLossMessageService
 
 Q = "renamed-q"
 UPGRADING = Path(__file__).resolve().parent.parent / "docs" / "upgrading.md"

@@ -35,9 +35,9 @@ from tests.support import backdate, finish, run_worker
 from tests.support.factories import retention_not_due
 from tests.support.processes import Proc
 from zeroloss.conf import ZeroLossSettings
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.processing import Delivery
-from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
+from zeroloss.runtime.processing import Delivery
 
 from .conftest import ROOT, child_env, database_url
 from .pgcluster import free_port
@@ -254,8 +254,8 @@ def test_a_renewal_that_lands_after_the_lease_ran_out_here_leaves_it_lost():
     outcome was counted lost, then a slow renewal came back "renewed" and the next flush acknowledged
     the message anyway. Lost stays lost: the late outcome is never sent."""
     from zeroloss.ledger.types import Completion, CompletionReport, Verdict
-    from zeroloss.worker.completer import Completer
-    from zeroloss.worker.keeper import LeaseKeeper
+    from zeroloss.runtime.worker.completer import Completer
+    from zeroloss.runtime.worker.keeper import LeaseKeeper
 
     service = ZeroLossMessageService(instance_id="late-renewer")
     service.persist_message("late-1", "claims.late", {})
@@ -284,8 +284,8 @@ def test_an_outcome_committed_before_the_keeper_hears_of_it_is_not_a_lost_lease(
     them no longer processing, and warned that each lease "was lost before it could be renewed".
     An outcome being recorded is not a lost lease; one whose recording failed is watched again."""
     from zeroloss.ledger.types import Completion, CompletionReport, Verdict
-    from zeroloss.worker.completer import Completer
-    from zeroloss.worker.keeper import LeaseKeeper
+    from zeroloss.runtime.worker.completer import Completer
+    from zeroloss.runtime.worker.keeper import LeaseKeeper
 
     service = ZeroLossMessageService(instance_id="settling")
     service.persist_messages([("settled-1", "claims.settle", {}), ("failed-1", "claims.settle", {})])
@@ -365,7 +365,7 @@ def _accepts(command: str, *args: str) -> bool:
 
 
 def _has_scheduler() -> bool:
-    import zeroloss.schedules  # noqa: F401
+    import zeroloss.runtime.schedules  # noqa: F401
 
     return "SCHEDULES" in {f.name for f in dataclasses.fields(ZeroLossSettings)} and _accepts(
         "zeroloss_schedule", "list"
@@ -379,7 +379,7 @@ def _has_queue_limit(option: dict[str, object]) -> bool:
 
 
 def _has_async_handlers() -> bool:
-    from zeroloss.handlers import HandlerSpec
+    from zeroloss.runtime.handlers import HandlerSpec
 
     async def handle(delivery: Delivery) -> None:
         return None
@@ -394,7 +394,7 @@ def _has_admin() -> bool:
 
 
 def _has_tasks_backend() -> bool:
-    from zeroloss.tasks_backend import ZeroLossBackend
+    from zeroloss.integrations.tasks_backend import ZeroLossBackend
 
     return ZeroLossBackend is not None
 

@@ -1,5 +1,5 @@
 """Errors and check hints name documentation pages a project that installed zeroloss can find: by
-their place in the site's navigation (zeroloss.doc_pages), never by a path in the repository;
+their place in the site's navigation (zeroloss.core.doc_pages), never by a path in the repository;
 every page and section they name exists."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from zeroloss.doc_pages import PAGES, see
+from zeroloss.core.doc_pages import PAGES, see
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +62,7 @@ def strings() -> list[tuple[str, int, str]]:
 
 def test_no_error_or_hint_names_a_path_in_the_repository() -> None:
     named = [(p, n, s) for p, n, s in strings() if re.search(r"docs/[\w./-]*\.md|docs/[\w-]+\.md", s)]
-    assert not named, f"name the page with zeroloss.doc_pages.see(), not its path: {named}"
+    assert not named, f"name the page with zeroloss.core.doc_pages.see(), not its path: {named}"
 
 
 def test_every_page_named_is_in_the_navigation() -> None:

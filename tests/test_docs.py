@@ -32,10 +32,10 @@ import pytest
 from celery import _state as celery_state
 
 from tests.support.docs import ROOT, Block, blocks, check_manage
-from zeroloss import handlers
 from zeroloss.conf import ZeroLossSettings, parse_settings
 from zeroloss.core.setting_values import specs
-from zeroloss.worker.transport_runtime import DeliveryRuntime
+from zeroloss.runtime import handlers
+from zeroloss.runtime.worker.transport_runtime import DeliveryRuntime
 
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -193,7 +193,7 @@ def test_settings_page_covers_every_setting_and_check_id():
     text = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
     missing = [f.name for f in dataclasses.fields(ZeroLossSettings) if f"| `{f.name}` |" not in text]
     assert not missing, f"docs/settings.md has no table row for {missing}"
-    source = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "zeroloss").glob("*.py"))
+    source = "".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "zeroloss").rglob("*.py")))
     ids = sorted(set(re.findall(r"zeroloss\.[EW]\d{3}", source)))
     assert ids
     undocumented = [i for i in ids if f"`{i}`" not in text]
@@ -253,7 +253,7 @@ def test_the_settings_tables_in_the_docs_are_the_declared_settings():
 
 
 def test_every_key_a_schedule_may_have_has_its_row_in_the_docs():
-    from zeroloss.schedules.spec import KEYS
+    from zeroloss.runtime.schedules.spec import KEYS
 
     text = (ROOT / "docs" / "schedules.md").read_text(encoding="utf-8")
     table = text.split("### Every key\n", 1)[1].strip().split("\n\n", 1)[0]

@@ -25,8 +25,8 @@ from zeroloss.ledger.events import (
     Recovered,
     Released,
 )
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import Completion, Verdict
-from zeroloss.service import ZeroLossMessageService
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -151,7 +151,7 @@ def test_a_batch_nobody_wants_registers_nothing_after_commit():
 def test_the_stream_and_its_publishers_import_before_django_setup():
     # A process-pool child and the fault suite's probers import the handler path before
     # django.setup(): the events must not pull the models in (AppRegistryNotReady).
-    code = "import zeroloss.ledger.events, zeroloss.processing, zeroloss.delivery"
+    code = "import zeroloss.ledger.events, zeroloss.runtime.processing, zeroloss.runtime.delivery"
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -20,12 +20,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from tests.support.factories import clear_cache, make_completed, make_dead
-from zeroloss import checks
 from zeroloss.conf import RetryBackoff
+from zeroloss.ledger.models import Message
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import Completion, Verdict
 from zeroloss.management.base import DefaultsHelpFormatter
-from zeroloss.models import Message
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ops import checks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,7 +112,7 @@ def test_readiness_fails_when_a_ledger_database_is_unreachable():
 
     script = (
         "from django.test import RequestFactory\n"
-        "from zeroloss.health import ready_view\n"
+        "from zeroloss.ops.health import ready_view\n"
         "r = ready_view(RequestFactory().get('/zeroloss/health/ready/'))\n"
         "print(r.status_code, r.content.decode())\n"
     )

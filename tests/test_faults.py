@@ -57,12 +57,12 @@ from tests.faults.storage import report as storage_report
 from tests.faults.workload import WorkerPool, child_env, producer
 from tests.netns import SUBNET_PREFIX, NetnsLab
 from tests.support.waiting import hold_for, pause, wait_until
+from zeroloss.core.outage import OutageMonitor, close_connection, is_outage
+from zeroloss.ledger.models import Message, MessageEvent
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import Completion, CompletionReport, Lease, Verdict
-from zeroloss.models import Message, MessageEvent
-from zeroloss.outage import OutageMonitor, close_connection, is_outage
-from zeroloss.service import ZeroLossMessageService
-from zeroloss.worker.completer import Completer, verdict_counts
-from zeroloss.worker.keeper import LeaseKeeper
+from zeroloss.runtime.worker.completer import Completer, verdict_counts
+from zeroloss.runtime.worker.keeper import LeaseKeeper
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.once]
 
@@ -715,7 +715,7 @@ def test_sqlite_on_a_disk_that_refuses_writes_then_stalls_is_told_and_reported(t
 
 @pytest.mark.slow
 def test_an_idle_worker_reports_the_outage_until_it_ends(fault_cluster: FaultCluster, tmp_path: Path):
-    """zeroloss/outage.py promises one log line when an outage starts and one when it ends,
+    """zeroloss/core/outage.py promises one log line when an outage starts and one when it ends,
     and the worker's health file says ``degraded`` meanwhile. An idle worker's lease keeper
     tick does no database work, "succeeds", and ``OutageMonitor.attempt`` then calls
     ``recovered()``: during one outage the worker logs "reachable again" every keeper tick

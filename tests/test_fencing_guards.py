@@ -32,8 +32,8 @@ from django.db import connection
 from tests.support import expire_leases
 from zeroloss.ledger import statements
 from zeroloss.ledger.base import engine_for
-from zeroloss.models import Message, MessageEvent
-from zeroloss.service import Completion, Lease, Verdict, ZeroLossMessageService
+from zeroloss.ledger.models import Message, MessageEvent
+from zeroloss.ledger.service import Completion, Lease, Verdict, ZeroLossMessageService
 
 QUEUE = "guards"
 

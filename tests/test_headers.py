@@ -17,12 +17,12 @@ from django.test import Client
 from django.urls import reverse
 
 import zeroloss
-from zeroloss import checks
 from zeroloss.exceptions import HeadersTooLarge, InvalidHeaders, InvalidMessage
+from zeroloss.ledger.models import Message
 from zeroloss.ledger.validation import canonical_json, payload_checksum
-from zeroloss.models import Message
-from zeroloss.processing import Delivery
-from zeroloss.worker import Worker
+from zeroloss.ops import checks
+from zeroloss.runtime.processing import Delivery
+from zeroloss.runtime.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -171,8 +171,8 @@ def test_the_admin_detail_page_shows_the_headers():
 
 
 def test_the_celery_delivery_path_hands_the_headers_too():
-    from zeroloss.processing import Outcome
-    from zeroloss.worker.transport_runtime import DeliveryRuntime, deliver
+    from zeroloss.runtime.processing import Outcome
+    from zeroloss.runtime.worker.transport_runtime import DeliveryRuntime, deliver
 
     zeroloss.send(QUEUE, {"n": 1}, message_id="celery-1", headers=TRACE)
     zeroloss.send("test.headers_tx", {"n": 2}, message_id="celery-2", headers={"tx": True})

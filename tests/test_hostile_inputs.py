@@ -41,11 +41,11 @@ import zeroloss
 from tests.conftest import ROOT
 from tests.support import expire_leases
 from tests.support.cli import cli, command_line
-from zeroloss import handlers
 from zeroloss.exceptions import ZeroLossError
+from zeroloss.ledger.models import DedupKey, Message, MessageEvent, PurgeRecord, ReplicationNode
+from zeroloss.ledger.service import ZeroLossMessageService, validate_queue_name
 from zeroloss.ledger.types import Completion, Lease, Verdict
-from zeroloss.models import DedupKey, Message, MessageEvent, PurgeRecord, ReplicationNode
-from zeroloss.service import ZeroLossMessageService, validate_queue_name
+from zeroloss.runtime import handlers
 
 QUEUE = "hostile"
 DEEP = 1200

@@ -25,11 +25,11 @@ from tests.support import expire_leases
 from tests.support.cli import manage
 from tests.support.processes import Proc, db_worker
 from tests.support.waiting import wait_for
-from zeroloss.models import Message, MessageEvent
-from zeroloss.schedules.models import Schedule
-from zeroloss.service import ZeroLossMessageService
-from zeroloss.wakeup import IDLE_POLL, Wakeup
-from zeroloss.worker.loop import BLOCKED_RECHECK
+from zeroloss.ledger.models import Message, MessageEvent
+from zeroloss.ledger.service import ZeroLossMessageService
+from zeroloss.runtime.schedules.models import Schedule
+from zeroloss.runtime.wakeup import IDLE_POLL, Wakeup
+from zeroloss.runtime.worker.loop import BLOCKED_RECHECK
 
 from .conftest import child_env, database_url
 

@@ -14,9 +14,9 @@ from tests.support import expire_leases, make_available
 from tests.support.cli import run
 from tests.support.factories import blocked_ledger, clear_cache
 from zeroloss.exceptions import InvalidMessage
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import KeyWhy
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

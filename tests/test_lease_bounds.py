@@ -15,14 +15,14 @@ from django.db import OperationalError, connection, connections
 
 import zeroloss
 from tests.support import expire_leases, finish, run_worker
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
 from zeroloss.ledger.types import Completion, CompletionReport, Verdict
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.processing import Delivery
-from zeroloss.service import ZeroLossMessageService, wait_until
-from zeroloss.worker.completer import Completer
-from zeroloss.worker.keeper import Batch, LeaseKeeper
-from zeroloss.worker.sessions import harden_sessions, keepalive_values
-from zeroloss.worker.transactional import ENDED_TRANSACTION
+from zeroloss.runtime.processing import Delivery
+from zeroloss.runtime.worker.completer import Completer
+from zeroloss.runtime.worker.keeper import Batch, LeaseKeeper
+from zeroloss.runtime.worker.sessions import harden_sessions, keepalive_values
+from zeroloss.runtime.worker.transactional import ENDED_TRANSACTION
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -344,7 +344,7 @@ def test_worker_sessions_detect_a_dead_peer_on_both_ends():
         }
     finally:
         settings_dict["OPTIONS"] = saved
-        from zeroloss.worker import sessions
+        from zeroloss.runtime.worker import sessions
 
         sessions._hardened.pop("default", None)
 
@@ -353,8 +353,8 @@ def test_worker_sessions_detect_a_dead_peer_on_both_ends():
 def test_expired_leases_of_a_transactional_batch_record_nothing():
     """The fence at the end of a transactional batch: a batch whose leases ran out (and were
     swept back by another worker) commits none of its effects."""
-    from zeroloss.handlers import get_handler
-    from zeroloss.worker.transactional import TransactionalBatches
+    from zeroloss.runtime.handlers import get_handler
+    from zeroloss.runtime.worker.transactional import TransactionalBatches
 
     def sweep_elsewhere() -> None:
         try:

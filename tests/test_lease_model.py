@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.debian import ensure_debian_package
-from zeroloss.states import TRANSITIONS
+from zeroloss.core.states import TRANSITIONS
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.once]
 
@@ -236,7 +236,7 @@ NOT_MODELLED = {
 
 
 def test_every_move_of_the_model_is_an_edge_of_the_state_machine() -> None:
-    """The model's moves (``MOVE(m, FROM, TO, reason)``) are zeroloss.states.TRANSITIONS'."""
+    """The model's moves (``MOVE(m, FROM, TO, reason)``) are zeroloss.core.states.TRANSITIONS'."""
     moves = re.findall(r"MOVE\(\w+, (PEND|PROC|COMP|DEAD), (\w+), (\w+)\)", MODEL.read_text())
     modelled = {(_STATUS[a], _STATUS[b], reason) for a, b, reason in moves}
     edges = {(t.source, t.target, t.reason.value) for t in TRANSITIONS}
@@ -244,6 +244,6 @@ def test_every_move_of_the_model_is_an_edge_of_the_state_machine() -> None:
         f"the model moves a message along an edge the ledger does not have: {modelled - edges}"
     )
     assert edges - modelled == NOT_MODELLED, (
-        "an edge of zeroloss.states.TRANSITIONS the model does not cover (add it to lease.pml, or say why not): "
+        "an edge of zeroloss.core.states.TRANSITIONS the model does not cover (add it to lease.pml, or say why not): "
         f"{edges - modelled - NOT_MODELLED}"
     )

@@ -15,10 +15,10 @@ from django.db import OperationalError
 
 from tests.conftest import ROOT, child_env
 from tests.support import expire_leases, register, run_worker
-from zeroloss import outage
-from zeroloss.outage import OutageMonitor
-from zeroloss.processing import Delivery
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.core import outage
+from zeroloss.core.outage import OutageMonitor
+from zeroloss.ledger.service import ZeroLossMessageService
+from zeroloss.runtime.processing import Delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,7 +23,7 @@ def test_snapshot_benchmark_runs_and_compares_with_an_older_snapshot(tmp_path: P
     server = f"postgres://{s.get('USER') or 'postgres'}@{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/postgres"
     db_name = f"{s['NAME']}_bench_snapshot"  # next to this pass's test database, never shared
     before = tmp_path / "snapshot_before.py"
-    before.write_text((ROOT / "zeroloss" / "snapshot.py").read_text())  # any snapshot.py will do
+    before.write_text((ROOT / "zeroloss" / "ops" / "snapshot.py").read_text())  # any snapshot module will do
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
     env["PYTHONPATH"] = str(ROOT)
     args = ["--sizes", "1000", "3000", "--runs", "2", "--before", str(before)]

@@ -24,8 +24,8 @@ from tests.support.factories import (
     make_stuck,
     statuses,
 )
-from zeroloss.models import Message, MessageEvent, PurgeRecord, Status
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.models import Message, MessageEvent, PurgeRecord, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 
 #: A count per status, all zero (a status added later counts zero here too).
 NONE = dict.fromkeys(Status.values, 0)

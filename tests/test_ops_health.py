@@ -7,15 +7,15 @@ from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 
-import zeroloss.health
+import zeroloss.ops.health
 from tests.support import backdate
 from tests.support.factories import clear_cache, make_completed, make_dead, make_stuck
 from tests.support.waiting import wait_until
 from zeroloss.exceptions import InvalidMessage
-from zeroloss.health import commit_stall
 from zeroloss.ledger import partitions
-from zeroloss.service import ZeroLossMessageService
-from zeroloss.snapshot import Snapshot, cache_key, compute_snapshot, get_snapshot, invalidate
+from zeroloss.ledger.service import ZeroLossMessageService
+from zeroloss.ops.health import commit_stall
+from zeroloss.ops.snapshot import Snapshot, cache_key, compute_snapshot, get_snapshot, invalidate
 
 pytestmark = pytest.mark.django_db
 
@@ -74,9 +74,9 @@ def test_a_full_disk_that_refuses_new_sessions_is_reported_as_a_storage_fault():
 
     script = (
         "from django.db import OperationalError\n"
-        "from zeroloss.health import health_report\n"
-        "from zeroloss.outage import OutageMonitor\n"
-        "from zeroloss.service import ZeroLossMessageService\n"
+        "from zeroloss.ops.health import health_report\n"
+        "from zeroloss.core.outage import OutageMonitor\n"
+        "from zeroloss.ledger.service import ZeroLossMessageService\n"
         "import json\n"
         "OutageMonitor.for_alias('down').failed('a send', OperationalError("
         "'connection failed: FATAL: could not write init file'))\n"
@@ -149,8 +149,8 @@ def test_an_unreachable_database_says_since_when_and_logs_once():
     from tests.pgcluster import free_port
 
     script = (
-        "from zeroloss.health import health_report\n"
-        "from zeroloss.service import ZeroLossMessageService\n"
+        "from zeroloss.ops.health import health_report\n"
+        "from zeroloss.ledger.service import ZeroLossMessageService\n"
         "import json\n"
         "reports = [health_report(ZeroLossMessageService(using='down'), use_cache=False) for _ in range(3)]\n"
         "print(json.dumps([r.as_dict() for r in reports]))\n"
@@ -295,4 +295,4 @@ def test_a_commit_slower_than_the_deadline_is_reported_as_a_stall():
     assert commit_stall("default") == ""  # a healthy disk commits within 2 s
     stalled = commit_stall("default", deadline=0.0)  # no commit is done in 0 s
     assert stalled.startswith("a commit has taken > 0 s (")
-    assert wait_until(lambda: not zeroloss.health._stall_probes, 10)  # it finishes, and is forgotten
+    assert wait_until(lambda: not zeroloss.ops.health._stall_probes, 10)  # it finishes, and is forgotten

@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import expire_leases
 from tests.support.factories import clear_cache, make_completed, make_dead, make_leased, make_stuck
-from zeroloss import metrics
-from zeroloss.models import ReplicationNode
-from zeroloss.service import ZeroLossMessageService
-from zeroloss.telemetry.prometheus import NAMES
+from zeroloss.integrations.telemetry.prometheus import NAMES
+from zeroloss.ledger.models import ReplicationNode
+from zeroloss.ledger.service import ZeroLossMessageService
+from zeroloss.ops import metrics
 
 pytestmark = pytest.mark.django_db
 

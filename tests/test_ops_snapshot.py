@@ -1,7 +1,7 @@
 """One snapshot of the ledger for every reader, at a cost that does not grow with history (15, 17.8).
 
 ``zeroloss_status``, the admin dashboard, the metrics and the health check read the same
-:class:`~zeroloss.snapshot.Snapshot`, show durations with one formatter and count statuses
+:class:`~zeroloss.ops.snapshot.Snapshot`, show durations with one formatter and count statuses
 from one list. Completed counts are exact on small tables and estimated from PostgreSQL's
 statistics on large ones; the live counts never read a completed row.
 """
@@ -20,11 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.cli import run
 from tests.support.factories import clear_cache, make_dead, make_stuck
-from zeroloss import dashboard, replication, snapshot
+from zeroloss.integrations import replication
+from zeroloss.ledger.models import Message, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.management import base
-from zeroloss.models import Message, Status
-from zeroloss.service import ZeroLossMessageService
-from zeroloss.snapshot import compute_snapshot, format_duration, get_snapshot
+from zeroloss.ops import dashboard, snapshot
+from zeroloss.ops.snapshot import compute_snapshot, format_duration, get_snapshot
 
 #: A count per status, all zero (a status added later counts zero here too).
 NONE = dict.fromkeys(Status.values, 0)

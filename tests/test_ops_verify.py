@@ -16,10 +16,10 @@ from tests.conftest import ROOT, child_env
 from tests.support.cli import run
 from tests.support.factories import clear_cache, copy_stored_messages, ledger_state, make_stuck
 from tests.support.waiting import wait_for
+from zeroloss.ledger.models import Message
+from zeroloss.ledger.service import WARNING, IntegrityFinding, IntegrityReport, ZeroLossMessageService
 from zeroloss.management import verify as verify_checks
 from zeroloss.management.batches import BATCH_PAYLOAD_BYTES, PayloadBatches
-from zeroloss.models import Message
-from zeroloss.service import WARNING, IntegrityFinding, IntegrityReport, ZeroLossMessageService
 
 #: ~1,000 messages of ~200 KiB: 200 MiB of payload. Fetched 2,000 rows at a time (before issue
 #: 17.7) the whole ledger was in memory at once: about 0.9 GiB peak.
@@ -161,7 +161,7 @@ def test_every_code_the_command_emits_has_a_severity():
 
 @pytest.mark.django_db(transaction=True)
 def test_an_audit_row_off_the_state_machine_is_critical():
-    from zeroloss.models import MessageEvent
+    from zeroloss.ledger.models import MessageEvent
 
     service = ZeroLossMessageService(instance_id="w")
     service.persist_message("m1", "q", {})

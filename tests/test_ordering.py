@@ -12,9 +12,9 @@ import zeroloss
 from tests.support import expire_leases, make_available
 from zeroloss.exceptions import InvalidMessage
 from zeroloss.ledger import partitions
+from zeroloss.ledger.models import DedupKey, Message, MessageEvent, OrderingHead, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import CancelOutcome, Completion, Verdict
-from zeroloss.models import DedupKey, Message, MessageEvent, OrderingHead, Status
-from zeroloss.service import ZeroLossMessageService
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,8 +11,8 @@ import pytest
 
 from project.demo.models import OrderedRun
 from tests.support.processes import db_worker
-from zeroloss.models import Message, Status
-from zeroloss.service import wait_until
+from zeroloss.ledger.models import Message, Status
+from zeroloss.ledger.service import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -20,14 +20,14 @@ from tests.conftest import database_url
 from tests.support.cli import run
 from tests.support.processes import db_worker
 from tests.support.waiting import wait_for
+from zeroloss.core.states import Status
 from zeroloss.exceptions import MessageConflict
-from zeroloss.health import health_report
 from zeroloss.ledger import partitions, periods, sweep
 from zeroloss.ledger import statements_partitions as sql_partitions
 from zeroloss.ledger.base import engine_for
-from zeroloss.models import DroppedPeriod, Message, MessageEvent, MessageKey, OrderingHead, PurgeRecord
-from zeroloss.service import ZeroLossMessageService
-from zeroloss.states import Status
+from zeroloss.ledger.models import DroppedPeriod, Message, MessageEvent, MessageKey, OrderingHead, PurgeRecord
+from zeroloss.ledger.service import ZeroLossMessageService
+from zeroloss.ops.health import health_report
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 

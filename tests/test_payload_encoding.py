@@ -14,10 +14,10 @@ import pytest
 from django.core.checks import Error
 
 import zeroloss
-from zeroloss import checks
 from zeroloss.exceptions import InvalidPayload, MessageConflict
+from zeroloss.ledger.models import Message
 from zeroloss.ledger.validation import canonical_json, payload_checksum
-from zeroloss.models import Message
+from zeroloss.ops import checks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

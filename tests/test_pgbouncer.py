@@ -10,7 +10,7 @@ What transaction pooling takes away, and what zeroloss does about it:
 - LISTEN: registered on whichever server connection ran it. ``zeroloss_worker --no-listen``
   polls instead.
 - session state: zeroloss sets none. Its only settings are ``SET LOCAL`` inside a transaction
-  (``zeroloss.replication.record_commit``), which transaction pooling keeps with the
+  (``zeroloss.integrations.replication.record_commit``), which transaction pooling keeps with the
   transaction; it takes no advisory locks, and its one temporary table (a bulk send's staged
   rows) is created and dropped inside its transaction. Django's
   ``QuerySet.iterator()`` outside a transaction (``zeroloss_verify``) uses a ``WITH HOLD``
@@ -342,14 +342,18 @@ W032 = Warning(
     ],
 )
 def test_w030_from_the_configured_port(port: Any, prepared: bool, expected: list[Warning]) -> None:
-    from zeroloss import checks  # here: this module is also a child's entry point, run before django.setup()
+    from zeroloss.ops import (
+        checks,  # here: this module is also a child's entry point, run before django.setup()
+    )
 
     cfg = ZeroLossSettings(PREPARED_STATEMENTS=prepared)
     assert checks.pooler_messages("default", None, _pg(port), cfg) == expected
 
 
 def test_w031_w032_from_the_measurement() -> None:
-    from zeroloss import checks  # here: this module is also a child's entry point, run before django.setup()
+    from zeroloss.ops import (
+        checks,  # here: this module is also a child's entry point, run before django.setup()
+    )
 
     on, off = ZeroLossSettings(), ZeroLossSettings(PREPARED_STATEMENTS=False)
     assert checks.pooler_messages("default", True, _pg("6432"), on) == [W031, W032]
@@ -363,7 +367,9 @@ def test_w031_w032_from_the_measurement() -> None:
 def test_w030_is_reported_by_manage_py_check(settings: Any) -> None:
     from django.db import connection
 
-    from zeroloss import checks  # here: this module is also a child's entry point, run before django.setup()
+    from zeroloss.ops import (
+        checks,  # here: this module is also a child's entry point, run before django.setup()
+    )
 
     if connection.vendor != "postgresql":
         assert [m for m in checks.check_backend() if m.id == "zeroloss.W030"] == []
@@ -386,7 +392,7 @@ def _admin_requeue(message_id: str) -> None:
     from django.test import Client
     from django.test.utils import setup_test_environment
 
-    from zeroloss.models import Message
+    from zeroloss.ledger.models import Message
 
     setup_test_environment()
     user = User.objects.filter(username="ops").first() or User.objects.create_superuser(

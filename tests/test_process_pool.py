@@ -24,8 +24,8 @@ import tests.timelimits_app.zeroloss_handlers  # noqa: F401  (the same queues in
 from project.demo.models import HandledRecord
 from tests.support import expire_leases
 from tests.support.processes import Proc, db_worker, wait_until_other_sessions_gone
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -164,7 +164,9 @@ def test_a_child_that_exits_fails_its_message_once_and_the_worker_goes_on():
     died = Message.objects.get(message_id="e0")
     assert died.attempts == 2  # its first attempt failed with the child, the retry completed
     [failure] = MessageEvent.objects.for_message("e0").filter(reason="failed")
-    assert "zeroloss.worker.pool.ChildDied" in failure.detail and "exited with code 3" in failure.detail
+    assert (
+        "zeroloss.runtime.worker.pool.ChildDied" in failure.detail and "exited with code 3" in failure.detail
+    )
     assert collections.Counter(mid for mid, _, _ in records("ran")) == dict.fromkeys(
         [f"e{i}" for i in range(5)], 1
     )

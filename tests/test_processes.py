@@ -11,8 +11,8 @@ from django.db import connection
 from tests.support import expire_leases
 from tests.support.processes import Proc
 from tests.support.waiting import hold_for
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,7 +30,7 @@ def test_message_persisted_by_killed_process_survives_and_is_claimable(children)
         "valid": True,
     }
     # A service instance created after the crash ("restart") sees every message.
-    from zeroloss.snapshot import compute_snapshot
+    from zeroloss.ops.snapshot import compute_snapshot
 
     assert compute_snapshot(ZeroLossMessageService()).totals["pending"] == 19
 

@@ -11,13 +11,13 @@ from django.contrib.auth.models import Group
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from tests.support import expire_leases, finish, register, run_worker
-from zeroloss.handlers import get_handler
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
 from zeroloss.ledger.types import Completion, Verdict
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.processing import LEFT_TRANSACTION_FAILED, Delivery, describe_error
-from zeroloss.service import ZeroLossMessageService, wait_until
-from zeroloss.worker.keeper import Batch, LeaseKeeper
-from zeroloss.worker.transactional import CAREFUL_BATCHES, TransactionalBatches
+from zeroloss.runtime.handlers import get_handler
+from zeroloss.runtime.processing import LEFT_TRANSACTION_FAILED, Delivery, describe_error
+from zeroloss.runtime.worker.keeper import Batch, LeaseKeeper
+from zeroloss.runtime.worker.transactional import CAREFUL_BATCHES, TransactionalBatches
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

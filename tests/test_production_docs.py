@@ -35,8 +35,8 @@ from tests.support.docs import Block, blocks, check_manage
 from tests.support.factories import retention_not_due
 from tests.support.processes import Proc
 from tests.support.waiting import hold_for
-from zeroloss.models import Message, Status
-from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.ledger.models import Message, Status
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
 
 from .conftest import ROOT, child_env
 

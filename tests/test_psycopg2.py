@@ -16,10 +16,10 @@ from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
 from tests.support import register, run_worker
 from zeroloss.ledger.base import engine_for
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.processing import Delivery
-from zeroloss.service import ZeroLossMessageService
-from zeroloss.wakeup import Wakeup
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService
+from zeroloss.runtime.processing import Delivery
+from zeroloss.runtime.wakeup import Wakeup
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -105,7 +105,7 @@ def test_the_engine_reads_session_and_transaction_state_from_either_driver():
 
 
 def test_psycopg2_prepares_nothing_and_the_system_check_says_so(settings):
-    from zeroloss.checks import check_backend
+    from zeroloss.ops.checks import check_backend
 
     service = ZeroLossMessageService()
     service.persist_message("s1", "p2.prep", {})

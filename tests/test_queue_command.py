@@ -11,8 +11,8 @@ import pytest
 
 from tests.support.cli import command_line, run
 from zeroloss.ledger import control
-from zeroloss.models import QueueControl
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.models import QueueControl
+from zeroloss.ledger.service import ZeroLossMessageService
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -100,9 +100,9 @@ def test_the_command_line():
 
 
 def test_status_dashboard_and_metrics_show_what_is_paused_and_limited():
-    from zeroloss import dashboard
-    from zeroloss.metrics import families
-    from zeroloss.snapshot import compute_snapshot
+    from zeroloss.ops import dashboard
+    from zeroloss.ops.metrics import families
+    from zeroloss.ops.snapshot import compute_snapshot
 
     service = ZeroLossMessageService()
     service.persist_message("m1", QUEUE, {})

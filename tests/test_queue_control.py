@@ -10,13 +10,13 @@ from django.core.checks import Error
 from django.db import connection, connections
 
 from tests.support import expire_leases
-from zeroloss import checks
 from zeroloss.conf import QueueSettings, get_settings
+from zeroloss.core.rates import Rate, parse_rate
 from zeroloss.ledger import control
+from zeroloss.ledger.models import Message, QueueControl
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import Completion, Verdict
-from zeroloss.models import Message, QueueControl
-from zeroloss.rates import Rate, parse_rate
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ops import checks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,11 +17,11 @@ import pytest
 from django.db import connections
 
 from tests.support.waiting import hold_for
+from zeroloss.core.rates import parse_rate
 from zeroloss.ledger import control, limits
+from zeroloss.ledger.models import Message, QueueControl, RateBucket
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import Completion, Verdict
-from zeroloss.models import Message, QueueControl, RateBucket
-from zeroloss.rates import parse_rate
-from zeroloss.service import ZeroLossMessageService
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only]
 

@@ -23,8 +23,8 @@ from tests.support.processes import Proc, celery_worker, db_worker
 from tests.support.waiting import hold_for, wait_for
 from zeroloss.conf import get_settings
 from zeroloss.ledger import control
-from zeroloss.models import Message, MessageEvent, QueueControl
-from zeroloss.service import ZeroLossMessageService, wait_until
+from zeroloss.ledger.models import Message, MessageEvent, QueueControl
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.postgres_only]
 

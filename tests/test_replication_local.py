@@ -13,11 +13,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from zeroloss import checks, replication
 from zeroloss.conf import ZeroLossSettings
 from zeroloss.exceptions import ReplicationTimeout
-from zeroloss.models import Message
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.integrations import replication
+from zeroloss.ledger.models import Message
+from zeroloss.ledger.service import ZeroLossMessageService
+from zeroloss.ops import checks
 
 
 def test_lsn_helpers():
@@ -47,7 +48,7 @@ def test_a_lone_database_reports_one_copy_plainly(live_service):
             "PostgreSQL holds a single copy)"
         ]
         assert Message.objects.get(message_id="lone-1").commit_lsn is not None
-    from zeroloss.snapshot import compute_snapshot
+    from zeroloss.ops.snapshot import compute_snapshot
 
     health = compute_snapshot(service).replication
     assert (health.required, health.available, health.ok) == (1, 0, False)

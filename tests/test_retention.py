@@ -21,11 +21,11 @@ from tests.support import backdate
 from tests.support.cli import run
 from tests.support.processes import Proc, db_worker
 from tests.support.waiting import wait_for
-from zeroloss import retention
 from zeroloss.conf import get_settings
 from zeroloss.ledger import partitions
-from zeroloss.models import MaintenanceTurn, Message, PurgeRecord
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.models import MaintenanceTurn, Message, PurgeRecord
+from zeroloss.ledger.service import ZeroLossMessageService
+from zeroloss.runtime import retention
 
 from .conftest import child_env, database_url
 
@@ -296,7 +296,7 @@ def test_workers_apply_retention_to_an_unpartitioned_ledger_in_batches(unpartiti
     url = unpartitioned_ledger
     setup = (
         "import zeroloss\n"
-        "from zeroloss.service import ZeroLossMessageService\n"
+        "from zeroloss.ledger.service import ZeroLossMessageService\n"
         "s = ZeroLossMessageService(instance_id='setup')\n"
         "for mid in ('old', 'recent', 'live'):\n"
         "    s.persist_message(mid, 'demo.other', {})\n"

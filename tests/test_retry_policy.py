@@ -19,15 +19,15 @@ import zeroloss
 from tests.support import expire_leases
 from tests.support.admin import client_for, make_user
 from tests.support.factories import ledger_state
-from zeroloss import handlers
+from zeroloss.core.states import TRANSITIONS, Reason
 from zeroloss.exceptions import InvalidHandler
-from zeroloss.handlers import get_handler
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import Completion, Verdict
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.processing import Delivery, judge, run_handler
-from zeroloss.retry import seconds_of
-from zeroloss.service import ZeroLossMessageService
-from zeroloss.states import TRANSITIONS, Reason
+from zeroloss.runtime import handlers
+from zeroloss.runtime.handlers import get_handler
+from zeroloss.runtime.processing import Delivery, judge, run_handler
+from zeroloss.runtime.retry import seconds_of
 from zeroloss.testing import drain
 
 DB = pytest.mark.django_db(transaction=True)
@@ -406,8 +406,8 @@ def test_a_task_may_raise_retry_snooze_and_fail() -> None:
     import threading
 
     from tests import task_functions as tf
-    from zeroloss.tasks_backend import compat
-    from zeroloss.worker import Worker
+    from zeroloss.integrations.tasks_backend import compat
+    from zeroloss.runtime.worker import Worker
 
     results = {kind: tf.raises_outcome.enqueue(kind) for kind in ("retry", "snooze", "fail")}
     worker = Worker(["default"], poll_interval=0.05, max_messages=3)
@@ -432,8 +432,8 @@ def test_a_task_may_raise_retry_snooze_and_fail() -> None:
 @DB
 @pytest.mark.parametrize("queue", ["rp.script", "rp.script_tx"])
 def test_the_celery_delivery_path_records_each_raised_outcome(queue: str) -> None:
-    from zeroloss.service import wait_until
-    from zeroloss.worker.transport_runtime import DeliveryRuntime, deliver
+    from zeroloss.ledger.service import wait_until
+    from zeroloss.runtime.worker.transport_runtime import DeliveryRuntime, deliver
 
     zeroloss.send(queue, script("snooze"), message_id="c-snooze")
     zeroloss.send(queue, script("retry", delay=60), message_id="c-retry")

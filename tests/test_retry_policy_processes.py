@@ -17,8 +17,8 @@ import pytest
 import tests.retry_app.zeroloss_handlers  # noqa: F401  (the same queues in this process)
 import zeroloss
 from tests.support.processes import Proc, db_worker
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import wait_until
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

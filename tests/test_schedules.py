@@ -11,13 +11,13 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from tests.support.waiting import wait_for
-from zeroloss import checks
-from zeroloss.models import Message
-from zeroloss.schedules.models import Schedule, ScheduleState
-from zeroloss.schedules.scheduler import ON_TIME_WINDOW, Scheduler
-from zeroloss.schedules.spec import ScheduleError, parse_schedule, tick_message_id
-from zeroloss.schedules.state_rows import read_clock
-from zeroloss.schedules.ticks import latest_ticks, next_ticks
+from zeroloss.ledger.models import Message
+from zeroloss.ops import checks
+from zeroloss.runtime.schedules.models import Schedule, ScheduleState
+from zeroloss.runtime.schedules.scheduler import ON_TIME_WINDOW, Scheduler
+from zeroloss.runtime.schedules.spec import ScheduleError, parse_schedule, tick_message_id
+from zeroloss.runtime.schedules.state_rows import read_clock
+from zeroloss.runtime.schedules.ticks import latest_ticks, next_ticks
 
 UTC = dt.UTC
 
@@ -635,8 +635,8 @@ def test_the_command_refuses_to_enable_a_settings_or_unknown_schedule_with_exit_
 
 
 def test_the_celery_beat_task_runs_a_round_on_every_ledger_database(settings, db):
-    from zeroloss import tasks
-    from zeroloss.schedule import scheduler_beat_entry
+    from zeroloss.integrations.celery import tasks
+    from zeroloss.integrations.celery.beat import scheduler_beat_entry
 
     assert scheduler_beat_entry() == {
         "zeroloss-schedule": {

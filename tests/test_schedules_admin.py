@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from zeroloss.models import Message
-from zeroloss.schedules.models import Schedule
+from zeroloss.ledger.models import Message
+from zeroloss.runtime.schedules.models import Schedule
 
 URL = "/admin/zeroloss/schedule/"
 

@@ -10,8 +10,8 @@ import pytest
 from django.contrib.auth.models import User
 
 from tests import test_admin_browser
-from zeroloss.models import Message
-from zeroloss.schedules.models import Schedule
+from zeroloss.ledger.models import Message
+from zeroloss.runtime.schedules.models import Schedule
 
 Shots = test_admin_browser.Shots
 browser_page = test_admin_browser.browser_page  # the fixture: headless Debian Chromium

@@ -15,8 +15,8 @@ from tests.conftest import child_env
 from tests.support import expire_leases
 from tests.support.processes import Proc
 from tests.support.waiting import wait_for
-from zeroloss.models import Message
-from zeroloss.schedules.state_rows import read_clock
+from zeroloss.ledger.models import Message
+from zeroloss.runtime.schedules.state_rows import read_clock
 
 # PostgreSQL only: SQLite is embedded, so its clock is the host's and every process sharing its
 # file shares the host; skewed clocks between hosts are a server database's case.
@@ -241,7 +241,7 @@ def test_catch_up_policies_after_every_scheduler_stopped_for_60_s(db):
     """Two workers schedule three interval schedules (latest / all with ``max_catch_up`` / none);
     both are SIGKILLed; once the database clock is 60 s further, one worker restarts: its first
     round sends, per policy, exactly the documented ticks of those missed, each once."""
-    from zeroloss.schedules.scheduler import ON_TIME_WINDOW
+    from zeroloss.runtime.schedules.scheduler import ON_TIME_WINDOW
 
     procs: list[Proc] = []
     try:
@@ -336,8 +336,8 @@ def test_a_disable_after_an_edit_from_a_host_an_hour_ahead_is_seen_within_one_ro
     import subprocess
 
     from tests.support.debian import ensure_debian_package
-    from zeroloss.schedules.models import Schedule
-    from zeroloss.schedules.scheduler import Scheduler
+    from zeroloss.runtime.schedules.models import Schedule
+    from zeroloss.runtime.schedules.scheduler import Scheduler
 
     ensure_debian_package("faketime", ["faketime"])
     Schedule.objects.create(name="edited", queue="demo.record_tx", cron="0 3 * * *", payload={})
@@ -346,7 +346,7 @@ def test_a_disable_after_an_edit_from_a_host_an_hour_ahead_is_seen_within_one_ro
     scheduler.run_once()
     assert {"edited", "disabled"} <= set(scheduler.specs)
     edit = (
-        "from zeroloss.schedules.models import Schedule; "
+        "from zeroloss.runtime.schedules.models import Schedule; "
         "row = Schedule.objects.get(name='edited'); row.payload = {'edited': True}; row.save()"
     )
     subprocess.run(
@@ -386,9 +386,9 @@ def test_a_scheduler_frozen_inside_its_round_holds_the_others_back_only_until_ac
     from django.db import transaction
 
     from zeroloss.conf import get_settings
-    from zeroloss.schedules.scheduler import Scheduler
-    from zeroloss.schedules.spec import tick_message_id
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.ledger.service import ZeroLossMessageService
+    from zeroloss.runtime.schedules.scheduler import Scheduler
+    from zeroloss.runtime.schedules.spec import tick_message_id
 
     entry = {"queue": "demo.record", "every": EVERY, "catch_up": "all"}
     settings.ZEROLOSS = {**settings.ZEROLOSS, "SCHEDULES": {"fz": entry}}
@@ -444,7 +444,7 @@ def test_a_scheduler_frozen_inside_its_round_holds_the_others_back_only_until_ac
 
 
 def _started(name: str) -> bool:
-    from zeroloss.schedules.models import ScheduleState
+    from zeroloss.runtime.schedules.models import ScheduleState
 
     return ScheduleState.objects.filter(name=name, last_tick__isnull=False).exists()
 

@@ -25,8 +25,8 @@ import zeroloss
 from tests.conftest import database_url
 from tests.support.waiting import wait_for
 from zeroloss.ledger.base import engine_for
-from zeroloss.models import Message, MessageEvent
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.models import Message, MessageEvent
+from zeroloss.ledger.service import ZeroLossMessageService
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 

@@ -6,7 +6,7 @@ claim (by queue, by id), renew, acknowledge, fail (retry, dead), snooze, release
 the sweep (requeue, dead-letter, abort), cancel and abort, the operator's moves (requeue,
 redrive, dead-letter, purge) and the reads (integrity, snapshot, nodes). Every audit row a test
 here writes is recorded: :func:`test_every_edge_of_the_state_machine_is_exercised_here` (last)
-fails when an edge of ``zeroloss.states.TRANSITIONS`` has no test in this file, so a new
+fails when an edge of ``zeroloss.core.states.TRANSITIONS`` has no test in this file, so a new
 operation or status gets its contract test here. The fencing guards of each statement are
 ``test_fencing_guards.py``'s; random sequences against a model are ``test_state_machine.py``'s.
 """
@@ -20,6 +20,7 @@ import pytest
 from django.db import OperationalError, connection
 
 from tests.support import backdate, expire_leases, make_available
+from zeroloss.core.states import TRANSITIONS, Reason
 from zeroloss.exceptions import (
     InvalidLeaseToken,
     InvalidMessage,
@@ -28,10 +29,9 @@ from zeroloss.exceptions import (
     MessageNotFound,
     PayloadTooLarge,
 )
+from zeroloss.ledger.models import Message, MessageEvent, PurgeRecord, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import CancelOutcome, Completion, Verdict
-from zeroloss.models import Message, MessageEvent, PurgeRecord, Status
-from zeroloss.service import ZeroLossMessageService
-from zeroloss.states import TRANSITIONS, Reason
 
 #: ``(from_status, to_status, reason)`` of every audit row the tests of this file wrote.
 EDGES_TAKEN: set[tuple[str, str, str]] = set()
@@ -562,7 +562,7 @@ class TestIntegrityAndStats:
         assert "Insufficient replication: 1/3" in report.issues[0]
 
     def test_the_snapshot_counts_the_ledger(self, service):
-        from zeroloss.snapshot import compute_snapshot
+        from zeroloss.ops.snapshot import compute_snapshot
 
         service.persist_messages([("a", "q1", {}), ("b", "q1", {}), ("c", "q2", {})])
         service.claim_message("a")
@@ -589,7 +589,7 @@ class TestNodes:
         "kwargs", [{"node_id": ""}, {"node_id": "n", "role": "boss"}, {"node_id": "n", "metadata": []}]
     )
     def test_bad_node_input(self, service, kwargs):
-        from zeroloss.models import ReplicationNode
+        from zeroloss.ledger.models import ReplicationNode
 
         node_id = kwargs.pop("node_id")
         with pytest.raises(InvalidMessage):
@@ -641,4 +641,6 @@ def test_every_edge_of_the_state_machine_is_exercised_here(request):
     every = {(t.source, t.target, t.reason.value) for t in TRANSITIONS}
     every.add((Status.PROCESSING, Status.PROCESSING, Reason.ABORT_REQUESTED.value))
     missing = every - EDGES_TAKEN
-    assert not missing, f"edges of zeroloss.states.TRANSITIONS no test of this file takes: {sorted(missing)}"
+    assert not missing, (
+        f"edges of zeroloss.core.states.TRANSITIONS no test of this file takes: {sorted(missing)}"
+    )

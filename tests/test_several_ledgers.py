@@ -16,8 +16,8 @@ import pytest
 
 from project.demo.models import HandledRecord
 from tests.support.processes import Proc
-from zeroloss.models import Message
-from zeroloss.service import wait_until
+from zeroloss.ledger.models import Message
+from zeroloss.ledger.service import wait_until
 
 from .conftest import ROOT, child_env
 from .pgcluster import PgCluster

@@ -14,10 +14,10 @@ from django.dispatch import Signal
 import zeroloss
 from tests.support import expire_leases, register, run_worker
 from zeroloss import signals
+from zeroloss.ledger.models import Message, Status
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import Completion, Verdict
-from zeroloss.models import Message, Status
-from zeroloss.processing import Delivery
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.runtime.processing import Delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,7 +77,7 @@ def test_started_and_finished_with_each_outcome_and_dead_lettered(heard):
     service.persist_message("retry", "s.run", {"fail": True}, max_attempts=3)
     service.persist_message("dead", "s.run", {"fail": True}, max_attempts=1)
     worker, thread = run_worker("s.run", burst=False)
-    from zeroloss.service import wait_until
+    from zeroloss.ledger.service import wait_until
 
     assert wait_until(lambda: len(heard.of("message_finished")) >= 3, 60)
     worker.stop.set("test")

@@ -37,11 +37,11 @@ from hypothesis.stateful import (
 )
 
 from tests.support import expire_leases, make_available
+from zeroloss.core.states import TRANSITIONS, is_allowed
 from zeroloss.exceptions import InvalidMessage, MessageConflict, MessageNotFound
+from zeroloss.ledger.models import DedupKey, Message, MessageEvent, MessageKey, OrderingHead, PurgeRecord
+from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import Completion, Lease, Verdict
-from zeroloss.models import DedupKey, Message, MessageEvent, MessageKey, OrderingHead, PurgeRecord
-from zeroloss.service import ZeroLossMessageService
-from zeroloss.states import TRANSITIONS, is_allowed
 
 IDS = [f"m{i}" for i in range(8)]
 QUEUES = ["qa", "qb"]
@@ -786,8 +786,8 @@ def test_service_matches_the_model() -> None:
 def test_every_moving_statement_declares_edges_of_the_table_and_every_edge_has_one() -> None:
     """The catalogue's declarations and TRANSITIONS are one table: each declared edge (with who
     runs it) is an allowed transition or annotation, and each transition has a statement."""
+    from zeroloss.core.states import ANNOTATIONS
     from zeroloss.ledger.statements import MOVES, statements_of
-    from zeroloss.states import ANNOTATIONS
 
     tabled = {(t.source, t.target, t.reason.value, t.actor) for t in TRANSITIONS}
     annotations = {r.value for r in ANNOTATIONS}
@@ -796,7 +796,7 @@ def test_every_moving_statement_declares_edges_of_the_table_and_every_edge_has_o
             annotation = reason in annotations and source == target
             assert annotation or (source, target, reason, declared.by) in tabled, (
                 f"{name} declares ({source!r}, {target!r}, {reason!r}) by {declared.by}, "
-                "which is not in zeroloss.states.TRANSITIONS"
+                "which is not in zeroloss.core.states.TRANSITIONS"
             )
     unperformed = [t for t in TRANSITIONS if not statements_of(t)]
     assert not unperformed, f"transitions no statement of the catalogue declares: {unperformed}"

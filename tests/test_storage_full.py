@@ -23,9 +23,9 @@ from django.db import OperationalError, connection, transaction
 
 import zeroloss
 from tests import task_functions as tf
-from zeroloss import outage
+from zeroloss.core import outage
 from zeroloss.exceptions import StorageFull, ZeroLossError
-from zeroloss.models import Message
+from zeroloss.ledger.models import Message
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

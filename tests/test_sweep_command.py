@@ -15,8 +15,8 @@ from tests.support import expire_leases
 from tests.support.factories import make_stuck
 from tests.support.processes import Proc
 from tests.support.waiting import wait_for
-from zeroloss.models import MessageEvent
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.models import MessageEvent
+from zeroloss.ledger.service import ZeroLossMessageService
 
 from .conftest import ROOT, child_env
 
@@ -82,7 +82,7 @@ def test_stop_flag_set_by_a_signal_mid_wait_never_blocks():
     import random
     import threading
 
-    from zeroloss.loops import StopFlag
+    from zeroloss.runtime.sweep_loop import StopFlag
 
     for _ in range(300):
         flag = StopFlag()

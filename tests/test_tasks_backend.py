@@ -20,13 +20,13 @@ from django.utils import timezone
 import zeroloss
 from tests import task_functions as tf
 from tests.support import expire_leases, make_available
+from zeroloss.core.states import Status
 from zeroloss.exceptions import InvalidMessage
-from zeroloss.models import Message, MessageEvent
-from zeroloss.service import ZeroLossMessageService
-from zeroloss.states import Status
-from zeroloss.tasks_backend import InvalidTask, ZeroLossBackend, ZeroLossTask, compat
-from zeroloss.tasks_backend.backend import STATUS_MAP
-from zeroloss.worker import Worker
+from zeroloss.integrations.tasks_backend import InvalidTask, ZeroLossBackend, ZeroLossTask, compat
+from zeroloss.integrations.tasks_backend.backend import STATUS_MAP
+from zeroloss.ledger.models import Message, MessageEvent
+from zeroloss.ledger.service import ZeroLossMessageService
+from zeroloss.runtime.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

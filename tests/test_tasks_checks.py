@@ -7,7 +7,7 @@ from django.core.checks import Error, Warning
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from zeroloss import checks
+from zeroloss.ops import checks
 
 BACKEND = "zeroloss.tasks_backend.ZeroLossBackend"
 
@@ -131,7 +131,7 @@ def test_no_tasks_framework_installed_is_w020():
 
 
 def test_the_framework_is_installed_here():
-    from zeroloss.tasks_backend.queues import framework_available
+    from zeroloss.integrations.tasks_backend.queues import framework_available
 
     assert framework_available() is True
 
@@ -182,7 +182,7 @@ def test_zeroloss_missing_from_installed_apps_is_e024_and_enqueue_refuses(settin
     from django.core.exceptions import ImproperlyConfigured
 
     from tests import task_functions as tf
-    from zeroloss.tasks_backend import compat
+    from zeroloss.integrations.tasks_backend import compat
 
     expected = Error(
         "TASKS['default'] is zeroloss's backend, but \"zeroloss\" is not in INSTALLED_APPS: its tasks would "

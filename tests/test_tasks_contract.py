@@ -16,9 +16,9 @@ from django.test import override_settings
 
 from tests import contract_tasks as ct
 from tests import task_functions as tf
-from zeroloss.models import Message
-from zeroloss.tasks_backend import InvalidTask, compat
-from zeroloss.worker import Worker
+from zeroloss.integrations.tasks_backend import InvalidTask, compat
+from zeroloss.ledger.models import Message
+from zeroloss.runtime.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

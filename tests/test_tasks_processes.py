@@ -14,9 +14,9 @@ from project.demo.models import OrderedRun
 from tests import task_functions as tf
 from tests.support.processes import db_worker
 from zeroloss.conf import ZeroLossSettings
-from zeroloss.models import Message, MessageEvent
-from zeroloss.service import wait_until
-from zeroloss.tasks_backend import compat
+from zeroloss.integrations.tasks_backend import compat
+from zeroloss.ledger.models import Message, MessageEvent
+from zeroloss.ledger.service import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

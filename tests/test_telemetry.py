@@ -14,7 +14,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import zeroloss
-from zeroloss.models import Message
+from zeroloss.ledger.models import Message
 from zeroloss.testing import drain
 
 from .conftest import ROOT, child_env
@@ -103,7 +103,7 @@ def test_opentelemetry_metrics_when_a_meter_provider_is_set(spans, otel_metrics)
 
 def test_a_snooze_is_counted_as_snoozed(otel_metrics):
     import tests.retry_app.zeroloss_handlers  # noqa: F401  (the rp.* queues)
-    from zeroloss.telemetry.prometheus import NAMES
+    from zeroloss.integrations.telemetry.prometheus import NAMES
 
     key = (
         ("messaging.destination.name", "rp.script"),
@@ -138,7 +138,7 @@ def test_zeroloss_works_and_imports_no_opentelemetry_without_it():
         zeroloss.send("demo.record", {}, message_id="no-otel")
         result = drain("demo.record")
         assert result.outcomes == {"no-otel": "completed"}, result
-        from zeroloss.models import Message
+        from zeroloss.ledger.models import Message
         assert Message.objects.get(message_id="no-otel").headers is None
         loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
         assert not loaded, loaded
@@ -182,8 +182,8 @@ def test_every_dashboard_query_reads_metrics_zeroloss_exports():
     import json
     import re
 
-    from zeroloss.metrics import METRICS
-    from zeroloss.telemetry.prometheus import NAMES
+    from zeroloss.integrations.telemetry.prometheus import NAMES
+    from zeroloss.ops.metrics import METRICS
 
     exported = {name for name, _, _ in METRICS}
     for name in NAMES:
@@ -225,8 +225,8 @@ def test_with_the_api_but_no_sdk_provider_nothing_is_built_until_one_is_set():
         import django
         django.setup()
         import zeroloss
-        from zeroloss.models import Message
-        from zeroloss.telemetry import otel_metrics, tracing
+        from zeroloss.ledger.models import Message
+        from zeroloss.integrations.telemetry import otel_metrics, tracing
         from zeroloss.testing import drain
         zeroloss.send("demo.record", {}, message_id="no-sdk")
         assert drain("demo.record").outcomes == {"no-sdk": "completed"}
@@ -318,8 +318,8 @@ def _count(reader, name, queue="demo.record"):
 
 
 def test_a_batchs_started_counts_and_durations_are_recorded_once_at_its_end(otel_metrics):
-    from zeroloss import telemetry
-    from zeroloss.delivery import Delivery
+    from zeroloss.integrations import telemetry
+    from zeroloss.runtime.delivery import Delivery
 
     consumed, duration = "messaging.client.consumed.messages", "messaging.process.duration"
     before = (_count(otel_metrics, consumed), _count(otel_metrics, duration))
@@ -344,8 +344,8 @@ def test_a_run_ending_off_its_batchs_thread_is_recorded_at_once(otel_metrics):
     later) records its duration when it ends, never into the batch its claim thread flushes."""
     import threading
 
-    from zeroloss import telemetry
-    from zeroloss.delivery import Delivery
+    from zeroloss.integrations import telemetry
+    from zeroloss.runtime.delivery import Delivery
 
     duration = "messaging.process.duration"
     before = _count(otel_metrics, duration)
@@ -362,8 +362,8 @@ def test_a_run_ending_off_its_batchs_thread_is_recorded_at_once(otel_metrics):
 def test_a_prometheus_histogram_observed_as_a_batch_equals_one_observation_at_a_time():
     from prometheus_client import CollectorRegistry, Histogram
 
-    from zeroloss.telemetry import buckets
-    from zeroloss.telemetry.prometheus import _observe
+    from zeroloss.integrations.telemetry import buckets
+    from zeroloss.integrations.telemetry.prometheus import _observe
 
     values = [0.0, 0.004, 0.005, 0.0051, 0.3, 0.3, 59.0, 300.0, 301.0, 1e9]
     collected = []
@@ -388,7 +388,7 @@ def test_a_prometheus_histogram_observed_as_a_batch_equals_one_observation_at_a_
 def test_the_producers_context_is_what_the_global_propagator_extracts():
     from opentelemetry import baggage, propagate, trace
 
-    from zeroloss.telemetry import tracing
+    from zeroloss.integrations.telemetry import tracing
 
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     for headers in (

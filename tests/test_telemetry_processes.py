@@ -20,9 +20,9 @@ import zeroloss
 from project.demo.models import HandledRecord
 from tests.pgcluster import free_port
 from tests.support.processes import db_worker
-from zeroloss.models import Message, Status
-from zeroloss.service import wait_until
-from zeroloss.telemetry import prometheus
+from zeroloss.integrations.telemetry import prometheus
+from zeroloss.ledger.models import Message, Status
+from zeroloss.ledger.service import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

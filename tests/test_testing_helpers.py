@@ -16,10 +16,10 @@ from django.test import TestCase, TransactionTestCase
 import zeroloss
 from tests.support import expire_leases
 from tests.support.waiting import suspend
-from zeroloss import handlers
 from zeroloss.exceptions import UnknownQueue
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.processing import Delivery
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.runtime import handlers
+from zeroloss.runtime.processing import Delivery
 from zeroloss.testing import drain
 
 

@@ -18,15 +18,15 @@ from django.core.checks import Error
 import zeroloss
 from tests.support import count_keeper_passes, expire_leases, finish, register, run_worker
 from tests.support.waiting import hold_for, never_done, suspend
-from zeroloss import handlers
 from zeroloss.conf import get_settings
 from zeroloss.exceptions import InvalidHandler, LeaseLostInterrupt, SoftTimeLimitExceeded
-from zeroloss.handlers import HandlerSpec
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.processing import Delivery, run_handler
-from zeroloss.service import ZeroLossMessageService, wait_until
-from zeroloss.timelimit_checks import check_time_limits, limits_messages
-from zeroloss.timelimits import soft_limit
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
+from zeroloss.ops.checks.time_limits import check_time_limits, limits_messages
+from zeroloss.runtime import handlers
+from zeroloss.runtime.handlers import HandlerSpec
+from zeroloss.runtime.processing import Delivery, run_handler
+from zeroloss.runtime.timelimits import soft_limit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -164,7 +164,7 @@ def test_the_soft_limit_is_never_raised_once_the_handler_has_returned():
 def test_a_soft_limit_that_runs_out_before_its_timer_is_armed_is_raised_by_the_block():
     """A timer firing while Thread.start() still runs must not interrupt it (that surfaced as a
     KeyError from threading's bookkeeping): it marks itself due, and arming raises the limit."""
-    from zeroloss.timelimits import ThreadGuard
+    from zeroloss.runtime.timelimits import ThreadGuard
 
     guard = ThreadGuard(threading.get_ident(), 3600)
     guard.fire(SoftTimeLimitExceeded)  # ran out before arm(): nothing is sent to the thread

@@ -29,8 +29,8 @@ from tests.support import expire_leases
 from tests.support.cli import cli, run
 from tests.support.factories import clear_cache, make_leased, make_stuck
 from tests.support.translations import LANGUAGES, LOCALE, catalog, command_help, visible_text
-from zeroloss.models import Message
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.models import Message
+from zeroloss.ledger.service import ZeroLossMessageService
 
 #: Phrases each page must show, per language.
 EXPECTED = {

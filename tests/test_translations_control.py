@@ -22,7 +22,7 @@ from django.utils import translation
 from tests.support.cli import run
 from tests.support.translations import LANGUAGES, catalog, command_help, visible_text
 from zeroloss.ledger import control
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.service import ZeroLossMessageService
 
 QUEUE = "demo.record"  # a handler of the example project
 

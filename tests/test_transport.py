@@ -17,9 +17,9 @@ from tests.support.celery import REDIS_URL, use_broker
 from tests.support.processes import celery_beat, celery_worker, db_worker
 from tests.support.waiting import wait_for
 from zeroloss.exceptions import UnknownQueue
-from zeroloss.models import Message, MessageEvent, Status
-from zeroloss.service import ZeroLossMessageService, wait_until
-from zeroloss.tasks import beat_schedule_entry, deliver_message
+from zeroloss.integrations.celery.tasks import beat_schedule_entry, deliver_message
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
 
 from .support import expire_leases
 
@@ -86,7 +86,7 @@ def test_sigkilled_celery_worker_loses_nothing(broker, procs, settings):
     )
     expire_leases(in_flight)  # the dead worker's leases run out (the database clock decides)
     procs.append(celery_worker(REDIS_URL, concurrency=2, name="w2", **env))
-    from zeroloss.tasks import sweep
+    from zeroloss.integrations.celery.tasks import sweep
 
     def recovered() -> bool:
         sweep.apply()  # the beat task's body, run here so the test controls the clock
@@ -111,7 +111,7 @@ def test_broker_flush_loses_no_message(broker, procs, settings):
     assert wait_until(lambda: Message.objects.filter(status=Status.COMPLETED).count() >= 10, timeout=60)
     broker.flushdb()  # the broker loses every queued task
     assert Message.objects.exclude(status=Status.COMPLETED).count() > 0
-    from zeroloss.tasks import sweep
+    from zeroloss.integrations.celery.tasks import sweep
 
     def drained() -> bool:
         sweep.apply()

@@ -1,4 +1,4 @@
-"""The worker's supervisor (zeroloss.worker.supervisor): one table of the parts a worker runs,
+"""The worker's supervisor (zeroloss.runtime.worker.supervisor): one table of the parts a worker runs,
 each restarted or ending the worker by its policy, and the health file saying so.
 
 Real workers on real threads and the real database; a part that dies is a part declared on the
@@ -16,12 +16,21 @@ import pytest
 
 import zeroloss
 from tests.support import finish
-from zeroloss.delivery import Delivery
-from zeroloss.loops import StopFlag
-from zeroloss.models import Message
-from zeroloss.service import ZeroLossMessageService, wait_until
-from zeroloss.worker import Worker
-from zeroloss.worker.supervisor import CLAIMER, KEEPER, PARTS, SCHEDULER, SWEEP, Part, Policy, Supervisor
+from zeroloss.ledger.models import Message
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
+from zeroloss.runtime.delivery import Delivery
+from zeroloss.runtime.sweep_loop import StopFlag
+from zeroloss.runtime.worker import Worker
+from zeroloss.runtime.worker.supervisor import (
+    CLAIMER,
+    KEEPER,
+    PARTS,
+    SCHEDULER,
+    SWEEP,
+    Part,
+    Policy,
+    Supervisor,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -180,7 +189,7 @@ def test_a_worker_that_ends_leaves_no_part_failed(tmp_path):
 
 def test_a_watched_thread_that_ends_ends_the_worker():
     """As --metrics-port's server thread: started elsewhere, it cannot be restarted."""
-    from zeroloss.worker.supervisor import METRICS
+    from zeroloss.runtime.worker.supervisor import METRICS
 
     serving = threading.Event()
     server = threading.Thread(target=serving.wait, args=(60,), daemon=True)

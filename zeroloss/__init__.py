@@ -32,18 +32,18 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .cancelling import CancelOutcome, CancelResult, cancel
-    from .delivery import Aborted
     from .exceptions import SoftTimeLimitExceeded
-    from .handlers import handler
-    from .retry import Backoff, ExponentialBackoff, Fail, FixedBackoff, Retry, Snooze
-    from .service import Lease, RecoveryReport, ZeroLossMessageService
-    from .transports import asend, send, send_many
+    from .ledger.cancelling import CancelOutcome, CancelResult, cancel
+    from .ledger.service import Lease, RecoveryReport, ZeroLossMessageService
+    from .runtime.delivery import Aborted
+    from .runtime.handlers import handler
+    from .runtime.retry import Backoff, ExponentialBackoff, Fail, FixedBackoff, Retry, Snooze
+    from .runtime.transports import asend, send, send_many
 
 
 def __getattr__(name: str) -> Any:
     if name in {"Lease", "RecoveryReport", "ZeroLossMessageService"}:
-        from . import service
+        from .ledger import service
 
         return getattr(service, name)
     if name == "SoftTimeLimitExceeded":
@@ -51,23 +51,23 @@ def __getattr__(name: str) -> Any:
 
         return SoftTimeLimitExceeded
     if name in {"cancel", "CancelOutcome", "CancelResult"}:
-        from . import cancelling
+        from .ledger import cancelling
 
         return getattr(cancelling, name)
     if name in {"Backoff", "ExponentialBackoff", "Fail", "FixedBackoff", "Retry", "Snooze"}:
-        from . import retry
+        from .runtime import retry
 
         return getattr(retry, name)
     if name == "Aborted":
-        from .delivery import Aborted
+        from .runtime.delivery import Aborted
 
         return Aborted
     if name == "handler":
-        from .handlers import handler
+        from .runtime.handlers import handler
 
         return handler
     if name in {"send", "send_many", "asend"}:
-        from . import transports
+        from .runtime import transports
 
         return getattr(transports, name)
     raise AttributeError(f"module 'zeroloss' has no attribute {name!r}")

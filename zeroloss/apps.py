@@ -12,25 +12,24 @@ class ZeroLossConfig(AppConfig):
 
         from django.conf import settings
 
-        from . import (
-            checks,  # noqa: F401  (registers the system checks)
-            replication,
-            telemetry,
-        )
-        from .delivery import OutcomeWaiters
-        from .handlers import add_queue_source, autodiscover
+        from .integrations import replication, telemetry
+        from .integrations.celery.transport import CeleryTransport, redispatch
+        from .integrations.tasks_backend.runner import TASK_QUEUES
+        from .integrations.telemetry.subscriber import TelemetryEvents
         from .ledger import events
         from .ledger.hooks import install_redispatch, install_replication
-        from .logs import LOGGER, TraceIds
-        from .notices import LogNotices, SignalNotices
-        from .service import ZeroLossMessageService
-        from .tasks_backend.runner import TASK_QUEUES
-        from .telemetry.subscriber import TelemetryEvents
-        from .transports.celery import redispatch
+        from .ledger.service import ZeroLossMessageService
+        from .ops import checks  # noqa: F401  (registers the system checks)
+        from .ops.logs import LOGGER, TraceIds
+        from .ops.notices import LogNotices, SignalNotices
+        from .runtime.delivery import OutcomeWaiters
+        from .runtime.handlers import add_queue_source, autodiscover
+        from .runtime.transports import register_transport
 
         # The ledger calls replication and the transport through its hooks, never by import.
         install_replication(replication.hooks())
         install_redispatch(redispatch)
+        register_transport("celery", CeleryTransport)
         # Its side effects subscribe to the ledger's events, in the order each batch reaches them.
         events.subscribe(
             LogNotices(), SignalNotices(ZeroLossMessageService), TelemetryEvents(), OutcomeWaiters()
@@ -40,11 +39,11 @@ class ZeroLossConfig(AppConfig):
         if not any(isinstance(f, TraceIds) for f in logger.filters):
             logger.addFilter(TraceIds())
         add_queue_source(TASK_QUEUES)  # task queues (TASKS) have handlers too
-        from .schedules import notify
+        from .runtime.schedules import notify
 
         notify.connect()  # a schedule saved wakes the listening schedulers
         autodiscover()
         if "django_prometheus" in settings.INSTALLED_APPS:
-            from .metrics import register_default
+            from .ops.metrics import register_default
 
             register_default()

@@ -22,12 +22,12 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from .doc_pages import see
-from .handlers import HandlerSpec, get_handler, registered_queues
+from .core.doc_pages import see
+from .core.states import Status
+from .ledger.service import ZeroLossMessageService
 from .ledger.types import CompletionReport, Lease
-from .processing import Delivery, HandlerRun, run_async_handler, run_handler, run_in_savepoint
-from .service import ZeroLossMessageService
-from .states import Status
+from .runtime.handlers import HandlerSpec, get_handler, registered_queues
+from .runtime.processing import Delivery, HandlerRun, run_async_handler, run_handler, run_in_savepoint
 
 __all__ = ["DrainResult", "DrainedMessage", "drain", "refuse_inside_a_transaction"]
 
@@ -132,7 +132,7 @@ def drain(
     :class:`~zeroloss.exceptions.UnknownQueue` for a queue without a handler. Handler errors
     are returned, not raised (``.raise_errors()``).
     """
-    from .transports import database_for
+    from .runtime.transports import database_for
 
     names = list(queues) or registered_queues()
     specs = {queue: get_handler(queue) for queue in names}

@@ -17,12 +17,12 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver, path
 
-from .health import health_view, live_view, ready_view
+from .ops.health import health_view, live_view, ready_view
 
 app_name = "zeroloss"
 
 try:
-    from .metrics import metrics_view, register_default
+    from .ops.metrics import metrics_view, register_default
 except ImportError as exc:  # prometheus-client is an optional dependency
     _missing = str(exc)
 

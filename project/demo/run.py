@@ -224,7 +224,7 @@ class Workers:
 
 def _held_by(prefix: str, pids: set[int]) -> list[str]:
     """Messages whose lease is held right now by one of ``pids`` (instance ids are host:pid:...)."""
-    from zeroloss.models import Message
+    from zeroloss.ledger.models import Message
 
     pattern = r":(" + "|".join(str(p) for p in sorted(pids)) + r"):"
     return list(
@@ -238,7 +238,7 @@ def _counts(prefix: str) -> dict[str, int]:
     from django.db.models import Count
 
     from project.demo.models import HandledRecord
-    from zeroloss.models import Message, MessageEvent
+    from zeroloss.ledger.models import Message, MessageEvent
 
     mine = Message.objects.filter(message_id__startswith=prefix)
     by_status = {row["status"]: row["n"] for row in mine.values("status").annotate(n=Count("id"))}

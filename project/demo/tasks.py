@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from zeroloss.tasks_backend.compat import task
+from zeroloss.integrations.tasks_backend.compat import task
 
 from .models import HandledRecord
 

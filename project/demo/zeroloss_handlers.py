@@ -10,7 +10,7 @@ import os
 import time
 
 import zeroloss
-from zeroloss.processing import Delivery
+from zeroloss.runtime.processing import Delivery
 
 from .models import HandledRecord
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 
-from zeroloss.states import ANNOTATIONS, is_allowed
+from zeroloss.core.states import ANNOTATIONS, is_allowed
 
 from .injector import DB_FAULTS, NETWORK_FAULTS, STORAGE_FAULTS, Fault, actor_pid
 from .workload import ROOT, Generation

@@ -54,9 +54,9 @@ def main() -> None:
     django.setup()
     from django.db import connection, transaction
 
+    from zeroloss.core.outage import is_storage_fault
     from zeroloss.exceptions import StorageFull, ZeroLossError
-    from zeroloss.outage import is_storage_fault
-    from zeroloss.transports import send
+    from zeroloss.runtime.transports import send
 
     stopping = False  # SIGTERM: send nothing new, finish the retries
     woken = threading.Event()  # and end the gap being waited out, so that this is seen at once

@@ -42,7 +42,7 @@ from typing import Any
 import psycopg
 
 from tests.support.waiting import pause, wait_until
-from zeroloss.outage import COMMIT_STALL_QUIET, COMMIT_STALL_S, STORAGE_FAULT_QUIET, is_storage_fault
+from zeroloss.core.outage import COMMIT_STALL_QUIET, COMMIT_STALL_S, STORAGE_FAULT_QUIET, is_storage_fault
 
 from .checker import Checker, read_sends
 from .cluster import FaultCluster
@@ -463,8 +463,8 @@ def _serve_probes() -> None:
 
     from django.core.management import call_command
 
-    from zeroloss.health import health_report
-    from zeroloss.transports import send
+    from zeroloss.ops.health import health_report
+    from zeroloss.runtime.transports import send
 
     print("ready", flush=True)
     from django.db import close_old_connections

@@ -19,7 +19,7 @@ from pathlib import Path
 from django.db import connection
 
 import zeroloss
-from zeroloss.processing import Delivery
+from zeroloss.runtime.processing import Delivery
 
 TX_QUEUE = "faults.tx"
 PLAIN_QUEUE = "faults.plain"

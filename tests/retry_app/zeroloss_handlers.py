@@ -13,8 +13,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 import zeroloss
-from zeroloss.models import MessageEvent
-from zeroloss.processing import Delivery
+from zeroloss.ledger.models import MessageEvent
+from zeroloss.runtime.processing import Delivery
 
 
 def step(delivery: Delivery) -> Any:

@@ -25,7 +25,7 @@ def expire_leases(
 ) -> int:
     """Make the leases of these processing messages (all, if ``None``) expired ``seconds_ago`` ago,
     by the database's clock. Returns how many were moved."""
-    from zeroloss.models import Message
+    from zeroloss.ledger.models import Message
 
     conn = connections[using]
     table = Message._meta.db_table
@@ -50,7 +50,7 @@ def expire_leases(
 def backdate(message_ids: Iterable[str], column: str, *, seconds_ago: float, using: str = "default") -> int:
     """Move ``column`` (a timestamp such as ``dead_at`` or ``completed_at``) of these messages
     ``seconds_ago`` into the past by the database's clock: what waiting would do, without the wait."""
-    from zeroloss.models import Message
+    from zeroloss.ledger.models import Message
 
     conn = connections[using]
     # only a model field's column is ever formatted into the statement
@@ -79,8 +79,8 @@ def register(queue: str, func: Callable[..., Any], **kwargs: Any) -> None:
 
 def run_worker(queue: str, **kwargs: Any) -> tuple[Any, threading.Thread]:
     """A built-in worker on ``queue`` in a thread of this process (stop it with :func:`finish`)."""
-    from zeroloss.loops import StopFlag
-    from zeroloss.worker import Worker
+    from zeroloss.runtime.sweep_loop import StopFlag
+    from zeroloss.runtime.worker import Worker
 
     worker = Worker([queue], stop=StopFlag(), poll_interval=0.05, **kwargs)
     thread = threading.Thread(target=worker.run, daemon=True)
@@ -113,7 +113,7 @@ def count_keeper_passes(keeper: Any) -> list[float]:
 
 def make_available(message_ids: Iterable[str], *, using: str = "default") -> int:
     """End the backoff (or delay) of these pending messages now, by the database's clock."""
-    from zeroloss.models import Message
+    from zeroloss.ledger.models import Message
 
     conn = connections[using]
     table = Message._meta.db_table

@@ -13,8 +13,8 @@ from django.core.cache import caches
 from django.utils import timezone
 
 from tests.support import expire_leases
-from zeroloss.models import MaintenanceTurn, Message, MessageEvent, PurgeRecord
-from zeroloss.service import ZeroLossMessageService
+from zeroloss.ledger.models import MaintenanceTurn, Message, MessageEvent, PurgeRecord
+from zeroloss.ledger.service import ZeroLossMessageService
 
 
 def ledger_state(using: str = "default") -> tuple[Any, ...]:

@@ -94,8 +94,8 @@ def _produce(args: dict[str, Any]) -> None:
     from django.db import connection
 
     import zeroloss
-    from zeroloss.models import Message
-    from zeroloss.outage import close_connection, is_outage
+    from zeroloss.core.outage import close_connection, is_outage
+    from zeroloss.ledger.models import Message
 
     stop = Path(args.get("stop_file") or "/nonexistent/stop-file")
     most = args.get("max")
@@ -138,7 +138,7 @@ def _status() -> None:
     from django.core.management.base import CommandError
     from django.db import connection
 
-    from zeroloss.service import ZeroLossMessageService
+    from zeroloss.ledger.service import ZeroLossMessageService
 
     out = io.StringIO()
     # exit code 1 (raised by call_command) when the requirement is not met: the JSON says why

@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 import zeroloss
 from project.demo.models import HandledRecord, OrderedRun
 from tests.support.waiting import NEVER, never_done
-from zeroloss.processing import Delivery
+from zeroloss.runtime.processing import Delivery
 
 
 def note(delivery: Delivery, what: str) -> None:

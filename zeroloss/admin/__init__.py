@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from ..models import Message, MessageEvent, PurgeRecord, ReplicationNode
+from ..ledger.models import Message, MessageEvent, PurgeRecord, ReplicationNode
 from .base import PERMISSIONS, ReadOnlyAdmin, get_service
 from .ledger import MessageEventAdmin, PurgeRecordAdmin, ReplicationNodeAdmin
 from .message import MessageAdmin

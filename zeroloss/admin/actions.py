@@ -21,7 +21,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Message, Status
+from ..ledger.models import Message, Status
 from .base import ReadOnlyAdmin
 from .confirm import SHOWN_ON_CONFIRMATION, DeadLetterForm, SkipKeyHeadForm, confirmation, confirmed
 from .transitions import (

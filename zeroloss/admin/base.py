@@ -10,7 +10,7 @@ from django.contrib import admin
 from django.core.cache import cache
 from django.http import HttpRequest
 
-from ..service import ZeroLossMessageService
+from ..ledger.service import ZeroLossMessageService
 
 logger = logging.getLogger("zeroloss.admin")
 

@@ -15,7 +15,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Message
+from ..ledger.models import Message
 from .base import ReadOnlyAdmin
 
 #: Messages listed by name on a confirmation page (the count covers all of them).

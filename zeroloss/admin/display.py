@@ -13,8 +13,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from .. import dashboard
-from ..models import Message, Status
+from ..ledger.models import Message, Status
+from ..ops import dashboard
 from . import why
 from .base import MessagePermissions, get_service
 

@@ -12,10 +12,10 @@ from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
+from ..core.states import ACTIVE_STATUSES
 from ..ledger import statements_reads
 from ..ledger.base import engine_for
-from ..models import Message, MessageEvent, Status
-from ..states import ACTIVE_STATUSES
+from ..ledger.models import Message, MessageEvent, Status
 from .base import cache_get, cache_set, get_service
 
 #: A value filter (queue, reason) lists at most this many values.

@@ -15,8 +15,9 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from .. import dashboard, replication
-from ..models import MessageEvent, ReplicationNode
+from ..integrations import replication
+from ..ledger.models import MessageEvent, ReplicationNode
+from ..ops import dashboard
 from . import search
 from .base import ReadOnlyAdmin, get_service
 from .filters import ReasonFilter, ToStatusFilter

@@ -12,8 +12,8 @@ from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Message, Status
-from ..states import ACTIVE_STATUSES, Reason, sources_of
+from ..core.states import ACTIVE_STATUSES, Reason, sources_of
+from ..ledger.models import Message, Status
 from . import actions, search
 from .display import MessageColumns, database_now, lease_info
 from .filters import LeaseStateFilter, OrderingStateFilter, PriorityFilter, QueueFilter

@@ -23,16 +23,16 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext_lazy as _
 
-from ..conf import get_settings
+from ..core.rates import MAX_LIMIT, parse_concurrency, parse_rate
+from ..core.settings import get_settings
 from ..exceptions import ZeroLossError
-from ..handlers import registered_queues
-from ..models import Message, Status
-from ..rates import MAX_LIMIT, parse_concurrency, parse_rate
-from ..snapshot import format_duration, get_snapshot
+from ..ledger.models import Message, Status
+from ..ops.snapshot import format_duration, get_snapshot
+from ..runtime.handlers import registered_queues
 from .base import actor, get_service
 
 if TYPE_CHECKING:
-    from ..service import ZeroLossMessageService
+    from ..ledger.service import ZeroLossMessageService
 
 #: The throughput column: messages completed in this many last minutes (database clock).
 THROUGHPUT_MINUTES = 5
@@ -66,8 +66,8 @@ class QueueLine:
 
 
 def _scheduled_queues(service: ZeroLossMessageService) -> set[str]:
-    from ..schedules.scheduler import load_schedules
-    from ..schedules.spec import ScheduleError
+    from ..runtime.schedules.scheduler import load_schedules
+    from ..runtime.schedules.spec import ScheduleError
 
     try:
         specs = load_schedules(service.using, check_targets=False)

@@ -16,7 +16,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from ..models import QueueControl
+from ..ledger.models import QueueControl
 from .base import ReadOnlyAdmin, actor, get_service
 from .confirm import confirmed, selection_fields
 from .queue_page import QueuePageViews

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from django.db.models import Q, QuerySet
 
-from ..models import Message, MessageEvent
+from ..ledger.models import Message, MessageEvent
 
 ID_PREFIX = "id:"
 ERROR_PREFIX = "error:"

@@ -21,8 +21,8 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext, ngettext_lazy
 
 from ..exceptions import MessageNotFound
-from ..models import Message
-from ..service import ZeroLossMessageService
+from ..ledger.models import Message
+from ..ledger.service import ZeroLossMessageService
 from .base import ReadOnlyAdmin, actor, get_service
 
 #: Message ids per service call. The service checks them with one ``IN (...)`` query.

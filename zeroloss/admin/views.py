@@ -15,11 +15,11 @@ from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .. import dashboard
 from ..exceptions import InvalidMessage
+from ..ledger.models import Message, Status
+from ..ledger.service import ZeroLossMessageService
 from ..ledger.types import KeyWhy
-from ..models import Message, Status
-from ..service import ZeroLossMessageService
+from ..ops import dashboard
 from . import paginator
 from .base import MessagePermissions, actor, get_service
 

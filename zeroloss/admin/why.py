@@ -14,12 +14,12 @@ from typing import Any
 
 from django.utils.translation import gettext as _
 
-from ..conf import get_settings
-from ..durations import format_duration
+from ..core.durations import format_duration
+from ..core.settings import get_settings
+from ..core.states import Reason, Status
 from ..exceptions import UnknownQueue
-from ..handlers import HandlerSpec, get_handler
-from ..models import Message, MessageEvent
-from ..states import Reason, Status
+from ..ledger.models import Message, MessageEvent
+from ..runtime.handlers import HandlerSpec, get_handler
 
 
 def _names(kinds: tuple[type[BaseException], ...]) -> str:

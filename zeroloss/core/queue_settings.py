@@ -9,8 +9,8 @@ from typing import Any
 from django.conf import settings
 
 from ..exceptions import InvalidMessage
-from ..rates import Rate, parse_concurrency, parse_rate
 from .names import validate_queue_name
+from .rates import Rate, parse_concurrency, parse_rate
 from .setting_values import Kind, SettingError, is_printable, limit, retention, setting, specs
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..durations import parse_duration_text
-from ..states import Status
+from .durations import parse_duration_text
+from .states import Status
 
 
 class SettingError(ImproperlyConfigured):
@@ -156,7 +156,7 @@ def choice(*options: str) -> Kind:
 
 
 def anything(valid: str) -> Kind:
-    """Kept as given: validated elsewhere (``SCHEDULES``: :mod:`zeroloss.schedules.spec`)."""
+    """Kept as given: validated elsewhere (``SCHEDULES``: :mod:`zeroloss.runtime.schedules.spec`)."""
     return Kind(lambda key, value, check_id: value, valid)
 
 
@@ -254,7 +254,7 @@ def _retention_seconds(key: str, value: Any, check_id: str) -> float | None:
 
 
 def limit(parse_limit: Callable[[Any], Any], valid: str) -> Kind:
-    """A queue limit from a :mod:`zeroloss.rates` parser (its ValueError says what to write)."""
+    """A queue limit from a :mod:`zeroloss.core.rates` parser (its ValueError says what to write)."""
 
     def parse(key: str, value: Any, check_id: str) -> Any:
         try:

@@ -6,7 +6,7 @@ Projects set a dict in their Django settings::
 
 :func:`get_settings` validates it and returns a frozen :class:`ZeroLossSettings`.
 Invalid values raise :class:`~django.core.exceptions.ImproperlyConfigured` at use and
-are reported by ``manage.py check`` with stable ids (see :mod:`zeroloss.checks`).
+are reported by ``manage.py check`` with stable ids (see :mod:`zeroloss.ops.checks`).
 
 Each setting is declared once, in the section of ``docs/settings.md`` it belongs to
 (:mod:`.settings_delivery`, :mod:`.settings_storage`): its type, default, validation, check id
@@ -22,10 +22,10 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from ..states import Status
 from .setting_values import DEFAULT_RETENTION, SettingError, Spec, parse_json_encoder, specs
 from .settings_delivery import LeaseSettings, OutcomeSettings, SweepSettings
 from .settings_storage import HealthSettings, LimitSettings, ReplicationSettings, ScheduleSettings
+from .states import Status
 
 
 @dataclass(frozen=True)

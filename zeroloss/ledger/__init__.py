@@ -19,5 +19,5 @@ calls a sibling through the context):
   records, telemetry, waiters), which it never imports;
 - :mod:`.statements` — every SQL statement, by name, and the edges each moving one declares
   (:mod:`.statements_moves`); :mod:`.postgres` and :mod:`.sqlite` — the engines;
-- :mod:`zeroloss.states` — the state machine they implement.
+- :mod:`zeroloss.core.states` — the state machine they implement.
 """

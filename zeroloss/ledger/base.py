@@ -13,9 +13,10 @@ from django.conf import settings as django_settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .. import conf
+from ..core import settings as conf
+from ..core.settings_delivery import RetryBackoff
+from ..core.states import Status
 from ..exceptions import InvalidLeaseToken, InvalidMessage
-from ..states import Status
 from . import events, statements, statements_partitions
 from .catalogue import package_catalogues
 from .engine import Engine, Move, Params, Rows
@@ -111,7 +112,7 @@ class LedgerContext:
     arguments override ``ZEROLOSS`` settings, by lower-case name (``ack_timeout=0.5``).
     """
 
-    #: The service that composes the parts (zeroloss.service): the hooks' argument, and whose
+    #: The service that composes the parts (zeroloss.ledger.service): the hooks' argument, and whose
     #: class sends the events' signals.
     service: Any
     # The parts, set by that service.
@@ -131,7 +132,7 @@ class LedgerContext:
         if overrides:
             raw = dict(getattr(django_settings, "ZEROLOSS", None) or {})
             for name, value in overrides.items():
-                if isinstance(value, conf.RetryBackoff):
+                if isinstance(value, RetryBackoff):
                     value = {"BASE": value.BASE, "MAX": value.MAX}
                 raw[name.upper()] = value
             self.settings = conf.parse_settings(raw)
@@ -205,7 +206,7 @@ class LedgerContext:
         )
         if rows and declared.wakes and declared.result is None and engine.has_listen_notify:
             # Back to pending (claimable now, or at its retry's time): idle workers sleep until
-            # told (zeroloss.wakeup), so tell their queues, at this statement's commit.
+            # told (zeroloss.runtime.wakeup), so tell their queues, at this statement's commit.
             status, queue = MOVED_NAMES.index("status"), MOVED_NAMES.index("queue_name")
             queues = sorted({r[queue] for r in rows if r[status] == Status.PENDING.value})
             if queues:

@@ -25,7 +25,7 @@ from django.db import IntegrityError, transaction
 from django.db.models.base import ModelState
 
 from ..exceptions import InvalidMessage, PayloadTooLarge
-from ..models import Message, Status
+from .models import Message, Status
 from .statements import MOVES
 from .statements_moves import audit_row
 from .validation import (

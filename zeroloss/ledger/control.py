@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 from django.db import transaction
 
-from ..rates import Rate, parse_concurrency, parse_rate
-from ..states import Status
+from ..core.rates import Rate, parse_concurrency, parse_rate
+from ..core.states import Status
 from . import hooks
 from .base import Part
 from .limits import SLOTS, QueueLimits, QueueState, in_shares, row_level, share_level, slot_room, slotted

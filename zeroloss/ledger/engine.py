@@ -19,9 +19,9 @@ from typing import Any, ClassVar, NamedTuple
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
-from ..models import DedupKey, Message, MessageEvent, MessageKey, OrderingHead, QueueControl, RateBucket
 from . import statements
 from .catalogue import Catalogue
+from .models import DedupKey, Message, MessageEvent, MessageKey, OrderingHead, QueueControl, RateBucket
 from .statements_moves import AUDIT_COLUMNS, MOVED_NAMES, Moving
 
 MSG = Message._meta.db_table

@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..states import Status
+from ..core.states import Status
 from .types import Completion, CompletionReport, Lease
 
 if TYPE_CHECKING:

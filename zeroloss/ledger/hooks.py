@@ -1,6 +1,6 @@
 """What the ledger calls out to without importing it: replication and transports hang here.
 
-The ledger knows only this registry. :mod:`zeroloss.replication` and the Celery transport
+The ledger knows only this registry. :mod:`zeroloss.integrations.replication` and the Celery transport
 install their functions here from the app's ``ready()`` (:mod:`zeroloss.apps`), so the
 dependency points one way: they import the ledger, never the reverse.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import ImproperlyConfigured
 
 if TYPE_CHECKING:
-    from ..models import Message, ReplicationNode
+    from .models import Message, ReplicationNode
 
 __all__ = ["ReplicationHooks", "install_redispatch", "install_replication", "redispatch", "replication"]
 

@@ -8,8 +8,8 @@ from typing import Any
 from django.utils.translation import gettext as _
 
 from ..exceptions import InvalidPayload
-from ..models import Message, MessageEvent, Status
 from .base import Part
+from .models import Message, MessageEvent, Status
 from .types import CRITICAL, WARNING, IntegrityFinding, IntegrityReport
 from .validation import canonical_json, payload_checksum, validate_message_id
 
@@ -115,8 +115,8 @@ class Reads(Part):
         return IntegrityReport(message.message_id, not findings, findings, message.status, status)
 
     def replication_status(self, message: Message | None = None, *, record: bool = True) -> Any:
-        """Measured copies of ``message`` (a :class:`~zeroloss.replication.ReplicationStatus`);
-        ``record=False`` never writes (see :func:`zeroloss.replication.measure`)."""
+        """Measured copies of ``message`` (a :class:`~zeroloss.integrations.replication.ReplicationStatus`);
+        ``record=False`` never writes (see :func:`zeroloss.integrations.replication.measure`)."""
         from .hooks import replication
 
         return replication().measure(self.ctx.service, message, record=record)

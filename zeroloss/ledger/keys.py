@@ -14,8 +14,8 @@ from typing import Any
 from django.db import transaction
 
 from ..exceptions import InvalidMessage
-from ..models import Status
 from .base import Part
+from .models import Status
 from .types import KeyHead, KeyWhy
 from .validation import validate_count, validate_message_id, validate_queue_name
 

@@ -9,7 +9,7 @@ import datetime as dt
 import math
 from dataclasses import dataclass
 
-from ..rates import Rate
+from ..core.rates import Rate
 
 #: How many advisory slots a limited queue has on PostgreSQL: how many of its claims may run
 #: side by side while far from its limits (docs/control.md).

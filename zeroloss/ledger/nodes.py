@@ -1,12 +1,12 @@
-"""The replication node registry, as seen from the service (the registry itself: zeroloss.replication)."""
+"""The replication node registry, as seen from the service (the registry itself: zeroloss.integrations.replication)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..models import ReplicationNode
 from .base import Part
 from .hooks import replication
+from .models import ReplicationNode
 
 
 class Nodes(Part):

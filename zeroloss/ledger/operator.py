@@ -9,11 +9,11 @@ from typing import Any
 
 from django.db import transaction
 
+from ..core.states import FINISHED_STATUSES
 from ..exceptions import InvalidMessage, MessageNotFound
-from ..models import PurgeRecord, Status
-from ..states import FINISHED_STATUSES
 from . import events, partitions, statements_ops
 from .base import Part
+from .models import PurgeRecord, Status
 from .types import CancelOutcome, CancelResult
 from .validation import clean_text, seconds, validate_count, validate_message_id, validate_queue_name
 

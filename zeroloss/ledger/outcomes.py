@@ -15,8 +15,8 @@ from typing import Any
 
 from django.db import transaction
 
+from ..core.states import Status
 from ..exceptions import InvalidMessage
-from ..states import Status
 from . import events
 from .base import Part
 from .types import Completion, CompletionReport, Lease, Verdict

@@ -26,10 +26,10 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..doc_pages import see
-from ..models import DroppedPeriod, Message, MessageEvent, MessageKey
+from ..core.doc_pages import see
 from . import statements_partitions as sql
 from .base import engine_for
+from .models import DroppedPeriod, Message, MessageEvent, MessageKey
 
 MESSAGES = Message._meta.db_table
 EVENTS = MessageEvent._meta.db_table

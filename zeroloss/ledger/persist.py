@@ -11,11 +11,11 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
 
 from ..exceptions import InvalidMessage, MessageConflict, PayloadTooLarge
-from ..models import Message
 from . import partitions, periods
 from .base import Part, engine_for
 from .bulk import NEW_ROW, persist_staged
 from .bulk import Prepared as _Prepared
+from .models import Message
 from .validation import (
     canonical_json,
     clean_text,

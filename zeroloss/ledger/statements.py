@@ -17,8 +17,8 @@ statement (PostgreSQL) or transaction (SQLite).
 
 from __future__ import annotations
 
-from ..states import TRANSITIONS, Reason, Transition
-from ..states import Status as S
+from ..core.states import TRANSITIONS, Reason, Transition
+from ..core.states import Status as S
 from . import statements_cancel, statements_control, statements_leases
 from .catalogue import Catalogue
 from .statements_leases import *  # noqa: F403  (named statements of the catalogue)
@@ -395,7 +395,7 @@ def statements_of(transition: Transition) -> list[str]:
 
 
 def transition_table_markdown() -> str:
-    """:data:`zeroloss.states.TRANSITIONS` with their statements, as Markdown (``docs/concepts.md``
+    """:data:`zeroloss.core.states.TRANSITIONS` with their statements, as Markdown (``docs/concepts.md``
     embeds it; a test keeps them equal)."""
     lines = ["| from | to | reason | by | statements |", "| --- | --- | --- | --- | --- |"]
     for t in TRANSITIONS:

@@ -11,8 +11,8 @@ sweep records it cancelled instead of requeueing it. Its statements are written 
 
 from __future__ import annotations
 
-from ..states import Reason
-from ..states import Status as S
+from ..core.states import Reason
+from ..core.states import Status as S
 from .catalogue import Catalogue
 from .statements_moves import Moving, edge
 

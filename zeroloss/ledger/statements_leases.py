@@ -3,8 +3,8 @@ renewals, the lease holder's outcomes, and the recovery sweep of expired leases.
 
 from __future__ import annotations
 
-from ..states import Reason
-from ..states import Status as S
+from ..core.states import Reason
+from ..core.states import Status as S
 from .catalogue import Catalogue
 from .statements_moves import Moving, edge
 

@@ -2,7 +2,7 @@
 
 Each statement that changes a message's status (or annotates it) has a :class:`Moving`
 declaration beside its SQL, in the ``MOVES`` table of its catalogue module: who runs it and
-its edges ``(from, to, reason)``, each one of :data:`zeroloss.states.TRANSITIONS` (or an
+its edges ``(from, to, reason)``, each one of :data:`zeroloss.core.states.TRANSITIONS` (or an
 annotation). Everything its audit rows say is derived from that declaration: the source status,
 the reason (one per target status), and so the columns the engines write the rows from
 (:func:`audit_row`, :data:`MOVED`). A move is then called by the statement's name alone
@@ -15,7 +15,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..states import FINISHED_STATUSES, Status
+from ..core.states import FINISHED_STATUSES, Status
 
 #: The columns every moving statement returns, in this order (the audit row needs the first
 #: eight and ``created_at``; callers read ``queue_name`` and ``ordering_key`` too).

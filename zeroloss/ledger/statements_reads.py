@@ -4,8 +4,8 @@ Those that read PostgreSQL's statistics run where ``Engine.has_statistics``."""
 
 from __future__ import annotations
 
-from ..models import Status
 from .catalogue import Catalogue
+from .models import Status
 
 CATALOGUE = Catalogue("sql/reads.sql")
 

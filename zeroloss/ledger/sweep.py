@@ -7,9 +7,9 @@ import time
 
 from django.db import DatabaseError, transaction
 
-from ..models import Status
 from . import events, partitions
 from .base import Part, logger
+from .models import Status
 from .types import RecoveryReport
 from .validation import validate_count
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ..durations import format_duration
+from ..core.durations import format_duration
 
 #: Severities of integrity findings: a monitor pages on ``critical``.
 CRITICAL = "critical"
@@ -142,7 +142,7 @@ class IntegrityReport:
     valid: bool
     findings: list[IntegrityFinding]
     status: str | None = None
-    replication: Any = None  # zeroloss.replication.ReplicationStatus
+    replication: Any = None  # zeroloss.integrations.replication.ReplicationStatus
 
     @property
     def issues(self) -> list[str]:

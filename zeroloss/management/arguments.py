@@ -11,8 +11,8 @@ from django.core.management.base import CommandError, CommandParser, DjangoHelpF
 from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 
-from ..durations import DURATION_TEXT as _DURATION_RE
-from ..durations import UNITS as _UNITS
+from ..core.durations import DURATION_TEXT as _DURATION_RE
+from ..core.durations import UNITS as _UNITS
 from .exits import EXIT_USAGE
 
 #: The longest duration a command accepts: 1,000 years, far beyond any retention, and small

@@ -52,9 +52,9 @@ from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 
 from ..exceptions import InvalidMessage
+from ..ledger.models import Message
+from ..ledger.service import ZeroLossMessageService, default_instance_id
 from ..ledger.validation import validate_queue_name
-from ..models import Message
-from ..service import ZeroLossMessageService, default_instance_id
 from .arguments import (
     MAX_COUNT,
     MAX_DURATION_DAYS,

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator
 
 from ..ledger import statements_ops
 from ..ledger.base import engine_for
-from ..models import Message
-from ..service import ZeroLossMessageService
+from ..ledger.models import Message
+from ..ledger.service import ZeroLossMessageService
 
 #: Payload JSON text fetched at once, at most (one larger payload is fetched alone).
 BATCH_PAYLOAD_BYTES = 32 * 1024 * 1024

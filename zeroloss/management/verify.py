@@ -19,12 +19,12 @@ from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
+from ..core.states import ANNOTATIONS, is_allowed
+from ..integrations.replication import requirement as replication_requirement
 from ..ledger import statements_reads
 from ..ledger.base import engine_for
-from ..models import Message, MessageEvent
-from ..replication import requirement as replication_requirement
-from ..service import IntegrityFinding, ZeroLossMessageService
-from ..states import ANNOTATIONS, is_allowed
+from ..ledger.models import Message, MessageEvent
+from ..ledger.service import IntegrityFinding, ZeroLossMessageService
 from .base import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, Progress
 from .batches import PayloadBatches
 
@@ -243,7 +243,7 @@ class Verification:
                 names.get(r["message_id"]),
             )
 
-        # Edges of the state machine: every audit row must be one (zeroloss.states.TRANSITIONS).
+        # Edges of the state machine: every audit row must be one (zeroloss.core.states.TRANSITIONS).
         edges = events if queue is None else events.filter(message__queue_name=queue)
         for row in edges.order_by().values("from_status", "to_status", "reason").annotate(n=Count("id")):
             if not is_allowed(row["from_status"], row["to_status"], row["reason"]):

@@ -22,10 +22,10 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from ...exceptions import InvalidMessage, MessageNotFound
+from ...ledger.models import Message
+from ...ledger.service import validate_message_id
 from ...ledger.types import CancelOutcome, CancelResult
-from ...models import Message
-from ...service import validate_message_id
-from ...snapshot import invalidate
+from ...ops.snapshot import invalidate
 from ..base import Incomplete, ZeroLossCommand
 
 BATCH = 500

@@ -22,11 +22,11 @@ from django.core.management.base import CommandParser
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from ... import replication
 from ...exceptions import InvalidMessage
-from ...models import NodeRole, ReplicationNode
-from ...service import ZeroLossMessageService
-from ...snapshot import format_duration
+from ...integrations import replication
+from ...ledger.models import NodeRole, ReplicationNode
+from ...ledger.service import ZeroLossMessageService
+from ...ops.snapshot import format_duration
 from ..base import WarningFound, ZeroLossCommand
 
 ACTIONS = ("list", "register", "unregister", "discover")

@@ -25,10 +25,10 @@ from django.db.models import Count, Sum
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, pgettext
 
-from ...durations import format_duration
-from ...models import Message, PurgeRecord, Status
-from ...snapshot import invalidate
-from ...states import FINISHED_STATUSES, TRAITS
+from ...core.durations import format_duration
+from ...core.states import FINISHED_STATUSES, TRAITS
+from ...ledger.models import Message, PurgeRecord, Status
+from ...ops.snapshot import invalidate
 from ..base import ZeroLossCommand, parse_duration, positive_int
 
 

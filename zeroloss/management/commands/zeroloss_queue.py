@@ -25,15 +25,15 @@ from django.core.management.base import CommandParser
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from ...conf import get_settings
+from ...core.rates import parse_concurrency, parse_rate
+from ...core.settings import get_settings
 from ...exceptions import InvalidMessage
-from ...handlers import registered_queues
 from ...ledger.limits import QueueState
+from ...ledger.models import QueueControl
+from ...ledger.service import ZeroLossMessageService
 from ...ledger.validation import validate_queue_name
-from ...models import QueueControl
-from ...rates import parse_concurrency, parse_rate
-from ...service import ZeroLossMessageService
-from ...snapshot import invalidate
+from ...ops.snapshot import invalidate
+from ...runtime.handlers import registered_queues
 from ..base import ZeroLossCommand
 
 ACTIONS = ("pause", "resume", "limit", "show")

@@ -33,9 +33,9 @@ from django.db.models import QuerySet
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, pgettext
 
-from ...models import Message, Status
-from ...service import ZeroLossMessageService, validate_message_id
-from ...snapshot import invalidate
+from ...ledger.models import Message, Status
+from ...ledger.service import ZeroLossMessageService, validate_message_id
+from ...ops.snapshot import invalidate
 from ..base import CONFIRM_THRESHOLD, Incomplete, ZeroLossCommand, parse_duration, positive_int
 
 BATCH = 500

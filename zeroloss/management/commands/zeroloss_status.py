@@ -23,12 +23,12 @@ from django.core.management.base import CommandParser
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from ...health import storage_fault
-from ...loops import StopFlag
-from ...models import Status
-from ...service import ZeroLossMessageService
-from ...snapshot import format_duration, get_snapshot
-from ...snapshot_types import Snapshot
+from ...ledger.models import Status
+from ...ledger.service import ZeroLossMessageService
+from ...ops.health import storage_fault
+from ...ops.snapshot import format_duration, get_snapshot
+from ...ops.snapshot_types import Snapshot
+from ...runtime.sweep_loop import StopFlag
 from ..base import ZeroLossCommand, positive_float, positive_int
 
 #: Blocked keys listed in the text output (``--json`` has up to ``snapshot.MAX_BLOCKED_KEYS``).

@@ -13,13 +13,13 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from ... import retention
-from ...durations import format_duration
+from ...core.durations import format_duration
+from ...core.outage import OutageTooLong
 from ...ledger.types import RecoveryReport
-from ...loops import StopFlag, SweepLoop
-from ...outage import OutageTooLong
-from ...transports import after_sweep_hooks
-from ...worker.sessions import harden_sessions
+from ...runtime import retention
+from ...runtime.sweep_loop import StopFlag, SweepLoop
+from ...runtime.transports import after_sweep_hooks
+from ...runtime.worker.sessions import harden_sessions
 from ..base import ZeroLossCommand, positive_float, positive_int
 
 EXIT_UNREACHABLE = 4

@@ -1,7 +1,7 @@
 """``manage.py zeroloss_worker``: process messages straight from the database (no broker).
 
 Exit codes: 0 stopped cleanly (signal, ``--burst``, ``--max-messages``); 1 a part whose policy
-is to end the worker died (a bug: see the log; :data:`zeroloss.worker.supervisor.PARTS`), so the
+is to end the worker died (a bug: see the log; :data:`zeroloss.runtime.worker.supervisor.PARTS`), so the
 process manager restarts it; 2 bad arguments; 4 the database
 stayed unreachable longer than ``DB_OUTAGE_TOLERANCE`` (by default it never gives up: it
 rides out outages and drains again when the database is back). A second SIGTERM/SIGINT exits
@@ -25,14 +25,14 @@ from django.db import DEFAULT_DB_ALIAS
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from ...conf import get_settings
-from ...handlers import get_handler, registered_queues
-from ...logs import command_logging
-from ...loops import StopFlag
+from ...core.settings import get_settings
+from ...ops.logs import command_logging
+from ...runtime.handlers import get_handler, registered_queues
+from ...runtime.sweep_loop import StopFlag
+from ...runtime.worker import Worker
+from ...runtime.worker.pool import refuse_transactional
+from ...runtime.worker.supervisor import METRICS
 from ...testing import refuse_inside_a_transaction
-from ...worker import Worker
-from ...worker.pool import refuse_transactional
-from ...worker.supervisor import METRICS
 from ..base import LedgerUnreachable, ZeroLossCommand, positive_float, positive_int
 
 EXIT_CRASHED = 1
@@ -191,7 +191,7 @@ class Command(ZeroLossCommand):
         try:
             from prometheus_client import CollectorRegistry, start_http_server
 
-            from ...telemetry.prometheus import EventsCollector
+            from ...integrations.telemetry.prometheus import EventsCollector
         except ImportError:
             raise CommandError(
                 _("--metrics-port needs prometheus_client: pip install 'zeroloss[metrics]'."), returncode=2
