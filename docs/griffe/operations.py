@@ -21,6 +21,8 @@ class Operations(griffe.Extension):
         if pkg.path != "zeroloss":
             return
         service = loader.modules_collection.get_member(SERVICE)
+        if service.is_alias:  # the public path re-exports the class from where it is defined
+            service = service.final_target
         renamed = _renamed(loader)
         for name, member in list(service.members.items()):
             target = _declared(member)
