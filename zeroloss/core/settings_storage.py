@@ -127,14 +127,17 @@ class LimitSettings:
         note="a day",
     )
     PARTITIONS_AHEAD: int = setting(
-        7,
+        3,
         integer(1),
         """A partitioned ledger: the sweep (at most once a minute per process) creates the periods
         missing from now's to this many ahead, and a send that finds fewer than half of them left
         creates them itself ([partitions that never run
         out](scaling.md#partitions-that-never-run-out)): no send fails for want of a partition,
         with or without a sweep. `check --database default` (`zeroloss.W042`) and the health check
-        warn when they end within three days (or half of them, when shorter).""",
+        warn when they end within three days (or half of them, when shorter). Every partition
+        attached costs a claim a lock on it and each of its indexes (a generic plan locks them
+        all before it prunes): 3 ahead rather than 7 took a drain on a backlog from 223 relation
+        locks a claim to 127 ([scaling.md](scaling.md#retention-by-partition)).""",
         unit="periods",
     )
     PREPARED_STATEMENTS: bool = setting(
