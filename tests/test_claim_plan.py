@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection, transaction
@@ -213,24 +214,39 @@ def ack_plan(service: ZeroLossMessageService, *, upper: bool = False) -> tuple[s
     return plan, f"zeroloss_message_p{created.astimezone(dt.UTC):%Y%m%d}"
 
 
-def test_an_acknowledgement_on_a_backlog_sent_since_the_last_analyze_reads_no_creation_time_index() -> None:
+@pytest.fixture
+def unanalyzed_period() -> Iterator[dt.datetime]:
+    """The start of a period 40 days ago, its partitions created for the test (no ANALYZE has
+    seen them: an earlier test's left statistics on today's), detached and dropped after it."""
+    sent = partitions.period_start(partitions.database_now(connection), DAY) - dt.timedelta(days=40)
+    created = partitions.create_partitions(connection, sent, sent + dt.timedelta(hours=1), DAY)
+    assert created == [f"zeroloss_message_p{sent:%Y%m%d}"]
+    yield sent
+    with connection.cursor() as cursor:
+        for table, _ in partitions.TABLES:
+            part = created[0].replace(partitions.MESSAGES, table, 1)
+            cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {part}")
+            cursor.execute(f"DROP TABLE {part}")
+
+
+def test_an_acknowledgement_on_a_backlog_sent_since_the_last_analyze_reads_no_creation_time_index(
+    unanalyzed_period: dt.datetime,
+) -> None:
     """A batch statement is bounded below by its messages' creation day, not above too: a range
     of both bounds, on a partition whose statistics predate its backlog, was planned through the
     creation-time index, every row of the day for each acknowledgement of 100."""
     service = ZeroLossMessageService()
-    # A partition no ANALYZE has seen (an earlier test's ANALYZE left statistics on today's).
-    sent = partitions.period_start(partitions.database_now(connection), DAY) - dt.timedelta(days=40)
-    partitions.create_partitions(connection, sent, sent + dt.timedelta(hours=1), DAY)
+    sent = unanalyzed_period + dt.timedelta(hours=1)
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO zeroloss_message (message_id, queue_name, payload, checksum, status, attempts, "
             "max_attempts, available_at, claimed_by, last_error, replication_targets, created_at, updated_at) "
             "SELECT %s || g, %s, '{}'::jsonb, md5(g::text), 'pending', 0, 5, %s, '', '', '[]'::jsonb, %s, %s "
             "FROM generate_series(1, 20000) g",
-            [f"{QUEUE}-", QUEUE, *[sent + dt.timedelta(hours=1)] * 3],
+            [f"{QUEUE}-", QUEUE, sent, sent, sent],
         )
     plan, partition = ack_plan(service)
-    assert partition == f"zeroloss_message_p{sent:%Y%m%d}"
+    assert partition == f"zeroloss_message_p{unanalyzed_period:%Y%m%d}"
     assert "created_idx" not in plan, plan
     # The earlier periods' partitions are pruned when it is planned: the first it updates is
     # its messages'.
