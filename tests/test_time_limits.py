@@ -328,3 +328,47 @@ def test_the_hard_limit_lets_the_lease_go_and_the_late_outcome_is_refused(caplog
     assert message.status == Status.COMPLETED and message.attempts == 2
     acks = MessageEvent.objects.for_message("h1").filter(reason="acknowledged")
     assert acks.count() == 1  # the refused run left no second acknowledgement
+
+
+def test_a_handler_whose_lease_was_taken_over_gets_lease_lost_interrupt_after_its_c_call(settings):
+    # The lease is taken from a running worker (moved into the past, swept, claimed by another
+    # service). Its keeper's next renewal is refused and LeaseLostInterrupt is raised in the
+    # handler's thread: a handler blocked in one C call (a lock's wait) gets it when that call
+    # returns, before its next line runs; the run's outcome is refused; `except Exception` in
+    # the handler does not catch it.
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "HEARTBEAT_INTERVAL": 0.05}
+    in_c_call = threading.Event()
+    ended: list[str] = []
+
+    def handle(delivery: Delivery) -> None:
+        try:
+            in_c_call.set()
+            time.sleep(1.5)  # one C call: the interrupt waits for it
+            ended.append("went on after the C call")
+            while True:
+                time.sleep(0.005)
+        except Exception as exc:  # not this one: a BaseException
+            ended.append(f"caught {type(exc).__name__}")
+        except LeaseLostInterrupt:
+            ended.append("LeaseLostInterrupt")
+            raise
+
+    register("tl.taken_over", handle)
+    service = ZeroLossMessageService()
+    service.persist_message("to1", "tl.taken_over", {})
+    worker, thread = run_worker("tl.taken_over", sweep=False)
+    try:
+        assert in_c_call.wait(30)
+        started = time.monotonic()
+        assert expire_leases(["to1"]) == 1
+        assert service.sweep().requeued == ["to1"]
+        assert service.claim("tl.taken_over")  # another run holds it now
+        assert wait_until(lambda: ended != [], timeout=30), worker.stats
+        stopped_s = time.monotonic() - started
+        assert wait_until(lambda: worker.stats.outcomes["lease_lost"] == 1, timeout=30), worker.stats
+    finally:
+        finish(worker, thread)
+    print(f"lease taken over during a 1.5 s C call: the handler stopped {stopped_s:.2f} s later")
+    assert ended == ["LeaseLostInterrupt"]  # right after the C call, not one line further
+    assert 0.5 < stopped_s < 5  # the sleep ran to its end first
+    assert one("to1").attempts == 2 and one("to1").status == Status.PROCESSING  # the new run's
