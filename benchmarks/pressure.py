@@ -193,7 +193,9 @@ class ExplainSampler(threading.Thread):
         self.errors: list[str] = []
         self._halt = threading.Event()
 
-    def _explain(self, conn: psycopg.Connection[Any], name: str, sql: str, params: list[Any]) -> None:
+    def _explain(
+        self, conn: psycopg.Connection[Any], name: str, sql: str, params: list[Any] | dict[str, Any]
+    ) -> None:
         phase, at = self.clock()
         try:
             with conn.transaction(force_rollback=True):
@@ -239,7 +241,9 @@ class ExplainSampler(threading.Thread):
             if heads or not name.endswith("head"):
                 self._explain(conn, name, self.sql["SWEEP"], params)
         self._explain(conn, "RENEW", self.sql["RENEW"], [self.ack_timeout, mids, toks, *period, *period])
-        self._explain(conn, "ACK", self.sql["ACK"], [mids, toks, ["null"] * len(mids), *period])
+        # ACK is written whole: named parameters, its RETURNING's audit detail among them.
+        acked = {"mid": mids, "tok": toks, "res": ["null"] * len(mids), "detail": ""}
+        self._explain(conn, "ACK", self.sql["ACK"], {**acked, **self.engine.period([r[2] for r in held])})
 
     def run(self) -> None:
         try:
