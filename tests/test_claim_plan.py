@@ -62,7 +62,7 @@ def claim_plan(service: ZeroLossMessageService, *, planned: bool, sql: str = "")
     ]  # detail, actor
     with transaction.atomic(), connection.cursor() as cursor:
         if planned:
-            cursor.execute(engine.sql["PLAN_CLAIM"], [0, "0"])
+            cursor.execute(engine.sql["PLAN_CLAIM"], {"bound_ms": 0, "bound": "0"})
         cursor.execute("EXPLAIN " + sql, params)
         return "\n".join(row[0] for row in cursor.fetchall())
 
@@ -171,7 +171,7 @@ def test_the_workers_outcome_and_claim_transaction_is_planned_once_when_it_begin
     assert len(first) == len(second) == 1 and first[0].message_id != second[0].message_id
     planning = plan_statements(queries.captured_queries)
     assert len(planning) == 2  # the one that began the transaction, and SHOW enable_sort
-    assert statements_leases.PLAN_CLAIM.split(",")[0] in planning[0]
+    assert statements_leases.LEASES.texts("postgresql")["PLAN_CLAIM"].split(",")[0] in planning[0]
     assert inside == ("off",)
     assert bound == (str(int(service.settings.ACK_TIMEOUT * 1000)),)
     # A later transaction of the same connection is not taken for it.
@@ -204,7 +204,9 @@ def ack_plan(service: ZeroLossMessageService, *, upper: bool = False) -> tuple[s
         "actor": "test-worker",
     }
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(engine.sql["PLAN_CLAIM"], [0, "0"])  # as in the worker's transaction
+        cursor.execute(
+            engine.sql["PLAN_CLAIM"], {"bound_ms": 0, "bound": "0"}
+        )  # as in the worker's transaction
         cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)

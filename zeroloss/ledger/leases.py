@@ -132,13 +132,13 @@ class Leases(Part):
         if not conn.in_atomic_block and conn.get_autocommit():
             ms = int(self.settings.ACK_TIMEOUT * 1000)
             with transaction.atomic(using=self.using, savepoint=False):
-                self._run("PLAN_CLAIM", [ms, str(ms)], prepare=True)
+                self._run("PLAN_CLAIM", {"bound_ms": ms, "bound": str(ms)}, prepare=True)
                 return self._move(name, params)
         if conn.atomic_blocks and conn.__dict__.get(_PLANNED) is conn.atomic_blocks[0]:
             return self._move(name, params)
-        before, _ = self._run("PLAN_CLAIM", [0, "0"], prepare=True)
+        before, _ = self._run("PLAN_CLAIM", {"bound_ms": 0, "bound": "0"}, prepare=True)
         rows = self._move(name, params)
-        self._run("UNPLAN_CLAIM", [before[0][0], before[0][1]], prepare=True)
+        self._run("UNPLAN_CLAIM", {"enable_sort": before[0][0], "jit": before[0][1]}, prepare=True)
         return rows
 
     def bound_claim_transaction(self) -> None:
@@ -151,7 +151,7 @@ class Leases(Part):
             self.engine.bound_transaction(conn, self.settings.ACK_TIMEOUT)
             return
         ms = int(self.settings.ACK_TIMEOUT * 1000)
-        self._run("PLAN_CLAIM", [ms, str(ms)], prepare=True)
+        self._run("PLAN_CLAIM", {"bound_ms": ms, "bound": str(ms)}, prepare=True)
         conn.__dict__[_PLANNED] = conn.atomic_blocks[0]
 
     def claim(self, queue_name: str, limit: int = 1) -> list[Lease]:
@@ -177,7 +177,7 @@ class Leases(Part):
     def next_available_in(self, queue_names: Sequence[str]) -> float | None:
         """Seconds (database clock) until the earliest pending message of these queues is
         available (0 or less: one is now), None when none is pending."""
-        rows, _ = self._run("NEXT_AVAILABLE", self._rows("NEXT_AVAILABLE", list(queue_names)))
+        rows, _ = self._run("NEXT_AVAILABLE", {"queues": self.engine.column(queue_names)})
         at, now = rows[0]
         if at is None:
             return None

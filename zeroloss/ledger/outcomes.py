@@ -48,7 +48,7 @@ class Outcomes(Part):
         token = self._token(lease_token)
         rows, _ = self._run(
             "LEASED_ATTEMPT",
-            [message_id, token],
+            {"mid": message_id, "tok": token},
             prepare=True,
         )
         if not rows:
@@ -198,15 +198,8 @@ class Outcomes(Part):
         if not self.connection.in_atomic_block:
             raise InvalidMessage("lock_held() must run inside transaction.atomic().")
         engine = self.engine
-        rows, _ = self._run(
-            "LOCK_HELD",
-            [
-                *self._rows(
-                    "LOCK_HELD", [x.message_id for x in leases], [engine.token(x.token) for x in leases]
-                ),
-                *engine.period_params([x.created_at for x in leases]),
-            ],
-        )
+        batch = engine.batch(mid=[x.message_id for x in leases], tok=[engine.token(x.token) for x in leases])
+        rows, _ = self._run("LOCK_HELD", {**batch, **engine.period([x.created_at for x in leases])})
         return {r[0] for r in rows}
 
     def own_outcomes(self, leases: Sequence[Lease]) -> dict[str, str]:
@@ -217,13 +210,8 @@ class Outcomes(Part):
         """
         if not leases:
             return {}
-        rows, _ = self._run(
-            "OWN_EVENTS",
-            [
-                *self._rows("OWN_EVENTS", [x.message_id for x in leases], [x.attempt for x in leases]),
-                self.instance_id,
-            ],
-        )
+        batch = self.engine.batch(mid=[x.message_id for x in leases], att=[x.attempt for x in leases])
+        rows, _ = self._run("OWN_EVENTS", {**batch, "actor": self.instance_id})
         return {r[0]: r[1] for r in rows}
 
     # -- the statements ---------------------------------------------------------------------

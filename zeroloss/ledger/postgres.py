@@ -160,15 +160,14 @@ class PostgresEngine(Engine):
     def bound_transaction(self, conn: BaseDatabaseWrapper, seconds: float) -> None:
         # Unprepared: once a transaction, and the engine does not know whether this connection
         # may prepare (PREPARED_STATEMENTS is the ledger's setting).
-        self.execute(conn, self.sql["BOUND_TRANSACTION"], [str(int(seconds * 1000))])
+        self.execute(conn, self.sql["BOUND_TRANSACTION"], {"bound": str(int(seconds * 1000))})
 
     def open_batch(self, conn: BaseDatabaseWrapper, bound_ms: int) -> int | None:
-        bound = str(bound_ms)
-        rows, _ = self.execute(conn, self.sql["BATCH_OPEN"], [bound_ms, bound, bound_ms, bound])
+        rows, _ = self.execute(conn, self.sql["BATCH_OPEN"], {"bound_ms": bound_ms, "bound": str(bound_ms)})
         return int(rows[0][1])
 
     def close_batch(self, conn: BaseDatabaseWrapper) -> bool:
-        rows, _ = self.execute(conn, self.sql["BATCH_CLOSE"], [])
+        rows, _ = self.execute(conn, self.sql["BATCH_CLOSE"], {})
         return rows[0][0] is not None
 
     def in_batch_transaction(self, conn: BaseDatabaseWrapper) -> bool:
@@ -185,9 +184,9 @@ class PostgresEngine(Engine):
 
         if session == self.session_of(conn):
             return True
-        self.execute(conn, self.sql["END_SESSION"], [session])
+        self.execute(conn, self.sql["END_SESSION"], {"pid": session})
         deadline = time.monotonic() + timeout
-        while self.execute(conn, self.sql["SESSION_ALIVE"], [session])[0][0][0]:
+        while self.execute(conn, self.sql["SESSION_ALIVE"], {"pid": session})[0][0][0]:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.02)

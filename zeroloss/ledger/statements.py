@@ -32,6 +32,7 @@ WHOLE: tuple[Catalogue, ...] = (
     statements_cancel.CATALOGUE,
     statements_control.CATALOGUE,
     statements_leases.OUTCOMES,
+    statements_leases.LEASES,
 )
 
 INSERT_COLUMNS = (

@@ -8,8 +8,10 @@ from ..core.states import Status as S
 from .catalogue import Catalogue
 from .statements_moves import Moving, edge
 
-#: The lease holder's outcomes, written whole (part of :data:`.statements.WHOLE`).
+#: The lease holder's outcomes, and what else of leases is written whole (parts of
+#: :data:`.statements.WHOLE`).
 OUTCOMES = Catalogue("sql/outcomes.sql")
+LEASES = Catalogue("sql/leases.sql")
 
 # -- leases ---------------------------------------------------------------------------
 
@@ -63,12 +65,10 @@ CLAIM_BY_ID = (
     _CLAIM_SET + "{in_open}SELECT id FROM {msg} WHERE message_id = %s AND status = 'pending' "
     "AND available_at <= {now}{skip_locked}{in_close}"
 )
-# The attempt a lease holder is on (its failure's backoff depends on it).
-LEASED_ATTEMPT = (
-    "SELECT attempts FROM {msg} WHERE message_id = %s AND lease_token = %s AND status = 'processing'"
-)
 # The lease holder's outcomes (ACK, FAIL, FAIL_FINAL, SNOOZE, RELEASE and their _LOCKED forms,
-# ACK_ONE, SNOOZE_COUNTS) are written whole in sql/outcomes.sql. ``{in_period}``: bounded by the
+# ACK_ONE, SNOOZE_COUNTS) are written whole in sql/outcomes.sql; its reads (LEASED_ATTEMPT,
+# LOCK_HELD, OWN_EVENTS, NEXT_AVAILABLE, ANY_EXPIRED) and its transactions' settings
+# (BATCH_OPEN, PLAN_CLAIM, ...) in sql/leases.sql. ``{in_period}``: bounded by the
 # leases' creation times (PostgreSQL: one parameter, the day of the batch's earliest), so that
 # the statement is planned without the partitions of earlier periods
 # (docs/scaling.md#retention-by-partition); nothing where nothing is partitioned.
@@ -87,44 +87,6 @@ RENEW = (
     "AND lease_expires_at > {clock}{in_period} RETURNING message_id"
 )
 RENEW_BUSY = "SELECT {msg}.message_id FROM {msg}, {rows} WHERE " + _FENCED_LEASE
-# A transactional batch locks its rows, fenced, before running any handler.
-LOCK_HELD = (
-    "SELECT {msg}.message_id FROM {msg}, {rows} WHERE {msg}.message_id = b.mid "
-    "AND {msg}.lease_token = b.tok AND {msg}.status = 'processing' AND {msg}.lease_expires_at > {clock}"
-    "{in_period} ORDER BY {msg}.id{for_update}"
-)
-# A transactional batch's transaction: opened with a guard row that only zeroloss's own commit
-# may commit (a handler's raw COMMIT fails on it), and with the server-side bounds derived from
-# HANDLER_TIMEOUT (``%s`` milliseconds, 0: none); closed by BATCH_CLOSE, which authorises the
-# commit and says whether the transaction is still the one BATCH_OPEN began (a handler's raw
-# ROLLBACK or COMMIT ended it otherwise). PostgreSQL only; SQLite tells from its client.
-BATCH_OPEN = (
-    "INSERT INTO zeroloss_batch_guard (txid) VALUES (txid_current()) RETURNING txid, pg_backend_pid(), "
-    "CASE WHEN %s > 0 THEN set_config('idle_in_transaction_session_timeout', %s, true) END, "
-    "CASE WHEN %s > 0 THEN set_config('statement_timeout', %s, true) END"
-)
-# Bounds an idle gap of one of zeroloss's own multi-statement transactions (milliseconds).
-BOUND_TRANSACTION = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
-# A claim by queue reads each of its ranges in the claim index's order and stops at its LIMIT;
-# across partitions that order is a merge of their index scans. Beside a period of many retained
-# messages the planner estimates a queue's pending rows as one or two (queue, status and time
-# taken as independent) and sorts every pending message after the claim's position instead:
-# 14 ms a claim with 3 million retained and 14,000 pending, 0.3 ms merged (docs/scaling.md). So
-# the claim's transaction plans without sorts, and without JIT compilation (a range the planner
-# knows is empty still takes a sort, which then costs enough to compile the statement: tens of
-# milliseconds a claim); for that transaction only (``true``: nothing outlives it, safe behind a
-# transaction pooler). The settings before are returned for UNPLAN_CLAIM; an idle gap is
-# bounded as BOUND_TRANSACTION does (``%s`` ms, 0: not).
-PLAN_CLAIM = (
-    "SELECT current_setting('enable_sort'), current_setting('jit'), set_config('enable_sort', 'off', true), "
-    "set_config('jit', 'off', true), "
-    "CASE WHEN %s > 0 THEN set_config('idle_in_transaction_session_timeout', %s, true) END"
-)
-UNPLAN_CLAIM = "SELECT set_config('enable_sort', %s, true), set_config('jit', %s, true)"
-BATCH_CLOSE = (
-    "WITH d AS (DELETE FROM zeroloss_batch_guard WHERE txid = txid_current() RETURNING txid) "
-    "SELECT (SELECT txid FROM d), set_config('zeroloss.batch_commit', txid_current()::text, true)"
-)
 # A claim whose commit outcome was lost with its connection: give back whatever this claimer
 # holds that it does not know about (the attempt is not counted).
 RELEASE_UNKNOWN = (
@@ -132,18 +94,6 @@ RELEASE_UNKNOWN = (
     "lease_expires_at = NULL, started_at = NULL, updated_at = {now} WHERE status = 'processing' "
     "AND claimed_by = %s AND lease_expires_at > {now} AND NOT EXISTS (SELECT 1 FROM {rows} "
     "WHERE b.tok = lease_token)"
-)
-# A session of ours that may still be running a statement whose outcome we lost (a network
-# cut: the server has not noticed). End it, and wait until it is gone, before acting on what
-# it may have committed.
-END_SESSION = "SELECT pg_terminate_backend(%s)"
-SESSION_ALIVE = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
-# Did this actor's transition land? (asked after a commit whose outcome was lost)
-OWN_EVENTS = (
-    "SELECT m.message_id, e.reason FROM {evt} e JOIN {msg} m ON m.id = e.message_id JOIN {rows} "
-    "ON m.message_id = b.mid AND e.attempt = b.att WHERE e.actor = %s "
-    "AND e.reason IN ('acknowledged', 'failed', 'dead_lettered', 'released', 'aborted', 'snoozed', "
-    "'dead_lettered_by_handler')"
 )
 
 # -- the recovery sweep ---------------------------------------------------------------
@@ -168,13 +118,6 @@ SWEEP = (
     "WHERE {in_open}SELECT id FROM {msg} WHERE status = 'processing' AND lease_expires_at < {now} "
     "AND lease_expires_at >= %s ORDER BY lease_expires_at LIMIT %s{skip_locked}{in_close} AND status = 'processing' "
     "AND lease_expires_at < {now} AND lease_expires_at >= %s"
-)
-ANY_EXPIRED = "SELECT 1 FROM {msg} WHERE status = 'processing' AND lease_expires_at < {now} LIMIT 1"
-#: The earliest ``available_at`` of the batch's queues' pending messages, and the clock: how long
-#: an idle worker may sleep (each queue one probe of the claim index, as an empty claim is).
-NEXT_AVAILABLE = (
-    "SELECT min(n.at), {now} FROM (SELECT (SELECT min(available_at) FROM {msg} WHERE status = 'pending' "
-    "AND queue_name = b.q AND available_at IS NOT NULL) AS at FROM {rows}) n"
 )
 
 
@@ -205,10 +148,7 @@ _MID_TOK = (("mid", "text"), ("tok", "uuid"))
 LEASE_ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     "RENEW": _MID_TOK,
     "RENEW_BUSY": _MID_TOK,
-    "LOCK_HELD": _MID_TOK,
     "RELEASE_UNKNOWN": (("tok", "uuid"),),
-    "NEXT_AVAILABLE": (("q", "text"),),
-    "OWN_EVENTS": (("mid", "text"), ("att", "int")),
 }
 
 #: What a claim hands back to build its leases (no audit-only columns: less to convert).

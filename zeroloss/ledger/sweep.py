@@ -81,7 +81,7 @@ class Recovery(Part):
         since, began, from_head = self._sweep_bound()
         complete = False
         while limit is None or len(requeued) + len(dead) + len(cancelled) < limit:
-            if self.engine.single_writer and not self._run("ANY_EXPIRED", [])[0]:
+            if self.engine.single_writer and not self._run("ANY_EXPIRED", {})[0]:
                 # A read needs no lock (SQLite in WAL mode); the write below takes the database's
                 # only write lock, so take it only when there is work.
                 break
