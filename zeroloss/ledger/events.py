@@ -10,9 +10,10 @@ alias commits (at once outside one), never for a rollback, in the order they hap
 The layers above publish here too, so a signal has one sender: the senders' ``Sent`` (after
 their commit) and a handler run's ``Started`` (at once).
 
-Spans wrap work in progress rather than report an outcome: the ledger names the work
-(:func:`span`, :func:`settle_span`) and the tracer installed by the telemetry layer
-(:func:`install_tracer`) makes the span; with none installed they cost one attribute check.
+Spans wrap work in progress rather than report an outcome: the ledger and the runtime name the
+work (:func:`span`, :func:`settle_span`, ``tracer().send_span``, ``.process``, ``.batch``) and the
+tracer installed by the telemetry layer (:func:`install_tracer`) makes the span; until one is
+installed, none is made.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from .engine import Rows
 
 __all__ = [
+    "NO_PROCESS",
+    "NO_SPAN",
     "Cancelled",
     "Claimed",
     "DeadLettered",
@@ -50,6 +53,7 @@ __all__ = [
     "settle_span",
     "span",
     "subscribe",
+    "tracer",
     "wanted",
 ]
 
@@ -234,14 +238,61 @@ def of_cancels(using: str, actor: str, moved: Sequence[tuple[str, str]]) -> list
 
 
 class Tracer(Protocol):
-    """The telemetry layer's spans around the ledger's work."""
+    """The telemetry layer's spans around work in progress: the ledger's (an operation, a settle)
+    and the runtime's (a send, a handler run, a claim batch's metrics)."""
 
     def operation(self, name: str, **attributes: Any) -> AbstractContextManager[None]: ...
 
     def settle_span(self, batch: Sequence[Completion]) -> AbstractContextManager[None]: ...
 
+    def send_span(self, queue_name: str, count: int) -> AbstractContextManager[Any]: ...
 
-_tracer: list[Tracer] = []
+    def process(self, delivery: Any, worker: str) -> Any: ...
+
+    def batch(self) -> AbstractContextManager[None]: ...
+
+
+class _NoSpan:
+    """A send span that records nothing: headers pass through unchanged."""
+
+    def headers(self, headers: Any) -> Any:
+        return headers
+
+    def stored(self, messages: Sequence[Any]) -> None:
+        pass
+
+
+class _NoProcess:
+    """A handler run's span that records nothing."""
+
+    def end(self, ok: bool, seconds: float, exc: BaseException | None = None) -> None:
+        pass
+
+
+NO_SPAN = _NoSpan()
+NO_PROCESS = _NoProcess()
+
+
+class _Untraced:
+    """Until the app's ``ready()`` installs the telemetry's tracer: no span at all."""
+
+    def operation(self, name: str, **attributes: Any) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def settle_span(self, batch: Sequence[Completion]) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def send_span(self, queue_name: str, count: int) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext(NO_SPAN)
+
+    def process(self, delivery: Any, worker: str) -> Any:
+        return NO_PROCESS
+
+    def batch(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+_tracer: list[Tracer] = [_Untraced()]
 
 
 def install_tracer(tracer: Tracer) -> None:
@@ -249,15 +300,16 @@ def install_tracer(tracer: Tracer) -> None:
     _tracer[:] = [tracer]
 
 
+def tracer() -> Tracer:
+    """The installed tracer: the runtime's spans (``tracer().send_span(queue, n)``, ...)."""
+    return _tracer[0]
+
+
 def span(name: str, **attributes: Any) -> AbstractContextManager[None]:
     """Around a ledger-wide operation: ``sweep`` or an operator action (its reason)."""
-    if not _tracer:
-        return contextlib.nullcontext()
     return _tracer[0].operation(name, **attributes)
 
 
 def settle_span(batch: Sequence[Completion]) -> AbstractContextManager[None]:
     """Around recording a batch of outcomes (one transaction)."""
-    if not _tracer:
-        return contextlib.nullcontext()
     return _tracer[0].settle_span(batch)

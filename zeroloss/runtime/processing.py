@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from ..integrations import telemetry
 from ..ledger import events
 from ..ledger.types import Completion, Lease, Verdict
 from ..ledger.validation import MAX_ERROR_LENGTH, canonical_json, clean_text
@@ -226,10 +225,10 @@ def _started(delivery: Delivery, worker: str) -> Any:
     if events.wanted(events.Started):
         events.publish(None, [events.Started(delivery, worker)])
     try:
-        return telemetry.process(delivery, worker)
+        return events.tracer().process(delivery, worker)
     except Exception:  # a broken tracer or exporter must not cost the message its run
         logger.exception("zeroloss: telemetry failed at a handler's start")
-        return telemetry.NO_PROCESS
+        return events.NO_PROCESS
 
 
 def _ended(handle: Any, run: HandlerRun, exc: BaseException | None = None) -> HandlerRun:

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.signals import setting_changed
 
+from ...ledger.events import NO_PROCESS, NO_SPAN
+
 if TYPE_CHECKING:
     from ...ledger.types import Completion, Lease
     from ...runtime.delivery import Delivery
@@ -101,29 +103,16 @@ def active() -> bool:
 # --- producer -------------------------------------------------------------------------------
 
 
-class _NoSpan:
-    """The send span when tracing is off: headers pass through unchanged."""
-
-    def headers(self, headers: Any) -> Any:
-        return headers
-
-    def stored(self, messages: Sequence[Any]) -> None:
-        pass
-
-
-_NO_SPAN = _NoSpan()
-
-
 @contextlib.contextmanager
 def send_span(queue_name: str, count: int) -> Iterator[Any]:
     """Around one ``send``/``send_many``: a PRODUCER span whose context ``.headers(h)`` adds to
     the message's headers (``traceparent``/``tracestate``)."""
     tracing = backends().tracing
     if tracing is None:
-        yield _NO_SPAN
+        yield NO_SPAN
         return
     with tracing.send_span(queue_name, count) as span:
-        yield _NO_SPAN if span is None else span
+        yield NO_SPAN if span is None else span
 
 
 def sent(queue_names: Sequence[str]) -> None:
@@ -146,14 +135,6 @@ def claimed(queue_name: str, leases: Sequence[Lease]) -> None:
     """A claim of ``queue_name`` returned ``leases`` (the claim batch size histogram)."""
     for meter in backends().meters:
         meter.claimed(queue_name, len(leases))
-
-
-class _NoProcess:
-    def end(self, ok: bool, seconds: float, exc: BaseException | None = None) -> None:
-        pass
-
-
-NO_PROCESS = _NoProcess()
 
 
 def process(delivery: Delivery, worker: str) -> Any:

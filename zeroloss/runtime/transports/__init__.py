@@ -21,7 +21,6 @@ from typing import Any, Protocol
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS
 
-from ...integrations import telemetry
 from ...ledger import events
 from ...ledger.models import Message
 from ...ledger.service import ZeroLossMessageService
@@ -176,7 +175,7 @@ def send(
     _check_transaction(alias)
     service = ZeroLossMessageService(using=alias)
     get_transport(service).before_send(service)
-    with telemetry.send_span(queue_name, 1) as span:  # PRODUCER: its context goes into the headers
+    with events.tracer().send_span(queue_name, 1) as span:  # PRODUCER: its context goes into the headers
         message = service.persist_message(
             message_id or uuid.uuid4().hex,
             queue_name,
@@ -224,7 +223,7 @@ def send_many(
         raise InvalidMessage(
             f"send_many got {len(ids)} message ids for {len(data)} payloads; nothing was stored."
         )
-    with telemetry.send_span(queue_name, len(data)) as span:  # one PRODUCER span for the batch
+    with events.tracer().send_span(queue_name, len(data)) as span:  # one PRODUCER span for the batch
         service, messages = _send_many(
             queue_name, data, ids, headers, span, using, max_attempts, delay, priority, ordering_key
         )

@@ -17,7 +17,7 @@ from typing import Protocol
 from django.db import connections, transaction
 
 from ...core.outage import COMMIT_STALL_S, Backoff, OutageMonitor
-from ...integrations import telemetry
+from ...ledger import events
 from ...ledger.service import ZeroLossMessageService
 from ...ledger.types import Completion, CompletionReport, Lease, Verdict
 from ..handlers import HandlerSpec, get_handler
@@ -214,7 +214,7 @@ class ClaimLoop:
             # From when the claim statement ran, not from before it waited for a lock.
             claimed_at = max(claimed_at, self.service.leases.claimed_from)
             worker.keeper.hold(leases, self.batch, claimed_at=claimed_at, time_limit=spec.time_limit)
-            with telemetry.batch():  # the batch's per-message metrics recorded once, at its end
+            with events.tracer().batch():  # the batch's per-message metrics recorded once, at its end
                 if spec.transactional:
                     self._run_transactional(spec, self.paces[queue])
                 else:
