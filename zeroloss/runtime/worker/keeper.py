@@ -232,7 +232,7 @@ class LeaseKeeper(AbortWatch, HandlerStops):
                         continue
                     if not h.timed_out:
                         h.timed_out = True
-                        # A thread cannot be stopped: letting the lease go is the hard limit.
+                        # The hard limit lets the lease go; once it has run out, stops.py stops the run.
                         logger.warning(
                             "%s: its handler has run longer than its hard time limit (%gs: time_limit, "
                             "else HANDLER_TIMEOUT); its lease is left to expire, the message goes to "
