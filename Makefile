@@ -11,7 +11,7 @@
 #   make test PYTHON=python3.12 DJANGO='Django>=6.0,<6.2' VENV=.venv-dj6
 # PSYCOPG=2 builds the environment with psycopg2 instead of psycopg 3 (Django picks psycopg 3
 # whenever both are installed, so that environment has only psycopg2):
-#   make test VENV=.venv-pg2 PSYCOPG=2 TEST_ARGS='--only postgres --skip-lint tests/test_psycopg2.py'
+#   make test VENV=.venv-pg2 PSYCOPG=2 TEST_ARGS='--only postgres --skip-lint tests/ledger/test_psycopg2.py'
 
 PYTHON ?= python3
 VENV ?= .venv

@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_replication [--count 2000] [--batch 100]
 
-Starts its own throwaway primary and standby (``tests/pgcluster.py``: PostgreSQL 15 server
+Starts its own throwaway primary and standby (``tests/infra/pgcluster.py``: PostgreSQL 15 server
 binaries, run as the ``postgres`` OS user when started as root, fsync on, loopback only),
 migrates the primary, then persists messages one at a time and in batches with
 ``PERSISTENCE_LEVEL = "durable"`` and ``"replicated"`` (``REPLICATION_FACTOR = 2``), and
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.pgcluster import PgCluster  # noqa: E402
+from tests.infra.pgcluster import PgCluster  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -188,7 +188,7 @@ def measure(vendor: str, args: tuple[str, ...], seconds: float, server: str, nam
 
 
 def run(seconds: float, db_name: str = "zeroloss_bench") -> list[dict[str, Any]]:
-    """Every row; PostgreSQL's on a private server started for the run (``tests/pgcluster.py``):
+    """Every row; PostgreSQL's on a private server started for the run (``tests/infra/pgcluster.py``):
     on a shared one, other databases' notifications reach every listener (see the module doc)."""
     from .retention import private_server
 

@@ -28,7 +28,7 @@ from .retention import private_server, wal_bytes, wal_lsn
 def waldump_stats(waldir: str, start: str, end: str) -> dict[str, dict[str, int]]:
     """``pg_waldump --stats=record`` between two LSNs: per record type, its count, record bytes
     and full-page image bytes. Called inside ``private_server``, which put the checkout on the path."""
-    from tests.pgcluster import find_bin
+    from tests.infra.pgcluster import find_bin
 
     out = subprocess.run(
         [str(find_bin() / "pg_waldump"), "-p", waldir, "-s", start, "-e", end, "--stats=record"],

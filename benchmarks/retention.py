@@ -3,7 +3,7 @@
 ``python -m benchmarks.retention [--rows N] [--scratch-rows N] [--only real|scratch]`` (or
 ``python -m benchmarks --only retention``, which runs the same with the suite's sizes).
 
-Everything runs on a private PostgreSQL server started for the run (``tests/pgcluster.py``,
+Everything runs on a private PostgreSQL server started for the run (``tests/infra/pgcluster.py``,
 ``shared_buffers`` 128MB like the machine's server, ``fsync`` on), so the WAL measured
 (``pg_current_wal_lsn()`` before and after) is this benchmark's alone, and the purge does not
 slow the machine's other users. It is stopped and removed at the end.
@@ -85,7 +85,7 @@ def private_server(dbname: str = DB_NAME, **settings: str) -> Iterator[str]:
     """A private PostgreSQL with the machine server's memory settings (and ``settings``, e.g.
     ``autovacuum="off"``); yields the database URL."""
     sys.path.insert(0, str(ROOT))
-    from tests.pgcluster import PgCluster
+    from tests.infra.pgcluster import PgCluster
 
     cluster = PgCluster(dbname=dbname, max_connections=40)
     try:

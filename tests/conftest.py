@@ -21,8 +21,9 @@ from zeroloss.ledger.service import ZeroLossMessageService
 ROOT = Path(__file__).resolve().parent.parent
 
 # -- test tiers --------------------------------------------------------------------------------
-#: What each tier may use. Every test file has exactly one tier, in :data:`TIERS`; a single test
-#: that needs more than its file's tier carries that tier's marker itself (``@pytest.mark.process``).
+#: What each tier may use. Every test file sits in the folder of its tier (``tests/ledger/``, ...); a
+#: single test that needs more than its file's tier carries that tier's marker itself
+#: (``@pytest.mark.process``).
 TIER_DOCS = {
     "unit": "no database, no OS process",
     "ledger": "one database, threads at most, no OS process",
@@ -36,106 +37,15 @@ TIER_DOCS = {
 #: is unit + ledger.
 DJANGO_TIERS = ("unit", "ledger", "browser")
 FAST_TIERS = ("unit", "ledger")
-TIERS: dict[str, str] = {
-    "test_abort_processes.py": "process",
-    "test_admin.py": "ledger",
-    "test_admin_actions.py": "ledger",
-    "test_admin_browser.py": "browser",
-    "test_admin_queues.py": "ledger",
-    "test_admin_cache.py": "ledger",
-    "test_admin_keys.py": "ledger",
-    "test_admin_readonly.py": "ledger",
-    "test_admin_search.py": "ledger",
-    "test_async_handlers.py": "ledger",
-    "test_batching.py": "ledger",
-    "test_benchmarks.py": "process",
-    "test_broker_faults.py": "chaos",
-    "test_bulk_send.py": "ledger",
-    "test_cancel.py": "ledger",
-    "test_cancel_admin.py": "ledger",
-    "test_celery_traps.py": "process",
-    "test_checks.py": "ledger",
-    "test_checks_postgres.py": "ledger",
-    "test_claim_cursor.py": "ledger",
-    "test_code_shape.py": "unit",
-    "test_declared_queues.py": "ledger",
-    "test_demo.py": "process",
-    "test_deprecated_names.py": "ledger",
-    "test_doc_claims.py": "docs",
-    "test_doc_pages.py": "unit",
-    "test_docs.py": "docs",
-    "test_everyday_ops.py": "ledger",
-    "test_failover.py": "chaos",
-    "test_faults.py": "chaos",
-    "test_fencing_guards.py": "ledger",
-    "test_headers.py": "ledger",
-    "test_hostile_inputs.py": "ledger",
-    "test_idle.py": "process",
-    "test_import_cycles.py": "unit",
-    "test_infra_fixtures.py": "chaos",
-    "test_install_docs.py": "docs",
-    "test_keys.py": "ledger",
-    "test_lease_bounds.py": "ledger",
-    "test_lease_model.py": "process",
-    "test_logging.py": "ledger",
-    "test_storage_full.py": "ledger",
-    "test_ops_bench_snapshot.py": "process",
-    "test_ops_commands.py": "ledger",
-    "test_ops_compat.py": "ledger",
-    "test_ops_faults.py": "chaos",
-    "test_ops_health.py": "ledger",
-    "test_ops_metrics.py": "ledger",
-    "test_ops_snapshot.py": "ledger",
-    "test_ops_verify.py": "ledger",
-    "test_ordering.py": "ledger",
-    "test_claim_plan.py": "ledger",
-    "test_partitions.py": "ledger",
-    "test_retention.py": "ledger",
-    "test_conversion.py": "process",
-    "test_ordering_processes.py": "process",
-    "test_packaging.py": "process",
-    "test_payload_encoding.py": "ledger",
-    "test_pgbouncer.py": "chaos",
-    "test_process_pool.py": "process",
-    "test_retry_policy.py": "ledger",
-    "test_retry_policy_processes.py": "process",
-    "test_processes.py": "process",
-    "test_processing.py": "ledger",
-    "test_production_docs.py": "docs",
-    "test_psycopg2.py": "ledger",
-    "test_queue_command.py": "ledger",
-    "test_queue_control.py": "ledger",
-    "test_queue_control_race.py": "ledger",
-    "test_queue_limits_processes.py": "process",
-    "test_replication.py": "process",
-    "test_replication_local.py": "ledger",
-    "test_schedules.py": "ledger",
-    "test_schedules_admin.py": "ledger",
-    "test_schedules_browser.py": "browser",
-    "test_schedules_failover.py": "chaos",
-    "test_schedules_processes.py": "process",
-    "test_send_faults.py": "chaos",
-    "test_service.py": "ledger",
-    "test_several_ledgers.py": "process",
-    "test_events.py": "ledger",
-    "test_signals.py": "ledger",
-    "test_state_machine.py": "ledger",
-    "test_sweep_command.py": "process",
-    "test_tasks_backend.py": "ledger",
-    "test_tasks_checks.py": "unit",
-    "test_tasks_contract.py": "ledger",
-    "test_tasks_processes.py": "process",
-    "test_telemetry.py": "ledger",
-    "test_telemetry_processes.py": "process",
-    "test_testing_helpers.py": "ledger",
-    "test_tiers.py": "unit",
-    "test_time_limits.py": "ledger",
-    "test_translations.py": "ledger",
-    "test_translations_control.py": "ledger",
-    "test_transport.py": "process",
-    "test_worker_routing.py": "process",
-    "test_worker_supervisor.py": "ledger",
-}
+HERE = Path(__file__).resolve().parent
+
+
+def tier_of(path: Path) -> str | None:
+    """A test file's tier: the folder it sits in (``tests/<tier>/test_x.py``)."""
+    folder = path.resolve().parent
+    return folder.name if folder.parent == HERE and folder.name in TIER_DOCS else None
+
+
 _TIER = pytest.StashKey[str]()
 
 
@@ -187,14 +97,14 @@ _DB_FIXTURES = {"db", "transactional_db", "live_server", "django_db_setup", "ser
 def _how_to_tier(name: str) -> str:
     tiers = "\n".join(f"    {tier}: {what}" for tier, what in TIER_DOCS.items())
     return (
-        f"{name} has no test tier: add it to TIERS in tests/conftest.py, e.g. "
-        f'"{name}": "ledger", with the lightest tier that holds every one of its tests:\n{tiers}\n'
+        f"{name} has no test tier: move it to the folder of the lightest tier that holds every one "
+        f"of its tests, e.g. tests/ledger/{name}:\n{tiers}\n"
         "(one test that needs more carries that tier's marker itself, e.g. @pytest.mark.process)."
     )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give every test its tier (its own tier marker, else its file's from :data:`TIERS`), mark the
+    """Give every test its tier (its own tier marker, else its file's folder), mark the
     tiers outside :data:`DJANGO_TIERS` ``once``, and refuse an untiered file or a unit test that
     asks for a database."""
     problems: dict[str, str] = {}
@@ -206,19 +116,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"{item.nodeid} has several tier markers ({', '.join(sorted(own))}): keep one"
             )
             continue
-        tier = own.pop() if own else TIERS.get(name)
+        tier = own.pop() if own else tier_of(item.path)
         if tier is None:
             problems[name] = _how_to_tier(name)
-            continue
-        if tier not in TIER_DOCS:
-            problems[name] = f"TIERS gives {name} the unknown tier {tier!r}: one of {', '.join(TIER_DOCS)}"
             continue
         if tier == "unit" and (
             item.get_closest_marker("django_db") or _DB_FIXTURES & set(getattr(item, "fixturenames", ()))
         ):
             problems[item.nodeid] = (
                 f"{item.nodeid} uses a database but its tier is unit: mark it @pytest.mark.ledger "
-                "(or give its file the ledger tier in TIERS, tests/conftest.py)"
+                "(or move its file to tests/ledger/)"
             )
             continue
         item.stash[_TIER] = tier
@@ -269,7 +176,7 @@ def _no_process_below_the_process_tier(
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError(
             f"{request.node.nodeid} (tier {tier}) started an OS process: mark it @pytest.mark.process, "
-            "or give its file the process tier in TIERS (tests/conftest.py)"
+            "or move its file to tests/process/"
         )
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
@@ -297,14 +204,14 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 class Children:
-    """Real OS processes running ``tests/child.py``; every one is killed at teardown."""
+    """Real OS processes running ``tests/infra/child.py``; every one is killed at teardown."""
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[str]] = []
 
     def spawn(self, role: str, args: dict[str, Any] | None = None, **env: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.child", role, json.dumps(args or {})],
+            [sys.executable, "-m", "tests.infra.child", role, json.dumps(args or {})],
             cwd=ROOT,
             env=child_env(**env),
             stdout=subprocess.PIPE,

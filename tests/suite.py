@@ -75,7 +75,7 @@ class PrivateServices:
 
     def start_postgres(self) -> str:
         try:
-            from tests.pgcluster import ClusterError, PgCluster
+            from tests.infra.pgcluster import ClusterError, PgCluster
         except ImportError as exc:  # psycopg missing: the install step failed
             raise RuntimeError(f"cannot start a private PostgreSQL: {exc}") from exc
         try:
@@ -87,7 +87,7 @@ class PrivateServices:
                 raise RuntimeError("pip install pgserver failed") from None
             import importlib
 
-            import tests.pgcluster as pgcluster
+            import tests.infra.pgcluster as pgcluster
 
             importlib.reload(pgcluster)
             cluster = pgcluster.PgCluster(dbname="zeroloss", max_connections=200)
@@ -108,7 +108,7 @@ class PrivateServices:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)")
-        from tests.pgcluster import free_port
+        from tests.infra.pgcluster import free_port
         from tests.support.waiting import wait_until
 
         port = free_port()
@@ -311,7 +311,7 @@ def _tests(
         env.setdefault("ZEROLOSS_VAR_DIR", str(ROOT / "var" / "test-sqlite"))
         passes.append(("pytest sqlite", [*pytest, "-m", f"not postgres_only{once}"], env))
     for index, (_, _, env) in enumerate(passes):
-        # tests/pgcluster.py's free_port(): each pass its own 1000 ports below 32768
+        # tests/infra/pgcluster.py's free_port(): each pass its own 1000 ports below 32768
         env.setdefault("ZEROLOSS_TEST_PORTS", f"{21000 + 1000 * index}-{21999 + 1000 * index}")
     if len(passes) > 1 and not args.serial:
         results.update(_run_side_by_side(passes))

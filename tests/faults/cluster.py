@@ -1,6 +1,6 @@
 """The servers the fault suite starts, owns and breaks: a private PostgreSQL and a private Redis.
 
-:class:`FaultCluster` is :class:`tests.pgcluster.PgCluster` (initdb into a temporary directory,
+:class:`FaultCluster` is :class:`tests.infra.pgcluster.PgCluster` (initdb into a temporary directory,
 run as the ``postgres`` user, on a free loopback port) plus the faults: ``pg_ctl restart`` in
 ``immediate`` or ``fast`` mode, timed to the first accepted connection afterwards, and
 ``pg_terminate_backend`` of every session of a database. :class:`RedisServer` is a
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from tests.pgcluster import ClusterError, PgCluster, free_port
+from tests.infra.pgcluster import ClusterError, PgCluster, free_port
 from tests.support.waiting import pause, wait_until
 
 from .zeroloss_handlers import EFFECT_TABLE

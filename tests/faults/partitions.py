@@ -1,6 +1,6 @@
 """Partitions and dead hosts: a worker cut off from PostgreSQL by the network, with default settings.
 
-Everything runs in Linux network namespaces (:mod:`tests.netns`): the private
+Everything runs in Linux network namespaces (:mod:`tests.infra.netns`): the private
 PostgreSQL cluster in a "database host" namespace, listening on its loopback and on the veth
 addresses; each scenario's cut-off ``zeroloss_worker`` in a "worker host" namespace of its
 own, connected over its veth pair; a healthy ``zeroloss_worker`` beside PostgreSQL (over the
@@ -46,7 +46,7 @@ from urllib.parse import quote
 
 import psycopg
 
-from tests.netns import SUBNET_PREFIX, Link, NetnsLab
+from tests.infra.netns import SUBNET_PREFIX, Link, NetnsLab
 from tests.support.waiting import pause, wait_until
 
 from .checker import Checker, Findings, read_runs

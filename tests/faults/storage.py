@@ -347,7 +347,7 @@ def _prepare_template_from_dump(cluster: FaultCluster) -> None:
 
 
 def _pg_bin() -> Path:
-    from tests.pgcluster import BIN
+    from tests.infra.pgcluster import BIN
 
     return BIN
 
@@ -740,7 +740,7 @@ def _judge(run: StorageRun, sweep_exit: int, drained: bool) -> None:
     raw = sorted(e for e in run.refused_errors if e.endswith("!storage") and not e.startswith("caller:"))
     if raw:
         p.append(f"send() raised a raw error for a full disk, not StorageFull: {raw}")
-    # (On SQLite the refusals come at the caller's COMMIT, Django's: tests/test_storage_full.py.)
+    # (On SQLite the refusals come at the caller's COMMIT, Django's: tests/ledger/test_storage_full.py.)
     if run.scenario == "disk-full" and not run.refused_errors["zeroloss.exceptions.StorageFull"]:
         p.append(f"no send() was refused with StorageFull during the full disk: {dict(run.refused_errors)}")
     if run.max_refusal_s > SEND_REFUSAL_BOUND_S:

@@ -59,7 +59,7 @@
  *     keeper_forgets      the keeper takes an unstarted message out of its batch before its
  *                         release statement, which fails, and renews it for ever (P5).
  *
- * Run (tests/test_lease_model.py runs each configuration and each mutant):
+ * Run (tests/process/test_lease_model.py runs each configuration and each mutant):
  *   spin -DW=2 -a lease.pml && gcc -O2 -DNFAIR=3 -o pan pan.c
  *   ZL_KINDS=0 ZL_CUTS=0 ./pan -N safety               safety (assertions P1-P4)
  *   ZL_KINDS=2 ZL_CUTS=0 ./pan -a -f -N terminal       liveness under weak fairness (P5)

@@ -4,7 +4,7 @@ Leases are decided by the database clock, so a test never waits for one to run o
 the lease's expiry into the past with :func:`expire_leases`, exactly as time would.
 
 The models are imported inside the helpers: ``tests.support.debian`` is imported by fixtures
-that also run outside Django (``python -m tests.hacluster``, the fault suite).
+that also run outside Django (``python -m tests.infra.hacluster``, the fault suite).
 """
 
 from __future__ import annotations

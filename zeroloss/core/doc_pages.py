@@ -1,7 +1,7 @@
 """Where an error or a check's hint sends its reader: a page of the zeroloss documentation named
 by its place in the site's navigation (mkdocs.yml), never by a path in the repository, which a
 project that installed the package does not have. The hint itself states the fix; the page is
-where the why is. tests/test_doc_pages.py holds each title to the navigation.
+where the why is. tests/unit/test_doc_pages.py holds each title to the navigation.
 """
 
 from __future__ import annotations

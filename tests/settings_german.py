@@ -1,6 +1,0 @@
-"""The example project's settings with ``LANGUAGE_CODE = "de"`` (tests/test_translations.py: the
-real command line speaks the language its settings name)."""
-
-from project.settings import *  # noqa: F403
-
-LANGUAGE_CODE = "de"

@@ -1,7 +1,0 @@
-"""Handlers with time limits for the process-pool tests (tests/test_process_pool.py).
-
-A Django app installed only in the worker processes those tests start
-(``ZEROLOSS_EXTRA_APPS=tests.timelimits_app``), so that zeroloss autodiscovers its handlers;
-the tests import :mod:`.zeroloss_handlers` themselves to send to the same queues. No models:
-each run writes a ``project.demo`` ``HandledRecord`` whose ``worker`` says what happened.
-"""
