@@ -122,22 +122,19 @@ class TestStatus:
         r = run("zeroloss_status")
         assert r.code == 0
         lines = r.out.splitlines()
-        assert lines[0].split() == [
-            "queue",
-            "pending",
-            "processing",
-            "completed",
-            "dead",
-            "cancelled",
-            "stuck",
-            "oldest",
-            "pending",
-        ]
-        rows = {line.split()[0]: line.split()[1:7] for line in lines[2:5]}
-        assert rows == {
-            "emails": ["4", "2", "0", "0", "0", "2"],
-            "sms": ["0", "0", "1", "1", "0", "0"],
-            "(all)": ["4", "2", "1", "1", "0", "2"],
+        # A column per status, in Status's order, then the stuck leases and the oldest pending age.
+        assert lines[0].split() == ["queue", *Status.values, "stuck", "oldest", "pending"]
+        width = len(Status.values) + 1
+        rows = {
+            line.split()[0]: dict(zip([*Status.values, "stuck"], line.split()[1:], strict=False))
+            for line in lines[2:5]
+        }
+        shown = {name: {k: int(v) for k, v in row.items()} for name, row in rows.items()}
+        assert all(len(row) == width for row in rows.values()), rows
+        assert shown == {
+            "emails": NONE | {"pending": 4, "processing": 2, "stuck": 2},
+            "sms": NONE | {"completed": 1, "dead": 1, "stuck": 0},
+            "(all)": NONE | {"pending": 4, "processing": 2, "completed": 1, "dead": 1, "stuck": 2},
         }
         assert "replication: met" in r.out
         assert "nodes: 0 live, 0 down" in r.out
