@@ -49,6 +49,12 @@ def test_full_jitter_draws_each_delay_from_zero_to_the_exponential_bound():
 
 
 @pytest.mark.parametrize("jitter", [True, False])
+def test_a_retry_backoff_override_keeps_its_jitter(jitter):
+    service = ZeroLossMessageService(retry_backoff=RetryBackoff(BASE=5, MAX=60, JITTER=jitter))
+    assert RetryBackoff(BASE=5, MAX=60, JITTER=jitter) == service.settings.RETRY_BACKOFF
+
+
+@pytest.mark.parametrize("jitter", [True, False])
 def test_one_incidents_failures_do_not_retry_in_lockstep(jitter):
     service = ZeroLossMessageService(retry_backoff={"BASE": 100, "MAX": 100, "JITTER": jitter})
     ids = [f"m{i}" for i in range(50)]

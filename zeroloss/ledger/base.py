@@ -133,7 +133,7 @@ class LedgerContext:
             raw = dict(getattr(django_settings, "ZEROLOSS", None) or {})
             for name, value in overrides.items():
                 if isinstance(value, RetryBackoff):
-                    value = {"BASE": value.BASE, "MAX": value.MAX}
+                    value = {"BASE": value.BASE, "MAX": value.MAX, "JITTER": value.JITTER}
                 raw[name.upper()] = value
             self.settings = conf.parse_settings(raw)
         else:
