@@ -285,7 +285,7 @@ class LedgerContext:
 
     def database_now(self) -> dt.datetime:
         """The database clock, which decides every lease."""
-        rows, _ = self.run("NOW", [], prepare=True)
+        rows, _ = self.run("NOW", {}, prepare=True)
         return self.engine.at(rows[0][0])
 
 

@@ -346,7 +346,7 @@ def _staged(
     if not rows:
         return {}, None
     # One statement, one clock reading: every row it stored has the same times.
-    return {mid: pk for pk, mid in rows}, engine.at(store.ctx.run("CREATED_AT", [rows[0][0]])[0][0][0])
+    return {mid: pk for pk, mid in rows}, engine.at(store.ctx.run("CREATED_AT", {"id": rows[0][0]})[0][0][0])
 
 
 def _read_existing(store: Store, message_ids: list[str]) -> dict[str, Message]:

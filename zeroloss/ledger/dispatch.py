@@ -23,7 +23,11 @@ class Dispatch(Part):
         validate_count(limit, "limit")
         rows, _ = self._run(
             "DISPATCH_CANDIDATES",
-            [-seconds(grace, "grace"), -self.settings.REDISPATCH_AFTER, limit],
+            {
+                "grace": -seconds(grace, "grace"),
+                "redispatch": -self.settings.REDISPATCH_AFTER,
+                "limit": limit,
+            },
         )
         return [(r[0], r[1], 0.0) for r in rows]
 
@@ -36,5 +40,5 @@ class Dispatch(Part):
         ids = list(message_ids)
         count = 0
         for start in range(0, len(ids), CHUNK):
-            count += self._run(name, self._rows(name, ids[start : start + CHUNK]))[1]
+            count += self._run(name, {"mid": self.engine.column(ids[start : start + CHUNK])})[1]
         return count

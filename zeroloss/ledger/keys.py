@@ -34,16 +34,18 @@ class Keys(Part):
         """
         validate_count(limit, "limit")
         if queue is None:
-            rows, _ = self._run("BLOCKED_KEYS", [limit])
+            rows, _ = self._run("BLOCKED_KEYS", {"limit": limit})
         else:
-            rows, _ = self._run("BLOCKED_KEYS_OF_QUEUE", [validate_queue_name(queue), limit])
+            rows, _ = self._run(
+                "BLOCKED_KEYS_OF_QUEUE", {"queue": validate_queue_name(queue), "limit": limit}
+            )
         return [self._key_head(row) for row in rows]
 
     def key_head(self, queue: str, key: str) -> KeyHead | None:
         """The head of one ordering key, blocked or not; ``None`` if the key has no live message."""
         queue = validate_queue_name(queue)
         key = validate_message_id(key, "ordering_key")
-        rows, _ = self._run("KEY_HEAD", [queue, key, queue, key])
+        rows, _ = self._run("KEY_HEAD", {"queue": queue, "key": key})
         head = self._key_head(rows[0])
         return None if head.message_id is None and not head.waiting else head
 
@@ -110,7 +112,7 @@ class Keys(Part):
         key = validate_message_id(key, "ordering_key")
         if message_id is not None:
             validate_message_id(message_id)
-        rows, _ = self._run("KEY_HEAD_LOCK", [queue, key])
+        rows, _ = self._run("KEY_HEAD_LOCK", {"queue": queue, "key": key})
         if not rows or (message_id is not None and rows[0][0] != message_id):
             return None
         return rows[0][0], rows[0][1]

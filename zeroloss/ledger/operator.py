@@ -201,7 +201,7 @@ class Operator(Part):
         if status == Status.COMPLETED and queue_name is None and limit is None:
             purged += self._drop_expired_periods(age, actor)
         purged += self._purge_rows(status, age, queue_name, (), batch_size, actor, limit)
-        self._run("DEDUP_PURGE", [])
+        self._run("DEDUP_PURGE", {})
         return purged
 
     def _purge_rows(
@@ -353,7 +353,7 @@ class Operator(Part):
                     removed[status] += self._purge_rows(
                         status, age, queue, (), batch_size, actor, None, deadline
                     )
-        self._run("DEDUP_PURGE", [])
+        self._run("DEDUP_PURGE", {})
         return removed
 
     def cleanup_completed_messages(self, older_than: float | dt.timedelta | None = None) -> int:

@@ -141,16 +141,22 @@ class Store(Part):
                 self.confirm_replicated([message])
             return message
         with transaction.atomic(using=self.using):
-            claimed, _ = self._run("DEDUP_CLAIM", [prepared.queue_name, dedup, prepared.message_id, window])
+            window_of = {
+                "queue": prepared.queue_name,
+                "dedup_key": dedup,
+                "mid": prepared.message_id,
+                "window": window,
+            }
+            claimed, _ = self._run("DEDUP_CLAIM", window_of)
             if not claimed:
-                holder = self._run("DEDUP_HOLDER", [prepared.queue_name, dedup])[0][0][0]
+                holder = self._run("DEDUP_HOLDER", window_of)[0][0][0]
                 first = Message.objects.using(self.using).filter(message_id=holder).first()
                 if first is not None and holder != prepared.message_id:
                     detail = clean_text(f"send of {prepared.message_id!r} absorbed by dedup key {dedup!r}")
-                    self._run("ABSORBED", [actor, detail, holder])
+                    self._run("ABSORBED", {"actor": actor, "detail": detail, "mid": holder})
                     return first
                 if first is None:  # the first message was purged: this one takes the window over
-                    self._run("DEDUP_TAKE_OVER", [prepared.message_id, window, prepared.queue_name, dedup])
+                    self._run("DEDUP_TAKE_OVER", window_of)
             result = self._store([prepared], delay_s, actor, dispatched)
         self.confirm_replicated(result)
         return result[0]
@@ -262,7 +268,7 @@ class Store(Part):
             if not rows:
                 continue
             # One statement, one clock reading: every row it stored has the same times.
-            created = engine.at(self._run("CREATED_AT", [rows[0][0]])[0][0][0])
+            created = engine.at(self._run("CREATED_AT", {"id": rows[0][0]})[0][0][0])
             later = created + dt.timedelta(seconds=delay_s)
             key_of = {p.message_id: p.ordering_key for p in chunk}
             stored.update({mid: (pk, created, None if key_of[mid] else later) for pk, mid in rows})
@@ -366,7 +372,7 @@ class Store(Part):
         found: dict[str, Message] = {}
         sql = self.engine.sql["STORED_ROWS"]
         for start in range(0, len(message_ids), _MANY_CHUNK):
-            params = self._rows("STORED_ROWS", message_ids[start : start + _MANY_CHUNK])
+            params = {"mid": self.engine.column(message_ids[start : start + _MANY_CHUNK])}
             found.update((m.message_id, m) for m in Message.objects.using(self.using).raw(sql, params))
         return found
 

@@ -33,6 +33,8 @@ WHOLE: tuple[Catalogue, ...] = (
     statements_control.CATALOGUE,
     statements_leases.OUTCOMES,
     statements_leases.LEASES,
+    Catalogue("sql/persist.sql"),
+    Catalogue("sql/keys.sql"),
 )
 
 INSERT_COLUMNS = (
@@ -143,25 +145,6 @@ KEY_FIRST: dict[str, tuple[str, str]] = {
 }
 COPY_KEYS = "COPY {key} (message_id, created_at) FROM STDIN"
 
-# A deduplication window: claimed when new or expired; otherwise it names the first message.
-DEDUP_CLAIM = (
-    "INSERT INTO {dedup} (queue_name, dedup_key, message_id, expires_at, created_at) "
-    "VALUES (%s, %s, %s, {after}, {now}) ON CONFLICT (queue_name, dedup_key) DO UPDATE SET "
-    "message_id = excluded.message_id, expires_at = excluded.expires_at, created_at = excluded.created_at "
-    "WHERE {dedup}.expires_at <= {now} RETURNING message_id"
-)
-DEDUP_HOLDER = "SELECT message_id FROM {dedup} WHERE queue_name = %s AND dedup_key = %s"
-DEDUP_TAKE_OVER = (
-    "UPDATE {dedup} SET message_id = %s, expires_at = {after}, created_at = {now} "
-    "WHERE queue_name = %s AND dedup_key = %s"
-)
-DEDUP_PURGE = "DELETE FROM {dedup} WHERE expires_at < {now}"
-# An annotation, not a transition: the status is repeated (see states.ANNOTATIONS).
-ABSORBED = (
-    "INSERT INTO {evt} (" + _AUDIT_COLUMNS + ") "
-    "SELECT id, status, status, 'duplicate_absorbed', %s, attempts, %s, {now}, created_at FROM {msg} "
-    "WHERE message_id = %s"
-)
 
 # -- ordering keys ----------------------------------------------------------------------
 
@@ -233,93 +216,11 @@ PROMOTE_FINISHED = (
     "pr AS (UPDATE {msg} SET available_at = {now}, updated_at = {now} WHERE id IN (SELECT message_pk FROM hn) "
     "RETURNING message_id{notify})"
 )
-# The sweep's repair of a key whose head row outlived its head (its status changed outside the
-# ledger's statements): the keys' rows locked first, then, in a statement whose snapshot is
-# taken after the locks were granted (so that it sees every promotion that committed before),
-# those naming no head deleted, so that a promotion can take them.
-_HEAD_ROWS_OF = "queue_name || ' ' || ordering_key IN (SELECT b.q || ' ' || b.k FROM {rows})"
-HEAD_LOCK = "SELECT id FROM {head} WHERE " + _HEAD_ROWS_OF + "{lock_row}"
-HEAD_STALE = (
-    "DELETE FROM {head} WHERE " + _HEAD_ROWS_OF + " AND NOT EXISTS (SELECT 1 FROM {msg} m WHERE "
-    "m.id = {head}.message_pk AND " + head_of_key("m.") + ")"
-)
-# The sweep's safety net: keys whose head finished while no promotion could see their next
-# message (a process died between commit and promotion). Waiting rows younger than %s
-# seconds are left to their own sender's promotion.
-REPAIR_KEYS = (
-    "SELECT DISTINCT w.queue_name, w.ordering_key FROM {msg} w WHERE w.status = 'pending' "
-    "AND w.available_at IS NULL AND w.updated_at < {after} AND NOT EXISTS (SELECT 1 FROM {msg} h "
-    "WHERE h.queue_name = w.queue_name AND h.ordering_key = w.ordering_key AND "
-    + head_of_key("h.")
-    + ") LIMIT %s"
-)
-
-# What blocks a key: for each (queue, key) with messages waiting behind a head, that head (if it
-# has one) and the database clock. Read from the waiting index, then one probe of the one-head
-# index per key. Blocked: the head is processing, backing off before a retry, or missing.
-_KEY_COLUMNS = (
-    "SELECT w.queue_name, w.ordering_key, w.waiting, w.waiting_since, h.message_id, h.status, h.attempts, "
-    "h.max_attempts, h.claimed_by, h.started_at, h.updated_at, h.available_at, h.lease_expires_at, "
-    "h.last_error, {now} FROM "
-)
-_KEY_HEAD_JOIN = (
-    " LEFT JOIN {msg} h ON h.queue_name = w.queue_name AND h.ordering_key = w.ordering_key AND "
-    + head_of_key("h.")
-)
-_WAITING_KEYS = (
-    "(SELECT queue_name, ordering_key, count(*) AS waiting, min(updated_at) AS waiting_since FROM {msg} "
-    "WHERE status = 'pending' AND available_at IS NULL"
-)
-_BLOCKED = (
-    " WHERE h.id IS NULL OR h.status = 'processing' OR h.available_at > {now} "
-    "ORDER BY COALESCE(CASE WHEN h.status = 'processing' THEN h.started_at ELSE h.updated_at END, "
-    "w.waiting_since), w.queue_name, w.ordering_key LIMIT %s"
-)
-BLOCKED_KEYS = (
-    _KEY_COLUMNS + _WAITING_KEYS + " GROUP BY queue_name, ordering_key) w" + _KEY_HEAD_JOIN + _BLOCKED
-)
-BLOCKED_KEYS_OF_QUEUE = (
-    _KEY_COLUMNS
-    + _WAITING_KEYS
-    + " AND queue_name = %s GROUP BY queue_name, ordering_key) w"
-    + _KEY_HEAD_JOIN
-    + _BLOCKED
-)
-# One key, blocked or not (one row even when the key has no message at all).
-KEY_HEAD = (
-    _KEY_COLUMNS
-    + "(SELECT CAST(%s AS TEXT) AS queue_name, CAST(%s AS TEXT) AS ordering_key, count(*) AS waiting, "
-    "min(updated_at) AS waiting_since FROM {msg} WHERE status = 'pending' AND available_at IS NULL "
-    "AND queue_name = %s AND ordering_key = %s) w" + _KEY_HEAD_JOIN
-)
-# The head of one key, locked until the operator's move on it commits (PostgreSQL).
-KEY_HEAD_LOCK = (
-    "SELECT message_id, status FROM {msg} WHERE queue_name = %s AND ordering_key = %s AND "
-    + head_of_key()
-    + "{for_update}"
-)
 
 
-# -- operator actions (chunks of message ids): sql/operator.sql, but for ------------------
-
-_BY_IDS = "WHERE message_id IN (SELECT b.mid FROM {rows})"
-#: The stored rows of ids whose insert conflicted (a resent batch): one read a chunk.
-STORED_ROWS = "SELECT * FROM {msg} " + _BY_IDS
-
-# -- dispatch bookkeeping (Celery transport) ------------------------------------------
-
-DISPATCH_CANDIDATES = (
-    "SELECT message_id, queue_name FROM {msg} WHERE status = 'pending' AND available_at <= {now} "
-    "AND ((dispatched_at IS NULL AND updated_at < {after}) OR dispatched_at < updated_at "
-    "OR dispatched_at < {after}) ORDER BY priority DESC, available_at, id LIMIT %s"
-)
-MARK_DISPATCHED = "UPDATE {msg} SET dispatched_at = {now} " + _BY_IDS
-MARK_UNDISPATCHED = "UPDATE {msg} SET dispatched_at = NULL " + _BY_IDS
-
-# -- reads ----------------------------------------------------------------------------
-
-NOW = "SELECT {now}"
-CREATED_AT = "SELECT created_at FROM {msg} WHERE id = %s"
+# -- written whole (WHOLE): the operator's moves (sql/operator.sql); the clock, deduplication
+# windows, dispatch bookkeeping (sql/persist.sql); what blocks a key and the sweep's key repairs
+# (sql/keys.sql).
 
 #: The batch each statement's ``{rows}`` carries, as ``b(column, ...)`` with PostgreSQL types.
 #: PostgreSQL passes one array per column (``unnest``); SQLite one JSON array of rows.
@@ -345,11 +246,6 @@ ROWS: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "PROMOTE": (("q", "text"), ("k", "text")),
     "PROMOTE_CLAIMING_HEAD": (("q", "text"), ("k", "text")),
-    "HEAD_LOCK": (("q", "text"), ("k", "text")),
-    "HEAD_STALE": (("q", "text"), ("k", "text")),
-    "STORED_ROWS": (("mid", "text"),),
-    "MARK_DISPATCHED": (("mid", "text"),),
-    "MARK_UNDISPATCHED": (("mid", "text"),),
     **statements_leases.LEASE_ROWS,
 }
 

@@ -134,15 +134,16 @@ class Recovery(Part):
         Only a process dying between a commit and its promotion leaves a key so; this is the
         safety net the sweep runs. Returns the ids made claimable.
         """
-        rows, _ = self._run("REPAIR_KEYS", [-REPAIR_AFTER, limit])
+        rows, _ = self._run("REPAIR_KEYS", {"after": -REPAIR_AFTER, "limit": limit})
         if not rows:
             return []
         keys = sorted({(r[0], r[1]) for r in rows})
         queues, names = zip(*keys, strict=True)
         # A head row that outlived its head would refuse every promotion of its key.
         with transaction.atomic(using=self.using):
-            self._run("HEAD_LOCK", self._rows("HEAD_LOCK", queues, names))
-            self._run("HEAD_STALE", self._rows("HEAD_STALE", queues, names))
+            batch = self.engine.batch(q=queues, k=names)
+            self._run("HEAD_LOCK", batch)
+            self._run("HEAD_STALE", batch)
         return self.promote_keys(keys)
 
     def ensure_partitions(self) -> list[str]:
