@@ -6,6 +6,7 @@ app registry (safe in settings modules and Celery config).
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.3.0.dev0"
@@ -41,33 +42,31 @@ if TYPE_CHECKING:
     from .runtime.transports import asend, send, send_many
 
 
+#: Where each public name is defined, imported on first use.
+_LAZY = {
+    "Aborted": "zeroloss.runtime.delivery",
+    "Backoff": "zeroloss.runtime.retry",
+    "CancelOutcome": "zeroloss.ledger.cancelling",
+    "CancelResult": "zeroloss.ledger.cancelling",
+    "ExponentialBackoff": "zeroloss.runtime.retry",
+    "Fail": "zeroloss.runtime.retry",
+    "FixedBackoff": "zeroloss.runtime.retry",
+    "Lease": "zeroloss.ledger.service",
+    "RecoveryReport": "zeroloss.ledger.service",
+    "Retry": "zeroloss.runtime.retry",
+    "Snooze": "zeroloss.runtime.retry",
+    "SoftTimeLimitExceeded": "zeroloss.exceptions",
+    "ZeroLossMessageService": "zeroloss.ledger.service",
+    "asend": "zeroloss.runtime.transports",
+    "cancel": "zeroloss.ledger.cancelling",
+    "handler": "zeroloss.runtime.handlers",
+    "send": "zeroloss.runtime.transports",
+    "send_many": "zeroloss.runtime.transports",
+}
+
+
 def __getattr__(name: str) -> Any:
-    if name in {"Lease", "RecoveryReport", "ZeroLossMessageService"}:
-        from .ledger import service
-
-        return getattr(service, name)
-    if name == "SoftTimeLimitExceeded":
-        from .exceptions import SoftTimeLimitExceeded
-
-        return SoftTimeLimitExceeded
-    if name in {"cancel", "CancelOutcome", "CancelResult"}:
-        from .ledger import cancelling
-
-        return getattr(cancelling, name)
-    if name in {"Backoff", "ExponentialBackoff", "Fail", "FixedBackoff", "Retry", "Snooze"}:
-        from .runtime import retry
-
-        return getattr(retry, name)
-    if name == "Aborted":
-        from .runtime.delivery import Aborted
-
-        return Aborted
-    if name == "handler":
-        from .runtime.handlers import handler
-
-        return handler
-    if name in {"send", "send_many", "asend"}:
-        from .runtime import transports
-
-        return getattr(transports, name)
-    raise AttributeError(f"module 'zeroloss' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'zeroloss' has no attribute {name!r}")
+    # Deferred: the service, sending and the handlers need Django's app registry.
+    return getattr(importlib.import_module(_LAZY[name]), name)

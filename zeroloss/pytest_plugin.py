@@ -15,6 +15,6 @@ import pytest
 @pytest.fixture
 def zeroloss_drain(db: None) -> Callable[..., Any]:
     """``zeroloss_drain("emails")`` runs the queue's pending messages now (docs/testing.md)."""
-    from .testing import drain
+    from .testing import drain  # deferred: pytest loads the plugin before django.setup()
 
     return drain

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from asgiref.sync import async_to_sync
+from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from .core.doc_pages import see
@@ -28,6 +30,7 @@ from .ledger.service import ZeroLossMessageService
 from .ledger.types import CompletionReport, Lease
 from .runtime.handlers import HandlerSpec, get_handler, registered_queues
 from .runtime.processing import Delivery, HandlerRun, run_async_handler, run_handler, run_in_savepoint
+from .runtime.transports import database_for
 
 __all__ = ["DrainResult", "DrainedMessage", "drain", "refuse_inside_a_transaction"]
 
@@ -108,8 +111,6 @@ class DrainResult:
 def refuse_inside_a_transaction(using: str = DEFAULT_DB_ALIAS) -> None:
     """Refuse to start a worker inside a transaction (a ``TestCase``): say what to use instead."""
     if connections[using].in_atomic_block:
-        from django.core.management.base import CommandError
-
         raise CommandError(
             f"zeroloss_worker cannot run inside a transaction on database {using!r} (a Django TestCase, "
             "or transaction.atomic()): its threads use connections of their own, which cannot see the "
@@ -132,7 +133,6 @@ def drain(
     :class:`~zeroloss.exceptions.UnknownQueue` for a queue without a handler. Handler errors
     are returned, not raised (``.raise_errors()``).
     """
-    from .runtime.transports import database_for
 
     names = list(queues) or registered_queues()
     specs = {queue: get_handler(queue) for queue in names}
@@ -174,8 +174,6 @@ def _run_one(
             report = service.record_outcomes([run.completion(lease)], locked=True)
         return _drained(lease, run, report)
     if spec.is_async:
-        from asgiref.sync import async_to_sync
-
         # async_to_sync, not a private loop: the handler's sync_to_async (ORM) calls then run
         # back in this thread, on the test's connection and inside its transaction.
         run = async_to_sync(run_async_handler)(spec, delivery, worker=ACTOR, timeout=timeout)

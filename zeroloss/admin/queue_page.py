@@ -29,6 +29,8 @@ from ..exceptions import ZeroLossError
 from ..ledger.models import Message, Status
 from ..ops.snapshot import format_duration, get_snapshot
 from ..runtime.handlers import registered_queues
+from ..runtime.schedules.scheduler import load_schedules
+from ..runtime.schedules.spec import ScheduleError
 from .base import actor, get_service
 
 if TYPE_CHECKING:
@@ -66,8 +68,6 @@ class QueueLine:
 
 
 def _scheduled_queues(service: ZeroLossMessageService) -> set[str]:
-    from ..runtime.schedules.scheduler import load_schedules
-    from ..runtime.schedules.spec import ScheduleError
 
     try:
         specs = load_schedules(service.using, check_targets=False)

@@ -14,9 +14,13 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from ..core.durations import format_duration
+from ..ledger.service import ZeroLossMessageService
 from ..runtime.schedules.models import Schedule
+from ..runtime.schedules.overdue import overdue_schedules
+from ..runtime.schedules.scheduler import Scheduler
 from ..runtime.schedules.spec import ScheduleError, ScheduleSpec, parse_schedule, settings_schedules
 from ..runtime.schedules.ticks import next_ticks
+from ..runtime.transports import ledger_aliases
 
 PREVIEW_COUNT = 5
 #: The schedule keys that are model fields of the same name (the form's error goes on it).
@@ -39,7 +43,6 @@ _FIELD_OF_KEY = {
 
 
 def _now() -> Any:
-    from ..ledger.service import ZeroLossMessageService
 
     return ZeroLossMessageService().database_now()
 
@@ -151,7 +154,6 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.action(description=_("Run selected schedules now"), permissions=["change"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        from ..runtime.schedules.scheduler import Scheduler
 
         scheduler = Scheduler()
         sent = []
@@ -186,8 +188,6 @@ class ScheduleAdmin(admin.ModelAdmin):
                     "overlap": spec.overlap,
                 }
             )
-        from ..runtime.schedules.overdue import overdue_schedules
-        from ..runtime.transports import ledger_aliases
 
         overdue = [
             {**o.as_dict(), "late": format_duration(o.late)}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from .durations import parse_duration_text
 from .states import Status
@@ -276,7 +277,6 @@ def json_encoder_path() -> Kind:
 
 def parse_json_encoder(key: str, value: Any, check_id: str = "zeroloss.E005") -> type[json.JSONEncoder]:
     """The ``json.JSONEncoder`` subclass a dotted path names, or :class:`SettingError` (E005)."""
-    from django.utils.module_loading import import_string
 
     if not isinstance(value, str) or "." not in value:
         raise SettingError(

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -47,8 +48,6 @@ def engine_for(connection: BaseDatabaseWrapper) -> Engine:
     """The engine of a Django connection's database (PostgreSQL or SQLite)."""
     engine = _ENGINES.get(connection.vendor)
     if engine is None:
-        from django.core.exceptions import ImproperlyConfigured
-
         raise ImproperlyConfigured(
             f"zeroloss supports PostgreSQL and SQLite; database {connection.alias!r} is {connection.vendor}."
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import DEFAULT_DB_ALIAS
 
+from .service import ZeroLossMessageService
 from .types import CancelOutcome, CancelResult
 
 __all__ = ["CancelOutcome", "CancelResult", "cancel"]
@@ -24,7 +25,6 @@ def cancel(
     :class:`~zeroloss.exceptions.MessageNotFound` for an unknown one (nothing changed).
     ``using``: the database holding the message (``QUEUE_DATABASES``).
     """
-    from .service import ZeroLossMessageService
 
     service = ZeroLossMessageService(using=using)
     return service.cancel_messages([message_id], abort=abort, actor=actor)[0]

@@ -32,6 +32,8 @@ class ReplicationHooks:
     heartbeat: Callable[[Any, str], bool]
     unregister_node: Callable[[Any, str], bool]
     live_nodes: Callable[[Any], list[ReplicationNode]]
+    #: Register (heartbeat) the standbys the primary streams to (the sweep's after-sweep hook).
+    discover: Callable[[Any], list[ReplicationNode]]
 
 
 _installed: list[ReplicationHooks] = []

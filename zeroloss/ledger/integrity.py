@@ -9,6 +9,7 @@ from django.utils.translation import gettext as _
 
 from ..exceptions import InvalidPayload
 from .base import Part
+from .hooks import replication
 from .models import Message, MessageEvent, Status
 from .types import CRITICAL, WARNING, IntegrityFinding, IntegrityReport
 from .validation import canonical_json, payload_checksum, validate_message_id
@@ -117,6 +118,5 @@ class Reads(Part):
     def replication_status(self, message: Message | None = None, *, record: bool = True) -> Any:
         """Measured copies of ``message`` (a :class:`~zeroloss.integrations.replication.ReplicationStatus`);
         ``record=False`` never writes (see :func:`zeroloss.integrations.replication.measure`)."""
-        from .hooks import replication
 
         return replication().measure(self.ctx.service, message, record=record)

@@ -15,6 +15,7 @@ from . import partitions, periods
 from .base import Part, engine_for
 from .bulk import NEW_ROW, persist_staged
 from .bulk import Prepared as _Prepared
+from .hooks import replication
 from .models import Message
 from .validation import (
     canonical_json,
@@ -236,8 +237,6 @@ class Store(Part):
 
     def confirm_replicated(self, messages: Sequence[Message]) -> None:
         if self.settings.PERSISTENCE_LEVEL == "replicated":
-            from .hooks import replication
-
             replication().confirm(self.ctx.service, messages)
 
     def _store(

@@ -58,6 +58,7 @@ _TRANSACTION_INERROR = 3
 @functools.cache
 def _is_psycopg3() -> bool:
     """Which driver Django's PostgreSQL backend uses (it prefers psycopg 3 when both are there)."""
+    # Deferred: psycopg is optional (SQLite needs no driver).
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
     return bool(is_psycopg3)
@@ -180,7 +181,6 @@ class PostgresEngine(Engine):
         return raw is not None and int(raw.info.transaction_status) == _TRANSACTION_INERROR
 
     def end_session(self, conn: BaseDatabaseWrapper, session: int, timeout: float = 30.0) -> bool:
-        import time
 
         if session == self.session_of(conn):
             return True
@@ -256,7 +256,7 @@ class PostgresEngine(Engine):
                 # Django sets the threshold to None, which also turns off explicit
                 # prepare=True. A threshold no query reaches re-enables them for these calls only.
                 raw.prepare_threshold = 2**31 - 1
-            import psycopg
+            import psycopg  # deferred: psycopg is optional (SQLite needs no driver)
 
             cur = psycopg.Cursor(raw)
             conn.__dict__["_zeroloss_cursor"] = (raw, cur)

@@ -49,6 +49,7 @@ from ..core.outage import COMMIT_STALL_S, OutageMonitor, close_connection, is_ou
 from ..ledger import statements_reads
 from ..ledger.base import engine_for
 from ..ledger.service import ZeroLossMessageService
+from ..runtime.transports import ledger_aliases
 from .snapshot import get_snapshot
 
 logger = logging.getLogger("zeroloss")
@@ -290,7 +291,6 @@ def live_view(request: HttpRequest) -> JsonResponse:
 def readiness(aliases: list[str] | None = None) -> tuple[bool, dict[str, dict[str, Any]]]:
     """Whether each ledger database (default: ``default`` and every ``LEDGER_DATABASES`` and
     ``QUEUE_DATABASES`` alias) answers ``SELECT 1`` now: no snapshot, no cache, no thresholds."""
-    from ..runtime.transports import ledger_aliases
 
     results: dict[str, dict[str, Any]] = {}
     for alias in aliases or list(dict.fromkeys([DEFAULT_DB_ALIAS, *ledger_aliases()])):

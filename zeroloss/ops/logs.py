@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..integrations import telemetry
+
 LOGGER = "zeroloss"
 LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -23,7 +25,6 @@ class TraceIds(logging.Filter):
     (``zeroloss[otel]``; AppConfig.ready installs it on the ``zeroloss`` logger)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from ..integrations import telemetry
 
         try:
             ids = telemetry.current_ids()

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..core.settings import get_settings
 from ..core.states import Status
 from ..ledger.events import Event, Finished, Released
 from ..ledger.types import Lease
@@ -46,13 +47,12 @@ class Delivery:
         ledger the first time they are asked for (one query)."""
         if self.lease.headers is not None:
             return dict(self.lease.headers)
+        # Deferred: the handler path imports before django.setup() (a pool child).
         from ..ledger.models import Message
 
         if self.keeper is not None:
             using = self.keeper.service.using
         else:  # where send() stored it (transports.database_for, without its import)
-            from ..core.settings import get_settings
-
             using = get_settings().QUEUE_DATABASES.get(self.queue_name, "default")
         stored = Message.objects.using(using).filter(message_id=self.message_id).values_list("headers")
         found = stored.first()

@@ -35,8 +35,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from asgiref.sync import iscoroutinefunction
+from django.utils.module_loading import autodiscover_modules
+
 from ..exceptions import InvalidHandler, InvalidMessage, UnknownQueue
+from ..ledger.validation import MAX_ATTEMPTS_LIMIT, validate_queue_name
 from .retry import Backoff
+from .timelimits import validate_limits
 
 if TYPE_CHECKING:
     from .delivery import Delivery
@@ -76,7 +81,6 @@ class HandlerSpec:
     is_async: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
-        from .timelimits import validate_limits
 
         object.__setattr__(self, "is_async", is_coroutine_function(self.func))
         what = f"{self.name} of queue {self.queue_name!r}"
@@ -111,7 +115,6 @@ class HandlerSpec:
 
 def _validate_policy(what: str, spec: HandlerSpec) -> None:
     """A retry policy it cannot honour is refused at registration (:class:`InvalidHandler`)."""
-    from ..ledger.validation import MAX_ATTEMPTS_LIMIT
 
     n = spec.max_attempts
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_ATTEMPTS_LIMIT):
@@ -135,7 +138,6 @@ def _validate_policy(what: str, spec: HandlerSpec) -> None:
 
 def is_coroutine_function(func: Any) -> bool:
     """``async def`` functions, ``functools.partial`` of one, and objects with an async ``__call__``."""
-    from asgiref.sync import iscoroutinefunction
 
     while isinstance(func, functools.partial):
         func = func.func
@@ -179,7 +181,6 @@ def handler(
     the seconds before the next (:class:`~zeroloss.ExponentialBackoff`,
     :class:`~zeroloss.FixedBackoff`; else ``RETRY_BACKOFF``); ``retry_on``: only these exceptions
     are retried; ``dont_retry_on``: these are dead-lettered at once."""
-    from ..ledger.validation import validate_queue_name
 
     validate_queue_name(queue_name)
 
@@ -255,6 +256,5 @@ def registered_queues() -> list[str]:
 
 
 def autodiscover() -> None:
-    from django.utils.module_loading import autodiscover_modules
 
     autodiscover_modules("zeroloss_handlers")

@@ -29,6 +29,9 @@ from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
 from typing import Any
 
+import django
+from django.db import close_old_connections, connections
+
 from ..exceptions import SoftTimeLimitExceeded
 
 #: True while a sync handler runs: SIGUSR1 raises SoftTimeLimitExceeded only then.
@@ -89,13 +92,9 @@ def main(conn: Connection, parent_pid: int, abort: Event, worker: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, _on_soft_limit)
     _abort = abort
-    import django
-
     django.setup()
-    from django.db import close_old_connections, connections
-
-    from .handlers import get_handler
-    from .processing import Delivery, HandlerRun, close_thread_event_loop, run_handler
+    # Deferred: the handlers and their run need the app registry, set up just above.
+    from . import handlers, processing
 
     specs: dict[str, Any] = {}
     conn.send(("ready", os.getpid()))
@@ -110,7 +109,7 @@ def main(conn: Connection, parent_pid: int, abort: Event, worker: str) -> None:
             close_old_connections()
             spec = specs.get(lease.queue_name)
             if spec is None:
-                spec = get_handler(lease.queue_name)
+                spec = handlers.get_handler(lease.queue_name)
                 # The parent enforces the hard limit by killing this process; a sync handler's
                 # soft limit comes as SIGUSR1, an async one's from this loop's own timer.
                 if spec.is_async:
@@ -121,11 +120,15 @@ def main(conn: Connection, parent_pid: int, abort: Event, worker: str) -> None:
                     )
                 specs[lease.queue_name] = spec
             try:
-                run = run_handler(spec, Delivery(lease, abort_flag=abort.is_set), worker=worker)
+                run = processing.run_handler(
+                    spec, processing.Delivery(lease, abort_flag=abort.is_set), worker=worker
+                )
             except SoftTimeLimitExceeded:  # arrived past every guard: the handler's outcome stands
-                run = HandlerRun(False, 0.0, error="SoftTimeLimitExceeded after the handler returned")
+                run = processing.HandlerRun(
+                    False, 0.0, error="SoftTimeLimitExceeded after the handler returned"
+                )
             conn.send(("done", run.ok, run.seconds, run.result, run.error, run.verdict.value, run.delay))
     finally:
-        close_thread_event_loop()
+        processing.close_thread_event_loop()
         connections.close_all()
         sys.stdout.flush()

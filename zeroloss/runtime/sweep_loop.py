@@ -11,7 +11,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 
-from ..core.outage import Backoff, OutageMonitor
+from django.db import DatabaseError
+
+from ..core.outage import Backoff, OutageMonitor, is_outage
+from ..ledger.hooks import replication
 from ..ledger.service import ZeroLossMessageService
 from ..ledger.types import RecoveryReport
 
@@ -114,8 +117,6 @@ class SweepLoop:
             try:
                 report = hook(self.service, report)
             except Exception as exc:  # a hook (broker, standby discovery) never stops the sweep
-                from ..core.outage import is_outage
-
                 if is_outage(exc):
                     raise
                 logger.warning("after-sweep %s failed: %s", getattr(hook, "__name__", hook), exc)
@@ -159,18 +160,13 @@ def discover_standbys(service: ZeroLossMessageService, report: RecoveryReport) -
     """After-sweep hook: register (heartbeat) the standbys the primary streams to (PostgreSQL),
     at most every ``NODE_TTL / 3`` seconds a process: a standby stays live (seen within
     ``NODE_TTL``) without a read of ``pg_stat_replication`` at every sweep."""
-    from django.db import DatabaseError
-
-    from ..core.outage import is_outage
-    from ..integrations.replication import discover
-
     now = time.monotonic()
     last = _DISCOVERED.get(service.using)
     if last is not None and now - last < service.settings.NODE_TTL / 3:
         return report
     _DISCOVERED[service.using] = now
     try:
-        discover(service)
+        replication().discover(service)
     except DatabaseError as exc:  # a standby in recovery, no privilege, ... never stops the sweep
         if is_outage(exc):
             raise

@@ -14,6 +14,7 @@ connection, a pooler in transaction mode).
 from __future__ import annotations
 
 import logging
+import select
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -90,6 +91,7 @@ class Wakeup:
 
     def listen(self) -> None:
         """LISTEN until stopped, reconnecting after a backoff when the connection fails."""
+        # Deferred: psycopg is optional (SQLite needs no driver).
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
         params = connections[self.using].get_connection_params()
@@ -122,7 +124,7 @@ class Wakeup:
                 self._stop.wait(backoff.next())
 
     def _psycopg3(self, params: dict[str, Any], listening: Callable[[], None]) -> None:
-        import psycopg
+        import psycopg  # deferred: psycopg is optional
 
         with psycopg.connect(**params, autocommit=True) as conn:
             conn.execute(self._listen_sql)
@@ -132,9 +134,8 @@ class Wakeup:
                     self._heard(note.payload)
 
     def _psycopg2(self, params: dict[str, Any], listening: Callable[[], None]) -> None:
-        import select
 
-        import psycopg2
+        import psycopg2  # deferred: psycopg2 is optional
 
         conn = psycopg2.connect(**params)
         try:
@@ -164,12 +165,12 @@ class Wakeup:
 
 
 def _psycopg3_error() -> type[Exception]:
-    import psycopg
+    import psycopg  # deferred: psycopg is optional
 
     return psycopg.Error
 
 
 def _psycopg2_error() -> type[Exception]:
-    import psycopg2
+    import psycopg2  # deferred: psycopg2 is optional
 
     return psycopg2.Error

@@ -17,8 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.checks import Error
 
 from ...core.doc_pages import see
+from ...core.setting_values import SettingError
+from ...core.settings import parse_settings
 from ...exceptions import CeleryAppNotConfigured
 
 #: The snippet that loads the project's app when Django starts (Celery's own Django guide).
@@ -30,7 +33,7 @@ CELERY_DEFAULT_BROKER = "amqp://guest@localhost//"
 
 def _loaded_app() -> Any:
     """The app ``current_app`` would give in this thread, or None when it would create Celery's."""
-    from celery import _state
+    from celery import _state  # deferred: celery is optional
 
     state: Any = _state  # the stubs leave out the module's state
     return state._tls.current_app or state.default_app
@@ -43,7 +46,7 @@ def _is_celerys_own(app: Any) -> bool:
 
 
 def _safe(url: Any) -> str:
-    from kombu.utils.url import maybe_sanitize_url
+    from kombu.utils.url import maybe_sanitize_url  # deferred: kombu comes with celery, which is optional
 
     return str(maybe_sanitize_url(url)) if isinstance(url, str) else repr(url)
 
@@ -83,10 +86,6 @@ def project_app(*, sending: bool = False) -> Any:
 
 def check_celery_app(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """zeroloss.E070: ``TRANSPORT = "celery"`` and the loaded app is not the project's (as above)."""
-    from django.core.checks import Error
-
-    from ...core.setting_values import SettingError
-    from ...core.settings import parse_settings
 
     try:
         transport = parse_settings(getattr(settings, "ZEROLOSS", None)).TRANSPORT

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...core.settings import get_settings
+
 
 def beat_schedule_entry(
     interval: float | None = None, *, queue: str | None = None, schedules: bool = True
@@ -28,7 +30,6 @@ def beat_schedule_entry(
     It has no expiry: an expiry is judged by each worker's clock, which a skewed host defeats,
     and a late sweep is harmless (an extra sweep finds nothing to do).
     """
-    from ...core.settings import get_settings
 
     settings = get_settings()
     seconds = interval if interval is not None else settings.SWEEP_INTERVAL
@@ -50,7 +51,6 @@ def scheduler_beat_entry(
     each tick's message id is ``<name>@<tick UTC>``, so two beats, a late beat or a skewed beat
     host send each tick once. Like the sweep's, it goes to ``SWEEP_QUEUE`` by default.
     """
-    from ...core.settings import get_settings
 
     settings = get_settings()
     seconds = interval if interval is not None else settings.SCHEDULE_INTERVAL

@@ -17,6 +17,11 @@ from celery import Task, shared_task
 from celery.signals import worker_process_shutdown
 
 from ...core.outage import BACKOFF_MAX, OutageMonitor, close_connection, is_outage
+from ...ledger.service import ZeroLossMessageService
+from ...runtime.schedules.scheduler import Scheduler
+from ...runtime.sweep_loop import SweepLoop
+from ...runtime.transports import after_sweep_hooks, ledger_aliases
+from ...runtime.worker.transport_runtime import DeliveryRuntime, deliver
 from .beat import beat_schedule_entry, scheduler_beat_entry
 
 __all__ = ["beat_schedule_entry", "deliver_message", "schedule", "scheduler_beat_entry", "sweep"]
@@ -36,7 +41,6 @@ def deliver_message(self: Task, message_id: str, using: str = "default") -> str:
     With the database unreachable the task is retried (one log line per outage, jittered
     backoff up to 5 s); the message is safe in the ledger meanwhile.
     """
-    from ...runtime.worker.transport_runtime import deliver
 
     try:
         return str(deliver(message_id, using))
@@ -53,9 +57,6 @@ def deliver_message(self: Task, message_id: str, using: str = "default") -> str:
 @shared_task(name="zeroloss.sweep", ignore_result=True)
 def sweep() -> dict[str, Any]:
     """The recovery sweep of every ledger database, then publish what needs a broker message."""
-    from ...ledger.service import ZeroLossMessageService
-    from ...runtime.sweep_loop import SweepLoop
-    from ...runtime.transports import after_sweep_hooks, ledger_aliases
 
     totals = {"requeued": 0, "dead_lettered": 0, "redispatched": 0}
     for alias in ledger_aliases():
@@ -75,8 +76,6 @@ _schedulers: dict[str, Any] = {}
 @shared_task(name="zeroloss.schedule", ignore_result=True)
 def schedule() -> dict[str, Any]:
     """A scheduler round on every ledger database: sends the due ticks (docs/schedules.md)."""
-    from ...runtime.schedules.scheduler import Scheduler
-    from ...runtime.transports import ledger_aliases
 
     sent: list[str] = []
     for alias in ledger_aliases():
@@ -91,6 +90,5 @@ def schedule() -> dict[str, Any]:
 def _record_waiting_outcomes(**kwargs: Any) -> None:
     """A prefork child that stops (warm shutdown, ``--max-tasks-per-child``) records the outcomes
     still waiting for their batch first; pool children do not run ``atexit`` handlers."""
-    from ...runtime.worker.transport_runtime import DeliveryRuntime
 
     DeliveryRuntime.close_all()

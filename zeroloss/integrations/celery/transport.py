@@ -8,6 +8,7 @@ rest are marked undispatched without trying each, and the sweep publishes them a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Sequence
@@ -70,7 +71,6 @@ class CeleryTransport:
 
     def after_sweep(self, service: ZeroLossMessageService, report: RecoveryReport) -> RecoveryReport:
         """Publish again what no broker message is known to carry (after, never during, the sweep)."""
-        import dataclasses
 
         with telemetry.operation("redispatch"):
             return dataclasses.replace(report, redispatched=redispatch(service))

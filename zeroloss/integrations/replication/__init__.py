@@ -362,4 +362,5 @@ def hooks() -> ReplicationHooks:
         heartbeat=heartbeat,
         unregister_node=unregister_node,
         live_nodes=live_nodes,
+        discover=discover,
     )

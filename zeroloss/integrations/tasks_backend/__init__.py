@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from . import backend
+        from . import backend  # deferred: only these names need the Tasks framework
 
         return getattr(backend, name)
     raise AttributeError(f"module 'zeroloss.tasks_backend' has no attribute {name!r}")

@@ -19,8 +19,11 @@ from django.utils.module_loading import import_string
 
 from ...core.states import TRAITS, Reason, Status
 from ...exceptions import InvalidMessage
+from ...ledger.models import Message, MessageEvent
 from ...ledger.validation import canonical_json, validate_attempts
+from ...runtime.transports import database_for, ledger_aliases, send
 from .compat import (
+    FRAMEWORK,
     BaseTaskBackend,
     InvalidTaskError,
     Task,
@@ -29,6 +32,7 @@ from .compat import (
     TaskResultDoesNotExist,
     TaskResultStatus,
     normalize_json,
+    task_backends,
     task_enqueued,
 )
 from .queues import DEFAULT_QUEUE
@@ -59,7 +63,6 @@ def check_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     """zeroloss.E024 where the framework's own check, which asks each backend, does not run: the
     backport on Django 5.2 checks only once ``django_tasks`` is an installed app. Registered when
     this module is imported, i.e. once a zeroloss task backend is loaded (a ``@task`` defined)."""
-    from .compat import FRAMEWORK, task_backends
 
     if FRAMEWORK != "django_tasks" or apps.is_installed("django_tasks") or apps.is_installed("zeroloss"):
         return []
@@ -227,7 +230,6 @@ class ZeroLossBackend(BaseTaskBackend):
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """Store the task as a ledger message in the caller's transaction (see :func:`zeroloss.send`)."""
-        from ...runtime.transports import send
 
         if not apps.is_installed("zeroloss"):
             raise ImproperlyConfigured(f"{not_installed_error(self.alias).msg} {NOT_INSTALLED_HINT}")
@@ -260,14 +262,12 @@ class ZeroLossBackend(BaseTaskBackend):
     # -- results ------------------------------------------------------------------------------
 
     def _aliases(self) -> list[str]:
-        from ...runtime.transports import database_for, ledger_aliases
 
         if not self.queues:  # any queue: wherever a ledger lives
             return list(dict.fromkeys(["default", *ledger_aliases()]))
         return list(dict.fromkeys(database_for(q) for q in sorted(self.queues)))
 
     def _find(self, result_id: Any) -> Message:
-        from ...ledger.models import Message
 
         if isinstance(result_id, str) and 0 < len(result_id) <= 255 and "\x00" not in result_id:
             for alias in self._aliases():
@@ -341,7 +341,6 @@ class ZeroLossBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> Any:
         """The task's state read from the ledger; ``TaskResultDoesNotExist`` for an unknown id
         (or one purged by ``COMPLETED_RETENTION``)."""
-        from ...ledger.models import MessageEvent
 
         message = self._find(result_id)
         events = list(

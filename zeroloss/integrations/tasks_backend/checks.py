@@ -9,12 +9,15 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Error, Warning, register
 
+from ...exceptions import InvalidMessage
+from ...ledger.validation import validate_attempts, validate_queue_name
+from ...runtime.handlers import _registry
+from .queues import DEFAULT_QUEUE, OPTION_KEYS, framework_available, zeroloss_backends
+
 
 @register()
 def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """E020-E023 and W020: every ``TASKS`` entry whose backend is zeroloss's."""
-    from ...runtime.handlers import _registry
-    from .queues import framework_available, zeroloss_backends
 
     return tasks_messages(zeroloss_backends(), set(_registry), framework_available())
 
@@ -23,9 +26,6 @@ def tasks_messages(
     backends: dict[str, dict[str, Any]], handler_queues: set[str], framework: bool
 ) -> list[CheckMessage]:
     """The checks of zeroloss task backends (alias -> ``TASKS`` entry), as pure data."""
-    from ...exceptions import InvalidMessage
-    from ...ledger.validation import validate_attempts, validate_queue_name
-    from .queues import DEFAULT_QUEUE, OPTION_KEYS
 
     messages: list[CheckMessage] = []
     if backends and not framework:

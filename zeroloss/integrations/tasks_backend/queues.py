@@ -8,6 +8,7 @@ by the same worker code, whose handler for it is :func:`zeroloss.tasks_backend.r
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Any
 
 from django.conf import settings
@@ -70,7 +71,6 @@ def task_queues() -> list[str]:
 @functools.cache
 def framework_available() -> bool:
     """Whether a Tasks framework is installed (``django.tasks`` or the backport), without importing it."""
-    import importlib.util
 
     for name in ("django.tasks", "django_tasks"):
         try:

@@ -16,21 +16,22 @@ from ...core.states import Status
 from ...ledger.validation import canonical_json
 from ...runtime.delivery import call_when_stored
 from ...runtime.handlers import HandlerSpec
+from .compat import (
+    TaskContext,
+    TaskError,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_finished,
+    task_started,
+)
+from .queues import any_queue, task_queues
 
 if TYPE_CHECKING:
     from ...runtime.delivery import Delivery
 
 
 def run_task(delivery: Delivery) -> Any:
-    from .compat import (
-        TaskContext,
-        TaskError,
-        TaskResultStatus,
-        normalize_json,
-        task_backends,
-        task_finished,
-        task_started,
-    )
 
     payload = delivery.payload
     if not isinstance(payload, dict) or "task" not in payload:
@@ -78,7 +79,6 @@ def run_task(delivery: Delivery) -> Any:
 
 def task_spec(queue_name: str) -> HandlerSpec | None:
     """The handler of a task queue, or ``None`` if no zeroloss task backend lists ``queue_name``."""
-    from .queues import any_queue, task_queues
 
     if queue_name not in task_queues() and not any_queue():
         return None
@@ -98,7 +98,6 @@ class TaskQueues:
         return task_spec(queue_name)
 
     def queues(self) -> list[str]:
-        from .queues import task_queues
 
         return sorted(task_queues())
 

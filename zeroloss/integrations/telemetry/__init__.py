@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.signals import setting_changed
 
+from ...core.settings import get_settings
 from ...ledger.events import NO_PROCESS, NO_SPAN
 
 if TYPE_CHECKING:
@@ -54,21 +55,20 @@ class _Backends:
     __slots__ = ("meters", "tracing")
 
     def __init__(self) -> None:
-        from ...core.settings import get_settings
 
         self.tracing: Any = None
         self.meters: list[Any] = []
         if not get_settings().TELEMETRY:
             return
         try:
-            from . import otel_metrics, tracing
+            from . import otel_metrics, tracing  # deferred: opentelemetry-api is optional
         except ImportError:  # zeroloss[otel] not installed
             pass
         else:
             self.tracing = tracing
             self.meters.append(otel_metrics)
         try:
-            from . import prometheus
+            from . import prometheus  # deferred: prometheus-client is optional
         except ImportError:  # zeroloss[metrics] not installed
             pass
         else:

@@ -210,6 +210,7 @@ class EventsCollector(Collector):
         if path is None:
             yield from registry.collect()
             return
+        # Deferred: only a multiprocess deployment needs it.
         from prometheus_client.multiprocess import MultiProcessCollector
 
         # Only zeroloss's own families: the directory may hold a project's metrics as well.

@@ -22,9 +22,11 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from ...core.outage import OutageTooLong
+from ...core.outage import Backoff, OutageMonitor, OutageTooLong
+from ...runtime.schedules.models import Schedule, ScheduleState
 from ...runtime.schedules.scheduler import Scheduler, load_schedules
-from ...runtime.schedules.spec import ScheduleError
+from ...runtime.schedules.spec import ScheduleError, settings_schedules
+from ...runtime.schedules.ticks import next_tick
 from ...runtime.sweep_loop import StopFlag
 from ...runtime.worker.sessions import harden_sessions
 from ..base import EXIT_UNREACHABLE, ZeroLossCommand, positive_int
@@ -116,9 +118,6 @@ class Command(ZeroLossCommand):
     def _enable(self, scheduler: Scheduler, name: str, enabled: bool, json: bool) -> None:
         """The admin's Enable/Disable (:meth:`Schedule.set_enabled`): enabling starts the schedule
         at the database clock, its next tick the first after it; every write bumps its revision."""
-        from ...runtime.schedules.models import Schedule
-        from ...runtime.schedules.spec import settings_schedules
-        from ...runtime.schedules.ticks import next_tick
 
         if name in settings_schedules(check_targets=False):
             self.usage_error(
@@ -164,8 +163,6 @@ class Command(ZeroLossCommand):
             self.stdout.write(text % {"name": name})
 
     def _list(self, scheduler: Scheduler, json: bool) -> None:
-        from ...runtime.schedules.models import ScheduleState
-        from ...runtime.schedules.ticks import next_tick
 
         now = scheduler.read_clock()[0]
         specs = load_schedules(scheduler.using)
@@ -211,7 +208,6 @@ class Command(ZeroLossCommand):
         )
 
     def _loop(self, using: str, max_rounds: int | None, json: bool, verbosity: int) -> None:
-        from ...core.outage import Backoff, OutageMonitor
 
         stop = StopFlag()
         scheduler = Scheduler(using, instance_id=f"cli:{self.command_name()}", stop=stop)

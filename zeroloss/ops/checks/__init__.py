@@ -65,9 +65,14 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from ...core.doc_pages import see
 from ...core.setting_values import SettingError
 from ...core.settings import ZeroLossSettings, parse_settings
+from ...integrations.replication import requirement
+from ...ledger import partitions
 from ...ledger.engine import Engine
 from ...ledger.postgres import PostgresEngine
+from ...ledger.service import ZeroLossMessageService
 from ...ledger.sqlite import SqliteEngine
+from ...runtime.schedules.spec import schedule_errors
+from ..health import partitions_warn_before, partitions_warning
 from .server import (  # noqa: F401  (each check's public names stay importable from here)
     MIN_POSTGRES_VERSION_NUM,
     PGBOUNCER_DEFAULT_PORT,
@@ -142,8 +147,6 @@ def check_database(
     if not databases:
         return []
     cfg, _ = _settings()
-    from ...integrations.replication import requirement
-    from ...ledger.service import ZeroLossMessageService
 
     messages: list[CheckMessage] = []
     for alias in databases:
@@ -173,8 +176,6 @@ def check_database(
 
 def partitions_messages(alias: str, cfg: ZeroLossSettings) -> list[CheckMessage]:
     """W042: the partitions ahead of a partitioned ledger end soon (no sweep for days)."""
-    from ...ledger import partitions
-    from ..health import partitions_warn_before, partitions_warning
 
     conn = connections[alias]
     if not partitions.is_partitioned(conn):
@@ -212,6 +213,7 @@ def check_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
 
 def driver_messages(alias: str, cfg: ZeroLossSettings) -> list[CheckMessage]:
     """psycopg2 runs everything, but cannot prepare statements: say so once, before anything runs."""
+    # Deferred: psycopg is optional (SQLite needs no driver).
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
     if is_psycopg3 or not cfg.PREPARED_STATEMENTS:
@@ -286,7 +288,6 @@ def backend_messages(
 @register()
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """E050-E058: every invalid ``ZEROLOSS["SCHEDULES"]`` entry, naming the schedule and the field."""
-    from ...runtime.schedules.spec import schedule_errors
 
     raw = (
         settings.ZEROLOSS.get("SCHEDULES") if isinstance(getattr(settings, "ZEROLOSS", None), dict) else None

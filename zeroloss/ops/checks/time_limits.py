@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.checks import CheckMessage
+from django.core.checks import CheckMessage, Error
+from django.core.exceptions import ImproperlyConfigured
 
 from ...core.doc_pages import see
-from ...core.settings import ZeroLossSettings
-from ...runtime.handlers import HandlerSpec
+from ...core.settings import ZeroLossSettings, get_settings
+from ...runtime.handlers import HandlerSpec, get_handler, registered_queues
 from ...runtime.timelimits import hard_limit
 
 
 def limits_messages(specs: list[HandlerSpec], settings: ZeroLossSettings) -> list[CheckMessage]:
     """E060: a soft limit that could never fire before the handler's hard bound."""
-    from django.core.checks import Error
 
     messages: list[CheckMessage] = []
     for spec in specs:
@@ -36,10 +36,6 @@ def limits_messages(specs: list[HandlerSpec], settings: ZeroLossSettings) -> lis
 
 def check_time_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """E060 over every registered handler (registered by :mod:`zeroloss.ops.checks`)."""
-    from django.core.exceptions import ImproperlyConfigured
-
-    from ...core.settings import get_settings
-    from ...runtime.handlers import get_handler, registered_queues
 
     try:
         settings = get_settings()

@@ -8,11 +8,10 @@ from django.db import models, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from .spec import CATCH_UP, DEFAULT_MAX_CATCH_UP, OVERLAP
+from .spec import CATCH_UP, DEFAULT_MAX_CATCH_UP, OVERLAP, settings_schedules
 
 
 def _settings_names() -> set[str]:
-    from .spec import settings_schedules
 
     try:
         return set(settings_schedules(check_targets=False))

@@ -21,6 +21,14 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.durations import format_duration
+from ...core.settings import get_settings
+from ..transports import database_for
+from .models import Schedule, ScheduleState
+from .scheduler import load_schedules
+from .spec import ScheduleError
+from .ticks import next_tick
+
 #: The least grace: a round every SCHEDULE_INTERVAL, a busy worker, a database hiccup.
 MIN_GRACE = 60.0
 
@@ -48,7 +56,6 @@ class OverdueSchedule:
         )
 
     def describe(self) -> str:
-        from ...core.durations import format_duration
 
         why = "" if self.seen else ", never loaded by a scheduler"
         return f"schedule {self.name!r}: tick {self.due.isoformat()} not sent, {format_duration(self.late)} late{why}"
@@ -62,12 +69,6 @@ def grace(schedule_interval: float) -> float:
 def overdue_schedules(using: str, now: dt.datetime) -> list[OverdueSchedule]:
     """The enabled schedules of database ``using`` whose tick is overdue at ``now`` (the database
     clock), most overdue first. Invalid settings schedules are the system checks' to report."""
-    from ...core.settings import get_settings
-    from ..transports import database_for
-    from .models import Schedule, ScheduleState
-    from .scheduler import load_schedules
-    from .spec import ScheduleError
-    from .ticks import next_tick
 
     try:
         specs = load_schedules(using)

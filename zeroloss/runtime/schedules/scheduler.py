@@ -29,10 +29,14 @@ from typing import Any
 
 from django.db import transaction
 
+from ...core.outage import Backoff, OutageMonitor, OutageTooLong
 from ...core.states import LIVE_STATUSES
 from ...exceptions import InvalidMessage, MessageConflict
+from ...ledger.models import Message
 from ...ledger.service import ZeroLossMessageService
+from ..handlers import default_max_attempts
 from ..sweep_loop import StopFlag
+from ..transports import database_for, get_transport
 from .models import Schedule, ScheduleState
 from .spec import ScheduleError, ScheduleSpec, parse_schedule, resolve_task, settings_schedules
 from .state_rows import create_states, lock_states, read_clock, save_states, start_states, stop_states
@@ -115,7 +119,6 @@ class Scheduler:
         #: Seconds between rounds while no tick is due sooner, if not ``SCHEDULE_INTERVAL``: a
         #: worker whose listener hears of every schedule change (:meth:`wake`) waits longer.
         self.idle_interval: float | None = None
-        from ...core.outage import Backoff
 
         self._backoff = Backoff()
 
@@ -127,7 +130,6 @@ class Scheduler:
         return (self.clock() if self.clock else now), version
 
     def _reload(self, now: dt.datetime) -> None:
-        from ..transports import database_for
 
         loaded = {
             name: spec
@@ -165,8 +167,6 @@ class Scheduler:
         if found is not None:
             return found
         if spec.task is None:
-            from ..handlers import default_max_attempts
-
             # The handler's max_attempts, as send() gives it (None: MAX_ATTEMPTS).
             found = _Target(
                 spec.queue, spec.payload, default_max_attempts(spec.queue), spec.priority, spec.ordering_key
@@ -230,8 +230,6 @@ class Scheduler:
         self._next_round = 0.0
 
     def _send(self, due: list[ScheduleSpec], now: dt.datetime, report: RoundReport) -> None:
-        from ...ledger.models import Message
-        from ..transports import get_transport
 
         names = sorted(spec.name for spec in due)
         on_time = now - dt.timedelta(seconds=ON_TIME_WINDOW)
@@ -304,7 +302,6 @@ class Scheduler:
 
     def _busy(self, specs: Iterable[ScheduleSpec], states: dict[str, ScheduleState]) -> set[str] | None:
         """Names of overlap="skip" schedules whose last sent tick's message is pending or processing."""
-        from ...ledger.models import Message
 
         previous = {
             spec.message_id(states[spec.name].last_sent): spec.name  # type: ignore[arg-type]
@@ -380,7 +377,6 @@ class Scheduler:
         calls this often). False when the database stayed unreachable past ``tolerance``.
         A round that fails for another reason is logged and tried again next interval: a bad
         schedule must not stop the worker's processing."""
-        from ...core.outage import Backoff, OutageTooLong
 
         if time.monotonic() < self._next_round:
             return True
@@ -406,7 +402,6 @@ class Scheduler:
 
     def run(self) -> None:
         """Rounds every ``SCHEDULE_INTERVAL`` until stopped, riding out database outages."""
-        from ...core.outage import Backoff, OutageMonitor
 
         monitor = OutageMonitor.for_alias(self.using)
         backoff = Backoff()

@@ -16,10 +16,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from cronsim import CronSim, CronSimError
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from ...core.names import validate_queue_name
 from ...core.setting_values import MAX_SECONDS
+from ...core.settings import get_settings
+from ...exceptions import UnknownQueue
+from ..handlers import get_handler
 
 CATCH_UP = ("latest", "all", "none")
 OVERLAP = ("allow", "skip")
@@ -56,7 +62,6 @@ class ScheduleError(ImproperlyConfigured):
 
 def validate_cron(expr: Any) -> str:
     """A five-field cron expression, as ``cronsim`` reads it; ValueError says what is wrong."""
-    from cronsim import CronSim, CronSimError
 
     if not isinstance(expr, str) or len(expr.split()) != 5:
         raise ValueError(f"must be a cron expression of five fields, got {expr!r}.")
@@ -219,14 +224,11 @@ def tick_message_id(name: str, tick: dt.datetime) -> str:
 
 
 def _default_timezone() -> str:
-    from django.conf import settings
 
     return str(getattr(settings, "TIME_ZONE", None) or "UTC")
 
 
 def _known_queue(queue: str) -> bool:
-    from ...exceptions import UnknownQueue
-    from ..handlers import get_handler
 
     try:
         get_handler(queue)
@@ -237,7 +239,6 @@ def _known_queue(queue: str) -> bool:
 
 def resolve_task(path: str) -> Any:
     """The Django task at ``path`` (``django.tasks`` or the ``django-tasks`` backport); ValueError else."""
-    from django.utils.module_loading import import_string
 
     try:
         found = import_string(path)
@@ -376,7 +377,6 @@ def schedule_errors(raw: Any, *, check_targets: bool = True) -> list[ScheduleErr
 
 def settings_schedules(*, check_targets: bool = True) -> dict[str, ScheduleSpec]:
     """``ZEROLOSS["SCHEDULES"]`` parsed; raises the first :class:`ScheduleError` (nothing half-applied)."""
-    from ...core.settings import get_settings
 
     raw = get_settings().SCHEDULES
     errors = schedule_errors(raw, check_targets=check_targets)

@@ -19,13 +19,17 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, connections
 
+from ...core.settings import get_settings
+from ...exceptions import InvalidHeaders, InvalidMessage, UnknownQueue
 from ...ledger import events
 from ...ledger.models import Message
 from ...ledger.service import ZeroLossMessageService
 from ...ledger.types import RecoveryReport
+from .. import retention
 from ..handlers import default_max_attempts, get_handler
+from ..sweep_loop import discover_standbys
 from .database import DatabaseTransport
 
 __all__ = [
@@ -71,7 +75,6 @@ def get_transport(service: ZeroLossMessageService) -> Transport:
 def ledger_aliases() -> list[str]:
     """Every database alias that holds a ledger: ``LEDGER_DATABASES`` and every database
     ``QUEUE_DATABASES`` routes to. The beat sweep covers each."""
-    from ...core.settings import get_settings
 
     settings = get_settings()
     return list(dict.fromkeys([*settings.LEDGER_DATABASES, *settings.QUEUE_DATABASES.values()]))
@@ -83,8 +86,6 @@ def database_for(queue_name: str, using: str | None = None) -> str:
     An explicit ``using`` that disagrees with the queue's route is refused: the message would
     land where no worker of that queue looks.
     """
-    from ...core.settings import get_settings
-    from ...exceptions import InvalidMessage
 
     routed = get_settings().QUEUE_DATABASES.get(queue_name, DEFAULT_DB_ALIAS)
     if using is not None and using != routed:
@@ -98,13 +99,10 @@ def database_for(queue_name: str, using: str | None = None) -> str:
 def _check_queue(queue_name: str) -> None:
     """A queue with a handler in this process, or declared in ``ZEROLOSS["QUEUES"]`` (a web
     process sending to workers whose handlers it does not import); else :class:`UnknownQueue`."""
-    from ...exceptions import UnknownQueue
 
     try:
         get_handler(queue_name)
     except UnknownQueue:
-        from ...core.settings import get_settings
-
         if queue_name not in get_settings().QUEUES:
             raise
 
@@ -112,9 +110,6 @@ def _check_queue(queue_name: str) -> None:
 def _check_transaction(alias: str) -> None:
     """Refuse to store a message outside a transaction the caller is in (on another database):
     it would commit at once, whatever became of the caller's transaction."""
-    from django.db import connections
-
-    from ...exceptions import InvalidMessage
 
     if connections[alias].in_atomic_block:
         return
@@ -131,8 +126,6 @@ def _check_transaction(alias: str) -> None:
 def after_sweep_hooks(service: ZeroLossMessageService) -> list[Any]:
     """What runs after each sweep: the transport's (Celery: publish again), standby discovery,
     the retention turn (:mod:`zeroloss.runtime.retention`)."""
-    from .. import retention
-    from ..sweep_loop import discover_standbys
 
     hooks: list[Any] = [get_transport(service).after_sweep]
     if service.engine.supports_replication:
@@ -214,7 +207,6 @@ def send_many(
     payload raises an error naming its position and nothing is stored. ``headers``: one dict for
     every message, or one dict (or None) per payload, in order, like ``message_ids``.
     """
-    from ...exceptions import InvalidMessage
 
     _check_queue(queue_name)
     data = list(payloads)
@@ -244,7 +236,6 @@ def _send_many(
     priority: int,
     ordering_key: str,
 ) -> tuple[ZeroLossMessageService, list[Message]]:
-    from ...exceptions import InvalidMessage
 
     items: list[tuple[Any, ...]]
     if headers is None or isinstance(headers, dict):
@@ -254,8 +245,6 @@ def _send_many(
     elif isinstance(headers, dict):
         items = [(mid, queue_name, payload, headers) for mid, payload in zip(ids, data, strict=True)]
     elif isinstance(headers, str | bytes):
-        from ...exceptions import InvalidHeaders
-
         raise InvalidHeaders(
             f"send_many's headers must be a dict (one for every message) or one dict per payload, "
             f"got {type(headers).__name__}; nothing was stored."

@@ -22,13 +22,15 @@ from pathlib import Path
 
 from django.db import connections
 
-from ...core.outage import Backoff, OutageMonitor, OutageTooLong
+from ...core.outage import Backoff, OutageMonitor, OutageTooLong, is_outage
 from ...core.states import LIVE_STATUSES
 from ...ledger.models import Message
 from ...ledger.service import ZeroLossMessageService
-from ..processing import Outcome
+from ..handlers import get_handler
+from ..processing import Outcome, close_thread_event_loop
 from ..schedules.scheduler import Scheduler
 from ..sweep_loop import StopFlag, SweepLoop
+from ..transports import after_sweep_hooks
 from ..wakeup import IDLE_POLL, Wakeup
 from .keeper import LeaseKeeper
 from .loop import ClaimLoop
@@ -90,8 +92,6 @@ class Worker:
         if pool not in ("thread", "process"):
             raise ValueError(f"pool must be 'thread' or 'process', not {pool!r}.")
         if pool == "process":
-            from ..handlers import get_handler
-
             refuse_transactional([get_handler(q) for q in queues])
         #: "thread": handlers run on the claim threads; "process": in a child per thread (.pool).
         self.pool = pool
@@ -164,8 +164,6 @@ class Worker:
                 .exists()
             )
         except Exception as exc:
-            from ...core.outage import is_outage
-
             if is_outage(exc):
                 return False
             raise
@@ -176,7 +174,6 @@ class Worker:
         loop = ClaimLoop(self, n)
 
         def run() -> None:
-            from ..processing import close_thread_event_loop
 
             try:
                 loop.run()
@@ -275,7 +272,6 @@ class Worker:
             self.stats.exit_part = cause[0].name
 
     def _sweeper(self) -> SweepLoop:
-        from ..transports import after_sweep_hooks
 
         service = self.service_for(SWEEP.actor)
         return SweepLoop(service, stop=self.stop, after_sweep=after_sweep_hooks(service))

@@ -34,6 +34,7 @@ from ...exceptions import TimeLimitExceeded
 from ...ledger.aborts import ABORT_POLL_INTERVAL
 from ...ledger.types import Verdict
 from ..handlers import HandlerSpec
+from ..pool_child import main
 from ..processing import HandlerRun, describe_error
 from ..timelimits import hard_limit
 
@@ -95,7 +96,6 @@ class ChildSlot:
     # -- the child's life -------------------------------------------------------------------
 
     def start(self) -> None:
-        from ..pool_child import main
 
         parent_conn, child_conn = self._ctx.Pipe()
         process = self._ctx.Process(
