@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .ops import health as _health
+from .ops import health_adapters as _adapters
 from .ops.health import HealthReport, health_report, health_view, live_view, ready_view
 
 __all__ = ["HealthReport", "health_report", "health_view", "live_view", "ready_view"]
@@ -14,5 +14,5 @@ __all__ = ["HealthReport", "health_report", "health_view", "live_view", "ready_v
 def __getattr__(name: str) -> Any:
     # ZeroLossHealthCheck and ZeroLossHealthCheckBackend exist only with django-health-check installed.
     if name in {"ZeroLossHealthCheck", "ZeroLossHealthCheckBackend"}:
-        return getattr(_health, name)
+        return getattr(_adapters, name)
     raise AttributeError(f"module 'zeroloss.health' has no attribute {name!r}")

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import zeroloss.urls
 from tests.support.factories import clear_cache, make_dead, make_stuck
+from zeroloss.health import ZeroLossHealthCheck
 from zeroloss.ops import metrics
-from zeroloss.ops.health import ZeroLossHealthCheck
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +26,7 @@ urlpatterns = [
     path(
         "ht/",
         HealthCheckView.as_view(
-            checks=["health_check.checks.Database", "zeroloss.ops.health.ZeroLossHealthCheck"]
+            checks=["health_check.checks.Database", "zeroloss.health.ZeroLossHealthCheck"]
         ),
     ),
 ]
