@@ -152,7 +152,8 @@ sys.modules["django.tasks"] = None  # an import of either now raises ImportError
 sys.modules["django_tasks"] = None
 import django
 django.setup()
-from zeroloss import checks, handlers
+from zeroloss.integrations.tasks_backend import checks
+from zeroloss.runtime import handlers
 from zeroloss.exceptions import UnknownQueue
 try:
     handlers.get_handler("no.such.queue")

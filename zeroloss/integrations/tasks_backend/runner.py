@@ -16,15 +16,6 @@ from ...core.states import Status
 from ...ledger.validation import canonical_json
 from ...runtime.delivery import call_when_stored
 from ...runtime.handlers import HandlerSpec
-from .compat import (
-    TaskContext,
-    TaskError,
-    TaskResultStatus,
-    normalize_json,
-    task_backends,
-    task_finished,
-    task_started,
-)
 from .queues import any_queue, task_queues
 
 if TYPE_CHECKING:
@@ -32,6 +23,16 @@ if TYPE_CHECKING:
 
 
 def run_task(delivery: Delivery) -> Any:
+    # deferred: django.tasks or django-tasks is optional (without either, no task is ever run)
+    from .compat import (
+        TaskContext,
+        TaskError,
+        TaskResultStatus,
+        normalize_json,
+        task_backends,
+        task_finished,
+        task_started,
+    )
 
     payload = delivery.payload
     if not isinstance(payload, dict) or "task" not in payload:
