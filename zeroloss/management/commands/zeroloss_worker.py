@@ -26,7 +26,6 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from ...core.settings import get_settings
-from ...integrations.telemetry.prometheus import EventsCollector
 from ...ops.logs import command_logging
 from ...runtime.handlers import get_handler, registered_queues
 from ...runtime.sweep_loop import StopFlag
@@ -190,8 +189,10 @@ class Command(ZeroLossCommand):
                 _("--metrics-port must be 1-65535, got %(port)s.") % {"port": port}, returncode=2
             )
         try:
-            # Deferred: prometheus-client is optional.
+            # deferred: prometheus-client is optional (zeroloss[metrics])
             from prometheus_client import CollectorRegistry, start_http_server
+
+            from ...integrations.telemetry.prometheus import EventsCollector  # deferred: the same
 
         except ImportError:
             raise CommandError(
