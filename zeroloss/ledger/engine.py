@@ -243,7 +243,7 @@ class Engine:
         than ``seconds`` (a worker frozen between two of its statements). SQLite: nothing to
         bound, the transaction lives in this process."""
 
-    def commit_unflushed(self, conn: BaseDatabaseWrapper, *, prepare: bool = False) -> None:
+    def commit_unflushed(self, conn: BaseDatabaseWrapper) -> None:
         """Inside a transaction of zeroloss's own that only claims or renews leases: its commit
         need not wait for the disk (lost in a server crash, the rows are as before it, a state
         the lease protocol handles). SQLite: nothing; every commit is as its database says."""

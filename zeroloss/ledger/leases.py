@@ -96,7 +96,7 @@ class Leases(Part):
         before = time.monotonic()
         self.connection.ensure_connection()
         if unflushed and self.connection.in_atomic_block:
-            engine.commit_unflushed(self.connection, prepare=self.settings.PREPARED_STATEMENTS)
+            engine.commit_unflushed(self.connection)
         # Remembered in case this claim's outcome is lost (see release_unknown_claims).
         self._claim_session = engine.session_of(self.connection)
         moving = [self.settings.ACK_TIMEOUT, self.instance_id, *params]
@@ -139,7 +139,7 @@ class Leases(Part):
             ms = int(self.settings.ACK_TIMEOUT * 1000)
             with transaction.atomic(using=self.using, savepoint=False):
                 self._run("PLAN_CLAIM", {"bound_ms": ms, "bound": str(ms)}, prepare=True)
-                self.engine.commit_unflushed(conn, prepare=self.settings.PREPARED_STATEMENTS)
+                self.engine.commit_unflushed(conn)
                 return self._move(name, params)
         if conn.atomic_blocks and conn.__dict__.get(_PLANNED) is conn.atomic_blocks[0]:
             return self._move(name, params)
@@ -215,7 +215,7 @@ class Leases(Part):
         if not self.engine.commits_unflushed or conn.in_atomic_block or not conn.get_autocommit():
             return self._run("RENEW", params, prepare=True)[0]
         with transaction.atomic(using=self.using, savepoint=False):
-            self.engine.commit_unflushed(conn, prepare=self.settings.PREPARED_STATEMENTS)
+            self.engine.commit_unflushed(conn)
             return self._run("RENEW", params, prepare=True)[0]
 
     def renew_lease(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
