@@ -87,16 +87,10 @@ class Leases(Part):
     #: more would look expired here when it was just taken, and its messages would never run).
     claimed_from: float = 0.0
 
-    def _claim(
-        self, name: str, params: Sequence[Any], cursor_of: str = "", *, unflushed: bool = False
-    ) -> list[Lease]:
-        """``unflushed``: the claim runs in a transaction of its own that a queue's control opened
-        for it, whose commit need not wait for the disk either (Engine.commit_unflushed)."""
+    def _claim(self, name: str, params: Sequence[Any], cursor_of: str = "") -> list[Lease]:
         engine = self.engine
         before = time.monotonic()
         self.connection.ensure_connection()
-        if unflushed and self.connection.in_atomic_block:
-            engine.commit_unflushed(self.connection)
         # Remembered in case this claim's outcome is lost (see release_unknown_claims).
         self._claim_session = engine.session_of(self.connection)
         moving = [self.settings.ACK_TIMEOUT, self.instance_id, *params]
@@ -168,18 +162,14 @@ class Leases(Part):
         validate_count(limit, "limit")
         control = self.ctx.control
         if control.is_controlled(queue_name):  # paused or limited: claims at most what it allows
-            own = not self.connection.in_atomic_block  # else the commit is the caller's
             return control.claim_controlled(
                 queue_name,
                 limit,
-                lambda n: self._claim(
-                    "CLAIM", self._claim_range(queue_name, n), cursor_of=queue_name, unflushed=own
-                ),
+                lambda n: self._claim("CLAIM", self._claim_range(queue_name, n), cursor_of=queue_name),
                 lambda n, most: self._claim(
                     "CLAIM_LIMITED",
                     [*self._claim_range(queue_name, n), n, most, queue_name],
                     cursor_of=queue_name,
-                    unflushed=own,
                 ),
             )
         params = self._claim_range(queue_name, limit)
