@@ -2,7 +2,7 @@
 do not (``synchronous_commit`` off for that transaction only); sends, acknowledgements, failures,
 claims inside a caller's transaction and everything after them do.
 
-The storage fault suite shows what it is for: tests/chaos/test_faults.py, a stall of every fsync.
+The storage fault suite shows what it is for: tests/test_faults.py, a stall of every fsync.
 """
 
 from __future__ import annotations
