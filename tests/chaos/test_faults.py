@@ -52,13 +52,7 @@ from tests.faults.cluster import FaultCluster
 from tests.faults.partitions import NetResult, run_partitions
 from tests.faults.partitions import report as partition_report
 from tests.faults.scenario import CI, measure_recovery, report, run_celery, run_database
-from tests.faults.storage import (
-    CI_STORAGE,
-    StorageRun,
-    run_fsync_stalls,
-    run_scenarios,
-    sqlite_on_failing_disk,
-)
+from tests.faults.storage import CI_STORAGE, StorageRun, run_scenarios, sqlite_on_failing_disk
 from tests.faults.storage import report as storage_report
 from tests.faults.workload import WorkerPool, child_env, producer
 from tests.infra.netns import SUBNET_PREFIX, NetnsLab
@@ -714,41 +708,6 @@ def test_sqlite_on_a_disk_that_refuses_writes_then_stalls_is_told_and_reported(t
     returns once its commit's fsync does; after it, neither reports anything."""
     problems = sqlite_on_failing_disk(tmp_path)
     assert problems == [], f"logs in {tmp_path}"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_handlers_run_and_no_attempt_is_spent_unrun_while_every_commit_outlasts_the_lease(tmp_path: Path):
-    """pg_wal on the FUSE passthrough, every fsync 3 s slower for 10 s: every synchronous commit
-    takes longer than ACK_TIMEOUT (2 s). Claims and renewals commit without waiting for the disk
-    (PostgreSQL's ``synchronous_commit`` off for their transactions only), so handlers start during
-    the stall (from ACK_TIMEOUT into it), and no message has an attempt counted that no handler
-    started (a claim whose leases ran out during its own commit)."""
-    # Handlers of 0.4 s on average: the workers fall behind the producer, so a backlog is there
-    # to claim during the stall (the producer's own sends wait for the disk).
-    run = run_fsync_stalls(
-        full_s=10.0,
-        stall_s=3.0,
-        seed=_seed(),
-        base_dir=tmp_path,
-        messages=300,
-        duration=20.0,
-        handler_ms_max=800.0,
-    )
-    print(
-        f"started in the stall: {run.started_in_stall}; attempts unrun: {run.attempts_unrun}; "
-        f"problems: {run.problems}"
-    )
-    assert run.findings.lost == [], f"logs in {run.run_dir}"
-    assert run.max_send_s >= 2.5, (
-        f"no send() waited for a stalled fsync ({run.max_send_s}s): no stall happened"
-    )
-    assert run.started_in_stall, (
-        f"no handler started while every commit outlasted the lease; logs in {run.run_dir}"
-    )
-    assert run.attempts_unrun == 0, (
-        f"{run.attempts_unrun} attempt(s) counted that never ran; logs in {run.run_dir}"
-    )
 
 
 # -- an outage seen by an idle worker, and claims whose commit an outage hid ---------------------

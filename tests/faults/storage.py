@@ -390,10 +390,6 @@ class StorageRun:
     server_panics: int = 0
     server_crashes: int = 0
     server_restarts: int = 0
-    #: A stall: handlers started from ACK_TIMEOUT into it until its end, and attempts counted
-    #: (the ledger's ``attempts``) that no handler started (a lease run out before it started).
-    started_in_stall: int | None = None
-    attempts_unrun: int | None = None
 
     @property
     def resume_s(self) -> float | None:
@@ -569,11 +565,9 @@ def run_storage(
     tick: Callable[[], None] | None = None,
     server: FaultCluster | None = None,
     hold: Callable[[threading.Event], tuple[float, float]] | None = None,
-    handler_ms_max: float = 30.0,
 ) -> StorageRun:
     """The workload with ``fs`` held full for ``full_s`` seconds from about a third of ``duration``
-    (``before_fill`` called just before, ``tick`` every 0.2 s while it is full and once after).
-    Handlers take 0 to ``handler_ms_max`` ms (every 25th: 500 ms)."""
+    (``before_fill`` called just before, ``tick`` every 0.2 s while it is full and once after)."""
     started = time.monotonic()
     run_dir.mkdir(parents=True, exist_ok=True)
     env = child_env(database_url, run_dir, ZEROLOSS_ACK_TIMEOUT=str(ack_timeout), ZEROLOSS_SWEEP_INTERVAL="2")
@@ -597,7 +591,7 @@ def run_storage(
                 "rate": messages / duration,
                 "queues": ["faults.tx", "faults.plain"],
                 "max_attempts": 100,
-                "sleep_ms_max": handler_ms_max,
+                "sleep_ms_max": 30.0,
                 "slow_every": 25,
                 "out": str(run_dir / "sends.log"),
                 "give_up_after": 120,
@@ -927,14 +921,10 @@ def run_fsync_stalls(
     duration: float,
     log: Callable[[str], None] = print,
     stall_s: float = STALLS_DELAY_S,
-    handler_ms_max: float = 30.0,
 ) -> StorageRun:
     """Scenario 3: every ``fsync`` of ``pg_wal`` takes ``stall_s`` seconds more, for ``full_s``
-    seconds (longer than ACK_TIMEOUT): every synchronous commit waits that long (claims' and
-    renewals' do not wait for the disk)."""
-    return _run_stalled(
-        "fsync-stalls", full_s, seed, base_dir, messages, duration, log, stall_s, handler_ms_max
-    )
+    seconds (longer than ACK_TIMEOUT): every commit, renewals included, waits that long."""
+    return _run_stalled("fsync-stalls", full_s, seed, base_dir, messages, duration, log, stall_s)
 
 
 def run_fsync_stall(
@@ -960,7 +950,6 @@ def _run_stalled(
     duration: float,
     log: Callable[[str], None],
     stall_s: float | None,
-    handler_ms_max: float = 30.0,
 ) -> StorageRun:
     cluster = StallCluster()
     try:
@@ -982,7 +971,7 @@ def _run_stalled(
             cluster.stall.clear()
             return began, time.time()
 
-        run = run_storage(
+        return run_storage(
             scenario=scenario,
             database_url=url,
             fs=None,
@@ -994,39 +983,9 @@ def _run_stalled(
             log=log,
             server=cluster,
             hold=hold,
-            ack_timeout=ACK_TIMEOUT_S,
-            handler_ms_max=handler_ms_max,
         )
-        _count_stalled_work(run, url, run.fault.began + length)
-        log(
-            f"  {scenario}: {run.started_in_stall} handler(s) started from {ACK_TIMEOUT_S:.0f}s into the "
-            f"stall until its end; {run.attempts_unrun} attempt(s) counted that no handler started"
-        )
-        return run
     finally:
         cluster.stop()
-
-
-#: The storage scenarios' lease (ACK_TIMEOUT): shorter than every stall they make.
-ACK_TIMEOUT_S = 2.0
-
-
-def _count_stalled_work(run: StorageRun, url: str, stall_end: float) -> None:
-    """What the workers did during a stall longer than their leases: handlers started in it (the
-    run logs), and attempts the ledger counted that no handler started."""
-    started: dict[str, set[int]] = {}
-    in_stall = 0
-    for path in (run.run_dir / "runs").glob("*.log"):
-        for line in path.read_text().splitlines():
-            at, event, _kind, message_id, attempt, *_ = line.split()
-            if event != "start":
-                continue
-            started.setdefault(message_id, set()).add(int(attempt))
-            in_stall += run.fault.began + ACK_TIMEOUT_S < float(at) < stall_end
-    with psycopg.connect(url, autocommit=True) as conn:
-        attempts = conn.execute("SELECT message_id, attempts FROM zeroloss_message").fetchall()
-    run.started_in_stall = in_stall
-    run.attempts_unrun = sum(max(0, n - len(started.get(mid, ()))) for mid, n in attempts)
 
 
 def run_sqlite_full(
@@ -1183,11 +1142,6 @@ def describe(run: StorageRun) -> str:
             f"ready again {run.server_restarts} time(s); "
             f"accepting connections again {run.up_again_s}s after the space was freed (resumption measured "
             f"from then; {run.resume_from_freed_s}s from the space being freed)"
-        )
-    if run.started_in_stall is not None:
-        lines.append(
-            f"  handlers started from ACK_TIMEOUT into the stall until its end: {run.started_in_stall}; "
-            f"attempts counted that no handler started: {run.attempts_unrun}"
         )
     for cause, n in f.rerun_causes.most_common():
         lines.append(f"  re-run because {cause}: {n}")

@@ -278,8 +278,7 @@ class Control(Part):
     ) -> list[Lease]:
         """Claim through ``claim(n)`` at most what the queue's control allows, atomically.
         ``claim_counting(n, concurrency)``: a claim that counts what is processing itself (one
-        statement less while the row is locked). In a transaction of its own, its commit does not
-        wait for the disk (Engine.commit_unflushed)."""
+        statement less while the row is locked)."""
         if not self._claims_lock(queue_name):
             # Paused only, as far as this process knows: an unlocked read decides (no row lock
             # for every poll of a paused queue); a limit set meanwhile is found there too.
@@ -296,8 +295,6 @@ class Control(Part):
         # one more round trip. A failure here fails that transaction.
         if slots and self._slotted(key) and _EXACT.get(key, 0.0) <= time.monotonic():
             with transaction.atomic(using=self.using, savepoint=False):
-                if own:
-                    self.engine.commit_unflushed(self.connection)
                 try:
                     leases = self._claim_in_slot(queue_name, limit, claim)
                 except _NearLimit:
@@ -310,8 +307,6 @@ class Control(Part):
                         return self._claim_exact(queue_name, key, slots, limit, claim, claim_counting)
             # In a transaction of its own: the slot let go with its end, the exact path at once.
         with transaction.atomic(using=self.using, savepoint=False):
-            if own:
-                self.engine.commit_unflushed(self.connection)
             return self._claim_exact(queue_name, key, slots, limit, claim, claim_counting)
 
     def _claim_exact(

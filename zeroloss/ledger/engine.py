@@ -116,9 +116,6 @@ class Engine:
     #: Whether a claim by queue runs in a transaction that first sets how it is planned
     #: (statements.PLAN_CLAIM; PostgreSQL).
     plans_claims: ClassVar[bool] = False
-    #: Whether a claim or renewal in a transaction of its own commits without waiting for the
-    #: disk (PostgreSQL: :meth:`commit_unflushed`; docs/concepts.md#which-commits-wait-for-the-disk).
-    commits_unflushed: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.sql: dict[str, str] = {}
@@ -242,11 +239,6 @@ class Engine:
         """Inside a transaction of zeroloss's own: the server ends it if it stays idle longer
         than ``seconds`` (a worker frozen between two of its statements). SQLite: nothing to
         bound, the transaction lives in this process."""
-
-    def commit_unflushed(self, conn: BaseDatabaseWrapper) -> None:
-        """Inside a transaction of zeroloss's own that only claims or renews leases: its commit
-        need not wait for the disk (lost in a server crash, the rows are as before it, a state
-        the lease protocol handles). SQLite: nothing; every commit is as its database says."""
 
     def abandon_batch(self, conn: BaseDatabaseWrapper) -> None:
         """The batch is rolling back: undo what :meth:`open_batch` set on the client."""

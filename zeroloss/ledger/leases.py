@@ -16,7 +16,7 @@ from django.db import OperationalError, transaction
 
 from . import events
 from .base import Part
-from .engine import MOVED_FROM, Rows
+from .engine import MOVED_FROM
 from .types import Lease
 from .validation import validate_count, validate_message_id, validate_queue_name
 
@@ -133,7 +133,6 @@ class Leases(Part):
             ms = int(self.settings.ACK_TIMEOUT * 1000)
             with transaction.atomic(using=self.using, savepoint=False):
                 self._run("PLAN_CLAIM", {"bound_ms": ms, "bound": str(ms)}, prepare=True)
-                self.engine.commit_unflushed(conn)
                 return self._move(name, params)
         if conn.atomic_blocks and conn.__dict__.get(_PLANNED) is conn.atomic_blocks[0]:
             return self._move(name, params)
@@ -198,23 +197,15 @@ class Leases(Part):
 
     # -- renewals -------------------------------------------------------------------------
 
-    def _renew(self, params: list[Any]) -> Rows:
-        """RENEW; in a transaction of its own that does not wait for the disk (PostgreSQL) when
-        the caller has none: a renewal lost in a server crash leaves the earlier expiry."""
-        conn = self.connection
-        if not self.engine.commits_unflushed or conn.in_atomic_block or not conn.get_autocommit():
-            return self._run("RENEW", params, prepare=True)[0]
-        with transaction.atomic(using=self.using, savepoint=False):
-            self.engine.commit_unflushed(conn)
-            return self._run("RENEW", params, prepare=True)[0]
-
     def renew_lease(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
         """Extend a live lease by ``ACK_TIMEOUT``. ``False`` once the lease was lost or expired."""
         validate_message_id(message_id)
         token = self._token(lease_token)
         unbounded = self.engine.period_params([None])
-        rows = self._renew(
-            [self.settings.ACK_TIMEOUT, *self._rows("RENEW", [message_id], [token]), *unbounded, *unbounded]
+        rows, _ = self._run(
+            "RENEW",
+            [self.settings.ACK_TIMEOUT, *self._rows("RENEW", [message_id], [token]), *unbounded, *unbounded],
+            prepare=True,
         )
         return bool(rows)
 
@@ -225,13 +216,15 @@ class Leases(Part):
             return set()
         engine = self.engine
         period = engine.period_params([x.created_at for x in held])
-        rows = self._renew(
+        rows, _ = self._run(
+            "RENEW",
             [
                 self.settings.ACK_TIMEOUT,
                 *self._rows("RENEW", [x.message_id for x in held], [engine.token(x.token) for x in held]),
                 *period,
                 *period,
-            ]
+            ],
+            prepare=True,
         )
         return {r[0] for r in rows}
 

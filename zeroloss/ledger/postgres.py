@@ -163,13 +163,6 @@ class PostgresEngine(Engine):
         # may prepare (PREPARED_STATEMENTS is the ledger's setting).
         self.execute(conn, self.sql["BOUND_TRANSACTION"], {"bound": str(int(seconds * 1000))})
 
-    commits_unflushed = True
-
-    def commit_unflushed(self, conn: BaseDatabaseWrapper) -> None:
-        # SET LOCAL synchronous_commit TO off, as a SELECT so that it can be prepared. Its WAL is
-        # flushed by the WAL writer within wal_writer_delay, or by any later synchronous commit.
-        self.execute(conn, "SELECT set_config('synchronous_commit', 'off', true)", {}, prepare=True)
-
     def open_batch(self, conn: BaseDatabaseWrapper, bound_ms: int) -> int | None:
         rows, _ = self.execute(conn, self.sql["BATCH_OPEN"], {"bound_ms": bound_ms, "bound": str(bound_ms)})
         return int(rows[0][1])

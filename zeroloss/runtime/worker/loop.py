@@ -258,10 +258,6 @@ class ClaimLoop:
             # No transaction of the worker's: nothing for a worker that stalls to hold (on
             # PostgreSQL the claim's own, bounded; Leases._planned_claim).
             return None, service.claim(queue, limit=size)
-        if service.engine.commits_unflushed:
-            # Two commits: the outcomes' waits for the disk, the claim's does not, so a stalled
-            # disk delays outcomes only, never hands out leases that ran out during a commit.
-            return service.record_outcomes(outcomes), service.claim(queue, limit=size)
         with transaction.atomic(using=service.using):
             # Two statements, one commit: the server ends the transaction should this worker
             # stall between them (cut off or dead, its session's keepalives do).
