@@ -260,7 +260,7 @@ class ExplainSampler(threading.Thread):
 
 def claim_params(
     conn: psycopg.Connection[Any], sql: str, ack_timeout: float, limit: int
-) -> dict[str, list[Any]]:
+) -> dict[str, list[Any] | dict[str, Any]]:
     """CLAIM's parameters as :meth:`zeroloss.ledger.leases.Leases.claim` passes them: the
     claim after a previous one (a worker's usual claim: its last message claimed a moment ago) and
     the claim from the head. Before issue 24 there was only the claim from the head."""
@@ -272,6 +272,12 @@ def claim_params(
     row = conn.execute("SELECT statement_timestamp()").fetchone()
     assert row is not None
     since = row[0] - leases.CLAIM_REWIND
+    if "%(queue)s" in sql:  # written whole (sql/claims.sql): named parameters
+        named = {"ack_timeout": ack_timeout, "claimed_by": "bench-explain", "queue": QUEUE, "limit": limit}
+        return {
+            "CLAIM": {**named, "priority": 0, "since": since, "detail": ""},
+            "CLAIM head": {**named, "priority": leases._FROM_HEAD, "since": None, "detail": ""},
+        }
     head = [QUEUE, leases._FROM_HEAD]
     after = [QUEUE, 0]
     return {
@@ -280,7 +286,9 @@ def claim_params(
     }
 
 
-def sweep_params(conn: psycopg.Connection[Any], sql: str, batch: int) -> dict[str, list[Any]]:
+def sweep_params(
+    conn: psycopg.Connection[Any], sql: str, batch: int
+) -> dict[str, list[Any] | dict[str, Any]]:
     """SWEEP's parameters as the worker's sweep passes them: the sweep of what expired since its
     previous complete sweep (2 s ago), and the sweep from the head (before issue 24: only that)."""
     if sql.count("%s") == 1:  # before issue 24
@@ -290,6 +298,11 @@ def sweep_params(conn: psycopg.Connection[Any], sql: str, batch: int) -> dict[st
     row = conn.execute("SELECT statement_timestamp()").fetchone()
     assert row is not None
     since = row[0] - dt.timedelta(seconds=2) - sweep.SWEEP_REWIND
+    if "%(since)s" in sql:  # written whole (sql/claims.sql): named parameters
+        return {
+            "SWEEP": {"since": since, "limit": batch},
+            "SWEEP head": {"since": sweep._LONG_AGO, "limit": batch},
+        }
     return {"SWEEP": [since, batch, since], "SWEEP head": [sweep._LONG_AGO, batch, sweep._LONG_AGO]}
 
 

@@ -39,12 +39,13 @@ def held_xmin() -> Iterator[None]:
         holder.close()
 
 
-def _claim_buffers(service: ZeroLossMessageService, params: list[Any]) -> int:
+def _claim_buffers(service: ZeroLossMessageService, params: dict[str, Any]) -> int:
     """Shared buffers CLAIM's index ranges read with these parameters (EXPLAIN ANALYZE, rolled back)."""
     sql = service.engine.sql["CLAIM"]
     with psycopg.connect(_url(), autocommit=True) as conn, conn.transaction(force_rollback=True):
         row = conn.execute(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", [5.0, "test", *params]
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}",
+            {"ack_timeout": 5.0, "claimed_by": "test", "detail": "", **params},
         ).fetchone()
     assert row is not None
     plan = (row[0] if isinstance(row[0], list) else json.loads(row[0]))[0]["Plan"]
@@ -68,8 +69,9 @@ def test_a_claim_after_the_previous_one_does_not_revisit_what_earlier_claims_lef
     assert [x.message_id for x in service.claim("q", limit=10)] == [f"n{i}" for i in range(10)]
     leases._HEAD_CLAIMED[("default", "q")] = leases._BEHIND_CLAIMED[("default", "q")] = time.monotonic()
     after = _claim_buffers(service, service.leases._claim_range("q", 10))
-    group = ["q", leases._FROM_HEAD]
-    from_head = _claim_buffers(service, [*group, 10, *group, None, 10, *group, 10, 10])
+    from_head = _claim_buffers(
+        service, {"queue": "q", "priority": leases._FROM_HEAD, "since": None, "limit": 10}
+    )
     # From the head it walks the 3,010 versions the claims left (their heap and index pages);
     # after the previous claim, the new messages' pages only. (How many pages that is depends
     # on what vacuum and index cleanup left behind: the comparison, not a ratio, is the point.)
@@ -120,7 +122,9 @@ def _sweep_buffers(service: ZeroLossMessageService, since: Any) -> int:
     """Shared buffers SWEEP reads from this bound (EXPLAIN ANALYZE, rolled back)."""
     sql = service.engine.sql["SWEEP"]
     with psycopg.connect(_url(), autocommit=True) as conn, conn.transaction(force_rollback=True):
-        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", [since, 1000, since]).fetchone()
+        row = conn.execute(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", {"since": since, "limit": 1000}
+        ).fetchone()
     assert row is not None
     plan = (row[0] if isinstance(row[0], list) else json.loads(row[0]))[0]["Plan"]
     # The whole statement: its choosing subquery and the update's own look-up of the chosen rows.
@@ -166,5 +170,5 @@ def test_a_lease_that_expired_before_the_sweeps_window_is_swept_from_the_head() 
 def plan_text(service: ZeroLossMessageService, since: Any) -> str:
     sql = service.engine.sql["SWEEP"]
     with psycopg.connect(_url(), autocommit=True) as conn, conn.transaction(force_rollback=True):
-        rows = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", [since, 1000, since]).fetchall()
+        rows = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", {"since": since, "limit": 1000}).fetchall()
     return "\n".join(r[0] for r in rows)

@@ -53,13 +53,13 @@ def claim_plan(service: ZeroLossMessageService, *, planned: bool, sql: str = "")
     engine = engine_for(connection)
     assert isinstance(engine, PostgresEngine)
     sql = sql or engine._with_audit("CLAIM", False)
-    params = [
-        30.0,
-        "test-worker",
-        *service.leases._claim_range(QUEUE, 100),
-        "",
-        "test-worker",
-    ]  # detail, actor
+    params = {
+        "ack_timeout": 30.0,
+        "claimed_by": "test-worker",
+        **service.leases._claim_range(QUEUE, 100),
+        "detail": "",
+        "actor": "test-worker",
+    }
     with transaction.atomic(), connection.cursor() as cursor:
         if planned:
             cursor.execute(engine.sql["PLAN_CLAIM"], {"bound_ms": 0, "bound": "0"})
@@ -114,7 +114,7 @@ def test_a_claim_on_a_backlog_sent_since_the_last_analyze_finds_its_rows_by_id()
     engine = engine_for(connection)
     assert isinstance(engine, PostgresEngine)
     claim = engine._with_audit("CLAIM", False)
-    checked_again = claim.replace(") c LIMIT %s))", ") c LIMIT %s)) AND status = 'pending'")
+    checked_again = claim.replace(") c LIMIT %(limit)s))", ") c LIMIT %(limit)s)) AND status = 'pending'")
     assert checked_again != claim
     assert "queue_status_idx" in _row_lookup(claim_plan(service, planned=True, sql=checked_again))
 

@@ -715,5 +715,5 @@ def test_the_mutation_removes_only_the_guard():
     assert sorted(re.findall(_PARAMETER, mutated)) == sorted(re.findall(_PARAMETER, written))
     assert predicates(mutated)[0] == predicates(written)[0]
     claim = next(g for g in GUARDS if g.id == "CLAIM-status")
-    assert "status = 'pending'" not in without_guard(statements.CLAIM, claim)
-    assert "SET status = 'processing'" in without_guard(statements.CLAIM, claim)
+    assert "status = 'pending'" not in without_guard(catalogue()["CLAIM"], claim)
+    assert "SET status = 'processing'" in without_guard(catalogue()["CLAIM"], claim)

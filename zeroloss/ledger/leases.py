@@ -52,7 +52,7 @@ class Leases(Part):
 
     # -- claims ---------------------------------------------------------------------------
 
-    def _claim_range(self, queue_name: str, limit: int) -> list[Any]:
+    def _claim_range(self, queue_name: str, limit: int) -> dict[str, Any]:
         """CLAIM's parameters: after this claimer's previous claim of the queue (CLAIM_REWIND
         before it, one claim of the process every CLAIM_BEHIND_EVERY seconds CLAIM_BEHIND before
         it), or from the head (its first claim, one claim of the process every
@@ -69,8 +69,7 @@ class Leases(Part):
             if now - _BEHIND_CLAIMED.get(key, now) > CLAIM_BEHIND_EVERY:
                 _BEHIND_CLAIMED[key] = now
                 since -= CLAIM_BEHIND
-        group = [queue_name, priority]  # each of the three ranges: its queue and priority bound
-        return [*group, limit, *group, since, limit, *group, limit, limit]
+        return {"queue": queue_name, "priority": priority, "since": since, "limit": limit}
 
     def _remember_claim(self, queue_name: str, rows: list[Any]) -> None:
         """Where the next claim of this claimer starts: its last message's priority, and the
@@ -87,13 +86,13 @@ class Leases(Part):
     #: more would look expired here when it was just taken, and its messages would never run).
     claimed_from: float = 0.0
 
-    def _claim(self, name: str, params: Sequence[Any], cursor_of: str = "") -> list[Lease]:
+    def _claim(self, name: str, params: dict[str, Any], cursor_of: str = "") -> list[Lease]:
         engine = self.engine
         before = time.monotonic()
         self.connection.ensure_connection()
         # Remembered in case this claim's outcome is lost (see release_unknown_claims).
         self._claim_session = engine.session_of(self.connection)
-        moving = [self.settings.ACK_TIMEOUT, self.instance_id, *params]
+        moving = {"ack_timeout": self.settings.ACK_TIMEOUT, "claimed_by": self.instance_id, **params}
         if engine.plans_claims and name in _ORDERED_CLAIMS:
             rows = self._planned_claim(name, moving)
         else:
@@ -124,7 +123,7 @@ class Leases(Part):
             self.ctx.emit([events.Claimed(cursor_of or leases[0].queue_name, leases)])
         return leases
 
-    def _planned_claim(self, name: str, params: Sequence[Any]) -> list[Any]:
+    def _planned_claim(self, name: str, params: dict[str, Any]) -> list[Any]:
         """Run a claim by queue planned by statements.PLAN_CLAIM: in a transaction of its own
         (bounded like the worker's) when the caller has none; in the caller's, with the setting
         put back after it, unless the transaction is the worker's, planned when it began."""
@@ -167,7 +166,7 @@ class Leases(Part):
                 lambda n: self._claim("CLAIM", self._claim_range(queue_name, n), cursor_of=queue_name),
                 lambda n, most: self._claim(
                     "CLAIM_LIMITED",
-                    [*self._claim_range(queue_name, n), n, most, queue_name],
+                    {**self._claim_range(queue_name, n), "most": most},
                     cursor_of=queue_name,
                 ),
             )
@@ -190,9 +189,11 @@ class Leases(Part):
         control = self.ctx.control
         queue = control.queue_of(message_id) if control.any_controlled() else None
         if queue is not None and control.is_controlled(queue):
-            leases = control.claim_controlled(queue, 1, lambda n: self._claim("CLAIM_BY_ID", [message_id]))
+            leases = control.claim_controlled(
+                queue, 1, lambda n: self._claim("CLAIM_BY_ID", {"mid": message_id})
+            )
         else:
-            leases = self._claim("CLAIM_BY_ID", [message_id])
+            leases = self._claim("CLAIM_BY_ID", {"mid": message_id})
         return leases[0] if leases else None
 
     # -- renewals -------------------------------------------------------------------------

@@ -33,6 +33,7 @@ WHOLE: tuple[Catalogue, ...] = (
     statements_control.CATALOGUE,
     statements_leases.OUTCOMES,
     statements_leases.LEASES,
+    statements_leases.CLAIMS,
     Catalogue("sql/persist.sql"),
     Catalogue("sql/keys.sql"),
 )
