@@ -228,8 +228,6 @@ class ExplainSampler(threading.Thread):
             "AND lease_expires_at > statement_timestamp() LIMIT 10"
         ).fetchall()
         mids, toks = [r[0] for r in held], [r[1] for r in held]
-        # The leases' creation times bound both to their partitions, as the worker's do.
-        period = self.engine.period_params([r[2] for r in held])
         self.rounds += 1
         # The variants from the head only every third round: under a held xmin each is the
         # heaviest statement of the cell, and the worker makes one a minute itself.
@@ -240,10 +238,14 @@ class ExplainSampler(threading.Thread):
         for name, params in sweep_params(conn, self.sql["SWEEP"], 1000).items():
             if heads or not name.endswith("head"):
                 self._explain(conn, name, self.sql["SWEEP"], params)
-        self._explain(conn, "RENEW", self.sql["RENEW"], [self.ack_timeout, mids, toks, *period, *period])
-        # ACK is written whole: named parameters, its RETURNING's audit detail among them.
+        # RENEW and ACK are written whole: named parameters (ACK's audit detail among them). The
+        # leases' creation times bound both to their partitions, as the worker's do.
+        bounded = self.engine.period([r[2] for r in held])
+        self._explain(
+            conn, "RENEW", self.sql["RENEW"], {"ttl": self.ack_timeout, "mid": mids, "tok": toks, **bounded}
+        )
         acked = {"mid": mids, "tok": toks, "res": ["null"] * len(mids), "detail": ""}
-        self._explain(conn, "ACK", self.sql["ACK"], {**acked, **self.engine.period([r[2] for r in held])})
+        self._explain(conn, "ACK", self.sql["ACK"], {**acked, **bounded})
 
     def run(self) -> None:
         try:

@@ -219,6 +219,11 @@ def _busy(svc: ZeroLossMessageService, lease: Lease) -> bool:
     return lease.message_id in svc.busy_leases([lease])
 
 
+def _revive(svc: ZeroLossMessageService, lease: Lease) -> bool:
+    # What a worker asks of leases its claim handed back already expired (a slow commit).
+    return lease.message_id in svc.revive_leases([lease])
+
+
 def _ack_one(svc: ZeroLossMessageService, lease: Lease) -> bool:
     return svc.acknowledge(lease.message_id, lease.token, result={"ok": True})
 
@@ -283,6 +288,15 @@ def expired_refused(outcome: Outcome) -> Callable[[ZeroLossMessageService], None
             expect(not outcome(svc, lease), "an expired lease's outcome was recorded")
 
     return check
+
+
+def revive_leaves_aborted(svc: ZeroLossMessageService) -> None:
+    # Expired and aborted: the sweep's, which cancels it; a revival would hand it back to run.
+    lease = held(svc, "m")
+    expire_leases(["m"])
+    _request_abort("m")
+    with untouched("m"):
+        expect(not _revive(svc, lease), "an aborted message's expired lease was revived")
 
 
 def refused_before_writing(setup: Callable[[ZeroLossMessageService], Lease]) -> Callable[..., None]:
@@ -548,6 +562,10 @@ def _holder_outcome(statement: str, outcome: Outcome, token: str = _TOKEN) -> li
 GUARDS: list[Guard] = [
     *_holder_outcome("RENEW", _renew),
     *_holder_outcome("RENEW_BUSY", _busy),
+    # Not fenced by the expiry: a revival is of a lease that ran out (tests/ledger/test_revival.py).
+    Guard("REVIVE", "token", _TOKEN, stale_token_refused(_revive)),
+    Guard("REVIVE", "status", _PROCESSING, left_processing_refused(_revive)),
+    Guard("REVIVE", "abort", "abort_requested_at IS NULL", revive_leaves_aborted),
     *_holder_outcome("ACK", _ack_batch),
     *_holder_outcome("ACK_ONE", _ack_one, token="lease_token = %s"),
     *_holder_outcome("FAIL", _fail_batch),

@@ -198,14 +198,29 @@ class Leases(Part):
 
     # -- renewals -------------------------------------------------------------------------
 
+    def _renewal(self, name: str, leases: Sequence[Lease], **ttl: float) -> set[str]:
+        """Run a renewal statement (RENEW, RENEW_BUSY, REVIVE) for ``leases``: the ids it returns."""
+        engine = self.engine
+        params = {
+            **ttl,
+            **engine.batch(mid=[x.message_id for x in leases], tok=[engine.token(x.token) for x in leases]),
+            **engine.period([x.created_at for x in leases]),
+        }
+        rows, _ = self._run(name, params, prepare=True)
+        return {r[0] for r in rows}
+
     def renew_lease(self, message_id: str, lease_token: uuid.UUID | str) -> bool:
         """Extend a live lease by ``ACK_TIMEOUT``. ``False`` once the lease was lost or expired."""
         validate_message_id(message_id)
         token = self._token(lease_token)
-        unbounded = self.engine.period_params([None])
+        engine = self.engine
         rows, _ = self._run(
             "RENEW",
-            [self.settings.ACK_TIMEOUT, *self._rows("RENEW", [message_id], [token]), *unbounded, *unbounded],
+            {
+                "ttl": self.settings.ACK_TIMEOUT,
+                **engine.batch(mid=[message_id], tok=[token]),
+                **engine.period([None]),
+            },
             prepare=True,
         )
         return bool(rows)
@@ -213,40 +228,23 @@ class Leases(Part):
     def renew_leases(self, leases: Iterable[Lease]) -> set[str]:
         """Renew many live leases in one statement; returns the ids whose lease was renewed."""
         held = list(leases)
-        if not held:
-            return set()
-        engine = self.engine
-        period = engine.period_params([x.created_at for x in held])
-        rows, _ = self._run(
-            "RENEW",
-            [
-                self.settings.ACK_TIMEOUT,
-                *self._rows("RENEW", [x.message_id for x in held], [engine.token(x.token) for x in held]),
-                *period,
-                *period,
-            ],
-            prepare=True,
-        )
-        return {r[0] for r in rows}
+        return self._renewal("RENEW", held, ttl=self.settings.ACK_TIMEOUT) if held else set()
 
     def busy_leases(self, leases: Iterable[Lease]) -> set[str]:
         """Of leases a renewal skipped, those still held and unexpired: their rows were locked
         elsewhere for the moment (the renewal does not wait for a row lock), not lost."""
         held = list(leases)
-        if not held:
-            return set()
-        engine = self.engine
-        rows, _ = self._run(
-            "RENEW_BUSY",
-            [
-                *self._rows(
-                    "RENEW_BUSY", [x.message_id for x in held], [engine.token(x.token) for x in held]
-                ),
-                *engine.period_params([x.created_at for x in held]),
-            ],
-            prepare=True,
-        )
-        return {r[0] for r in rows}
+        return self._renewal("RENEW_BUSY", held) if held else set()
+
+    def revive_leases(self, leases: Iterable[Lease]) -> set[str]:
+        """Renew leases that may have run out while nobody else took them (statements REVIVE:
+        fenced by token and status, not by expiry; no abort requested): what a worker does
+        with a claim whose commit took longer than its lease, before it runs anything.
+        Returns the ids revived: each lease then runs ``ACK_TIMEOUT`` from the statement, as
+        a renewal's does. A lease another worker claimed since, or the sweep or an operator
+        moved, is not revived."""
+        held = list(leases)
+        return self._renewal("REVIVE", held, ttl=self.settings.ACK_TIMEOUT) if held else set()
 
     def release_unknown_claims(self, held: Iterable[Lease] = ()) -> list[str]:
         """After a claim whose commit outcome was lost: give back every lease this instance holds
@@ -262,7 +260,7 @@ class Leases(Part):
         tokens = [engine.token(x.token) for x in held]
         rows = self._move(
             "RELEASE_UNKNOWN",
-            [self.instance_id, *self._rows("RELEASE_UNKNOWN", tokens)],
+            {"owner": self.instance_id, **engine.batch(tok=tokens)},
             detail="released: the claim's commit outcome was lost with its connection",
         )
         return [r[1] for r in rows]

@@ -127,6 +127,7 @@ class ZeroLossMessageService:
     renew_lease = operation(Leases.renew_lease)
     renew_leases = operation(Leases.renew_leases)
     busy_leases = operation(Leases.busy_leases)
+    revive_leases = operation(Leases.revive_leases)
     release_unknown_claims = operation(Leases.release_unknown_claims)
     acknowledge = operation(Outcomes.acknowledge)
     fail = operation(Outcomes.fail)

@@ -21,35 +21,11 @@ _CLAIM_RETURNING = ", lease_token, lease_expires_at, payload, max_attempts, prio
 # The claims (CLAIM, CLAIM_LIMITED, CLAIM_BY_ID) and the recovery sweep (SWEEP) are written
 # whole in sql/claims.sql.
 # The lease holder's outcomes (ACK, FAIL, FAIL_FINAL, SNOOZE, RELEASE and their _LOCKED forms,
-# ACK_ONE, SNOOZE_COUNTS) are written whole in sql/outcomes.sql; its reads (LEASED_ATTEMPT,
-# LOCK_HELD, OWN_EVENTS, NEXT_AVAILABLE, ANY_EXPIRED) and its transactions' settings
-# (BATCH_OPEN, PLAN_CLAIM, ...) in sql/leases.sql. ``{in_period}``: bounded by the
-# leases' creation times (PostgreSQL: one parameter, the day of the batch's earliest), so that
-# the statement is planned without the partitions of earlier periods
-# (docs/scaling.md#retention-by-partition); nothing where nothing is partitioned.
-_UNEXPIRED = " AND {msg}.lease_expires_at > {clock}"
-_FENCED_LEASE = (
-    "{msg}.message_id = b.mid AND {msg}.lease_token = b.tok AND {msg}.status = 'processing'"
-    + _UNEXPIRED
-    + "{in_period}"
-)
-# The keeper's renewal never waits for a row lock: a row locked elsewhere (a transactional
-# batch recording its outcome, an operator's move) is skipped, and RENEW_BUSY tells it apart
-# from a lease that is lost.
-RENEW = (
-    "UPDATE {msg} SET lease_expires_at = {clock_after}, updated_at = {clock} WHERE {in_open}SELECT {msg}.id "
-    "FROM {msg}, {rows} WHERE " + _FENCED_LEASE + "{skip_locked_of}{in_close} AND status = 'processing' "
-    "AND lease_expires_at > {clock}{in_period} RETURNING message_id"
-)
-RENEW_BUSY = "SELECT {msg}.message_id FROM {msg}, {rows} WHERE " + _FENCED_LEASE
-# A claim whose commit outcome was lost with its connection: give back whatever this claimer
-# holds that it does not know about (the attempt is not counted).
-RELEASE_UNKNOWN = (
-    "UPDATE {msg} SET status = 'pending', attempts = attempts - 1, available_at = {now}, lease_token = NULL, "
-    "lease_expires_at = NULL, started_at = NULL, updated_at = {now} WHERE status = 'processing' "
-    "AND claimed_by = %s AND lease_expires_at > {now} AND NOT EXISTS (SELECT 1 FROM {rows} "
-    "WHERE b.tok = lease_token)"
-)
+# ACK_ONE, SNOOZE_COUNTS) are written whole in sql/outcomes.sql; its renewals (RENEW,
+# RENEW_BUSY), the revival of leases that ran out untaken (REVIVE), the release of a lost
+# claim's leases (RELEASE_UNKNOWN), its reads (LEASED_ATTEMPT, LOCK_HELD, OWN_EVENTS,
+# NEXT_AVAILABLE, ANY_EXPIRED) and its transactions' settings (BATCH_OPEN, PLAN_CLAIM, ...) in
+# sql/leases.sql.
 
 #: Fenced statements that join a batch (``unnest`` of its ids and tokens) to the ledger: they
 #: run on the hot path's cursor but are planned for each call, never prepared. A prepared
@@ -71,15 +47,12 @@ PLANNED_PER_CALL = frozenset(
         "RELEASE",
         "RENEW",
         "RENEW_BUSY",
+        "REVIVE",
     }
 )
 
-_MID_TOK = (("mid", "text"), ("tok", "uuid"))
-LEASE_ROWS: dict[str, tuple[tuple[str, str], ...]] = {
-    "RENEW": _MID_TOK,
-    "RENEW_BUSY": _MID_TOK,
-    "RELEASE_UNKNOWN": (("tok", "uuid"),),
-}
+#: The batches of this module's templates (none left: its batch statements are written whole).
+LEASE_ROWS: dict[str, tuple[tuple[str, str], ...]] = {}
 
 #: What a claim hands back to build its leases (no audit-only columns: less to convert).
 LEASE_COLUMNS = (

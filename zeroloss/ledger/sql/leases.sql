@@ -1,8 +1,7 @@
 -- Leases beside their claims and outcomes (zeroloss.ledger.statements_leases, part of the
 -- ledger's catalogue): what a lease holder reads, its transactions' settings (PostgreSQL),
 -- and what the sweep and an idle worker ask. Read by zeroloss.ledger.catalogue; run as
--- written. The claims, the renewals, the release of unknown leases and the sweep are still
--- templates in statements_leases.py.
+-- written. The claims and the sweep are still templates in statements_leases.py.
 
 -- The attempt a lease holder is on (its failure's backoff depends on it); fenced.
 -- name: LEASED_ATTEMPT
@@ -44,6 +43,99 @@ JOIN (SELECT json_extract(value, '$.mid') AS mid, json_extract(value, '$.att') A
   ON m.message_id = b.mid AND e.attempt = b.att
 WHERE e.actor = %(actor)s
   AND e.reason IN ('acknowledged', 'failed', 'dead_lettered', 'released', 'aborted', 'snoozed', 'dead_lettered_by_handler')
+
+-- The keeper's renewal of live leases: ``ttl`` seconds from the database clock when each row
+-- is taken, fenced by the token, the status and an unexpired lease, re-checked under the
+-- row's lock. It never waits for a row lock: a row locked elsewhere (a transactional batch
+-- recording its outcome, an operator's move) is skipped, and RENEW_BUSY tells it apart from a
+-- lease that is lost. PostgreSQL: bounded below by the day of the batch's earliest message
+-- (created_from, as the outcomes); ARRAY(...) runs the locking subquery once.
+-- name: RENEW [postgresql]
+UPDATE zeroloss_message SET lease_expires_at = (clock_timestamp() + %(ttl)s * interval '1 second'),
+  updated_at = clock_timestamp()
+WHERE id = ANY(ARRAY(
+    SELECT zeroloss_message.id
+    FROM zeroloss_message, unnest(%(mid)s::text[], %(tok)s::uuid[]) AS b(mid, tok)
+    WHERE zeroloss_message.message_id = b.mid AND zeroloss_message.lease_token = b.tok
+      AND zeroloss_message.status = 'processing' AND zeroloss_message.lease_expires_at > clock_timestamp()
+      AND zeroloss_message.created_at >= CAST(%(created_from)s AS timestamptz)
+    FOR UPDATE OF zeroloss_message SKIP LOCKED))
+  AND status = 'processing' AND lease_expires_at > clock_timestamp()
+  AND zeroloss_message.created_at >= CAST(%(created_from)s AS timestamptz)
+RETURNING message_id
+
+-- name: RENEW [sqlite]
+UPDATE zeroloss_message SET lease_expires_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(ttl)s)),
+  updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+WHERE id IN (
+    SELECT zeroloss_message.id
+    FROM zeroloss_message, (SELECT json_extract(value, '$.mid') AS mid, json_extract(value, '$.tok') AS tok FROM json_each(%(rows)s)) AS b
+    WHERE zeroloss_message.message_id = b.mid AND zeroloss_message.lease_token = b.tok
+      AND zeroloss_message.status = 'processing' AND zeroloss_message.lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'))
+  AND status = 'processing' AND lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+RETURNING message_id
+
+-- Of leases a renewal skipped, those still held and unexpired: locked elsewhere, not lost.
+-- name: RENEW_BUSY [postgresql]
+SELECT zeroloss_message.message_id
+FROM zeroloss_message, unnest(%(mid)s::text[], %(tok)s::uuid[]) AS b(mid, tok)
+WHERE zeroloss_message.message_id = b.mid AND zeroloss_message.lease_token = b.tok
+  AND zeroloss_message.status = 'processing' AND zeroloss_message.lease_expires_at > clock_timestamp()
+  AND zeroloss_message.created_at >= CAST(%(created_from)s AS timestamptz)
+
+-- name: RENEW_BUSY [sqlite]
+SELECT zeroloss_message.message_id
+FROM zeroloss_message, (SELECT json_extract(value, '$.mid') AS mid, json_extract(value, '$.tok') AS tok FROM json_each(%(rows)s)) AS b
+WHERE zeroloss_message.message_id = b.mid AND zeroloss_message.lease_token = b.tok
+  AND zeroloss_message.status = 'processing' AND zeroloss_message.lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+
+-- The revival of leases that ran out while nobody else took them: a claim whose commit took
+-- longer than its lease (an fsync stall) hands its worker leases already expired by the
+-- database clock, before any handler ran. Fenced by the token (any other claim drew a new
+-- one; the sweep and every outcome clear it) and the status, under the row's lock, NOT by the
+-- expiry: a row still processing under this worker's token has had no other holder since its
+-- claim. An aborted message is left to the sweep, which cancels it. It waits for a row lock
+-- (the sweep's requeue, an operator's move): the one that commits first decides, and this
+-- statement re-checks its fences on the row as that one left it. Its worker runs no handler
+-- before it commits; a lease it revives runs ``ttl`` seconds from the clock when the row is
+-- taken, like any renewal's.
+-- name: REVIVE [postgresql]
+UPDATE zeroloss_message SET lease_expires_at = (clock_timestamp() + %(ttl)s * interval '1 second'),
+  updated_at = clock_timestamp()
+FROM unnest(%(mid)s::text[], %(tok)s::uuid[]) AS b(mid, tok)
+WHERE zeroloss_message.message_id = b.mid AND zeroloss_message.lease_token = b.tok
+  AND zeroloss_message.status = 'processing' AND zeroloss_message.abort_requested_at IS NULL
+  AND zeroloss_message.created_at >= CAST(%(created_from)s AS timestamptz)
+RETURNING message_id
+
+-- name: REVIVE [sqlite]
+UPDATE zeroloss_message SET lease_expires_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(ttl)s)),
+  updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+FROM (SELECT json_extract(value, '$.mid') AS mid, json_extract(value, '$.tok') AS tok FROM json_each(%(rows)s)) AS b
+WHERE zeroloss_message.message_id = b.mid AND zeroloss_message.lease_token = b.tok
+  AND zeroloss_message.status = 'processing' AND zeroloss_message.abort_requested_at IS NULL
+RETURNING message_id
+
+-- A claim whose commit outcome was lost with its connection: give back whatever this claimer
+-- (``owner``) holds, unexpired, that it does not know of (``tok``: the tokens it holds; it
+-- cannot know the lost claim's). The attempt is not counted. An expired lease is the sweep's,
+-- which counts it.
+-- name: RELEASE_UNKNOWN [postgresql]
+UPDATE zeroloss_message SET status = 'pending', attempts = attempts - 1, available_at = statement_timestamp(),
+  lease_token = NULL, lease_expires_at = NULL, started_at = NULL, updated_at = statement_timestamp()
+WHERE status = 'processing' AND claimed_by = %(owner)s AND lease_expires_at > statement_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM unnest(%(tok)s::uuid[]) AS b(tok) WHERE b.tok = lease_token)
+RETURNING id, message_id, status, attempts, updated_at, CAST('processing' AS TEXT) AS from_status,
+  'released' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at
+
+-- name: RELEASE_UNKNOWN [sqlite]
+UPDATE zeroloss_message SET status = 'pending', attempts = attempts - 1,
+  available_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), lease_token = NULL, lease_expires_at = NULL,
+  started_at = NULL, updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+WHERE status = 'processing' AND claimed_by = %(owner)s AND lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+  AND NOT EXISTS (SELECT 1 FROM (SELECT json_extract(value, '$.tok') AS tok FROM json_each(%(rows)s)) AS b WHERE b.tok = lease_token)
+RETURNING id, message_id, status, attempts, updated_at, CAST('processing' AS TEXT) AS from_status,
+  'released' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at
 
 -- The earliest available_at of the queues' pending messages, and the clock: how long an idle
 -- worker may sleep (each queue one probe of the claim index, as an empty claim is).

@@ -37,6 +37,9 @@ logger = logging.getLogger("zeroloss")
 #: Seconds an idle claim thread polls, without reading the next available time, after a read
 #: found a message available that its claims did not take (a paused or limited queue).
 BLOCKED_RECHECK = 5.0
+#: How long a worker revives the leases of a claim that committed after they had run out
+#: (ClaimLoop._revive): a stall of every commit longer than this leaves them to the sweep.
+REVIVE_WITHIN = 120.0
 #: Slept past a message's ``available_at`` (the database clock's), so its claim finds it.
 AHEAD_MARGIN = 0.005
 
@@ -210,9 +213,13 @@ class ClaimLoop:
                 continue
             idle_rounds = 0
             spec = get_handler(queue)
-            self.batch = Batch(leases)
             # From when the claim statement ran, not from before it waited for a lock.
             claimed_at = max(claimed_at, self.service.leases.claimed_from)
+            if time.monotonic() >= claimed_at + self.service.settings.ACK_TIMEOUT:
+                leases, claimed_at = self._revive(leases, claimed_at)
+                if not leases:
+                    continue
+            self.batch = Batch(leases)
             worker.keeper.hold(leases, self.batch, claimed_at=claimed_at, time_limit=spec.time_limit)
             with events.tracer().batch():  # the batch's per-message metrics recorded once, at its end
                 if spec.transactional:
@@ -220,6 +227,29 @@ class ClaimLoop:
                 else:
                     self._run_plain(spec, self.paces[queue])
             self.batch = None
+
+    def _revive(self, leases: list[Lease], claimed_at: float) -> tuple[list[Lease], float]:
+        """A claim whose commit took longer than its leases (an fsync stall): they ran out
+        before anything ran. Those nobody else took since are revived (Leases.revive_leases),
+        again until a revival commits within its own lease, so that they run once commits are
+        fast again instead of being swept with their attempt spent; at most REVIVE_WITHIN
+        seconds. Returns the leases revived, and when their leases were set."""
+        ttl = self.service.settings.ACK_TIMEOUT
+        given_up_at = time.monotonic() + REVIVE_WITHIN
+        while leases and not self.worker.stop and time.monotonic() < given_up_at:
+            started = time.monotonic()
+            # A revival's time is its commit's (one row each, by id): a stall shows.
+            ok, revived = self._attempt(
+                lambda held=leases: self.service.revive_leases(held), "a claim", COMMIT_STALL_S
+            )
+            if not ok:
+                break
+            leases = [x for x in leases if x.message_id in revived]
+            if time.monotonic() < started + ttl:
+                return leases, started
+        # Left to run out: the sweep puts them back (their attempts counted), as before.
+        self.worker.count(Outcome.LEASE_LOST, len(leases))
+        return [], claimed_at
 
     def _sleep_idle(self, seen: int) -> None:
         """After a claim round found nothing: wait for the next claim worth trying.
