@@ -1,7 +1,8 @@
--- Leases beside their claims and outcomes (zeroloss.ledger.statements_leases, part of the
--- ledger's catalogue): what a lease holder reads, its transactions' settings (PostgreSQL),
--- and what the sweep and an idle worker ask. Read by zeroloss.ledger.catalogue; run as
--- written. The claims and the sweep are still templates in statements_leases.py.
+-- Leases beside their claims (sql/claims.sql) and outcomes (sql/outcomes.sql), part of the
+-- ledger's catalogue (zeroloss.ledger.statements_leases): their renewals and revival, the
+-- release of a lost claim's leases, what a lease holder reads, its transactions' settings
+-- (PostgreSQL), and what the sweep and an idle worker ask. Read by
+-- zeroloss.ledger.catalogue; run as written.
 
 -- The attempt a lease holder is on (its failure's backoff depends on it); fenced.
 -- name: LEASED_ATTEMPT
