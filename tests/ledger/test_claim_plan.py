@@ -52,7 +52,7 @@ def claim_plan(service: ZeroLossMessageService, *, planned: bool, sql: str = "")
     nothing is run."""
     engine = engine_for(connection)
     assert isinstance(engine, PostgresEngine)
-    sql = sql or engine._with_audit("CLAIM", False)
+    sql = sql or engine.audit_wrapper("CLAIM", False)
     params = {
         "ack_timeout": 30.0,
         "claimed_by": "test-worker",
@@ -113,7 +113,7 @@ def test_a_claim_on_a_backlog_sent_since_the_last_analyze_finds_its_rows_by_id()
     # What it guards against, on this very partition: the status checked again outside.
     engine = engine_for(connection)
     assert isinstance(engine, PostgresEngine)
-    claim = engine._with_audit("CLAIM", False)
+    claim = engine.audit_wrapper("CLAIM", False)
     checked_again = claim.replace(") c LIMIT %(limit)s))", ") c LIMIT %(limit)s)) AND status = 'pending'")
     assert checked_again != claim
     assert "queue_status_idx" in _row_lookup(claim_plan(service, planned=True, sql=checked_again))
@@ -188,7 +188,7 @@ def ack_plan(service: ZeroLossMessageService, *, upper: bool = False) -> tuple[s
     assert isinstance(engine, PostgresEngine)
     leases = service.claim(QUEUE, limit=100)
     assert len(leases) == 100
-    sql = engine._with_audit("ACK", False)
+    sql = engine.audit_wrapper("ACK", False)
     bound = engine.period([x.created_at for x in leases])
     if upper:
         lower = "created_at >= CAST(%(created_from)s AS timestamptz)"

@@ -244,7 +244,7 @@ def test_the_promotion_finds_a_keys_head_through_the_unique_head_index():
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL enable_seqscan = off")  # any usable index wins
         rows, _ = engine.execute(
-            connection, "EXPLAIN " + engine.sql["PROMOTE"], engine.row_params("PROMOTE", [["q"], ["acct"]])
+            connection, "EXPLAIN " + engine.sql["PROMOTE"], engine.batch(q=["q"], k=["acct"])
         )
     plan = "\n".join(r[0] for r in rows)
     # The message table's unique head index, or (partitioned) each partition's head index.

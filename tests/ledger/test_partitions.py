@@ -353,7 +353,7 @@ def test_a_second_head_of_a_key_is_refused_by_the_head_table_under_concurrent_pr
     Message.objects.filter(message_id="k-next").update(available_at=None)
     OrderingHead.objects.all().delete()
     promote = engine_for(connection).sql["PROMOTE"]
-    params = engine_for(connection).row_params("PROMOTE", [[QUEUE], ["acct"]])
+    params = engine_for(connection).batch(q=[QUEUE], k=["acct"])
     with psycopg.connect(database_url()) as first, psycopg.connect(database_url(), autocommit=True) as other:
         promoted = first.execute(promote, params).fetchall()
         assert [r[0] for r in promoted] == ["k-next"]  # not committed yet

@@ -224,7 +224,7 @@ class LedgerContext:
         queues, names = zip(*pairs, strict=True)
         try:
             with transaction.atomic(using=self.using):
-                rows, _ = self.run("PROMOTE", self.rows("PROMOTE", queues, names))
+                rows, _ = self.run("PROMOTE", self.engine.batch(q=queues, k=names))
         except IntegrityError:
             # A concurrent promotion of the same key won: the key has its head.
             return []

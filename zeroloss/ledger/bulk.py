@@ -291,7 +291,7 @@ def _copy(
 ) -> tuple[dict[str, int], dt.datetime]:
     """All new: the message rows and their audit rows COPY'd, at PostgreSQL's bulk speed."""
     engine, conn = store.engine, store.connection
-    rows, _ = engine.execute(conn, engine.sql["RESERVE_IDS"], [len(batch)])
+    rows, _ = engine.execute(conn, engine.sql["RESERVE_IDS"], {"count": len(batch)})
     # One clock reading for the batch, as one INSERT statement has.
     created = engine.at(rows[0][0])
     pks = rows[0][1].split(",")
@@ -320,7 +320,7 @@ def _copy(
     engine.copy_in(conn, engine.sql["COPY_MESSAGES"], messages())
     # Their ids into the key table (prepared now: the messages' COPY prepared them): one stored
     # already fails this COPY (or the one before, on an unpartitioned ledger), and the staged
-    # statement sorts new from stored, as a smaller batch's statement does (statements.KEY_FIRST).
+    # statement sorts new from stored, as a smaller batch's statement does (sql/inserts.sql).
     keys = batch.prepared
     engine.copy_in(
         conn,
@@ -339,10 +339,10 @@ def _staged(
 ) -> tuple[dict[str, int], dt.datetime | None]:
     """Some stored already: the rows staged, then ``INSERT_MANY``'s statement on them."""
     engine, conn = store.engine, store.connection
-    engine.execute(conn, engine.sql["STAGE_CREATE"], [])
+    engine.execute(conn, engine.sql["STAGE_CREATE"], {})
     engine.copy_in(conn, engine.sql["STAGE_COPY"], _lines(prepared))
-    rows = store.ctx.move("INSERT_STAGED", [delay_s, dispatched], actor=actor)
-    engine.execute(conn, engine.sql["STAGE_DROP"], [])
+    rows = store.ctx.move("INSERT_STAGED", {"delay": delay_s, "dispatched": dispatched}, actor=actor)
+    engine.execute(conn, engine.sql["STAGE_DROP"], {})
     if not rows:
         return {}, None
     # One statement, one clock reading: every row it stored has the same times.

@@ -143,6 +143,11 @@ class Engine:
             self.whole.update(texts)
         for name in self.whole & set(self.moves):
             self.returning[name] = self.render(name, self.moves[name].returning_sql(named=True))
+        #: Moving statements written whole with their audit rows too (PostgreSQL's persisting
+        #: statements, which open with CTEs of their own): run as written.
+        self.complete = {
+            name for name in self.whole & set(self.moves) if f"INSERT INTO {EVT}" in self.sql[name]
+        }
         self._composed: dict[tuple[Any, ...], str] = {}
 
     def render(self, name: str, template: str) -> str:

@@ -11,7 +11,6 @@ from typing import Any, NoReturn
 from django.db import InternalError, OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from . import statements
 from .engine import MOVED_FROM, MSG, Engine, Move, Params, Rows, from_epoch
 
 # Timestamps handed back as epoch seconds: a float loads far cheaper than a timestamptz through
@@ -123,17 +122,6 @@ class PostgresEngine(Engine):
     # (a backlog sent since its last ANALYZE) takes the pair for a narrow range and ANDs its
     # creation-time index, every row of the day, into each batch's lookup (period_params).
     in_period = f" AND {MSG}.created_at >= CAST(%s AS timestamptz)"
-
-    def __init__(self) -> None:
-        super().__init__()
-        #: The CTEs a persisting statement begins with (statements.KEY_FIRST: its ids into the key
-        #: table first); the statement itself is then the message insert that follows them.
-        self.key_ctes: dict[str, str] = {}
-        for name, (ctes, insert) in statements.KEY_FIRST.items():
-            self.key_ctes[name] = self.render(name, ctes)
-            self.sql[name] = self.render(name, insert)
-        # A promotion claims the key's head row first (statements.PROMOTE_CLAIMING_HEAD).
-        self.sql["PROMOTE"] = self.render("PROMOTE", statements.PROMOTE_CLAIMING_HEAD)
 
     def after(self, seconds_sql: str, *, clock: bool = False) -> str:
         return f"({self.clock if clock else self.now} + {seconds_sql} * interval '1 second')"
@@ -320,10 +308,10 @@ class PostgresEngine(Engine):
             _refused_write(exc)
 
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
-        # The audit rows: one CTE inserting them from the moved rows (``event_insert``).
+        # The audit rows: one CTE inserting them from the moved rows (audit_wrapper).
         key = (move.name, move.promote)
         full = self._composed.get(key) or self.composed(
-            key, lambda: self._with_audit(move.name, move.promote)
+            key, lambda: self.audit_wrapper(move.name, move.promote)
         )
         conn.__dict__[MOVED_FROM] = time.monotonic()
         params = move.params
@@ -337,24 +325,37 @@ class PostgresEngine(Engine):
         return rows
 
     def transition_texts(self, name: str) -> dict[str, str]:
-        texts = {name: self._with_audit(name, False)}
+        texts = {name: self.audit_wrapper(name, False)}
         if self.moves[name].finishes:
-            texts[f"{name}+PROMOTE"] = self._with_audit(name, True)
+            texts[f"{name}+PROMOTE"] = self.audit_wrapper(name, True)
         return texts
 
-    def _with_audit(self, name: str, promote: bool) -> str:
+    def audit_tail(self, name: str, promote: bool = False) -> str:
+        """What follows the moved rows ``t`` in a moving statement as it runs: the CTE of their
+        audit rows (``ev``), the release of a finished key's next message (``promote``: the
+        catalogue's PROMOTE_FINISHED), and the columns handed back (times as epoch seconds)."""
         result = self.moves[name].result
         returned = ", ".join(_EPOCH.get(c, c) for c in result) if result else "*"
         promoted = f", {self.sql['PROMOTE_FINISHED']}" if promote else ""
-        first = self.key_ctes.get(name)
-        if name in self.whole:  # written with its RETURNING columns, and named parameters
-            moved, actor = self.sql[name], "%(actor)s"
-        else:
-            moved, actor = f"{self.sql[name]} RETURNING {self.returning[name]}", "%s"
-        return (
-            f"WITH {first + ', ' if first else ''}t AS ({moved}), "
-            f"ev AS ({self.event_insert('t', actor)}){promoted} SELECT {returned} FROM t"
-        )
+        actor = "%(actor)s" if name in self.whole else "%s"
+        return f"ev AS ({self.event_insert('t', actor)}){promoted} SELECT {returned} FROM t"
+
+    def audit_wrapper(self, name: str, promote: bool) -> str:
+        """The moving statement ``name`` as it runs: the one place a statement's text is composed.
+
+        Around the catalogue's statement (the moved rows, ``t``): :meth:`audit_tail`, derived
+        from its declaration in ``MOVES``. One text per statement and variant, built once and
+        kept (``composed``): written whole, the wrappers would double every moving statement of
+        the catalogue, and again for each that may finish a key (``NAME+PROMOTE``). A statement
+        that opens with CTEs of its own (the persisting ones: their ids into the key table
+        first, sql/inserts.sql) is written whole with its audit rows, and runs as written."""
+        if name in self.complete:
+            if promote:
+                raise ValueError(f"{name} is written with its audit rows: it has no +PROMOTE variant")
+            return self.sql[name]
+        # Written whole: with its RETURNING columns, and named parameters.
+        moved = self.sql[name] if name in self.whole else f"{self.sql[name]} RETURNING {self.returning[name]}"
+        return f"WITH t AS ({moved}), {self.audit_tail(name, promote)}"
 
     # -- what this database can do (see Engine) -------------------------------------------
 

@@ -118,7 +118,7 @@ class SqliteEngine(Engine):
                     keys = {(r[8], r[9]) for r in rows if r[9] and r[2] in FINISHED}
                     if keys:
                         q, k = zip(*sorted(keys), strict=True)
-                        self.execute(conn, self.sql["PROMOTE"], self.row_params("PROMOTE", [q, k]))
+                        self.execute(conn, self.sql["PROMOTE"], self.batch(q=q, k=k))
         picks = self.picks[name]
         if picks is not None:
             rows = [tuple(r[i] for i in picks) for r in rows]

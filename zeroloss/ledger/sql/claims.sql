@@ -2,7 +2,7 @@
 -- catalogue). Read by zeroloss.ledger.catalogue; run as written. Each is a moving statement:
 -- its RETURNING columns name its declared edges (statements_leases.LEASE_MOVES), and the
 -- engine writes each moved message's audit row from them, with the actor (PostgreSQL: in a
--- CTE around the statement, engine.Engine.audit_wrapper; SQLite: in the same transaction).
+-- CTE around the statement, postgres.PostgresEngine.audit_wrapper; SQLite: in the same transaction).
 --
 -- Lease times always come from the database's clock: a lease is set with clock_timestamp()
 -- (read when the row is written, after any wait for its lock), so a claim that waited for a

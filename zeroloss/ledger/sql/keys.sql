@@ -1,8 +1,7 @@
 -- Ordering keys (zeroloss.ledger.statements, part of the ledger's catalogue): what blocks a
 -- key, a key's head, and the sweep's repairs. A key's head is its one claimable or processing
 -- message: ordering_key <> '' AND status IN ('pending', 'processing') AND available_at IS NOT
--- NULL. The promotions (PROMOTE, PROMOTE_CLAIMING_HEAD, PROMOTE_FINISHED) are still templates
--- in statements.py.
+-- NULL.
 
 -- What blocks a key: for each (queue, key) with messages waiting behind a head, that head (if
 -- it has one) and the database clock. Read from the waiting index, then one probe of the
@@ -141,3 +140,72 @@ WHERE queue_name || ' ' || ordering_key IN (
                                  FROM json_each(%(rows)s)) AS b)
   AND NOT EXISTS (SELECT 1 FROM zeroloss_message m WHERE m.id = zeroloss_ordering_head.message_pk
                   AND m.ordering_key <> '' AND m.status IN ('pending', 'processing') AND m.available_at IS NOT NULL)
+
+-- ---------------------------------------------------------------------------------------
+-- Promotions: release the next message of each listed key that has no head (nothing
+-- claimable or processing). Run after every commit that may have left a key without one
+-- (Ledger.promote_keys; SQLite's transitions after a move that finished a key's head).
+--
+-- PostgreSQL: a key's head held in zeroloss_ordering_head (models.OrderingHead). A partitioned
+-- message table cannot have the one-head-per-key unique index, so a promotion claims the key's
+-- row there first, in the same statement (``hn``; a conflict: the key has its head), and
+-- releases only the message whose row it inserted; the statement finishing a head hands the
+-- row to the next message, or deletes it when none waits (PROMOTE_FINISHED). A second head of a
+-- key is then refused by that table's unique index, whatever the layout.
+-- name: PROMOTE [postgresql]
+WITH c AS (SELECT b.q, b.k,
+                  (SELECT min(w.id) FROM zeroloss_message w
+                   WHERE w.queue_name = b.q AND w.ordering_key = b.k AND w.status = 'pending'
+                     AND w.available_at IS NULL) AS next
+           FROM unnest(%(q)s::text[], %(k)s::text[]) AS b(q, k)
+           WHERE NOT EXISTS (SELECT 1 FROM zeroloss_message h
+                             WHERE h.queue_name = b.q AND h.ordering_key = b.k AND h.ordering_key <> ''
+                               AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL)),
+hn AS (INSERT INTO zeroloss_ordering_head (queue_name, ordering_key, message_pk, since)
+       SELECT q, k, next, statement_timestamp() FROM c WHERE next IS NOT NULL
+       ON CONFLICT (queue_name, ordering_key) DO NOTHING RETURNING message_pk)
+UPDATE zeroloss_message SET available_at = statement_timestamp(), updated_at = statement_timestamp()
+WHERE id IN (SELECT message_pk FROM hn)
+RETURNING message_id, queue_name, pg_notify('zeroloss_wakeup', queue_name)
+
+-- SQLite: the message table's one-head-per-key unique index refuses a second head.
+-- name: PROMOTE [sqlite]
+UPDATE zeroloss_message SET available_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'),
+  updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+WHERE id IN (SELECT (SELECT min(w.id) FROM zeroloss_message w
+                     WHERE w.queue_name = b.q AND w.ordering_key = b.k AND w.status = 'pending'
+                       AND w.available_at IS NULL)
+             FROM (SELECT json_extract(value, '$.q') AS q, json_extract(value, '$.k') AS k
+                   FROM json_each(%(rows)s)) AS b
+             WHERE NOT EXISTS (SELECT 1 FROM zeroloss_message h
+                               WHERE h.queue_name = b.q AND h.ordering_key = b.k AND h.ordering_key <> ''
+                                 AND h.status IN ('pending', 'processing') AND h.available_at IS NOT NULL))
+RETURNING message_id, queue_name
+
+-- Not a statement: the CTEs PostgreSQL's audit wrapper (postgres.PostgresEngine.audit_wrapper) adds after
+-- the audit rows of a move that may finish a key's head (its variant NAME+PROMOTE), for the
+-- keys of the messages it finished (``t``: the moved rows, seen as they were). ``nx``: the next
+-- message of each (none while another head is live); ``hn``: the head row handed to it (or
+-- inserted where the key had none); ``hd``: the row of a finished head deleted where no message
+-- waits; ``pr``: the next messages released.
+-- name: PROMOTE_FINISHED [postgresql]
+nx AS (SELECT t.queue_name AS q, t.ordering_key AS k, t.id AS old,
+              CASE WHEN NOT EXISTS (SELECT 1 FROM zeroloss_message h
+                                    WHERE h.queue_name = t.queue_name AND h.ordering_key = t.ordering_key
+                                      AND h.ordering_key <> '' AND h.status IN ('pending', 'processing')
+                                      AND h.available_at IS NOT NULL AND h.id NOT IN (SELECT id FROM t))
+                   THEN (SELECT min(w.id) FROM zeroloss_message w
+                         WHERE w.queue_name = t.queue_name AND w.ordering_key = t.ordering_key
+                           AND w.status = 'pending' AND w.available_at IS NULL AND w.id NOT IN (SELECT id FROM t))
+              END AS next
+       FROM t WHERE t.ordering_key <> '' AND t.status IN ('completed', 'dead', 'cancelled')),
+hn AS (INSERT INTO zeroloss_ordering_head (queue_name, ordering_key, message_pk, since)
+       SELECT DISTINCT ON (q, k) q, k, next, statement_timestamp() FROM nx WHERE next IS NOT NULL
+       ON CONFLICT (queue_name, ordering_key) DO UPDATE SET message_pk = excluded.message_pk, since = excluded.since
+       WHERE zeroloss_ordering_head.message_pk IN (SELECT old FROM nx)
+       RETURNING message_pk),
+hd AS (DELETE FROM zeroloss_ordering_head h USING nx
+       WHERE nx.next IS NULL AND h.queue_name = nx.q AND h.ordering_key = nx.k AND h.message_pk = nx.old),
+pr AS (UPDATE zeroloss_message SET available_at = statement_timestamp(), updated_at = statement_timestamp()
+       WHERE id IN (SELECT message_pk FROM hn)
+       RETURNING message_id, pg_notify('zeroloss_wakeup', queue_name))
