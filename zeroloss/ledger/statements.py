@@ -2,9 +2,7 @@
 
 Written whole in the ``.sql`` files of :data:`WHOLE` (:mod:`.catalogue`), read by each engine
 (:mod:`.postgres`, :mod:`.sqlite`) as they are: named parameters, a dialect difference written
-side by side (``-- name: ACK [postgresql]`` / ``[sqlite]``). The lease renewals and the release of
-a lost claim's leases are the templates left (:mod:`.statements_leases`), which an engine renders
-once with its own spelling of the clock, batches of rows (``{rows}``) and row locking.
+side by side (``-- name: ACK [postgresql]`` / ``[sqlite]``).
 
 Statements that move a message declare the edges of the state machine they perform in the
 ``MOVES`` table of their module (:mod:`.statements_moves`); the engine writes their audit rows,

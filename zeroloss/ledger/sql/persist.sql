@@ -1,6 +1,6 @@
 -- Around persisting (zeroloss.ledger.statements, part of the ledger's catalogue): the
 -- database clock, deduplication windows, a duplicate's annotation, what a send stored.
--- The persisting statements themselves are still templates in statements.py.
+-- The persisting statements themselves are in sql/inserts.sql.
 
 -- The database clock: every lease time is computed from it, never from a worker's.
 -- name: NOW [postgresql]
