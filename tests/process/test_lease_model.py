@@ -17,18 +17,12 @@ By hand::
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.support.debian import ensure_debian_package
+from tests.support.spin import ACCEPTANCE_CYCLE, Check, Outcome, run_checks
 from zeroloss.core.states import TRANSITIONS
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.once]
@@ -38,20 +32,6 @@ MODEL = Path(__file__).resolve().parents[1] / "model" / "lease.pml"
 #: Bounds of a configuration: which queues, and how many faults and operator actions.
 NO_FAULTS = {"ZL_CRASHES": "0", "ZL_CUTS": "0", "ZL_REQUEUES": "0", "ZL_REDRIVES": "0"}
 PLAIN, TRANSACTIONAL, ONE_OF_EACH = "0", "1", "2"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    workers: int
-    env: dict[str, str]
-    #: Liveness (``-a -f``, the LTL formula ``terminal``) rather than the safety assertions.
-    liveness: bool = False
-    #: For a mutant: what spin must report (a fragment of the violated assertion, or
-    #: "acceptance cycle"); None for the real protocol (no error, complete search).
-    finds: str | None = None
-    #: A mutant whose safety violation would hide its liveness one: assertions ignored.
-    ignore_asserts: bool = False
 
 
 def bounds(kinds: str, **counts: int) -> dict[str, str]:
@@ -65,7 +45,7 @@ P1_COMPLETED_WITH_EFFECT = "(st[i]!=2)||("
 P2_ONE_LIVE_LEASE = "lease[i]>=wl["
 P3_FENCED = "!(stale["
 P4_EFFECT_WITH_ACK = "((st[i]==2)==(effc[i]==1))"
-P5_CYCLE = "acceptance cycle"
+P5_CYCLE = ACCEPTANCE_CYCLE
 
 CHECKS = [
     # The protocol: safety with faults, for each handler kind (batches of two). A crash and a
@@ -120,80 +100,10 @@ CHECKS = [
 ]
 
 
-@dataclass
-class Outcome:
-    check: Check
-    output: str
-    seconds: float
-
-    @property
-    def errors(self) -> int:
-        found = re.search(r"errors: (\d+)", self.output)
-        assert found, f"{self.check.name}: no verdict in spin's output:\n{self.output[-3000:]}"
-        return int(found.group(1))
-
-    @property
-    def states(self) -> int:
-        found = re.search(r"(\d+) states, stored", self.output)
-        return int(found.group(1)) if found else 0
-
-    @property
-    def complete(self) -> bool:
-        return "Search not completed" not in self.output and "max search depth too small" not in self.output
-
-
-def _run(cmd: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(
-        cmd,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=None if env is None else {**os.environ, **env},
-    )
-    assert done.returncode == 0, f"`{' '.join(cmd)}` failed ({done.returncode}):\n{done.stderr[-3000:]}"
-    return done.stdout
-
-
-def _verifier(directory: Path, workers: int) -> Path:
-    directory.mkdir()
-    shutil.copy(MODEL, directory / MODEL.name)
-    _run(["spin", f"-DW={workers}", "-a", MODEL.name], directory, timeout=60)
-    # NFAIR: the weak-fairness check's process budget (five processes run).
-    _run(["gcc", "-O2", "-DNFAIR=3", "-o", "pan", "pan.c"], directory, timeout=300)
-    return directory / "pan"
-
-
-def _check(pan: Path, check: Check) -> Outcome:
-    args = [str(pan), "-w22", "-m10000"]
-    if check.liveness:
-        args += ["-a", "-f", "-N", "terminal"]
-    else:
-        args += ["-N", "safety"]
-    if check.ignore_asserts:
-        args.append("-A")
-    started = time.monotonic()
-    # pan exits 0 whether or not it found an error; the verdict is in its output. Its trail
-    # file (when it found one) is written next to it.
-    output = _run(args, pan.parent, timeout=120, env=check.env)
-    return Outcome(check, output, time.monotonic() - started)
-
-
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
-    ensure_debian_package("spin", ["spin"])
-    ensure_debian_package("gcc", ["gcc"])  # compiles spin's verifier
     root = tmp_path_factory.mktemp("lease-model")
-    parallel = min(2, os.cpu_count() or 1)
-    with ThreadPoolExecutor(parallel) as pool:
-        sizes = sorted({c.workers for c in CHECKS})
-        pans = dict(zip(sizes, pool.map(lambda w: _verifier(root / f"w{w}", w), sizes), strict=True))
-        done = list(pool.map(lambda c: _check(pans[c.workers], c), CHECKS))
-    print("\nlease model (spin):")
-    for o in done:
-        verdict = f"errors: {o.errors}" + ("" if o.complete else " (search stopped at the error)")
-        print(f"  {o.check.name:32} {o.states:>9,} states  {o.seconds:5.1f}s  {verdict}")
-    return {o.check.name: o for o in done}
+    return run_checks(MODEL, CHECKS, root, liveness_claim="terminal", title="lease model")
 
 
 @pytest.mark.parametrize("check", [c for c in CHECKS if c.finds is None], ids=lambda c: c.name)
@@ -239,7 +149,11 @@ def test_every_move_of_the_model_is_an_edge_of_the_state_machine() -> None:
     """The model's moves (``MOVE(m, FROM, TO, reason)``) are zeroloss.core.states.TRANSITIONS'."""
     moves = re.findall(r"MOVE\(\w+, (PEND|PROC|COMP|DEAD), (\w+), (\w+)\)", MODEL.read_text())
     modelled = {(_STATUS[a], _STATUS[b], reason) for a, b, reason in moves}
-    edges = {(t.source, t.target, t.reason.value) for t in TRANSITIONS}
+    # A workflow step's edges (to or from "waiting") are tests/model/workflow.pml's, checked by
+    # tests/process/test_workflow_model.py.
+    edges = {
+        (t.source, t.target, t.reason.value) for t in TRANSITIONS if "waiting" not in (t.source, t.target)
+    }
     assert len(moves) >= 9 and modelled - edges == set(), (
         f"the model moves a message along an edge the ledger does not have: {modelled - edges}"
     )
