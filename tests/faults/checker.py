@@ -105,6 +105,11 @@ class Findings:
     effects_missing: list[str] = field(default_factory=list)
     effects_not_of_acked_run: list[str] = field(default_factory=list)
     runs: int = 0
+    #: When each handler run started (epoch seconds): what ran during a fault.
+    run_starts: list[float] = field(default_factory=list)
+    #: Claims whose lease ran out with no handler run: an attempt spent unrun (the sweep
+    #: requeued them).
+    expired_unrun: int = 0
     reruns: Counter[str] = field(default_factory=Counter)
     rerun_causes: Counter[str] = field(default_factory=Counter)
     unjustified: list[str] = field(default_factory=list)
@@ -372,6 +377,7 @@ class Checker:
 
     def _check_runs(self, f: Findings, claims: dict[str, list[Claim]]) -> None:
         f.runs = len(self.runs)
+        f.run_starts = sorted(r.at for r in self.runs)
         by_token = Counter((r.token, r.message_id) for r in self.runs)
         for (token, mid), n in by_token.items():
             if n > 1:
@@ -386,6 +392,8 @@ class Checker:
             claim.runs.append(run)
         for mid, message_claims in claims.items():
             for claim in message_claims:
+                if claim.end_reason == "lease_expired" and not claim.runs:
+                    f.expired_unrun += 1
                 if claim.end_reason == "acknowledged":
                     if not claim.runs:
                         f.unjustified.append(

@@ -401,6 +401,17 @@ class StorageRun:
     def ok(self) -> bool:
         return not self.findings.violations and not self.problems
 
+    @property
+    def runs_during(self) -> int:
+        """Handler runs that started while the fault lasted."""
+        return sum(self.fault.began <= at <= self.fault.ended for at in self.findings.run_starts)
+
+    @property
+    def runs_after(self) -> int:
+        """Handler runs that started within RUNS_AFTER_S of the fault's end."""
+        end = self.fault.ended
+        return sum(end < at <= end + RUNS_AFTER_S for at in self.findings.run_starts)
+
 
 #: The prober's process: Django set up before this module is imported (its imports reach the
 #: models through tests.faults.zeroloss_handlers).
@@ -835,6 +846,9 @@ def report_line(run: StorageRun) -> str:
             "refused": f.refused_sends,
             "effects_twice": f.effects_twice_count,
             "reruns": dict(f.reruns),
+            "runs_during": run.runs_during,
+            "runs_after": run.runs_after,
+            "expired_unrun": f.expired_unrun,
             "resume_s": run.resume_s,
         }
     )
@@ -1143,6 +1157,10 @@ def describe(run: StorageRun) -> str:
             f"accepting connections again {run.up_again_s}s after the space was freed (resumption measured "
             f"from then; {run.resume_from_freed_s}s from the space being freed)"
         )
+    lines.append(
+        f"  handler runs started during the fault {run.runs_during}, in the {RUNS_AFTER_S:g}s after it "
+        f"{run.runs_after}; claims whose lease ran out unrun (an attempt spent) {f.expired_unrun}"
+    )
     for cause, n in f.rerun_causes.most_common():
         lines.append(f"  re-run because {cause}: {n}")
     for worker, fault_lines in run.fault_lines.items():
@@ -1152,6 +1170,8 @@ def describe(run: StorageRun) -> str:
     return "\n".join(lines)
 
 
+#: What counts as just after a fault: handler runs started this soon after its end.
+RUNS_AFTER_S = 5.0
 #: The scenarios by name (docs/guarantees.md, "Storage faults").
 RUNNERS: dict[str, Callable[..., StorageRun]] = {
     "disk-full": run_disk_full,
