@@ -8,6 +8,7 @@ import logging
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -17,7 +18,7 @@ from tests.conftest import ROOT, child_env
 from tests.support import expire_leases, register, run_worker
 from zeroloss.core import outage
 from zeroloss.core.outage import OutageMonitor
-from zeroloss.ledger.service import ZeroLossMessageService
+from zeroloss.ledger.service import ZeroLossMessageService, wait_until
 from zeroloss.runtime.processing import Delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -228,3 +229,41 @@ def test_a_storage_stall_is_logged_once_at_its_start_and_once_at_its_end(caplog)
     assert "a commit of the lease keeper took 0." in lines[0] and "(more than 0.2s)" in lines[0]
     assert lines[1].startswith("database 'l-stall' storage commits fast again after ")
     assert monitor.stalled_since is None
+
+
+def test_a_stall_is_not_over_while_a_commit_still_waits(caplog):
+    """A commit is timed when it returns; one that has waited longer than COMMIT_STALL_S, and
+    still waits, keeps the stall on (a stalled fsync can hold one commit past COMMIT_STALL_QUIET:
+    the keeper's idle tick then logged the stall over in the middle of it)."""
+    caplog.set_level(logging.INFO, logger="zeroloss")
+    monitor = OutageMonitor("l-waiting")
+    release = threading.Event()
+
+    def commit(seconds: float = 0.0, block: bool = False) -> None:
+        monitor.attempt(
+            lambda: release.wait(30) if block else time.sleep(seconds),
+            who="a claim",
+            backoff=outage.Backoff(),
+            wait=lambda s: None,
+            tolerance=None,
+            slow_after=0.2,
+        )
+
+    commit(0.3)  # the stall begins
+    waiting = threading.Thread(target=commit, kwargs={"block": True})
+    waiting.start()
+    try:
+        assert wait_until(lambda: len(monitor._committing) == 1, timeout=10)
+        for thread in monitor._committing:  # it began long ago, by the clock the monitor reads
+            monitor._committing[thread] -= outage.COMMIT_STALL_S + outage.COMMIT_STALL_QUIET
+        monitor._last_slow -= outage.COMMIT_STALL_QUIET
+        monitor.stall_over()  # the keeper's idle tick, the commit still waiting
+        assert monitor.stalled_since is not None, "the stall was declared over while a commit waited"
+    finally:
+        release.set()
+        waiting.join(30)
+    monitor._last_slow -= outage.COMMIT_STALL_QUIET  # however long its wait took here
+    monitor.stall_over()
+    assert monitor.stalled_since is None  # nothing waits, the quiet period passed
+    lines = [r.getMessage() for r in caplog.records if r.name == "zeroloss"]
+    assert len(lines) == 2, lines

@@ -194,6 +194,8 @@ class OutageMonitor:
         self.stalled_since: dt.datetime | None = None
         self._stall_began = 0.0
         self._last_slow = 0.0
+        #: When each timed commit under way began (by thread): one still waiting counts as slow.
+        self._committing: dict[int, float] = {}
 
     @classmethod
     def for_alias(cls, alias: str) -> OutageMonitor:
@@ -287,7 +289,11 @@ class OutageMonitor:
         if self.stalled_since is None:
             return
         with self._lock:
-            if self.stalled_since is None or time.monotonic() - self._last_slow < COMMIT_STALL_QUIET:
+            now = time.monotonic()
+            # A commit is timed when it returns: one still waiting past COMMIT_STALL_S is a
+            # slow commit now (a single commit can outlast COMMIT_STALL_QUIET).
+            waiting = any(now - began > COMMIT_STALL_S for began in self._committing.values())
+            if self.stalled_since is None or waiting or now - self._last_slow < COMMIT_STALL_QUIET:
                 return
             self.stalled_since = None
             lasted = self._last_slow - self._stall_began
@@ -324,8 +330,17 @@ class OutageMonitor:
         Raises :class:`OutageTooLong` past ``tolerance``; other exceptions propagate.
         """
         began = time.monotonic()
+        thread = threading.get_ident()
+        if slow_after is not None:
+            with self._lock:
+                self._committing[thread] = began
         try:
-            result = work()
+            try:
+                result = work()
+            finally:
+                if slow_after is not None:
+                    with self._lock:
+                        self._committing.pop(thread, None)
         except BaseException as exc:
             if not is_outage(exc):
                 raise
