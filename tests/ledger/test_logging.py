@@ -231,12 +231,14 @@ def test_a_storage_stall_is_logged_once_at_its_start_and_once_at_its_end(caplog)
     assert monitor.stalled_since is None
 
 
-def test_a_stall_is_not_over_while_a_commit_still_waits(caplog):
+@pytest.mark.parametrize("timed", [True, False], ids=["timed", "watched"])
+def test_a_stall_is_not_over_while_a_commit_still_waits(caplog, timed):
     """A commit is timed when it returns; one that has waited longer than COMMIT_STALL_S, and
     still waits, keeps the stall on (a stalled fsync can hold one commit past COMMIT_STALL_QUIET:
-    the keeper's idle tick then logged the stall over in the middle of it)."""
+    the keeper's idle tick then logged the stall over in the middle of it). So does a commit
+    that is watched but not timed (a claim's)."""
     caplog.set_level(logging.INFO, logger="zeroloss")
-    monitor = OutageMonitor("l-waiting")
+    monitor = OutageMonitor(f"l-waiting-{timed}")
     release = threading.Event()
 
     def commit(seconds: float = 0.0, block: bool = False) -> None:
@@ -246,7 +248,8 @@ def test_a_stall_is_not_over_while_a_commit_still_waits(caplog):
             backoff=outage.Backoff(),
             wait=lambda s: None,
             tolerance=None,
-            slow_after=0.2,
+            slow_after=0.2 if timed or not block else None,
+            watched=not timed,
         )
 
     commit(0.3)  # the stall begins

@@ -10,6 +10,9 @@
  *     transaction, committed with the acknowledgements), record the outcomes in one batched,
  *     fenced statement; the keeper renews per row, skipping locked rows, and gives back
  *     claimed messages not started while a handler runs long (released, attempt not counted);
+ *     a worker revives a claimed message not started whose lease it believes run out (a claim
+ *     whose commit took longer than the lease: statement REVIVE), fenced by the token and the
+ *     status, not the expiry, waiting for the row's lock;
  *   - the database clock, which advances by ticks at any moment: a lease lasts L ticks
  *     (ACK_TIMEOUT), computed when the row is locked (clock_timestamp), so a claim or renewal
  *     always starts a lease of L ticks from the moment it took the row;
@@ -38,7 +41,8 @@
  *      operator revoked with a force requeue; and such a belief is always backed by the
  *      ledger: that worker's token, processing, the ledger's expiry no earlier than its own;
  *   P3 fencing: no outcome (acknowledge, fail, release) is written or committed under a stale
- *      lease (another token issued since, or the lease expired, by the database clock);
+ *      lease (another token issued since, or the lease expired, by the database clock, and was
+ *      not revived since);
  *   P4 a transactional effect is committed at most once per message, and only together with
  *      its acknowledgement (completed <=> its effect committed);
  *   P5 (ltl `terminal`) under weak fairness every message ends completed or dead for good.
@@ -57,7 +61,9 @@
  *     handler_commits     a transactional handler COMMITs the batch's transaction (P4);
  *     handler_rolls_back  a transactional handler ROLLBACKs it, unnoticed (P1);
  *     keeper_forgets      the keeper takes an unstarted message out of its batch before its
- *                         release statement, which fails, and renews it for ever (P5).
+ *                         release statement, which fails, and renews it for ever (P5);
+ *     revive_no_token     a revival not fenced by the token (P2: it revives a lease the sweep
+ *                         ended and another worker holds since).
  *
  * Run (tests/process/test_lease_model.py runs each configuration and each mutant):
  *   spin -DW=2 -a lease.pml && gcc -O2 -DNFAIR=3 -o pan pan.c
@@ -91,7 +97,7 @@ static int zl_env(const char *name, int otherwise) {   /* the variable's value, 
 }
 static int zl_mutant(int otherwise) {
     static const char *names[] = {"", "ack_no_expiry", "renew_no_token", "no_deadline",
-        "handler_commits", "handler_rolls_back", "keeper_forgets", 0};
+        "handler_commits", "handler_rolls_back", "keeper_forgets", "revive_no_token", 0};
     const char *v = getenv("ZL_MUTANT");
     int k;
     if (!v || !*v) return otherwise;
@@ -131,6 +137,7 @@ byte mutant = ZL_MUTANT;              /* 0, the protocol; else one broken varian
 #define M_HANDLER_COMMITS 4
 #define M_HANDLER_ROLLS_BACK 5
 #define M_KEEPER_FORGETS 6
+#define M_REVIVE_NO_TOKEN 7
 
 /* Is message m on a transactional queue? */
 #define TXK(m) (kinds == 1 || (kinds == 2 && (m) == 1))
@@ -209,6 +216,8 @@ hidden byte i, j, n, s;
 /* The fences of the lease holder's statements (statements.py: _FENCE + _UNEXPIRED). */
 #define FENCE_OUTCOME(w, m) (tok[IX(w, m)] && st[m] == PROC && (lease[m] > 0 || mutant == M_ACK_NO_EXPIRY))
 #define FENCE_RENEW(w, m) ((tok[IX(w, m)] || mutant == M_RENEW_NO_TOKEN) && st[m] == PROC && lease[m] > 0)
+/* A revival (REVIVE): the token and the status, not the expiry. */
+#define FENCE_REVIVE(w, m) ((tok[IX(w, m)] || mutant == M_REVIVE_NO_TOKEN) && st[m] == PROC)
 /* The sweep's rows: expired, processing, not locked (SKIP LOCKED). */
 #define SWEEPABLE(m) (st[m] == PROC && lease[m] == 0 && lk[m] == 0)
 
@@ -354,6 +363,18 @@ inline start(w, m) {
     cur[w] = m + 1
 }
 
+/* Revive m, claimed and not started, whose lease the worker believes run out (it waited for
+ * the row's lock). Refused: the estimate stays run out (the worker does not run it). */
+inline revive(w, m) {
+    if
+    :: FENCE_REVIVE(w, m) ->
+        lease[m] = L;
+        wl[IX(w, m)] = L;
+        stale[IX(w, m)] = false    /* no other token since its claim: a lease of its own again */
+    :: else
+    fi
+}
+
 /* The running handler returns with `outcome`: a plain one's effect has happened (outside the
  * database); a transactional one's is written in the batch's transaction (or, if it failed,
  * rolled back to its savepoint). The outcome waits for the batch's end. */
@@ -476,6 +497,12 @@ end:
      * may be released. */
     :: d_step { ph[w] == RUN && cur[w] == 0 && unst[w] == 3 -> start(w, 0) }
     :: d_step { ph[w] == RUN && cur[w] == 0 && unst[w] == 3 -> start(w, 1) }
+    /* Revive a message not started whose lease ran out here (the claim's commit was slow). */
+    :: d_step { ph[w] == RUN && HAS(unst[w], 0) && wl[IX(w, 0)] == 0 && lk[0] == 0 && !cut[w] -> revive(w, 0); settle() }
+    :: d_step { ph[w] == RUN && HAS(unst[w], 1) && wl[IX(w, 1)] == 0 && lk[1] == 0 && !cut[w] -> revive(w, 1); settle() }
+    /* Cut off: the revival commits, its answer is lost (the estimate stays run out). */
+    :: d_step { ph[w] == RUN && HAS(unst[w], 0) && wl[IX(w, 0)] == 0 && lk[0] == 0 && cut[w] && FENCE_REVIVE(w, 0) -> lease[0] = L; settle() }
+    :: d_step { ph[w] == RUN && HAS(unst[w], 1) && wl[IX(w, 1)] == 0 && lk[1] == 0 && cut[w] && FENCE_REVIVE(w, 1) -> lease[1] = L; settle() }
     /* The running handler returns, or the last one runs and returns (one step: nothing can
      * tell its start apart from the step before). A transactional one writes in the batch's
      * open transaction. */

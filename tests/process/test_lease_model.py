@@ -91,6 +91,12 @@ CHECKS = [
         finds=P1_COMPLETED_WITH_EFFECT,
     ),
     Check(
+        "mutant-revive-no-token",
+        2,
+        dict(bounds(PLAIN), ZL_MUTANT="revive_no_token"),
+        finds=P2_ONE_LIVE_LEASE,
+    ),
+    Check(
         "mutant-keeper-forgets",
         2,
         dict(bounds(PLAIN), ZL_MUTANT="keeper_forgets"),

@@ -194,7 +194,8 @@ class OutageMonitor:
         self.stalled_since: dt.datetime | None = None
         self._stall_began = 0.0
         self._last_slow = 0.0
-        #: When each timed commit under way began (by thread): one still waiting counts as slow.
+        #: When each commit under way began (by thread; attempts with ``slow_after`` or
+        #: ``watched``): one still waiting counts as slow, though it is not timed.
         self._committing: dict[int, float] = {}
 
     @classmethod
@@ -322,23 +323,27 @@ class OutageMonitor:
         wait: Callable[[float], object],
         tolerance: float | None,
         slow_after: float | None = None,
+        watched: bool = False,
     ) -> tuple[bool, T | None]:
         """Run ``work`` once. ``(True, result)`` on success; on an outage, back off (through
         ``wait``, which returns early when the loop is stopping) and return ``(False, None)``.
         With ``slow_after``, ``work`` is a commit: one slower than that is a stall (:meth:`timed`).
+        ``watched``: a commit not timed (a claim: its query's time too), which nevertheless keeps
+        a stall on while it waits longer than COMMIT_STALL_S.
 
         Raises :class:`OutageTooLong` past ``tolerance``; other exceptions propagate.
         """
         began = time.monotonic()
         thread = threading.get_ident()
-        if slow_after is not None:
+        watched = watched or slow_after is not None
+        if watched:
             with self._lock:
                 self._committing[thread] = began
         try:
             try:
                 result = work()
             finally:
-                if slow_after is not None:
+                if watched:
                     with self._lock:
                         self._committing.pop(thread, None)
         except BaseException as exc:

@@ -128,7 +128,7 @@ class ClaimLoop:
             if n:
                 self.worker.count(outcome, n)
 
-    def _attempt(self, work, who: str, slow_after: float | None = None):  # type: ignore[no-untyped-def]
+    def _attempt(self, work, who: str, slow_after: float | None = None, watched: bool = False):  # type: ignore[no-untyped-def]
         return self.monitor.attempt(
             work,
             who=who,
@@ -136,6 +136,7 @@ class ClaimLoop:
             wait=self.worker.stop.wait,
             tolerance=self.service.settings.DB_OUTAGE_TOLERANCE,
             slow_after=slow_after,
+            watched=watched,
         )
 
     # -- the loop -------------------------------------------------------------------------
@@ -179,6 +180,7 @@ class ClaimLoop:
                     lambda q=queue, s=size, o=live: self._record_and_claim(o, q, s),
                     "an acknowledgement" if live else "a claim",
                     COMMIT_STALL_S if live else None,  # an acknowledgement's commit: a stall shows
+                    watched=True,  # a claim's commit still waiting: a stall goes on
                 )
                 if not ok or got is None:
                     self.completer.restore(outcomes)
@@ -240,7 +242,7 @@ class ClaimLoop:
             started = time.monotonic()
             # A revival's time is its commit's (one row each, by id): a stall shows.
             ok, revived = self._attempt(
-                lambda held=leases: self.service.revive_leases(held), "a claim", COMMIT_STALL_S
+                lambda held=leases: self.service.revive_leases(held), "a lease revival", COMMIT_STALL_S
             )
             if not ok:
                 break
