@@ -193,6 +193,8 @@ byte outb[W * N];      /* an outcome decided, not yet recorded */
 byte kset[W];          /* the keeper's set: messages of the batch in hand */
 byte zombie[W];        /* keeper_forgets only: renewed, no longer in the batch */
 byte wl[W * N];        /* the worker's own estimate: ticks until its lease has surely expired */
+byte rv[W];            /* the messages revived since the batch's claim (each at most once: the
+                          code revives for at most REVIVE_WITHIN seconds; a model has none) */
 
 /* -- faults and the operator's budget ------------------------------------------------------ */
 bool cut[W];
@@ -322,6 +324,7 @@ inline claim(w, known) {
     :: known ->
         unst[w] = n;
         kset[w] = n;
+        rv[w] = 0;
         ph[w] = RUN;
         if
         :: (HAS(n, 0) && TXK(0)) || (HAS(n, 1) && TXK(1)) ->
@@ -364,13 +367,18 @@ inline start(w, m) {
 }
 
 /* Revive m, claimed and not started, whose lease the worker believes run out (it waited for
- * the row's lock). Refused: the estimate stays run out (the worker does not run it). */
-inline revive(w, m) {
+ * the row's lock). Refused: the estimate stays run out. known: the answer reached the worker
+ * (else the revival committed unseen: the ledger's lease is live again, the estimate is not). */
+inline revive(w, m, known) {
+    rv[w] = rv[w] | BIT(m);
     if
     :: FENCE_REVIVE(w, m) ->
         lease[m] = L;
-        wl[IX(w, m)] = L;
-        stale[IX(w, m)] = false    /* no other token since its claim: a lease of its own again */
+        stale[IX(w, m)] = false;    /* no other token since its claim: a lease of its own again */
+        if
+        :: known -> wl[IX(w, m)] = L
+        :: else
+        fi
     :: else
     fi
 }
@@ -498,11 +506,11 @@ end:
     :: d_step { ph[w] == RUN && cur[w] == 0 && unst[w] == 3 -> start(w, 0) }
     :: d_step { ph[w] == RUN && cur[w] == 0 && unst[w] == 3 -> start(w, 1) }
     /* Revive a message not started whose lease ran out here (the claim's commit was slow). */
-    :: d_step { ph[w] == RUN && HAS(unst[w], 0) && wl[IX(w, 0)] == 0 && lk[0] == 0 && !cut[w] -> revive(w, 0); settle() }
-    :: d_step { ph[w] == RUN && HAS(unst[w], 1) && wl[IX(w, 1)] == 0 && lk[1] == 0 && !cut[w] -> revive(w, 1); settle() }
+    :: d_step { ph[w] == RUN && HAS(unst[w], 0) && wl[IX(w, 0)] == 0 && lk[0] == 0 && !HAS(rv[w], 0) && !cut[w] -> revive(w, 0, true); settle() }
+    :: d_step { ph[w] == RUN && HAS(unst[w], 1) && wl[IX(w, 1)] == 0 && lk[1] == 0 && !HAS(rv[w], 1) && !cut[w] -> revive(w, 1, true); settle() }
     /* Cut off: the revival commits, its answer is lost (the estimate stays run out). */
-    :: d_step { ph[w] == RUN && HAS(unst[w], 0) && wl[IX(w, 0)] == 0 && lk[0] == 0 && cut[w] && FENCE_REVIVE(w, 0) -> lease[0] = L; settle() }
-    :: d_step { ph[w] == RUN && HAS(unst[w], 1) && wl[IX(w, 1)] == 0 && lk[1] == 0 && cut[w] && FENCE_REVIVE(w, 1) -> lease[1] = L; settle() }
+    :: d_step { ph[w] == RUN && HAS(unst[w], 0) && wl[IX(w, 0)] == 0 && lk[0] == 0 && !HAS(rv[w], 0) && cut[w] -> revive(w, 0, false); settle() }
+    :: d_step { ph[w] == RUN && HAS(unst[w], 1) && wl[IX(w, 1)] == 0 && lk[1] == 0 && !HAS(rv[w], 1) && cut[w] -> revive(w, 1, false); settle() }
     /* The running handler returns, or the last one runs and returns (one step: nothing can
      * tell its start apart from the step before). A transactional one writes in the batch's
      * open transaction. */
