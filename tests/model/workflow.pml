@@ -17,34 +17,40 @@
  *     processing, unexpired), of only the row that statement moved: SETTLE (the upstream's
  *     edges WHERE settled = ''), FANIN_DECREMENT (groups locked, left - n), STEP_DECREMENT
  *     (steps whose group emptied locked, waiting_on - k), STEP_RELEASE (waiting with nothing
- *     left -> pending) or STEP_CANCEL (waiting -> cancelled), then COMMIT. Each is a step of
- *     its own (other transactions run in between); a row another transaction locked is waited
- *     for; what a transaction wrote is seen by others only when it commits;
- *   - the failure policy of B, C and D (ZL_POLICY): wait (a dead dependency settles nothing:
- *     the step waits for a redrive), run (a dead dependency settles and counts) or cancel (a
- *     dead dependency cancels the step, and the steps after it);
+ *     left -> pending) and STEP_CANCEL (waiting -> cancelled); the edges of the steps it
+ *     cancelled are settled in a next round (zeroloss.ledger.workflows.settle's loop), then
+ *     COMMIT. Each is a step of its own (other transactions run in between); a row another
+ *     transaction locked is waited for; what a transaction wrote is seen by others only when
+ *     it commits;
+ *   - the failure policies (ZL_POLICY: B's and C's; ZL_POLICY_D: D's): wait (a dead
+ *     dependency settles nothing: the step waits for a redrive; a cancelled one cancels it),
+ *     run (an ended dependency settles and counts) or cancel (an ended dependency cancels the
+ *     step, whose own edges then settle as cancelled, for its dependents' policies);
  *   - the sweep (an expired processing row -> pending, or dead once its attempts are spent, in
  *     a transaction that releases or cancels like an outcome's), an operator's force requeue
  *     (processing -> pending, whatever the lease) and redrive (dead -> pending, attempts reset;
  *     its settled edges stay settled);
- *   - W = 2 workers, each claiming one pending step at a time; its handler returns after any
- *     number of ticks, succeeding or failing; it stalls (is not scheduled), crashes (loses its
- *     state; its open transaction stays on the server, its locks held, until the server ends
- *     it) or is cut off (a claim commits with its answer lost; a statement is lost; a COMMIT
- *     lands or not, its answer lost; a transaction it gives up on stays open until the server
- *     ends it);
+ *   - W = 2 workers, each claiming one pending step at a time, or B and C in one batch
+ *     (ZL_BATCH=1: their outcomes then recorded together, each row fenced, released in one
+ *     transaction: a group counts down by two, a step by two groups); a handler returns after
+ *     any number of ticks, succeeding or failing; a worker stalls (is not scheduled), crashes
+ *     (loses its state; its open transaction stays on the server, its locks held, until the
+ *     server ends it) or is cut off (a claim commits with its answer lost; a statement is
+ *     lost; a COMMIT lands or not, its answer lost; a transaction it gives up on stays open
+ *     until the server ends it);
  *   - the server ends a transaction whose worker is gone (crashed, or gave it up) at any later
  *     moment (the session keepalives of DEAD_PEER_TIMEOUT), rolling back its outcome and
  *     release; a live worker's transaction is not bounded by its lease: it may commit after
  *     the lease ran out (the outcome's statement was fenced, and its row lock kept the sweep,
  *     a requeue and every claim off the row since).
  *
- * No exit from processing clears the row's lease token or expiry here (the code clears both):
- * the model leans on the outcome's three fences only, so each is shown to be needed.
+ * A row that leaves processing keeps its lease token and expiry here (the code clears both;
+ * the model drops them only at a finished status, where the status fence refuses anyway): the
+ * model leans on the outcome's three fences, so each is shown to be needed.
  *
  * Properties:
  *   W1 never early (assertion, every state): a step that left waiting other than cancelled has
- *      every dependency settled and counted (completed; or, under "run", dead);
+ *      every dependency settled and counted (completed; or, under "run", dead or cancelled);
  *   W2 released at most once (assertion): no step moves waiting -> pending twice;
  *   W3 counted right (assertions, every state): a waiting step's groups each count exactly its
  *      unsettled dependencies, the step counts exactly its non-empty groups, and a waiting step
@@ -54,23 +60,30 @@
  *      so settles and releases, only under the current lease (no other claim since, the row
  *      processing since, the lease not expired);
  *   W5 none waits for ever (ltl `done`, -a -f): under weak fairness every step ends completed,
- *      dead or cancelled, except a waiting one behind a dead dependency under "wait" (which a
- *      redrive that completes releases: the operator's redrive is in the runs).
+ *      dead or cancelled, except a waiting one behind a dead dependency under "wait", or behind
+ *      a step that waits so (a redrive that completes releases it: redrives are in the runs).
  * Every move goes along an edge of zeroloss.core.states.TRANSITIONS (`MOVE`, checked by
  * tests/process/test_workflow_model.py against the table).
  *
  * Bounds: 4 steps, W = 2 workers, a lease of L = 1 tick, ZL_MAXATT attempts (1 or 2).
  * Chosen when the verifier starts (environment):
- *   ZL_POLICY    0 wait (default), 1 run, 2 cancel;
+ *   ZL_POLICY    B's and C's failure policy: 0 wait (default), 1 run, 2 cancel;
+ *   ZL_POLICY_D  D's (default: ZL_POLICY's);
  *   ZL_FANIN     2: D's dependencies one group of two (default); 1: two groups of one;
+ *   ZL_BATCH     1: a worker may claim B and C in one batch (default 0);
  *   ZL_MAXATT    attempts per step (default 2);
  *   ZL_CRASHES, ZL_CUTS, ZL_REQUEUES, ZL_REDRIVES  faults and operator actions (default 1, 0, 0, 1);
  *   ZL_MUTANT    a broken variant of the protocol, which must fail a property:
  *     release_no_token    the outcome (so its release) not fenced by the lease token (W4);
  *     release_no_status   not fenced by the status, processing (W4, with a force requeue);
  *     release_no_expiry   not fenced by the lease's expiry (W4);
- *     decrement_unlocked  counters read, then written (no row lock): a lost decrement (W5);
- *     settle_twice        SETTLE without "settled = ''": a redriven step counts again (W1).
+ *     decrement_unlocked  counters read, then written (no row lock): a lost decrement (W3;
+ *                         W5, D waits for ever);
+ *     settle_twice        SETTLE without "settled = ''": a redriven step counts again (W1);
+ *     cancel_unsettled    the edges of a step the release cancels are not settled: its
+ *                         dependents wait for ever (W5);
+ *     count_once          each counter decremented by one, whatever the batch settled in it
+ *                         (W3, with batches).
  *
  * Run (tests/process/test_workflow_model.py runs each configuration and each mutant):
  *   spin -a workflow.pml && gcc -O2 -DNFAIR=3 -o pan pan.c
@@ -98,7 +111,7 @@ static int zl_env(const char *name, int otherwise) {
 }
 static int zl_mutant(int otherwise) {
     static const char *names[] = {"", "release_no_token", "release_no_status", "release_no_expiry",
-        "decrement_unlocked", "settle_twice", 0};
+        "decrement_unlocked", "settle_twice", "cancel_unsettled", "count_once", 0};
     const char *v = getenv("ZL_MUTANT");
     int k;
     if (!v || !*v) return otherwise;
@@ -111,8 +124,14 @@ static int zl_mutant(int otherwise) {
 #ifndef ZL_POLICY
 #define ZL_POLICY 0
 #endif
+#ifndef ZL_POLICY_D
+#define ZL_POLICY_D ZL_POLICY
+#endif
 #ifndef ZL_FANIN
 #define ZL_FANIN 2
+#endif
+#ifndef ZL_BATCH
+#define ZL_BATCH 0
 #endif
 #ifndef ZL_MAXATT
 #define ZL_MAXATT 2
@@ -132,8 +151,10 @@ static int zl_mutant(int otherwise) {
 #ifndef ZL_MUTANT
 #define ZL_MUTANT 0
 #endif
-byte policy = ZL_POLICY;
+byte policy = ZL_POLICY;        /* B's and C's */
+byte policy_d = ZL_POLICY_D;    /* D's */
 byte fanin = ZL_FANIN;
+byte batch = ZL_BATCH;          /* a worker may claim B and C in one batch */
 byte maxatt = ZL_MAXATT;
 byte crash_budget = ZL_CRASHES;
 byte cut_budget = ZL_CUTS;
@@ -145,6 +166,8 @@ byte mutant = ZL_MUTANT;
 #define M_NO_EXPIRY 3
 #define M_UNLOCKED 4
 #define M_SETTLE_TWICE 5
+#define M_CANCEL_UNSETTLED 6
+#define M_COUNT_ONCE 7
 
 /* failure policies (Message.on_upstream_failure) */
 #define WAITP 0
@@ -163,14 +186,16 @@ byte mutant = ZL_MUTANT;
 #define S_COMP 1
 #define S_DEAD 2
 #define S_CANC 3
-/* A settled edge counts towards its step's release: completed; or ended, under "run". */
-#define COUNTS(v) ((v) == S_COMP || ((v) != 0 && policy == RUNP))
 
 /* the diamond: each edge's upstream, downstream and fan-in group */
 #define EUP(e) ((e) < 2 -> 0 : (e) - 1)
 #define EDN(e) ((e) < 2 -> (e) + 1 : 3)
 #define EBK(e) ((e) < 3 -> (e) : (fanin == 2 -> 2 : 3))
 #define BOWN(b) ((b) < 2 -> (b) + 1 : 3)
+/* a step's failure policy */
+#define POL(d) ((d) == 3 -> policy_d : policy)
+/* Edge e, settled v, counts towards its dependent's release: completed; or ended, under "run". */
+#define COUNTS_FOR(e, v) ((v) == S_COMP || ((v) != 0 && POL(EDN(e)) == RUNP))
 
 /* worker phases */
 #define IDLE 0
@@ -213,8 +238,9 @@ byte won[NM];          /* message.waiting_on */
 /* -- open transactions: what each wrote, seen by others when it commits ------------------------ */
 bool txopen[SLOTS];
 byte txph[SLOTS];
-byte txm[SLOTS];            /* the row its outcome (or the sweep's move) moved */
-byte txdm[SLOTS];           /* the steps its release may touch (locked in T_DEPS) */
+byte txm[SLOTS];            /* the rows its outcomes (or the sweep's move) moved, a mask */
+byte txnew[SLOTS];          /* the edges this round of its release settled, to count */
+byte txbg[SLOTS];           /* the groups this round decremented */
 byte txst[SLOTS * NM];      /* 1 + a row's new status */
 byte txsv[SLOTS * NE];      /* an edge's new settled value */
 byte txbl[SLOTS * NB];      /* 1 + a group's new count */
@@ -223,7 +249,7 @@ byte txrd[SLOTS * NB];      /* decrement_unlocked: 1 + a count as read (groups, 
 
 /* -- workers (lost in a crash) ------------------------------------------------------------- */
 byte ph[W];
-byte hm[W];            /* 1 + the step it holds (claimed, its handler running) */
+byte hm[W];            /* the steps it holds (claimed, their handlers running), a mask */
 bool cut[W];
 byte crashes[W];
 byte crashed;
@@ -235,16 +261,16 @@ byte redrives;
 bool stale[W * NM];    /* w's lease on m: another claim since, expired, or m left processing */
 byte rel[NM];          /* releases of each step (waiting -> pending) */
 
-hidden byte i, j, k, n, s;
+hidden byte i, j, k, n, s, txnext, oc, ofirst;
 /* What each assertion checks, by name (spin prints the name of a violated one). */
 hidden byte never_early, released_once, counted_right, fresh_lease;
 
 /* Unsettled or not counting: what a group still waits for. */
-#define UNC(e) (COUNTS(sett[e]) -> 0 : 1)
+#define UNC(e) (COUNTS_FOR(e, sett[e]) -> 0 : 1)
 #define GROUP_LEFT(b) ((b) == 0 -> UNC(0) : ((b) == 1 -> UNC(1) : ((b) == 2 -> UNC(2) + (fanin == 2 -> UNC(3) : 0) : (fanin == 1 -> UNC(3) : 0))))
 #define NOT_EMPTY(b) (left[b] > 0 -> 1 : 0)
 #define GROUPS_LEFT(d) ((d) == 1 -> NOT_EMPTY(0) : ((d) == 2 -> NOT_EMPTY(1) : NOT_EMPTY(2) + (fanin == 1 -> NOT_EMPTY(3) : 0)))
-#define ALL_COUNTED(d) ((d) == 1 -> COUNTS(sett[0]) : ((d) == 2 -> COUNTS(sett[1]) : (COUNTS(sett[2]) && COUNTS(sett[3]))))
+#define ALL_COUNTED(d) ((d) == 1 -> COUNTS_FOR(0, sett[0]) : ((d) == 2 -> COUNTS_FOR(1, sett[1]) : (COUNTS_FOR(2, sett[2]) && COUNTS_FOR(3, sett[3]))))
 
 /* ROLLBACK: the transaction's writes and locks are gone, its slot free. */
 inline rollback(x) {
@@ -268,14 +294,15 @@ inline rollback(x) {
     txopen[x] = false;
     txph[x] = 0;
     txm[x] = 0;
-    txdm[x] = 0
+    txnew[x] = 0;
+    txbg[x] = 0
 }
 
 /* After every step: W1-W3 on the committed state. */
 inline settle() {
     for (i : 0 .. W * NM - 1) {
         if
-        :: hm[i / NM] != i % NM + 1 -> stale[i] = false    /* read only while w holds m: one state */
+        :: !HAS(hm[i / NM], i % NM) -> stale[i] = false    /* read only while w holds m: one state */
         :: else
         fi
     }
@@ -315,57 +342,65 @@ inline left_processing(m) {
     for (k : 0 .. W - 1) { stale[IX(k, m)] = true }
 }
 
-inline claim(w, m, known) {
-    MOVE(m, PEND, PROC, claimed);
-    att[m]++;
-    tok[m] = w;
-    lease[m] = L;
-    for (j : 0 .. W - 1) { stale[IX(j, m)] = (j != w) }
-    if
-    :: known -> hm[w] = m + 1; ph[w] = RUN
-    :: else
-    fi
-}
-
-/* SETTLE, for the row x's outcome (its new status ns), in transaction t: its edges that are
- * unsettled (once each), when it completed, or ended and its dependents do not wait for a
- * redrive. Under "cancel" an ended step cancels its dependents, and theirs (txdm: all of them). */
-inline settle_edges(t, x, ns) {
-    for (j : 0 .. NE - 1) {
+/* Claim the steps of mask `mask` (one, or B and C in one batch). */
+inline claim(w, mask, known) {
+    for (k : 0 .. NM - 1) {
         if
-        :: EUP(j) == x && (sett[j] == 0 || mutant == M_SETTLE_TWICE) && ns == COMP ->
-            txsv[t * NE + j] = S_COMP;
-            txdm[t] = txdm[t] | BIT(EDN(j))
-        :: EUP(j) == x && (sett[j] == 0 || mutant == M_SETTLE_TWICE) && ns == DEAD && policy != WAITP ->
-            txsv[t * NE + j] = S_DEAD;
-            txdm[t] = txdm[t] | BIT(EDN(j));
-            if
-            :: policy == CANCELP && x == 0 -> txdm[t] = txdm[t] | BIT(3)
-            :: else
-            fi
+        :: HAS(mask, k) ->
+            MOVE(k, PEND, PROC, claimed);
+            att[k]++;
+            tok[k] = w;
+            lease[k] = L;
+            for (j : 0 .. W - 1) { stale[IX(j, k)] = (j != w) }
         :: else
         fi
     }
     if
-    :: txdm[t] == 0 -> txph[t] = T_COMMIT    /* nothing to release */
-    :: else -> txph[t] = T_BUCKETS
+    :: known -> hm[w] = mask; ph[w] = RUN
+    :: else
     fi
 }
 
-/* How many counting edges of group b transaction t settles. */
-#define CNT(t, e) ((txsv[(t) * NE + (e)] != 0 && COUNTS(txsv[(t) * NE + (e)])) -> 1 : 0)
+/* SETTLE, in transaction t, of the edges of row x, which ended with status ns: those not
+ * settled yet (once each: settled = ''), when x completed, was cancelled, or died and the
+ * dependent does not wait for a redrive. They are this round's (txnew): counted, or their
+ * dependents cancelled, in the statements that follow. */
+inline settle_edges(t, x, ns) {
+    for (k : 0 .. NE - 1) {
+        if
+        :: EUP(k) == x && (sett[k] == 0 || mutant == M_SETTLE_TWICE) && txsv[t * NE + k] == 0 &&
+           (ns == COMP || ns == CANC || (ns == DEAD && POL(EDN(k)) != WAITP)) ->
+            txsv[t * NE + k] = (ns == COMP -> S_COMP : (ns == DEAD -> S_DEAD : S_CANC));
+            txnew[t] = txnew[t] | BIT(k)
+        :: else
+        fi
+    }
+}
+
+/* After SETTLE: a round of release if it settled anything, else COMMIT. */
+#define NEXT_ROUND(t) (txnew[t] != 0 -> T_BUCKETS : T_COMMIT)
+
+/* Edge e of this round counts towards its dependent (completed, or ended under "run"). */
+#define ROUND(t, e) HAS(txnew[t], e)
+#define CNT(t, e) ((ROUND(t, e) && COUNTS_FOR(e, txsv[(t) * NE + (e)])) -> 1 : 0)
+/* ... or cancels it (ended, the dependent's policy wait or cancel). */
+#define UNCOUNTED(t, e) (ROUND(t, e) && !COUNTS_FOR(e, txsv[(t) * NE + (e)]))
+/* How many of this round's counting edges are in group b. */
 #define NBK(t, b) (((b) == 0 -> CNT(t, 0) : 0) + ((b) == 1 -> CNT(t, 1) : 0) + ((b) == 2 -> CNT(t, 2) : 0) + (EBK(3) == (b) -> CNT(t, 3) : 0))
+/* A group's count as this transaction sees it: its own write, else the committed one. */
+#define BVAL(t, b) (txbl[(t) * NB + (b)] != 0 -> txbl[(t) * NB + (b)] - 1 : left[b])
 #define BFREE(t, b) (NBK(t, b) == 0 || lkb[b] == 0 || lkb[b] == (t) + 1)
 #define BUCKETS_FREE(t) (BFREE(t, 0) && BFREE(t, 1) && BFREE(t, 2) && BFREE(t, 3))
-#define DFREE(t, d) (!HAS(txdm[t], d) || lk[d] == 0 || lk[d] == (t) + 1)
-#define DEPS_FREE(t) (DFREE(t, 1) && DFREE(t, 2) && DFREE(t, 3))
 
-/* FANIN_DECREMENT: the groups locked (in order), each count less what this settles. */
+/* count_once: each counter decremented by one, whatever this round settled in it. */
+#define ONCE(x) ((mutant == M_COUNT_ONCE && (x) > 1) -> 1 : (x))
+
+/* FANIN_DECREMENT: the groups locked (in order), each count less what this round settles. */
 inline buckets(t) {
-    for (j : 0 .. NB - 1) {
-        n = NBK(t, j);
+    for (k : 0 .. NB - 1) {
+        n = ONCE(NBK(t, k));
         if
-        :: n > 0 -> lkb[j] = t + 1; txbl[t * NB + j] = left[j] - n + 1
+        :: n > 0 -> lkb[k] = t + 1; txbl[t * NB + k] = BVAL(t, k) - n + 1; txbg[t] = txbg[t] | BIT(k)
         :: else
         fi
     }
@@ -375,9 +410,9 @@ inline buckets(t) {
 
 /* decrement_unlocked: the counts read (committed values) without a lock ... */
 inline buckets_read(t) {
-    for (j : 0 .. NB - 1) {
+    for (k : 0 .. NB - 1) {
         if
-        :: NBK(t, j) > 0 -> txrd[t * NB + j] = left[j] + 1
+        :: NBK(t, k) > 0 -> txrd[t * NB + k] = BVAL(t, k) + 1
         :: else
         fi
     }
@@ -386,10 +421,14 @@ inline buckets_read(t) {
 
 /* ... then written from what was read (the UPDATE waits for the row's lock, not the read). */
 inline buckets_write(t) {
-    for (j : 0 .. NB - 1) {
-        n = NBK(t, j);
+    for (k : 0 .. NB - 1) {
+        n = ONCE(NBK(t, k));
         if
-        :: n > 0 -> lkb[j] = t + 1; txbl[t * NB + j] = txrd[t * NB + j] - n; txrd[t * NB + j] = 0
+        :: n > 0 ->
+            lkb[k] = t + 1;
+            txbl[t * NB + k] = txrd[t * NB + k] - n;
+            txrd[t * NB + k] = 0;
+            txbg[t] = txbg[t] | BIT(k)
         :: else
         fi
     }
@@ -397,60 +436,64 @@ inline buckets_write(t) {
     txph[t] = T_DEPS
 }
 
-/* How many of step d's groups transaction t empties. */
-#define EMPTIED(t, b) (txbl[(t) * NB + (b)] == 1 -> 1 : 0)
+/* How many of step d's groups this round emptied. */
+#define EMPTIED(t, b) ((HAS(txbg[t], b) && txbl[(t) * NB + (b)] == 1) -> 1 : 0)
 #define KD(t, d) ((d) == 1 -> EMPTIED(t, 0) : ((d) == 2 -> EMPTIED(t, 1) : EMPTIED(t, 2) + EMPTIED(t, 3)))
+/* Step d has an edge of this round that does not count: it is to be cancelled. */
+#define TO_CANCEL(t, d) ((d) == 1 -> UNCOUNTED(t, 0) : ((d) == 2 -> UNCOUNTED(t, 1) : (UNCOUNTED(t, 2) || UNCOUNTED(t, 3))))
+/* The rows this round's STEP_DECREMENT and STEP_CANCEL lock. */
+#define TOUCHES(t, d) (KD(t, d) > 0 || TO_CANCEL(t, d))
+#define DFREE(t, d) (!TOUCHES(t, d) || lk[d] == 0 || lk[d] == (t) + 1)
+#define DEPS_FREE(t) (DFREE(t, 1) && DFREE(t, 2) && DFREE(t, 3))
+/* A step's status as this transaction sees it. */
+#define STV(t, d) (txst[(t) * NM + (d)] != 0 -> txst[(t) * NM + (d)] - 1 : st[d])
+#define WOV(t, d) (txwo[(t) * NM + (d)] != 0 -> txwo[(t) * NM + (d)] - 1 : won[d])
 
-/* A dependency of step d that t settles as ended (dead, or cancelled). */
-#define ENDED(t, e) (txsv[(t) * NE + (e)] == S_DEAD || txsv[(t) * NE + (e)] == S_CANC)
-#define INTO_ENDED(t, d) ((d) == 1 -> ENDED(t, 0) : ((d) == 2 -> ENDED(t, 1) : (ENDED(t, 2) || ENDED(t, 3))))
-
-/* A waiting step of t's cancels: cancelled, and its own edges settled "cancelled". */
-inline cancel_step(t, d) {
-    txst[t * NM + d] = CANC + 1;
-    for (k : 0 .. NE - 1) {
-        if
-        :: EUP(k) == d && sett[k] == 0 -> txsv[t * NE + k] = S_CANC
-        :: else
-        fi
-    }
-}
-
-/* STEP_DECREMENT, then STEP_RELEASE or STEP_CANCEL: the steps locked (in id order), each
- * count less the groups emptied; a waiting one with nothing left is released. Under
- * "cancel", a waiting step whose dependency ended (or was cancelled) is cancelled. */
+/* STEP_DECREMENT (the steps whose group emptied, locked in id order, each count less the
+ * groups emptied), STEP_RELEASE (waiting with nothing left -> pending), STEP_CANCEL (waiting,
+ * with a dependency ended that does not count -> cancelled); then SETTLE of the steps it
+ * cancelled: the next round. With `unlocked`, the counts are the ones read before. */
 inline deps(t, unlocked) {
+    txnext = 0;
     for (j : 1 .. NM - 1) {
         if
-        :: HAS(txdm[t], j) ->
+        :: TOUCHES(t, j) ->
             lk[j] = t + 1;
-            n = KD(t, j);
+            n = ONCE(KD(t, j));
             if
-            :: n > 0 && !unlocked -> txwo[t * NM + j] = won[j] - n + 1
+            :: n > 0 && !unlocked -> txwo[t * NM + j] = WOV(t, j) - n + 1
             :: n > 0 && unlocked -> txwo[t * NM + j] = txrd[t * NB + j] - n; txrd[t * NB + j] = 0
             :: else
             fi;
             if
-            :: st[j] == WAIT && policy == CANCELP && txst[t * NM + j] == 0 && INTO_ENDED(t, j) -> cancel_step(t, j)
+            :: n > 0 && WOV(t, j) == 0 && STV(t, j) == WAIT -> txst[t * NM + j] = PEND + 1
             :: else
             fi;
             if
-            :: n > 0 && txwo[t * NM + j] == 1 && st[j] == WAIT && txst[t * NM + j] == 0 ->
-                txst[t * NM + j] = PEND + 1
+            :: TO_CANCEL(t, j) && STV(t, j) == WAIT -> txst[t * NM + j] = CANC + 1; txnext = txnext | BIT(j)
             :: else
             fi
         :: else
         fi
     }
     n = 0;
-    txph[t] = T_COMMIT
+    txnew[t] = 0;
+    txbg[t] = 0;
+    for (j : 1 .. NM - 1) {
+        if
+        :: HAS(txnext, j) && mutant != M_CANCEL_UNSETTLED -> settle_edges(t, j, CANC)
+        :: else
+        fi
+    }
+    txnext = 0;
+    txph[t] = NEXT_ROUND(t)
 }
 
 /* decrement_unlocked: the steps' counts read without a lock (kept in txrd, by step). */
 inline deps_read(t) {
     for (j : 1 .. NM - 1) {
         if
-        :: HAS(txdm[t], j) && KD(t, j) > 0 -> txrd[t * NB + j] = won[j] + 1
+        :: KD(t, j) > 0 -> txrd[t * NB + j] = WOV(t, j) + 1
         :: else
         fi
     }
@@ -479,13 +522,13 @@ inline commit(t) {
         :: else
         fi;
         if
-        :: j == txm[t] && txst[t * NM + j] == COMP + 1 -> MOVE(j, PROC, COMP, acknowledged); left_processing(j)
-        :: j == txm[t] && txst[t * NM + j] == DEAD + 1 && t != SW -> MOVE(j, PROC, DEAD, dead_lettered); left_processing(j)
-        :: j == txm[t] && txst[t * NM + j] == PEND + 1 && t != SW -> MOVE(j, PROC, PEND, failed); left_processing(j)
-        :: j == txm[t] && txst[t * NM + j] == DEAD + 1 && t == SW -> MOVE(j, PROC, DEAD, dead_lettered); left_processing(j)
-        :: j == txm[t] && txst[t * NM + j] == PEND + 1 && t == SW -> MOVE(j, PROC, PEND, lease_expired); left_processing(j)
-        :: j != txm[t] && txst[t * NM + j] == PEND + 1 -> MOVE(j, WAIT, PEND, dependencies_completed); rel[j]++
-        :: j != txm[t] && txst[t * NM + j] == CANC + 1 -> MOVE(j, WAIT, CANC, upstream_failed)
+        :: HAS(txm[t], j) && txst[t * NM + j] == COMP + 1 -> MOVE(j, PROC, COMP, acknowledged); left_processing(j)
+        :: HAS(txm[t], j) && txst[t * NM + j] == DEAD + 1 && t != SW -> MOVE(j, PROC, DEAD, dead_lettered); left_processing(j)
+        :: HAS(txm[t], j) && txst[t * NM + j] == PEND + 1 && t != SW -> MOVE(j, PROC, PEND, failed); left_processing(j)
+        :: HAS(txm[t], j) && txst[t * NM + j] == DEAD + 1 && t == SW -> MOVE(j, PROC, DEAD, dead_lettered); left_processing(j)
+        :: HAS(txm[t], j) && txst[t * NM + j] == PEND + 1 && t == SW -> MOVE(j, PROC, PEND, lease_expired); left_processing(j)
+        :: !HAS(txm[t], j) && txst[t * NM + j] == PEND + 1 -> MOVE(j, WAIT, PEND, dependencies_completed); rel[j]++
+        :: !HAS(txm[t], j) && txst[t * NM + j] == CANC + 1 -> MOVE(j, WAIT, CANC, upstream_failed)
         :: else
         fi;
         if
@@ -499,30 +542,49 @@ inline commit(t) {
 /* The outcome's fence (statements.py: token, processing, unexpired; the row's lock waited for). */
 #define FENCE(w, m) ((tok[m] == w || mutant == M_NO_TOKEN) && (st[m] == PROC || mutant == M_NO_STATUS) && (lease[m] > 0 || mutant == M_NO_EXPIRY))
 
-/* BEGIN, the fenced outcome statement, SETTLE (the edges of the row it moved: no other
- * transaction can write them, it holds that row). A refused outcome ends the batch. */
-inline outcome(w, o) {
-    n = hm[w] - 1;
-    if
-    :: FENCE(w, n) ->
-        fresh_lease = !stale[IX(w, n)];
-        assert(fresh_lease);                                                     /* W4 */
-        s = SLOT(w);
-        assert(!txopen[s]);
-        txopen[s] = true;
-        txm[s] = n;
-        lk[n] = s + 1;
+/* BEGIN, the batch's fenced outcome statements (each row fenced: first's outcome `oa`, the
+ * second's `ob`), SETTLE (the edges of the rows they moved: no other transaction can write
+ * them, it holds those rows). A batch refused whole ends there. */
+inline outcome(w, oa, ob) {
+    s = SLOT(w);
+    assert(!txopen[s]);
+    ofirst = true;
+    for (n : 0 .. NM - 1) {
         if
-        :: o == ACK -> txst[s * NM + n] = COMP + 1; settle_edges(s, n, COMP)
-        :: o == FAIL && att[n] >= maxatt -> txst[s * NM + n] = DEAD + 1; settle_edges(s, n, DEAD)
-        :: o == FAIL && att[n] < maxatt -> txst[s * NM + n] = PEND + 1; txph[s] = T_COMMIT
-        fi;
-        ph[w] = TX
+        :: HAS(hm[w], n) ->
+            oc = (ofirst -> oa : ob);
+            ofirst = false;
+            if
+            :: FENCE(w, n) ->
+                fresh_lease = !stale[IX(w, n)];
+                assert(fresh_lease);                                             /* W4 */
+                txopen[s] = true;
+                txm[s] = txm[s] | BIT(n);
+                lk[n] = s + 1;
+                if
+                :: oc == ACK -> txst[s * NM + n] = COMP + 1; settle_edges(s, n, COMP)
+                :: oc == FAIL && att[n] >= maxatt -> txst[s * NM + n] = DEAD + 1; settle_edges(s, n, DEAD)
+                :: oc == FAIL && att[n] < maxatt -> txst[s * NM + n] = PEND + 1
+                fi
+            :: else    /* refused: this row's lease was lost */
+            fi
+        :: else
+        fi
+    }
+    if
+    :: txopen[s] -> txph[s] = NEXT_ROUND(s); ph[w] = TX
     :: else -> ph[w] = IDLE
     fi;
     hm[w] = 0;
-    n = 0
+    n = 0;
+    oc = 0;
+    ofirst = false
 }
+
+/* The rows locked (a held row's lock is waited for before its outcome statement). */
+#define LOCKED ((lk[0] != 0 -> 1 : 0) | (lk[1] != 0 -> 2 : 0) | (lk[2] != 0 -> 4 : 0) | (lk[3] != 0 -> 8 : 0))
+#define RETURNS(w) (ph[w] == RUN && !cut[w] && (hm[w] & LOCKED) == 0)
+#define BATCH_BC (BIT(1) | BIT(2))
 
 #define MINE (SLOT(w))
 #define IN_TX (ph[w] == TX && txopen[MINE])
@@ -531,14 +593,16 @@ inline outcome(w, o) {
 proctype worker(byte w) {
 end:
     do
-    :: d_step { ph[w] == IDLE && CLAIMABLE(0) -> claim(w, 0, !cut[w]); settle() }
-    :: d_step { ph[w] == IDLE && CLAIMABLE(1) -> claim(w, 1, !cut[w]); settle() }
-    :: d_step { ph[w] == IDLE && CLAIMABLE(2) -> claim(w, 2, !cut[w]); settle() }
-    :: d_step { ph[w] == IDLE && CLAIMABLE(3) -> claim(w, 3, !cut[w]); settle() }
-    /* The handler returns (after any number of ticks); its outcome statement (the row's lock
-     * waited for). */
-    :: d_step { ph[w] == RUN && !cut[w] && lk[hm[w] - 1] == 0 -> outcome(w, ACK); settle() }
-    :: d_step { ph[w] == RUN && !cut[w] && lk[hm[w] - 1] == 0 -> outcome(w, FAIL); settle() }
+    :: d_step { ph[w] == IDLE && CLAIMABLE(0) -> claim(w, BIT(0), !cut[w]); settle() }
+    :: d_step { ph[w] == IDLE && CLAIMABLE(1) -> claim(w, BIT(1), !cut[w]); settle() }
+    :: d_step { ph[w] == IDLE && CLAIMABLE(2) -> claim(w, BIT(2), !cut[w]); settle() }
+    :: d_step { ph[w] == IDLE && CLAIMABLE(3) -> claim(w, BIT(3), !cut[w]); settle() }
+    :: d_step { ph[w] == IDLE && batch && CLAIMABLE(1) && CLAIMABLE(2) -> claim(w, BATCH_BC, !cut[w]); settle() }
+    /* The handlers return (after any number of ticks); the batch's outcome statements. */
+    :: d_step { RETURNS(w) -> outcome(w, ACK, ACK); settle() }
+    :: d_step { RETURNS(w) -> outcome(w, FAIL, FAIL); settle() }
+    :: d_step { RETURNS(w) && hm[w] == BATCH_BC -> outcome(w, ACK, FAIL); settle() }
+    :: d_step { RETURNS(w) && hm[w] == BATCH_BC -> outcome(w, FAIL, ACK); settle() }
     /* The release's statements, then COMMIT. */
     :: d_step { IN_TX && !cut[w] && txph[MINE] == T_BUCKETS && mutant != M_UNLOCKED && BUCKETS_FREE(MINE) -> buckets(MINE); settle() }
     :: d_step { IN_TX && !cut[w] && txph[MINE] == T_BUCKETS && mutant == M_UNLOCKED -> buckets_read(MINE); settle() }
@@ -573,10 +637,10 @@ end:
  * attempts are spent, with the release of a dead step's dependents in its transaction. */
 inline sweep(m) {
     txopen[SW] = true;
-    txm[SW] = m;
+    txm[SW] = BIT(m);
     lk[m] = SW + 1;
     if
-    :: att[m] >= maxatt -> txst[SW * NM + m] = DEAD + 1; settle_edges(SW, m, DEAD)
+    :: att[m] >= maxatt -> txst[SW * NM + m] = DEAD + 1; settle_edges(SW, m, DEAD); txph[SW] = NEXT_ROUND(SW)
     :: else -> txst[SW * NM + m] = PEND + 1; txph[SW] = T_COMMIT
     fi;
     if
@@ -651,7 +715,9 @@ init {
     atomic {
         c_code {
             now.policy = zl_env("ZL_POLICY", now.policy);
+            now.policy_d = zl_env("ZL_POLICY_D", now.policy);
             now.fanin = zl_env("ZL_FANIN", now.fanin);
+            now.batch = zl_env("ZL_BATCH", now.batch);
             now.maxatt = zl_env("ZL_MAXATT", now.maxatt);
             now.crash_budget = zl_env("ZL_CRASHES", now.crash_budget);
             now.cut_budget = zl_env("ZL_CUTS", now.cut_budget);
@@ -675,9 +741,10 @@ init {
 }
 
 #define TERM(m) (st[m] == COMP || st[m] == DEAD || st[m] == CANC)
+/* Waiting for a redrive: behind a dead dependency under "wait", or behind a step that is. */
 #define BLK1 (st[1] == WAIT && policy == WAITP && st[0] == DEAD)
 #define BLK2 (st[2] == WAIT && policy == WAITP && st[0] == DEAD)
-#define BLK3 (st[3] == WAIT && policy == WAITP && (st[1] == DEAD || st[2] == DEAD || BLK1 || BLK2))
+#define BLK3 (st[3] == WAIT && ((policy_d == WAITP && (st[1] == DEAD || st[2] == DEAD)) || BLK1 || BLK2))
 /* W5. (Run with -a -f.) */
 ltl done { <> [] (TERM(0) && (TERM(1) || BLK1) && (TERM(2) || BLK2) && (TERM(3) || BLK3)) }
 /* A claim for the safety run (assertions only). */
