@@ -660,18 +660,13 @@ def without_guard(template: str, guard: Guard) -> str:
 def catalogue_without(guard: Guard) -> Iterator[None]:
     """The engine runs ``guard.statement`` without its guard until the block ends.
 
-    Engines render each statement once (``Engine.sql``) and cache what they compose from it
-    (``Engine._composed``, keyed by its text): the rendered text is replaced and the cache
+    Engines read each statement once (``Engine.sql``) and cache what they compose from it
+    (``Engine._composed``: PostgreSQL's audit wrapper): the text is replaced and the cache
     cleared, both ways.
     """
     engine = engine_for(connection)
     original = engine.sql[guard.statement]
-    if guard.statement in engine.whole:  # as this database runs it
-        engine.sql[guard.statement] = without_guard(original, guard)
-    else:
-        engine.sql[guard.statement] = engine.render(
-            guard.statement, without_guard(getattr(statements, guard.statement), guard)
-        )
+    engine.sql[guard.statement] = without_guard(original, guard)  # as this database runs it
     assert engine.sql[guard.statement] != original
     engine._composed.clear()
     try:

@@ -225,7 +225,7 @@ def test_a_whole_moving_statement_returns_what_its_declared_edges_require() -> N
     for dialect, engine in ENGINES.items():
         for name in engine.whole & set(MOVES):
             written = " ".join(engine.sql[name].split())
-            derived = " ".join(engine.render(name, MOVES[name].returning_sql(named=True)).split())
+            derived = " ".join(MOVES[name].returning_sql(notify=engine.has_listen_notify).split())
             if name in engine.complete:
                 # Written with its audit rows (PostgreSQL's persisting statements): the tail
                 # the audit wrapper derives for any other moving statement.
@@ -242,6 +242,109 @@ def test_a_whole_moving_statement_returns_what_its_declared_edges_require() -> N
     assert checked >= 2 * 28, checked
     assert ENGINES["postgresql"].complete == {n for n in MOVES if n.startswith("INSERT_")}
     assert ENGINES["sqlite"].complete == set()
+
+
+# -- statement text composed at run time ----------------------------------------------------------
+
+#: Where the ledger composes statement text at run time (``+``, ``%``, ``.format``, ``.replace``,
+#: an f-string with SQL in it), each with its reason: every other statement is read whole from a
+#: ``.sql`` catalogue.
+COMPOSED: dict[str, tuple[frozenset[str], str]] = {
+    "ledger/postgres.py": (
+        frozenset({"audit_wrapper", "audit_tail", "<module>"}),
+        "the audit rows' CTE around a moving statement (PostgresEngine.audit_wrapper; <module>: its "
+        "columns as epoch seconds): written out, every moving statement twice, and again for +PROMOTE",
+    ),
+    "ledger/partitions.py": (frozenset(), "partition DDL around partition names, which no parameter can be"),
+    "ledger/periods.py": (frozenset(), "partition DDL around partition names, which no parameter can be"),
+    "ledger/conversion.py": (frozenset(), "the layout conversion's DDL around its tables' names"),
+    "ledger/statements_reads.py": (frozenset({"distinct_walk"}), "a walk of any table's indexed column"),
+    "ledger/statements_moves.py": (
+        frozenset({"returning_sql", "reason_sql"}),
+        "the RETURNING columns a moving statement's declaration derives: what a test checks its "
+        "written text against, never run",
+    ),
+}
+_SQL_WORD = re.compile(
+    r"\b(SELECT|INSERT INTO|UPDATE|DELETE FROM|WITH|RETURNING|CREATE|ALTER|DROP|COPY|FROM|WHERE|SET|AND|JOIN|UNION)\b"
+)
+
+
+def _sqlish(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(_SQL_WORD.search(node.value))
+    )
+
+
+def composed_statements(root: Path = PACKAGE / "ledger") -> dict[str, set[str]]:
+    """Per file of ``root``: the functions (``<module>`` for the top level) that compose SQL text."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        where: dict[ast.AST, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for inner in ast.walk(node):
+                    where.setdefault(inner, node.name)
+        for node in ast.walk(tree):
+            hit = (
+                (isinstance(node, ast.JoinedStr) and any(_sqlish(v) for v in node.values))
+                or (
+                    isinstance(node, ast.BinOp)
+                    and isinstance(node.op, ast.Add | ast.Mod)
+                    and (_sqlish(node.left) or _sqlish(node.right))
+                )
+                or (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("format", "replace", "join")
+                    and (
+                        _sqlish(node.func.value)
+                        or any(_sqlish(a) for a in node.args)
+                        # A named template's .format (sql.CENSUS.format(part=...)).
+                        or (
+                            node.func.attr == "format"
+                            and isinstance(node.func.value, ast.Attribute | ast.Name)
+                            and str(
+                                getattr(node.func.value, "attr", None) or getattr(node.func.value, "id", "")
+                            ).isupper()
+                        )
+                    )
+                )
+            )
+            if hit:
+                found.setdefault(path.relative_to(root.parent).as_posix(), set()).add(
+                    where.get(node, "<module>")
+                )
+    return found
+
+
+def test_the_ledger_composes_no_statement_but_its_audit_wrapper_and_ddl() -> None:
+    """Every statement of the ledger is read whole from a ``.sql`` catalogue, but the audit
+    wrapper (one function) and the DDL around identifiers (COMPOSED, each with its reason)."""
+    found = composed_statements()
+    stray = {
+        rel: sorted(functions - COMPOSED[rel][0])
+        if rel in COMPOSED and COMPOSED[rel][0]
+        else sorted(functions)
+        for rel, functions in found.items()
+        if rel not in COMPOSED or (COMPOSED[rel][0] and not functions <= COMPOSED[rel][0])
+    }
+    assert stray == {}, f"statement text composed at run time (write it whole in a .sql catalogue): {stray}"
+    assert found["ledger/postgres.py"] == {"audit_wrapper", "audit_tail", "<module>"}
+
+
+def test_the_composition_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    (ledger / "a.py").write_text(
+        "X = 'SELECT 1 FROM t' + ' WHERE y'\n"
+        "def f(t):\n    return f'UPDATE {t} SET a = 1'\n"
+        "def g(s):\n    return s.replace('LIMIT 1', 'LIMIT 2 FOR UPDATE')\n"
+        "def h(sql):\n    return sql.CENSUS.format(part='p')\n"
+        "def fine(x):\n    return f'not {x} sql' + 'either'\n"
+    )
+    assert composed_statements(ledger) == {"ledger/a.py": {"<module>", "f", "g", "h"}}
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
@@ -165,14 +165,10 @@ class LedgerContext:
             reuse_plan=name not in statements.PLANNED_PER_CALL,
         )
 
-    def rows(self, name: str, *columns: Sequence[Any]) -> list[Any]:
-        """Parameters for the ``{rows}`` batch of the named statement."""
-        return self.engine.row_params(name, columns)
-
     def move(
         self,
         name: str,
-        params: Params,
+        params: Mapping[str, Any],
         *,
         detail: str = "",
         actor: str | None = None,
@@ -192,7 +188,7 @@ class LedgerContext:
         engine = engine_for(conn)
         declared = engine.moves[name]
         if declared.takes_detail:
-            params = {**params, "detail": detail} if isinstance(params, dict) else [*params, detail]
+            params = {**params, "detail": detail}
         rows = engine.transition(
             conn,
             Move(
@@ -302,7 +298,6 @@ class Part:
         self.using = ctx.using
         self.instance_id = ctx.instance_id
         self._run = ctx.run
-        self._rows = ctx.rows
         self._move = ctx.move
         self._token = ctx.token
         self._after_commit = ctx.after_commit

@@ -158,7 +158,7 @@ class Control(Part):
         """PostgreSQL: wait at most ``bound`` seconds for the queue's slot claims in flight, and
         start none until this transaction commits (an exact claim). False: a slot stayed held
         (a frozen worker's claim); those taken stay held to the commit."""
-        if not self.engine.lock_row:
+        if not self.engine.locks_rows:
             return True
         deadline = time.monotonic() + bound
         first, pause = 0, 0.001
@@ -179,7 +179,7 @@ class Control(Part):
         claims that read the row before it, so none of them commits after this returns; every
         claim starting later reads the change. A frozen claim is not waited for: it commits,
         if ever, when its worker wakes, before the server ends its session."""
-        if not self.engine.lock_row:
+        if not self.engine.locks_rows:
             return  # SQLite: the change's write waited for every claim (one writer)
         with transaction.atomic(using=self.using):
             if not self._lock_slots(queue_name, SETTLE_WAIT):
@@ -288,7 +288,7 @@ class Control(Part):
                 return []
             if not self.queue_limits(queue_name, concurrency, rate).limited:
                 return claim(limit)
-        slots = self.engine.lock_row != ""  # PostgreSQL: the concurrent path; SQLite: one writer anyway
+        slots = self.engine.locks_rows  # PostgreSQL: the concurrent path; SQLite: one writer anyway
         key = (self.using, queue_name)
         own = not self.connection.in_atomic_block
         # No savepoint inside the worker's outcome-and-claim transaction: its release would be

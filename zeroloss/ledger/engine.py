@@ -1,9 +1,9 @@
-"""One engine per database: how the named statements are spelled, run and audited.
+"""One engine per database: how the named statements are run and audited.
 
-:class:`Engine` renders every statement of :mod:`.statements` once, with the fragments its
-subclass (:class:`~.postgres.PostgresEngine`, :class:`~.sqlite.SqliteEngine`) defines, and
-runs them on Django's connection (same transaction, same error wrapping). Nothing outside the
-engines knows which database it talks to.
+:class:`Engine` reads every statement of the catalogue (:mod:`.statements`: its ``.sql`` files)
+as its subclass's database (:class:`~.postgres.PostgresEngine`, :class:`~.sqlite.SqliteEngine`)
+spells it, and runs them on Django's connection (same transaction, same error wrapping).
+Nothing outside the engines knows which database it talks to.
 """
 
 from __future__ import annotations
@@ -21,26 +21,17 @@ from django.utils.dateparse import parse_datetime
 
 from . import statements
 from .catalogue import Catalogue
-from .models import DedupKey, Message, MessageEvent, MessageKey, OrderingHead, QueueControl, RateBucket
-from .statements_moves import AUDIT_COLUMNS, MOVED_NAMES, Moving
-
-MSG = Message._meta.db_table
-EVT = MessageEvent._meta.db_table
+from .statements_moves import MOVED_NAMES, Moving
 
 #: Set on a connection by :meth:`Engine.transition`: the monotonic time just before its moving
 #: statement was sent, every lock the engine takes for it held (SQLite's whole-database write lock
 #: is taken when the transaction begins, and waiting for it can take seconds). The statement's
 #: clock reads no earlier, so a lease it sets lasts at least ACK_TIMEOUT from then.
 MOVED_FROM = "_zeroloss_moved_from"
-DEDUP = DedupKey._meta.db_table
-CTL = QueueControl._meta.db_table
-BUCKET = RateBucket._meta.db_table
-KEY = MessageKey._meta.db_table
-HEAD = OrderingHead._meta.db_table
 
 Rows = list[tuple[Any, ...]]
-#: A statement's parameters: named (``%(name)s``, a whole statement of a ``.sql`` catalogue) or,
-#: for a template of the Python catalogues, positional (``%s``).
+#: A statement's parameters: named (``%(name)s``, every statement of a ``.sql`` catalogue) or
+#: positional (``%s``: the partition DDL, statements_partitions).
 Params = Sequence[Any] | Mapping[str, Any]
 
 
@@ -59,8 +50,8 @@ class Move(NamedTuple):
     of client CPU to build (measured)."""
 
     name: str
-    #: Named for a statement written whole (the engine adds ``actor``), else positional.
-    params: Params
+    #: Its named parameters (the engine adds ``actor``).
+    params: Mapping[str, Any]
     actor: str
     #: When a message of an ordering key finished (completed, dead or cancelled), release the
     #: next one of its key in the same transaction.
@@ -73,26 +64,11 @@ class Engine:
     """The statements of one database, rendered, and how to run them."""
 
     vendor: ClassVar[str]
-    #: The database clock: every lease time is computed from it, never from a worker's.
-    #: ``now`` is fixed for a statement (an index can search by it); ``clock`` is read when
-    #: a row is written, after any wait for its lock.
-    now: ClassVar[str]
-    clock: ClassVar[str]
-    new_token: ClassVar[str]
-    jsonb: ClassVar[str] = ""
-    skip_locked: ClassVar[str] = ""
-    for_update: ClassVar[str] = ""
-    #: Lock one selected row until commit; "" where a claim locks by writing (SQLite).
-    lock_row: ClassVar[str] = ""
-    #: Lock the ledger's rows of a join, skipping those locked elsewhere.
-    skip_locked_of: ClassVar[str] = ""
-    #: How ``id`` is matched against a locking subquery.
-    in_open: ClassVar[str] = "id IN ("
-    in_close: ClassVar[str] = ")"
-    #: A RETURNING column that wakes idle workers when a message becomes claimable.
-    notify: ClassVar[str] = ""
+    #: Whether a claim locks the rows it chooses (PostgreSQL, ``FOR UPDATE SKIP LOCKED``); False
+    #: where a claim locks by writing (SQLite: one writer at a time).
+    locks_rows: ClassVar[bool] = False
     #: Batches of at least this many messages are stored through ``copy_in`` (``INSERT_STAGED``);
-    #: 0: never (they go as ``{rows}`` batches of ``INSERT_MANY``).
+    #: 0: never (they go as batches of ``INSERT_MANY``).
     stage_from: ClassVar[int] = 0
     #: Whether its indexes keep the dead versions of rows a claim or sweep moved until nothing
     #: holds the xmin horizon (PostgreSQL): claims and sweeps then resume where the previous one
@@ -108,89 +84,37 @@ class Engine:
     #: Whether its message and audit tables may be range-partitioned by period (PostgreSQL;
     #: :mod:`.partitions`): partitions created ahead, whole periods dropped by the purge.
     partitions_by_period: ClassVar[bool] = False
-    #: A lease holder's batch statement bounded to the creation times of its leases' messages
-    #: (``{in_period}``, with :meth:`period_params`): planned without the earlier periods' partitions.
-    in_period: ClassVar[str] = ""
-    #: A claim's bound to messages created by now: the partitions of periods to come pruned.
-    created_by_now: ClassVar[str] = ""
     #: Whether a claim by queue runs in a transaction that first sets how it is planned
     #: (statements.PLAN_CLAIM; PostgreSQL).
     plans_claims: ClassVar[bool] = False
 
     def __init__(self) -> None:
+        #: Every statement of the catalogue, as this database runs it, by name.
         self.sql: dict[str, str] = {}
-        for name in dir(statements):
-            template = getattr(statements, name)
-            named = name.isupper() and not name.startswith("_")  # _FRAGMENTS only build statements
-            if named and isinstance(template, str) and name != "INSERT_COLUMNS":
-                self.sql[name] = self.render(name, template)
-        #: Each moving statement's declaration, and its RETURNING columns rendered.
+        for catalogue in statements.WHOLE:
+            self.sql.update(catalogue.texts(self.vendor))
+        #: The names of :attr:`sql`: every one is read whole from a ``.sql`` catalogue.
+        self.whole: set[str] = set(self.sql)
+        #: Each moving statement's declaration; its text spells the RETURNING columns the
+        #: declaration derives (``Moving.returning_sql``; a test keeps them equal).
         self.moves: dict[str, Moving] = statements.MOVES
-        self.returning = {name: self.render(name, m.returning_sql()) for name, m in self.moves.items()}
+        unwritten = set(self.moves) - self.whole
+        if unwritten:
+            raise LookupError(
+                f"moving statements missing from the catalogue ({self.vendor}): {sorted(unwritten)}"
+            )
         #: The positions of each declaration's ``result`` columns in its RETURNING columns.
         self.picks: dict[str, tuple[int, ...] | None] = {}
         for name, m in self.moves.items():
-            extra = m.returning.replace("{notify}", "").split(",")
-            names = [*MOVED_NAMES, *(x.strip() for x in extra if x.strip())]
+            names = [*MOVED_NAMES, *m.returning]
             self.picks[name] = None if m.result is None else tuple(names.index(c) for c in m.result)
         self.planned_per_call = statements.PLANNED_PER_CALL
-        #: The names of :attr:`sql` read whole from a ``.sql`` catalogue (the others: rendered).
-        #: A moving one is written with its RETURNING columns, as :attr:`returning` derives them.
-        self.whole: set[str] = set()
-        for catalogue in statements.WHOLE:
-            texts = catalogue.texts(self.vendor)
-            self.sql.update(texts)
-            self.whole.update(texts)
-        for name in self.whole & set(self.moves):
-            self.returning[name] = self.render(name, self.moves[name].returning_sql(named=True))
         #: Moving statements written whole with their audit rows too (PostgreSQL's persisting
         #: statements, which open with CTEs of their own): run as written.
-        self.complete = {
-            name for name in self.whole & set(self.moves) if f"INSERT INTO {EVT}" in self.sql[name]
-        }
+        self.complete = {name for name in self.moves if self.sql[name].startswith("WITH ")}
         self._composed: dict[tuple[Any, ...], str] = {}
 
-    def render(self, name: str, template: str) -> str:
-        return template.format(
-            msg=MSG,
-            evt=EVT,
-            key=KEY,
-            head=HEAD,
-            dedup=DEDUP,
-            ctl=CTL,
-            bucket=BUCKET,
-            now=self.now,
-            clock=self.clock,
-            after=self.after("%s"),
-            clock_after=self.after("%s", clock=True),
-            after_delay=self.after("b.delay"),
-            new_token=self.new_token,
-            jsonb=self.jsonb,
-            skip_locked=self.skip_locked,
-            for_update=self.for_update,
-            lock_row=self.lock_row,
-            skip_locked_of=self.skip_locked_of,
-            in_open=self.in_open,
-            in_close=self.in_close,
-            notify=self.notify,
-            in_period=self.in_period,
-            created_by_now=self.created_by_now,
-            rows=self.rows(statements.ROWS.get(name, ())),
-        )
-
     # -- spelled per database -----------------------------------------------------------
-
-    def after(self, seconds_sql: str, *, clock: bool = False) -> str:
-        """SQL for "the database clock (``now``, or ``clock``) plus ``seconds_sql`` seconds"."""
-        raise NotImplementedError
-
-    def rows(self, columns: Sequence[tuple[str, str]]) -> str:
-        """The row source ``b(...)`` of a batch statement (one statement for any batch size)."""
-        raise NotImplementedError
-
-    def row_params(self, name: str, columns: Sequence[Sequence[Any]]) -> list[Any]:
-        """Parameters for ``{rows}``: one sequence per column of ``ROWS[name]``, equal lengths."""
-        raise NotImplementedError
 
     def column(self, values: Iterable[Any]) -> Any:
         """A batch's column as one named parameter of a whole statement: an array PostgreSQL
@@ -207,15 +131,10 @@ class Engine:
     def token(self, value: uuid.UUID) -> Any:
         return value
 
-    def period_params(self, created: Sequence[dt.datetime | None]) -> list[Any]:
-        """Parameters for ``{in_period}``: the bound of the messages' creation times (``None``:
-        a lease built without it, which leaves the statement unbounded)."""
-        return []
-
     def period(self, created: Sequence[dt.datetime | None]) -> dict[str, Any]:
-        """:meth:`period_params` as a whole statement names it (``created_from``; none where
-        nothing is partitioned)."""
-        return dict(zip(("created_from",), self.period_params(created), strict=False))
+        """The bound of a lease holder's batch statement to its leases' creation times, as the
+        statement names it (``created_from``; none where nothing is partitioned)."""
+        return {}
 
     def session_of(self, conn: BaseDatabaseWrapper) -> int | None:
         """An id of the server session behind ``conn`` (None where a lost statement cannot
@@ -335,39 +254,17 @@ class Engine:
             sql = self._composed[key] = build()
         return sql
 
-    @staticmethod
-    def event_insert(source: str, actor: str = "%s") -> str:
-        """INSERT of audit rows from a row source with the ``MOVED`` columns (``actor``: its
-        parameter, ``%(actor)s`` around a statement written whole)."""
-        return (
-            f"INSERT INTO {EVT} ({AUDIT_COLUMNS}) "
-            f"SELECT id, from_status, status, reason, {actor}, attempts, detail, updated_at, created_at FROM {source}"
-        )
-
     # -- the other areas' catalogues, and what a database can do --------------------------
 
     def catalogue(self, module: ModuleType) -> dict[str, str]:
-        """An area's statement catalogue, as this database runs it: the whole statements of its
-        ``.sql`` file (a module with a ``CATALOGUE``), or its named templates (as
-        :mod:`.statements`, with its batch columns in ``ROWS``), rendered once."""
+        """An area's statement catalogue (a module with a ``CATALOGUE``: its ``.sql`` file), as this
+        database runs it."""
         cache: dict[str, dict[str, str]] = self.__dict__.setdefault("_catalogues", {})
-        rendered = cache.get(module.__name__)
-        whole: Catalogue | None = getattr(module, "CATALOGUE", None)
-        if rendered is None and whole is not None:
-            rendered = cache[module.__name__] = whole.texts(self.vendor)
-        elif rendered is None:
-            batches: dict[str, Sequence[tuple[str, str]]] = getattr(module, "ROWS", {})
-            rendered = cache[module.__name__] = {
-                name: self.render(
-                    name,
-                    template.replace("{rows}", self.rows(batches.get(name, ()))).replace(
-                        "{payload_size}", self.payload_size
-                    ),
-                )
-                for name, template in vars(module).items()
-                if name.isupper() and not name.startswith("_") and isinstance(template, str)
-            }
-        return rendered
+        texts = cache.get(module.__name__)
+        if texts is None:
+            whole: Catalogue = module.CATALOGUE
+            texts = cache[module.__name__] = whole.texts(self.vendor)
+        return texts
 
     def run(
         self, conn: BaseDatabaseWrapper, module: ModuleType, name: str, params: Params = ()
@@ -388,5 +285,3 @@ class Engine:
     #: Whether the database is a server apart from this process (its own settings, sessions
     #: with TCP keepalives, poolers in between); False: it runs inside this process.
     is_server: ClassVar[bool] = False
-    #: SQL for the size of a stored row's payload (its JSON text), in bytes: ``{payload_size}``.
-    payload_size: ClassVar[str] = "length(CAST(payload AS BLOB))"

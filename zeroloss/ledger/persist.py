@@ -366,7 +366,7 @@ class Store(Part):
         return message
 
     def _stored_rows(self, message_ids: Sequence[str]) -> dict[str, Message]:
-        """The stored messages of these ids, one query a chunk (the ids go as one ``{rows}``
+        """The stored messages of these ids, one query a chunk (the ids go as one
         batch: no parameter a message, whatever the database's limit on them)."""
         found: dict[str, Message] = {}
         sql = self.engine.sql["STORED_ROWS"]

@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 from django.db import InternalError, OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .engine import MOVED_FROM, MSG, Engine, Move, Params, Rows, from_epoch
+from .engine import MOVED_FROM, Engine, Move, Params, Rows, from_epoch
 
 # Timestamps handed back as epoch seconds: a float loads far cheaper than a timestamptz through
 # Django's time-zone-aware loader (measured: 15% of a no-op worker's time went there).
@@ -19,7 +19,7 @@ _EPOCH = {
     name: f"extract(epoch FROM {name})::float8"
     for name in ("lease_expires_at", "updated_at", "available_at", "created_at")
 }
-#: How far :meth:`PostgresEngine.period_params` widens its bound (epoch seconds are floats).
+#: How far :meth:`PostgresEngine.period` widens its bound (epoch seconds are floats).
 _PERIOD_SLACK = dt.timedelta(milliseconds=1)
 # libpq's PGRES_TUPLES_OK (psycopg.pq.ExecStatus.TUPLES_OK; psycopg is imported only when used).
 _TUPLES_OK = 2
@@ -95,43 +95,14 @@ class _ChunkReader:
 
 class PostgresEngine(Engine):
     vendor = "postgresql"
-    now = "statement_timestamp()"
-    clock = "clock_timestamp()"
-    new_token = "gen_random_uuid()"
-    jsonb = "::jsonb"
-    skip_locked = " FOR UPDATE SKIP LOCKED"
-    for_update = f" FOR UPDATE OF {MSG}"
-    lock_row = " FOR UPDATE"
-    skip_locked_of = f" FOR UPDATE OF {MSG} SKIP LOCKED"
-    # ARRAY(...) evaluates the locking subquery exactly once; a plain IN (...) may be re-planned
-    # as a join that re-runs it and locks more rows than its LIMIT.
-    in_open = "id = ANY(ARRAY("
-    in_close = "))"
-    # Delivered at commit, collapsed per transaction and queue; idle workers LISTEN on it.
-    notify = ", pg_notify('zeroloss_wakeup', queue_name)"
+    locks_rows = True
     # Below this, the unnest batch costs less than creating, filling and dropping a temporary
     # table; above it, COPY saves psycopg's array dumping (about 20 us of client CPU a message).
     stage_from = 1000
     keeps_dead_index_entries = True
     moves_in_one_statement = True
     partitions_by_period = True
-    # A row visible to a claim was stored by a statement that began before the claim's.
-    created_by_now = f" AND {MSG}.created_at <= statement_timestamp()"
     plans_claims = True
-    # A lower bound alone: with an upper one too, a partition whose statistics predate its rows
-    # (a backlog sent since its last ANALYZE) takes the pair for a narrow range and ANDs its
-    # creation-time index, every row of the day, into each batch's lookup (period_params).
-    in_period = f" AND {MSG}.created_at >= CAST(%s AS timestamptz)"
-
-    def after(self, seconds_sql: str, *, clock: bool = False) -> str:
-        return f"({self.clock if clock else self.now} + {seconds_sql} * interval '1 second')"
-
-    def rows(self, columns: Sequence[tuple[str, str]]) -> str:
-        if not columns:
-            return ""
-        arrays = ", ".join(f"%s::{pg_type}[]" for _, pg_type in columns)
-        names = ", ".join(name for name, _ in columns)
-        return f"unnest({arrays}) AS b({names})"
 
     def session_of(self, conn: BaseDatabaseWrapper) -> int | None:
         raw = conn.connection
@@ -180,9 +151,13 @@ class PostgresEngine(Engine):
             time.sleep(0.02)
         return True
 
-    def period_params(self, created: Sequence[dt.datetime | None]) -> list[Any]:
+    def period(self, created: Sequence[dt.datetime | None]) -> dict[str, Any]:
+        # ``created_from``: a lower bound alone (sql/outcomes.sql). With an upper one too, a
+        # partition whose statistics predate its rows (a backlog sent since its last ANALYZE)
+        # takes the pair for a narrow range and ANDs its creation-time index, every row of the
+        # day, into each batch's lookup.
         if not created or any(at is None for at in created):
-            return ["-infinity"]
+            return {"created_from": "-infinity"}
         # The UTC day of the batch's earliest message: the earlier periods' partitions are
         # pruned when the statement is planned. Not the batch's own span, nor an upper bound:
         # without statistics PostgreSQL takes any range of both bounds for a narrow one
@@ -192,10 +167,7 @@ class PostgresEngine(Engine):
         # 3.7 ms bounded below only). The periods to come are not pruned: PARTITIONS_AHEAD
         # empty ones. A millisecond of slack: the claim handed the times back as epoch seconds.
         first = (min(at for at in created if at is not None) - _PERIOD_SLACK).astimezone(dt.UTC)
-        return [dt.datetime.combine(first.date(), dt.time(), dt.UTC)]
-
-    def row_params(self, name: str, columns: Sequence[Sequence[Any]]) -> list[Any]:
-        return [list(column) for column in columns]
+        return {"created_from": dt.datetime.combine(first.date(), dt.time(), dt.UTC)}
 
     def column(self, values: Iterable[Any]) -> Any:
         return list(values)
@@ -277,9 +249,7 @@ class PostgresEngine(Engine):
         return from_epoch(value) if value.__class__ is float else super().at(value)
 
     def wake(self, conn: BaseDatabaseWrapper, queues: Sequence[str]) -> None:
-        self.execute(
-            conn, "SELECT pg_notify('zeroloss_wakeup', q) FROM unnest(%s::text[]) AS q", [list(queues)]
-        )
+        self.execute(conn, self.sql["WAKE"], {"queues": list(queues)})
 
     def copy_in(self, conn: BaseDatabaseWrapper, sql: str, chunks: Iterable[str]) -> None:
         # Django's cursor cannot COPY: psycopg's own, on the same connection and transaction.
@@ -318,7 +288,7 @@ class PostgresEngine(Engine):
         rows, _ = self.execute(
             conn,
             full,
-            {**params, "actor": move.actor} if isinstance(params, dict) else [*params, move.actor],
+            {**params, "actor": move.actor},
             prepare=move.prepare,
             reuse_plan=move.name not in self.planned_per_call,
         )
@@ -337,8 +307,7 @@ class PostgresEngine(Engine):
         result = self.moves[name].result
         returned = ", ".join(_EPOCH.get(c, c) for c in result) if result else "*"
         promoted = f", {self.sql['PROMOTE_FINISHED']}" if promote else ""
-        actor = "%(actor)s" if name in self.whole else "%s"
-        return f"ev AS ({self.event_insert('t', actor)}){promoted} SELECT {returned} FROM t"
+        return f"ev AS ({self.sql['AUDIT_ROWS']}){promoted} SELECT {returned} FROM t"
 
     def audit_wrapper(self, name: str, promote: bool) -> str:
         """The moving statement ``name`` as it runs: the one place a statement's text is composed.
@@ -353,9 +322,7 @@ class PostgresEngine(Engine):
             if promote:
                 raise ValueError(f"{name} is written with its audit rows: it has no +PROMOTE variant")
             return self.sql[name]
-        # Written whole: with its RETURNING columns, and named parameters.
-        moved = self.sql[name] if name in self.whole else f"{self.sql[name]} RETURNING {self.returning[name]}"
-        return f"WITH t AS ({moved}), {self.audit_tail(name, promote)}"
+        return f"WITH t AS ({self.sql[name]}), {self.audit_tail(name, promote)}"
 
     # -- what this database can do (see Engine) -------------------------------------------
 
@@ -363,5 +330,3 @@ class PostgresEngine(Engine):
     has_statistics = True
     has_listen_notify = True
     is_server = True
-    # The JSON text in bytes: PostgreSQL detoasts it server-side, nothing is sent.
-    payload_size = "octet_length(payload::text)"

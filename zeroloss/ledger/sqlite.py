@@ -2,7 +2,7 @@
 
 Batches travel as one JSON array (``json_each``), so every batch statement has one text
 whatever its size. Times are ISO text in UTC, which is how Django stores them on SQLite,
-so they sort and compare with the clock below.
+so they sort and compare with the clock (``strftime('%Y-%m-%d %H:%M:%f', 'now')``).
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ from typing import Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .engine import EVT, MOVED_FROM, Engine, Move, Params, Rows
+from .engine import MOVED_FROM, Engine, Move, Params, Rows
 from .sqlite_gate import gate_of
-from .statements_moves import AUDIT_COLUMNS, FINISHED, Edge, audit_row
-
-_CLOCK = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'"
+from .statements_moves import FINISHED, Edge, audit_row
 
 
 def _refuse_transaction_control(action: int, *args: Any) -> int:
@@ -30,22 +28,7 @@ def _refuse_transaction_control(action: int, *args: Any) -> int:
 
 class SqliteEngine(Engine):
     vendor = "sqlite"
-    now = _CLOCK + ")"
-    clock = now  # one writer at a time: a statement never waits for a row of another
-    new_token = "lower(hex(randomblob(16)))"
     single_writer = True
-
-    def after(self, seconds_sql: str, *, clock: bool = False) -> str:
-        return f"{_CLOCK}, printf('%%+.6f seconds', {seconds_sql}))"
-
-    def rows(self, columns: Sequence[tuple[str, str]]) -> str:
-        if not columns:
-            return ""
-        picks = ", ".join(f"json_extract(value, '$[{i}]') AS {name}" for i, (name, _) in enumerate(columns))
-        return f"(SELECT {picks} FROM json_each(%s)) AS b"
-
-    def row_params(self, name: str, columns: Sequence[Sequence[Any]]) -> list[Any]:
-        return [json.dumps([list(row) for row in zip(*columns, strict=True)], default=str)]
 
     def column(self, values: Iterable[Any]) -> Any:
         return json.dumps(list(values), default=str)
@@ -100,8 +83,7 @@ class SqliteEngine(Engine):
     def transition(self, conn: BaseDatabaseWrapper, move: Move) -> Rows:
         # The audit rows: derived from each moved row's edge here, then one INSERT of them all.
         name = move.name
-        full = self.composed((name,), lambda: self.transition_texts(name)[name])
-        events = self.composed(("events",), self._audit_insert)
+        full = self.sql[name]
         gate_of(conn)  # before BEGIN, so that this transaction waits its turn (sqlite_gate)
         with transaction.atomic(using=conn.alias):
             conn.__dict__[MOVED_FROM] = time.monotonic()  # the write lock is this transaction's now
@@ -113,7 +95,7 @@ class SqliteEngine(Engine):
                 audit = [
                     audit_row(Edge(r[5], r[2], r[6]), r[0], r[3], r[4], move.actor, r[7], r[10]) for r in rows
                 ]
-                self.execute(conn, events, [json.dumps(audit, default=str)])
+                self.execute(conn, self.sql["AUDIT_ROWS"], {"rows": json.dumps(audit, default=str)})
                 if move.promote:
                     keys = {(r[8], r[9]) for r in rows if r[9] and r[2] in FINISHED}
                     if keys:
@@ -125,12 +107,5 @@ class SqliteEngine(Engine):
         return rows
 
     def transition_texts(self, name: str) -> dict[str, str]:
-        # The audit rows' one INSERT and the promotion are statements of their own here.
-        if name in self.whole:  # written with its RETURNING columns
-            return {name: self.sql[name]}
-        return {name: f"{self.sql[name]} RETURNING {self.returning[name]}"}
-
-    @staticmethod
-    def _audit_insert() -> str:
-        values = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(len(AUDIT_COLUMNS.split(","))))
-        return f"INSERT INTO {EVT} ({AUDIT_COLUMNS}) SELECT {values} FROM json_each(%s)"
+        # As written: the audit rows' one INSERT and the promotion are statements of their own.
+        return {name: self.sql[name]}

@@ -31,21 +31,21 @@ WHOLE: tuple[Catalogue, ...] = (
     Catalogue("sql/persist.sql"),
     Catalogue("sql/inserts.sql"),
     Catalogue("sql/keys.sql"),
+    Catalogue("sql/audit.sql"),
 )
-
-#: The batch each statement's ``{rows}`` carries, as ``b(column, ...)`` with PostgreSQL types.
-#: PostgreSQL passes one array per column (``unnest``); SQLite one JSON array of rows.
-ROWS: dict[str, tuple[tuple[str, str], ...]] = {**statements_leases.LEASE_ROWS}
 
 # Persisting hands back each new row's ``available_at`` (and wakes idle workers, PostgreSQL).
 _PERSISTED = (edge("", S.PENDING, Reason.PERSISTED),)
-_STORED = Moving("producer", _PERSISTED, returning=", available_at{notify}", result=("id", "message_id"))
+_STORED = Moving(
+    "producer", _PERSISTED, returning=("available_at",), notifies=True, result=("id", "message_id")
+)
 # One message: its audit detail is no parameter (one less to send).
 _STORED_ONE = Moving(
     "producer",
     _PERSISTED,
     detail="''",
-    returning=", available_at{notify}",
+    returning=("available_at",),
+    notifies=True,
     result=("id", "updated_at", "available_at"),
 )
 _REQUEUED = Moving("operator", (edge(S.PROCESSING, S.PENDING, Reason.REQUEUED_BY_OPERATOR),), prepare=False)

@@ -17,7 +17,15 @@ CLAIMS = Catalogue("sql/claims.sql")
 # -- leases ---------------------------------------------------------------------------
 
 #: What a claim returns besides the audit row's columns (sql/claims.sql writes them).
-_CLAIM_RETURNING = ", lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at"
+_CLAIM_RETURNING = (
+    "lease_token",
+    "lease_expires_at",
+    "payload",
+    "max_attempts",
+    "priority",
+    "headers",
+    "available_at",
+)
 # The claims (CLAIM, CLAIM_LIMITED, CLAIM_BY_ID) and the recovery sweep (SWEEP) are written
 # whole in sql/claims.sql.
 # The lease holder's outcomes (ACK, FAIL, FAIL_FINAL, SNOOZE, RELEASE and their _LOCKED forms,
@@ -50,9 +58,6 @@ PLANNED_PER_CALL = frozenset(
         "REVIVE",
     }
 )
-
-#: The batches of this module's templates (none left: its batch statements are written whole).
-LEASE_ROWS: dict[str, tuple[tuple[str, str], ...]] = {}
 
 #: What a claim hands back to build its leases (no audit-only columns: less to convert).
 LEASE_COLUMNS = (

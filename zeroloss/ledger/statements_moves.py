@@ -38,9 +38,10 @@ MOVED_NAMES = (
     "created_at",
 )
 #: The audit detail when it is a parameter of the move (its value passed by the caller).
-DETAIL_PARAMETER = "CAST(%s AS TEXT)"
-#: The same in a statement written whole, with named parameters.
 DETAIL_NAMED = "CAST(%(detail)s AS TEXT)"
+#: PostgreSQL: a RETURNING column that wakes idle workers, at commit, when a message became
+#: claimable (collapsed per transaction and queue; they LISTEN on the channel).
+NOTIFY = "pg_notify('zeroloss_wakeup', queue_name)"
 #: Statuses a message finishes in: a move into one may release its ordering key's next message.
 FINISHED = frozenset(s.value for s in FINISHED_STATUSES)
 
@@ -62,9 +63,11 @@ class Moving:
     #: Every edge it may perform: one source status, and one edge per target status.
     edges: tuple[Edge, ...]
     #: The audit detail: a parameter (the caller's value), or an SQL expression of the row.
-    detail: str = DETAIL_PARAMETER
-    #: More RETURNING columns after :data:`MOVED` (may use the engine's ``{notify}``).
-    returning: str = ""
+    detail: str = DETAIL_NAMED
+    #: More RETURNING columns after :data:`MOVED`, by name.
+    returning: tuple[str, ...] = ()
+    #: Whether its RETURNING ends with PostgreSQL's wake-up of idle workers (:data:`NOTIFY`).
+    notifies: bool = False
     #: The columns handed back, by name; ``None``: all.
     result: tuple[str, ...] | None = None
     #: A hot path: prepared once per connection (PostgreSQL).
@@ -97,7 +100,7 @@ class Moving:
 
     @property
     def takes_detail(self) -> bool:
-        return self.detail == DETAIL_PARAMETER
+        return self.detail == DETAIL_NAMED
 
     def reason_sql(self) -> str:
         """The audit reason as SQL of the moved row's new ``status`` (a literal for one edge)."""
@@ -107,14 +110,15 @@ class Moving:
         whens = " ".join(f"WHEN status = '{e.target}' THEN '{e.reason}'" for e in cases)
         return f"CASE {whens} ELSE '{last.reason}' END"
 
-    def returning_sql(self, *, named: bool = False) -> str:
-        """Its RETURNING columns (a template: the engine renders ``{notify}``); ``named``: as a
-        statement written whole spells them (its detail parameter named ``detail``)."""
-        detail = DETAIL_NAMED if named and self.takes_detail else self.detail
+    def returning_sql(self, *, notify: bool = False) -> str:
+        """The RETURNING columns its statement must spell, as its declaration derives them (a test
+        keeps each written statement equal to this; nothing runs it). ``notify``: where the
+        database wakes idle workers (PostgreSQL's :data:`NOTIFY`)."""
+        detail = DETAIL_NAMED if self.takes_detail else self.detail
         moved = MOVED.format(
             from_status=f"CAST('{self.source}' AS TEXT)", reason=self.reason_sql(), detail=detail
         )
-        return moved.replace("{", "{{").replace("}", "}}") + self.returning
+        return ", ".join([moved, *self.returning, *([NOTIFY] if notify and self.notifies else [])])
 
 
 def audit_row(

@@ -209,3 +209,8 @@ hd AS (DELETE FROM zeroloss_ordering_head h USING nx
 pr AS (UPDATE zeroloss_message SET available_at = statement_timestamp(), updated_at = statement_timestamp()
        WHERE id IN (SELECT message_pk FROM hn)
        RETURNING message_id, pg_notify('zeroloss_wakeup', queue_name))
+
+-- Tell idle workers of these queues, at commit, that messages became claimable (a move back
+-- to pending; persisting and the promotions say it in their RETURNING).
+-- name: WAKE [postgresql]
+SELECT pg_notify('zeroloss_wakeup', q) FROM unnest(%(queues)s::text[]) AS q
