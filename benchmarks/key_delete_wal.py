@@ -6,7 +6,7 @@ A partition drop writes almost no WAL, but the day's ids must then leave the unp
 table (``zeroloss_message_key``) one row each. This measures what such deletes cost at the
 least, on a private PostgreSQL server: ``--rows`` rows in a table shaped like the key table
 (``message_id varchar(255)`` primary key, ``created_at``), deleted ``--batch`` a transaction in
-the order of a companion table's ids (as ``partitions.delete_dropped_keys`` deletes them in the
+the order of a companion table's ids (as ``partition_drops.delete_dropped_keys`` deletes them in the
 order of the detached partition's ids), then ``pg_waldump --stats=record`` over exactly that WAL.
 The ``Heap/DELETE`` records' own bytes are what no cut of the deletes avoids; the full-page
 images on top depend on the checkpoints and on how the ids lie in the table.

@@ -336,7 +336,7 @@ def purge_measured(
 ) -> dict[str, Any]:
     """``purge_messages(older_than=...)`` in a child process (the service's own code), and the WAL
     it wrote. ``phase`` (a partitioned ledger): ``drop``, the purge without its key deletes
-    afterwards; ``keys``, those deletes alone (``partitions.delete_dropped_keys``)."""
+    afterwards; ``keys``, those deletes alone (``partition_drops.delete_dropped_keys``)."""
     lsn = wal_lsn(conn)
     done = subprocess.run(
         [
@@ -538,7 +538,7 @@ def purge_child(args: dict[str, Any]) -> int:
     django.setup()
     from django.db import connection
 
-    from zeroloss.ledger import partitions
+    from zeroloss.ledger import partition_drops
     from zeroloss.ledger.service import ZeroLossMessageService
 
     service = ZeroLossMessageService(instance_id="retention-bench")
@@ -546,7 +546,7 @@ def purge_child(args: dict[str, Any]) -> int:
     # Wall-clock bounds of the operation itself, for the probe's claims (benchmarks' within()).
     started_at, t0 = time.time(), time.perf_counter()
     if phase == "keys":
-        keys = partitions.delete_dropped_keys(connection)
+        keys = partition_drops.delete_dropped_keys(connection)
         seconds, ended_at = time.perf_counter() - t0, time.time()
         print(
             json.dumps(
@@ -562,7 +562,7 @@ def purge_child(args: dict[str, Any]) -> int:
         )
         return 0
     if phase == "drop":  # the purge as it is, its key deletes left for the phase "keys"
-        partitions.delete_dropped_keys = lambda conn, **kwargs: 0
+        partition_drops.delete_dropped_keys = lambda conn, **kwargs: 0
     purged = service.purge_messages(older_than=float(args.get("older_than", 60)))
     seconds, ended_at = time.perf_counter() - t0, time.time()
     print(

@@ -22,7 +22,7 @@ from tests.support.processes import db_worker
 from tests.support.waiting import wait_for
 from zeroloss.core.states import Status
 from zeroloss.exceptions import MessageConflict
-from zeroloss.ledger import partitions, periods, sweep
+from zeroloss.ledger import partition_drops, partitions, periods, sweep
 from zeroloss.ledger import statements_partitions as sql_partitions
 from zeroloss.ledger.base import engine_for
 from zeroloss.ledger.models import DroppedPeriod, Message, MessageEvent, MessageKey, OrderingHead, PurgeRecord
@@ -242,7 +242,7 @@ def test_a_period_holding_anything_a_drop_may_not_take_is_found_by_its_probe():
 
     def kept(days_ago: int, dead_before: dt.datetime | None = None) -> bool:
         part = f"zeroloss_message_p{day_start(days_ago):%Y%m%d}"
-        return partitions._holds_kept(connection, part, day_start(7), dead_before)
+        return partition_drops._holds_kept(connection, part, day_start(7), dead_before)
 
     assert [kept(d) for d in (19, 18, 17, 16, 15, 14, 13, 12)] == [True] * 5 + [False, True, False]
     # With a dead letters' retention, an old dead letter no longer keeps its day.
@@ -269,7 +269,7 @@ def test_a_status_no_probe_names_is_kept_by_the_census_and_its_day_attached_agai
     part = f"zeroloss_message_p{day_start(10):%Y%m%d}"
     with connection.cursor() as cursor:
         cursor.execute("UPDATE zeroloss_message SET status = 'parked' WHERE message_id = 'odd'")
-    assert not partitions._holds_kept(connection, part, day_start(7), None)
+    assert not partition_drops._holds_kept(connection, part, day_start(7), None)
     # The period stays; its completed message goes the row-by-row way of a kept period.
     assert service.purge_messages(older_than=7 * DAY) == 1
     assert part in names() and part.replace("message", "messageevent") in names(partitions.EVENTS)
@@ -294,7 +294,7 @@ def test_a_dropped_periods_keys_leave_in_batches_and_a_resend_meanwhile_is_store
         )
     move_to_day([*done, *bulk], 10)
     part = f"zeroloss_message_p{day_start(10):%Y%m%d}"
-    dropped = partitions.drop_expired(
+    dropped = partition_drops.drop_expired(
         connection, completed_before=day_start(7), dead_before=None, record=lambda counts: None
     )
     assert [(d.name, d.total) for d in dropped if d.total] == [(part, 7 + len(bulk))]
@@ -329,9 +329,9 @@ def test_a_dropped_periods_keys_leave_in_batches_and_a_resend_meanwhile_is_store
     remaining = {mid for _, mid in ids[2:]} - {"k0", "k1", "k2", *bulk}
     with psycopg.connect(database_url()) as other:  # another purger at it: this one leaves it
         other.execute("SELECT 1 FROM zeroloss_dropped_period FOR UPDATE")
-        assert partitions.delete_dropped_keys(connection, batch=2) == 0
+        assert partition_drops.delete_dropped_keys(connection, batch=2) == 0
     assert DroppedPeriod.objects.get().cleaned_to == max(first_two)
-    assert partitions.delete_dropped_keys(connection, batch=2) == len(remaining)
+    assert partition_drops.delete_dropped_keys(connection, batch=2) == len(remaining)
     assert not DroppedPeriod.objects.exists()
     assert json.loads(run("zeroloss_partition", "show", "--json").out)["dropping"] == []
     with connection.cursor() as cursor:
@@ -661,21 +661,23 @@ def test_a_drop_while_another_process_drops_takes_nothing_and_the_next_one_does(
     move_to_day(["old"], 10)
     part = f"zeroloss_message_p{day_start(10):%Y%m%d}"
     with psycopg.connect(database_url(), autocommit=True) as other:  # another process's drop
-        other.execute("SELECT pg_advisory_lock(%s)", [partitions.DROP_LOCK])
+        other.execute("SELECT pg_advisory_lock(%s)", [partition_drops.DROP_LOCK])
         assert (
-            partitions.drop_expired(
+            partition_drops.drop_expired(
                 connection, completed_before=day_start(7), dead_before=None, record=lambda counts: None
             )
             == []
         )
         assert part in names()
         # released here, not when the session's backend exits (that lags the client's close)
-        other.execute("SELECT pg_advisory_unlock(%s)", [partitions.DROP_LOCK])
-    dropped = partitions.drop_expired(
+        other.execute("SELECT pg_advisory_unlock(%s)", [partition_drops.DROP_LOCK])
+    dropped = partition_drops.drop_expired(
         connection, completed_before=day_start(7), dead_before=None, record=lambda counts: None
     )
     assert [d.name for d in dropped if d.total] == [part] and part not in names()
-    assert partitions.delete_dropped_keys(connection) == 1  # and the detached table with them
+    assert partition_drops.delete_dropped_keys(connection) == 1  # and the detached table with them
     # The lock was released: a drop in another session takes it at once.
     with psycopg.connect(database_url(), autocommit=True) as other:
-        assert other.execute("SELECT pg_try_advisory_lock(%s)", [partitions.DROP_LOCK]).fetchone() == (True,)
+        assert other.execute("SELECT pg_try_advisory_lock(%s)", [partition_drops.DROP_LOCK]).fetchone() == (
+            True,
+        )

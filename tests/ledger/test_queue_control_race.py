@@ -18,7 +18,7 @@ from django.db import connections
 
 from tests.support.waiting import hold_for
 from zeroloss.core.rates import parse_rate
-from zeroloss.ledger import control, limits
+from zeroloss.ledger import control, control_claims, limits
 from zeroloss.ledger.models import Message, QueueControl, RateBucket
 from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import Completion, Verdict
@@ -46,7 +46,7 @@ def max_overlap(spans: list[tuple[float, float]]) -> int:
 def _every_claim_tries_a_slot(monkeypatch):
     # A slot claim that finds the queue near its limit sends this process's claims to the exact
     # path for REFRESH seconds; with 0 every claim tries its slot first, at the edge too.
-    monkeypatch.setattr(control, "REFRESH", 0.0)
+    monkeypatch.setattr(control_claims, "REFRESH", 0.0)
     control._CONTROLLED.clear()
     control._EXACT.clear()
     control._SLOTTED.clear()

@@ -257,6 +257,7 @@ COMPOSED: dict[str, tuple[frozenset[str], str]] = {
     ),
     "ledger/partitions.py": (frozenset(), "partition DDL around partition names, which no parameter can be"),
     "ledger/periods.py": (frozenset(), "partition DDL around partition names, which no parameter can be"),
+    "ledger/partition_drops.py": (frozenset(), "partition DDL around partition names, which no parameter can be"),
     "ledger/conversion.py": (frozenset(), "the layout conversion's DDL around its tables' names"),
     "ledger/statements_reads.py": (frozenset({"distinct_walk"}), "a walk of any table's indexed column"),
     "ledger/statements_moves.py": (
@@ -689,12 +690,7 @@ if TYPE_CHECKING:  # checked by mypy (warn_unused_ignores): the flat names keep 
 MAX_LINES = 400
 #: Modules still over it, each at most its present length (the goal is none; split, never grow).
 LONG_FILES = {
-    "ledger/persist.py": 409,
-    "runtime/schedules/scheduler.py": 417,
-    "runtime/worker/keeper.py": 426,
-    "ledger/control.py": 437,
     "ledger/models.py": 453,
-    "ledger/partitions.py": 467,
 }
 
 

@@ -19,15 +19,16 @@ import datetime as dt
 import gc
 import json
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 from django.db.models.base import ModelState
 
 from ..exceptions import InvalidMessage, PayloadTooLarge
-from .models import Message, Status
+from .models import Message
 from .statements import MOVES
 from .statements_moves import audit_row
+from .stored import NEW_ROW, Prepared, existing_match
 from .validation import (
     canonical_json,
     encode_headers,
@@ -47,39 +48,6 @@ NULL = "\\N"  # COPY's text format
 INSERT_STAGED_EDGE = MOVES["INSERT_STAGED"].edges[0]
 #: Rows per ``COPY`` write (about a megabyte of text for small payloads).
 _COPY_CHUNK = 5000
-
-
-#: The columns every newly stored message starts with, whatever it holds (the rest come from
-#: its ``Prepared`` and the statement that stored it).
-NEW_ROW: dict[str, Any] = {
-    "status": Status.PENDING,
-    "attempts": 0,
-    "lease_token": None,
-    "lease_expires_at": None,
-    "claimed_by": "",
-    "started_at": None,
-    "last_error": "",
-    "result": None,
-    "commit_lsn": None,
-    "completed_at": None,
-    "dead_at": None,
-    "headers": None,
-}
-
-
-class Prepared(NamedTuple):
-    """One validated message, as it will be stored. (A named tuple: one is built for every
-    message sent, and a frozen dataclass costs three times as much to build.)"""
-
-    message_id: str
-    queue_name: str
-    encoded: str
-    checksum: str
-    max_attempts: int
-    priority: int
-    ordering_key: str
-    #: The headers' JSON text; None: none (the statements without a headers column).
-    headers: str | None = None
 
 
 def persist_staged(
@@ -257,10 +225,10 @@ def _store(store: Store, batch: _Batch, delay_s: float, actor: str, dispatched: 
         if pk is None:
             found = existing.get(p.message_id)
             if found is None or found.queue_name != p.queue_name or found.checksum != p.checksum:
-                found = store.existing_match(p)  # raises MessageConflict, saying what differs
+                found = existing_match(store.using, p)  # raises MessageConflict, saying what differs
             result.append(found)
             continue
-        # As ``Store._materialize`` builds it: a model instance without ``__init__``.
+        # As ``stored.materialize`` builds it: a model instance without ``__init__``.
         message = Message.__new__(Message)
         state = message._state = ModelState()
         state.adding = False

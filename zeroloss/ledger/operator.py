@@ -11,7 +11,7 @@ from django.db import transaction
 
 from ..core.states import FINISHED_STATUSES
 from ..exceptions import InvalidMessage, MessageNotFound
-from . import events, partitions, statements_ops
+from . import events, partition_drops, partitions, statements_ops
 from .base import Part
 from .models import PurgeRecord, Status
 from .types import CancelOutcome, CancelResult
@@ -276,8 +276,8 @@ class Operator(Part):
     ) -> dict[str, int]:
         """A partitioned ledger, outside a transaction: every period whose messages are all past
         these cut-offs detached and dropped, counted into ``PurgeRecord`` rows
-        (:func:`.partitions.drop_expired`), then its ids deleted from the key table in short
-        batches (:func:`.partitions.delete_dropped_keys`); the messages dropped, by status.
+        (:func:`.partition_drops.drop_expired`), then its ids deleted from the key table in short
+        batches (:func:`.partition_drops.delete_dropped_keys`); the messages dropped, by status.
         Elsewhere: nothing."""
         conn = self.connection
         if conn.in_atomic_block or not partitions.is_partitioned(conn):
@@ -292,7 +292,7 @@ class Operator(Part):
                 ]
             )
 
-        dropped = partitions.drop_expired(
+        dropped = partition_drops.drop_expired(
             conn,
             completed_before=completed_before,
             cancelled_before=cancelled_before,
@@ -300,7 +300,7 @@ class Operator(Part):
             record=record,
         )
         # counted and gone from every read already; their ids leave the key table in batches
-        partitions.delete_dropped_keys(conn)
+        partition_drops.delete_dropped_keys(conn)
         by_status: dict[str, int] = {}
         for period in dropped:
             for (_, status), n in period.counts.items():

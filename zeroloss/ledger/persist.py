@@ -8,21 +8,21 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models.base import ModelState
 
-from ..exceptions import InvalidMessage, MessageConflict, PayloadTooLarge
-from . import partitions, periods
+from ..exceptions import InvalidMessage, PayloadTooLarge
+from . import partition_drops, periods
 from .base import Part, engine_for
-from .bulk import NEW_ROW, persist_staged
-from .bulk import Prepared as _Prepared
+from .bulk import persist_staged
 from .hooks import replication
 from .models import Message
+from .stored import MANY_CHUNK as _MANY_CHUNK
+from .stored import Prepared as _Prepared
+from .stored import existing_match, materialize, stored_rows
 from .validation import (
     canonical_json,
     clean_text,
     encode_headers,
     payload_checksum,
-    scan_json,
     seconds,
     validate_attempts,
     validate_key,
@@ -34,7 +34,6 @@ from .validation import (
 #: What ``persist_message`` returns: the stored row.
 PersistedMessage = Message
 
-_MANY_CHUNK = 5000
 #: Queue names already found valid (the same few names come with every message).
 _CHECKED_QUEUES: set[str] = set()
 
@@ -272,7 +271,9 @@ class Store(Part):
             later = created + dt.timedelta(seconds=delay_s)
             key_of = {p.message_id: p.ordering_key for p in chunk}
             stored.update({mid: (pk, created, None if key_of[mid] else later) for pk, mid in rows})
-        existing = self._stored_rows([p.message_id for p in prepared if p.message_id not in stored])
+        existing = stored_rows(
+            self.engine, self.using, [p.message_id for p in prepared if p.message_id not in stored]
+        )
         existing.update(
             self.stored_again(
                 [p for p in prepared if p.message_id not in stored], existing, delay_s, actor, dispatched
@@ -282,9 +283,11 @@ class Store(Part):
         for p in prepared:
             if p.message_id in stored:
                 pk, created, available = stored[p.message_id]
-                result.append(self._materialize(p, pk, created, available, created if dispatched else None))
+                result.append(
+                    materialize(p, pk, created, available, created if dispatched else None, self.using)
+                )
             else:
-                result.append(self.existing_match(p, existing.get(p.message_id)))
+                result.append(existing_match(self.using, p, existing.get(p.message_id)))
         keys = {(p.queue_name, p.ordering_key) for p in prepared if p.ordering_key and p.message_id in stored}
         if keys:
             self._promote_after_commit(
@@ -316,64 +319,17 @@ class Store(Part):
             params["headers"] = p.headers
         rows = self._move(name, params, actor=actor, conn=conn)
         if not rows:  # the id existed
-            existing = self._stored_rows([p.message_id])
+            existing = stored_rows(self.engine, self.using, [p.message_id])
             again = self.stored_again([p], existing, delay_s, actor, dispatched)
-            return again.get(p.message_id) or self.existing_match(p, existing.get(p.message_id))
+            return again.get(p.message_id) or existing_match(self.using, p, existing.get(p.message_id))
         pk, created, available = rows[0]
         created_at = engine.at(created)
         # Undelayed and unordered, it became available when it was stored: one conversion.
         available_at = created_at if available == created else engine.to_datetime(available)
-        message = self._materialize(p, pk, created_at, available_at, created_at if dispatched else None)
+        message = materialize(p, pk, created_at, available_at, created_at if dispatched else None, self.using)
         if p.ordering_key:
             self._promote_after_commit({(p.queue_name, p.ordering_key)}, [p.message_id])
         return message
-
-    def _materialize(
-        self,
-        p: _Prepared,
-        pk: int,
-        created_at: dt.datetime,
-        available_at: dt.datetime | None,
-        dispatched_at: dt.datetime | None,
-    ) -> Message:
-        """The stored row as a model instance, without a read-back query.
-
-        Built like ``Model.from_db`` but without ``__init__`` (and so without its pre/post
-        init signals): at bulk sizes ``__init__`` was a quarter of persist's Python time.
-        """
-        state = ModelState()
-        state.adding = False
-        state.db = self.using
-        message = Message.__new__(Message)
-        message.__dict__ = {
-            **NEW_ROW,
-            "_state": state,
-            "id": pk,
-            "message_id": p.message_id,
-            "queue_name": p.queue_name,
-            "payload": scan_json(p.encoded, 0)[0],
-            "checksum": p.checksum,
-            "max_attempts": p.max_attempts,
-            "priority": p.priority,
-            "ordering_key": p.ordering_key,
-            "available_at": available_at,
-            "replication_targets": [],
-            "headers": None if p.headers is None else scan_json(p.headers, 0)[0],
-            "dispatched_at": dispatched_at,
-            "created_at": created_at,
-            "updated_at": created_at,
-        }
-        return message
-
-    def _stored_rows(self, message_ids: Sequence[str]) -> dict[str, Message]:
-        """The stored messages of these ids, one query a chunk (the ids go as one
-        batch: no parameter a message, whatever the database's limit on them)."""
-        found: dict[str, Message] = {}
-        sql = self.engine.sql["STORED_ROWS"]
-        for start in range(0, len(message_ids), _MANY_CHUNK):
-            params = {"mid": self.engine.column(message_ids[start : start + _MANY_CHUNK])}
-            found.update((m.message_id, m) for m in Message.objects.using(self.using).raw(sql, params))
-        return found
 
     def stored_again(
         self,
@@ -384,26 +340,13 @@ class Store(Part):
         dispatched: bool,
     ) -> dict[str, Message]:
         """Of ids whose key refused them, those whose key belongs to a dropped period still
-        being cleaned up (no message holds it: :func:`.partitions.free_stale_keys`) stored
+        being cleaned up (no message holds it: :func:`.partition_drops.free_stale_keys`) stored
         again, as a resend after a row-by-row purge is."""
         gone = [p for p in refused if p.message_id not in existing]
         if not gone:
             return {}
-        freed = set(partitions.free_stale_keys(self.connection, [p.message_id for p in gone]))
+        freed = set(partition_drops.free_stale_keys(self.connection, [p.message_id for p in gone]))
         if not freed:
             return {}
         again = self._store([p for p in gone if p.message_id in freed], delay_s, actor, dispatched)
         return {m.message_id: m for m in again}
-
-    def existing_match(self, p: _Prepared, existing: Message | None = None) -> Message:
-        """The stored message for an id whose insert conflicted: same content, or a conflict.
-        ``existing``: the row as a batch read it (else it is read here)."""
-        if existing is None:
-            existing = Message.objects.using(self.using).filter(message_id=p.message_id).first()
-        if existing is None:  # deleted (purged) between our insert and this read
-            raise MessageConflict(p.message_id, "a concurrent purge of the same id")
-        if existing.queue_name != p.queue_name:
-            raise MessageConflict(p.message_id, f"queue {existing.queue_name!r} (not {p.queue_name!r})")
-        if existing.checksum != p.checksum:
-            raise MessageConflict(p.message_id, "a different payload (checksum mismatch)")
-        return existing

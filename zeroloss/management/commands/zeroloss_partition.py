@@ -23,7 +23,7 @@ from django.db import connections
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from ...ledger import conversion, partitions
+from ...ledger import conversion, partition_drops, partitions
 from ..base import ZeroLossCommand, positive_int
 from ..exits import WarningFound
 
@@ -94,7 +94,7 @@ class Command(ZeroLossCommand):
         found = partitions.partitions(conn) if state == "partitioned" else []
         estimates = partitions.estimated_rows(conn, found)
         covered = partitions.coverage(conn)
-        dropping = partitions.dropping(conn)
+        dropping = partition_drops.dropping(conn)
         if as_json:
             self.emit_json(
                 {

@@ -31,15 +31,14 @@ from django.db import transaction
 
 from ...core.outage import Backoff, OutageMonitor, OutageTooLong
 from ...core.states import LIVE_STATUSES
-from ...exceptions import InvalidMessage, MessageConflict
 from ...ledger.models import Message
 from ...ledger.service import ZeroLossMessageService
-from ..handlers import default_max_attempts
 from ..sweep_loop import StopFlag
 from ..transports import database_for, get_transport
-from .models import Schedule, ScheduleState
-from .spec import ScheduleError, ScheduleSpec, parse_schedule, resolve_task, settings_schedules
+from .models import ScheduleState
+from .spec import ScheduleSpec, settings_schedules
 from .state_rows import create_states, lock_states, read_clock, save_states, start_states, stop_states
+from .targets import Target, load_schedules, persist_ticks, resolve_target
 from .ticks import latest_ticks, next_tick, next_ticks
 
 logger = logging.getLogger("zeroloss")
@@ -60,33 +59,6 @@ class RoundReport:
     skipped_overlap: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     queries: int = 0
-
-
-def load_schedules(using: str = "default", *, check_targets: bool = True) -> dict[str, ScheduleSpec]:
-    """Settings schedules, then the database's (a settings name wins). Invalid settings raise
-    :class:`ScheduleError`; an invalid database row (edited behind the admin's back) is logged and
-    left out, since one bad row must not stop every other schedule."""
-    specs = settings_schedules(check_targets=check_targets)
-    for row in Schedule.objects.using(using).all():
-        if row.name in specs:
-            logger.warning("schedule %r is defined in settings and in the database; settings win", row.name)
-            continue
-        try:
-            specs[row.name] = parse_schedule(
-                row.name, row.as_raw(), source="database", check_targets=check_targets
-            )
-        except ScheduleError as exc:
-            logger.error("database schedule %r ignored: %s", row.name, exc)
-    return specs
-
-
-@dataclass(frozen=True)
-class _Target:
-    queue: str
-    payload: Any
-    max_attempts: int | None
-    priority: int
-    ordering_key: str
 
 
 class Scheduler:
@@ -112,7 +84,7 @@ class Scheduler:
         self.specs: dict[str, ScheduleSpec] = {}
         self._version: tuple[Any, ...] | None = None
         self._next: dict[str, dt.datetime] = {}
-        self._targets: dict[str, _Target] = {}
+        self._targets: dict[str, Target] = {}
         self._next_round = 0.0
         self._have_state: set[str] = set()
         self._due_in: float | None = None
@@ -161,33 +133,11 @@ class Scheduler:
         self.specs = specs
         self._targets = {}
 
-    def target(self, spec: ScheduleSpec) -> _Target:
+    def target(self, spec: ScheduleSpec) -> Target:
         """Queue, payload and options of a tick's message (a task's: through its zeroloss backend)."""
         found = self._targets.get(spec.name)
-        if found is not None:
-            return found
-        if spec.task is None:
-            # The handler's max_attempts, as send() gives it (None: MAX_ATTEMPTS).
-            found = _Target(
-                spec.queue, spec.payload, default_max_attempts(spec.queue), spec.priority, spec.ordering_key
-            )
-        else:
-            task = resolve_task(spec.task)
-            backend = task.get_backend()
-            if not getattr(backend, "is_zeroloss_backend", False):
-                raise ScheduleError(
-                    spec.name,
-                    "task",
-                    f"task {spec.task!r} does not use a zeroloss task backend.",
-                    "zeroloss.E057",
-                )
-            backend.validate_task(task)
-            payload = backend._payload(task, spec.args, spec.kwargs)
-            priority = spec.priority or int(task.priority)
-            found = _Target(
-                task.queue_name, payload, backend.max_attempts_for(task), priority, spec.ordering_key
-            )
-        self._targets[spec.name] = found
+        if found is None:
+            found = self._targets[spec.name] = resolve_target(spec)
         return found
 
     # -- a round ------------------------------------------------------------------------------
@@ -288,7 +238,7 @@ class Scheduler:
                 report.sent += [spec.message_id(t) for t in ticks]
             stored: list[Message] = []
             for (max_attempts, priority, ordering_key), batch in items.items():
-                stored += self._persist(batch, max_attempts, priority, ordering_key)
+                stored += persist_ticks(self.service, self.using, batch, max_attempts, priority, ordering_key)
                 report.queries += 1
             changed = [states[n] for n in plans]
             if changed:
@@ -317,35 +267,6 @@ class Scheduler:
         )
         return {previous[mid] for mid in running}
 
-    def _persist(
-        self, batch: list[tuple[str, str, Any]], max_attempts: int | None, priority: int, ordering_key: str
-    ) -> list[Any]:
-        dispatched = self.service.settings.TRANSPORT == "celery"
-        options = {
-            "max_attempts": max_attempts,
-            "priority": priority,
-            "ordering_key": ordering_key,
-            "dispatched": dispatched,
-        }
-        try:
-            with transaction.atomic(using=self.using):
-                return self.service.persist_messages(batch, **options)  # type: ignore[arg-type]
-        except (MessageConflict, InvalidMessage):
-            pass
-        # One tick at a time, so one cannot hold back the others: a tick stored earlier with
-        # another payload (the schedule was edited while another scheduler sent it) was sent;
-        # one the ledger refuses (a payload over MAX_PAYLOAD_BYTES, ...) is logged, not retried.
-        stored = []
-        for item in batch:
-            try:
-                with transaction.atomic(using=self.using):
-                    stored += self.service.persist_messages([item], **options)  # type: ignore[arg-type]
-            except MessageConflict:
-                logger.warning("schedule tick %s was already sent with another payload", item[0])
-            except InvalidMessage as exc:
-                logger.error("schedule tick %s refused by the ledger, not sent: %s", item[0], exc)
-        return stored
-
     # -- tools --------------------------------------------------------------------------------
 
     def preview(self, name: str, count: int = 5, *, after: dt.datetime | None = None) -> list[dt.datetime]:
@@ -364,7 +285,9 @@ class Scheduler:
         spec = self.spec(name)
         target = self.target(spec)
         message_id = f"{name}@run-{uuid.uuid4().hex}"
-        self._persist(
+        persist_ticks(
+            self.service,
+            self.using,
             [(message_id, target.queue, target.payload)],
             target.max_attempts,
             target.priority,

@@ -10,7 +10,7 @@ keeper gives them back (released, the attempt not counted) so another worker tak
 The keeper never waits for a row lock (a row locked elsewhere is skipped and renewed at the
 next tick), and never lets go of a message it failed to give back: a release that fails is
 tried again at every tick until it lands or the lease is gone. It is also the watchdog of
-the transactional batches (:mod:`.transactional`): a batch whose handler runs past
+the transactional batches (:mod:`.transactional`, :mod:`.watchdog`): a batch whose handler runs past
 ``HANDLER_TIMEOUT`` has its server session ended, so that its transaction and every lock it
 holds go with it; its other messages, whose effects rolled back, are given back unstarted.
 """
@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.db import DatabaseError, connections
 
@@ -33,6 +33,7 @@ from ...ledger.types import Completion, Lease, Verdict
 from .aborts import AbortWatch
 from .batch import Batch
 from .stops import HandlerStops
+from .watchdog import TransactionWatch, TransactionWatchdog
 
 logger = logging.getLogger("zeroloss")
 
@@ -53,22 +54,7 @@ class _Held:
     holds_slot: bool = False
 
 
-@dataclass
-class TransactionWatch:
-    """A transactional batch's transaction, watched by the keeper (see :meth:`LeaseKeeper.watch`)."""
-
-    batch: Batch
-    #: The server session running the transaction.
-    session: int
-    #: Messages whose handlers ran in the transaction, their outcomes not committed yet.
-    done: list[Lease] = field(default_factory=list)
-    #: Set once the keeper ended the session: the transaction rolled back, nothing of it landed.
-    ended: bool = False
-    #: The message whose handler ran past ``HANDLER_TIMEOUT`` when the session was ended.
-    overdue: Lease | None = None
-
-
-class LeaseKeeper(AbortWatch, HandlerStops):
+class LeaseKeeper(AbortWatch, HandlerStops, TransactionWatchdog):
     """Renews every held lease each ``interval`` seconds in one statement, on its own connection."""
 
     def __init__(
@@ -94,7 +80,7 @@ class LeaseKeeper(AbortWatch, HandlerStops):
         self._settling: set[str] = set()
         #: Given back but not recorded yet (a failed release is tried again at every tick).
         self._releasing: dict[str, Completion] = {}
-        self._watched: dict[int, TransactionWatch] = {}
+        self._watched: dict[int, TransactionWatch] = {}  # see TransactionWatchdog
         self._guards = {}  # see HandlerStops
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -154,21 +140,6 @@ class LeaseKeeper(AbortWatch, HandlerStops):
                 self._releasing.pop(mid, None)
                 self.lost.discard(mid)
                 self.aborted.discard(mid)
-
-    def watch(self, batch: Batch, session: int | None) -> TransactionWatch | None:
-        """Watch a transactional batch's transaction, run by server session ``session``
-        (None: the database runs in this process, nothing to end). Unwatch when it ends."""
-        if session is None:
-            return None
-        watch = TransactionWatch(batch, session)
-        with self._lock:
-            self._watched[id(watch)] = watch
-        return watch
-
-    def unwatch(self, watch: TransactionWatch | None) -> None:
-        if watch is not None:
-            with self._lock:
-                self._watched.pop(id(watch), None)
 
     def forget_later(self, message_ids: Iterable[str]) -> None:
         """Stop renewing these; they stay this worker's until their leases run out (they ran)."""
@@ -314,61 +285,6 @@ class LeaseKeeper(AbortWatch, HandlerStops):
         if released and self.on_released:
             self.on_released(released)
         return released
-
-    def _overdue_transactions(self) -> list[TransactionWatch]:
-        now = time.monotonic()
-        with self._lock:
-            overdue = []
-            for w in self._watched.values():
-                running = w.batch.running
-                held = self._held.get(running.message_id) if running is not None else None
-                limit = held.limit if held is not None else self.handler_timeout
-                if (
-                    not w.ended
-                    and running is not None
-                    and limit is not None
-                    and now - w.batch.running_since >= limit
-                ):
-                    overdue.append(w)
-            return overdue
-
-    def end_overdue_transactions(self) -> int:
-        """End the transactions of batches whose handler runs past ``HANDLER_TIMEOUT``.
-
-        The session is ended and waited for, so nothing of its transaction can commit after:
-        the messages it had run are given back unstarted (their effects rolled back with it),
-        and the one still running is left to its lease (the sweep counts its attempt)."""
-        ended = 0
-        for watch in self._overdue_transactions():
-            running = watch.batch.running
-            if not self.service.engine.end_session(self.service.connection, watch.session):
-                continue  # still going: tried again at the next tick
-            watch.overdue = running
-            watch.ended = True
-            ended += 1
-            logger.warning(
-                "%s: its transactional handler ran past its hard time limit (time_limit, else "
-                "HANDLER_TIMEOUT): its batch's transaction was ended (session %d); %d message(s) it had "
-                "run go back unstarted",
-                running.message_id if running else "?",
-                watch.session,
-                len(watch.done),
-            )
-            self.give_back(
-                Completion(
-                    lease,
-                    Verdict.RELEASE,
-                    "released unstarted: its batch's transaction was ended at HANDLER_TIMEOUT",
-                )
-                for lease in watch.done
-            )
-            if running is not None:
-                with self._lock:
-                    self._lose(running.message_id)
-            for lease in watch.batch.take_unstarted():
-                self.give_back([Completion(lease, Verdict.RELEASE, "released unstarted at HANDLER_TIMEOUT")])
-                # (still in hand: renewed until the release lands)
-        return ended
 
     def run(self) -> None:
         """Renew, release and watch until stopped; raises what ends it (a bug, or

@@ -40,7 +40,8 @@ from ...ledger.types import Completion, CompletionReport, Lease, Verdict
 from ..handlers import HandlerSpec
 from ..processing import LEFT_TRANSACTION_FAILED, Delivery, HandlerRun, run_handler, run_in_savepoint
 from .batch import Batch
-from .keeper import LeaseKeeper, TransactionWatch
+from .keeper import LeaseKeeper
+from .watchdog import TransactionWatch
 
 #: Batches of a queue that run with savepoints after one of its batches had to run again.
 CAREFUL_BATCHES = 20
