@@ -257,7 +257,10 @@ COMPOSED: dict[str, tuple[frozenset[str], str]] = {
     ),
     "ledger/partitions.py": (frozenset(), "partition DDL around partition names, which no parameter can be"),
     "ledger/periods.py": (frozenset(), "partition DDL around partition names, which no parameter can be"),
-    "ledger/partition_drops.py": (frozenset(), "partition DDL around partition names, which no parameter can be"),
+    "ledger/partition_drops.py": (
+        frozenset(),
+        "partition DDL around partition names, which no parameter can be",
+    ),
     "ledger/conversion.py": (frozenset(), "the layout conversion's DDL around its tables' names"),
     "ledger/statements_reads.py": (frozenset({"distinct_walk"}), "a walk of any table's indexed column"),
     "ledger/statements_moves.py": (
