@@ -4,14 +4,7 @@ A queue's control row (:class:`zeroloss.models.QueueControl`) holds what an oper
 (paused, limit overrides, who and when) and the rate limiter's token bucket. Enforcement is
 where messages are claimed, in the claim's transaction. Every claim path goes through
 :meth:`Control.claim_controlled` (``Leases.claim``, ``Leases.claim_message``), which claims
-one of two ways:
-
-- the exact path (SQLite always; PostgreSQL near a limit): lock the queue's row (and, on
-  PostgreSQL, all of its advisory slots), count what of the queue is processing, take tokens
-  from the bucket (timed by the database clock, read after the lock), claim at most what is left;
-- the slot path (PostgreSQL, far from the limits): hold one of the queue's ``SLOTS`` advisory
-  locks, count, and claim at most a share of each limit small enough that every slot claiming
-  its share at once, unseen, still stays within it; claims in different slots run side by side.
+by the exact path or the slot path (:mod:`.control_claims`).
 
 A queue with nothing to enforce costs no statement: each process reads which queues have a
 control (:data:`REFRESH` seconds at most old) and claims any other queue as before.

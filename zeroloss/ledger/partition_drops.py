@@ -39,23 +39,13 @@ KEY_BATCH = 5000
 DROP_LOCK = 0x7A6C5044
 
 
-def _census(
-    conn: BaseDatabaseWrapper,
-    part: str,
-    completed_before: dt.datetime,
-    dead_before: dt.datetime | None,
-    cancelled_before: dt.datetime | None = None,
-) -> tuple[dict[tuple[str, str], int], bool]:
-    """A detached period's messages by queue and status, and whether it holds any a drop may
-    not take (its probes, asked again now that nothing changes it, or a status they do not name)."""
+def _census(conn: BaseDatabaseWrapper, part: str) -> dict[tuple[str, str], int]:
+    """A detached period's messages by queue and status."""
     with conn.cursor() as cursor:
         cursor.execute(sql.CENSUS_PLAN)  # the caller's transaction: the drop's
         counts = {(queue, status): n for queue, status, n in _rows(conn, sql.CENSUS.format(part=part))}
         cursor.execute(sql.CENSUS_PLAN_DONE)
-    kept = any(status not in sql.PROBED_STATUSES for _, status in counts) or _holds_kept(
-        conn, part, completed_before, dead_before, cancelled_before
-    )
-    return counts, kept
+    return counts
 
 
 def _holds_kept(
@@ -140,7 +130,12 @@ def _drop_expired(
             with conn.cursor() as cursor:
                 cursor.execute(sql.DETACH_CONCURRENTLY.format(table=EVENTS, part=events))
         with transaction.atomic(using=conn.alias):
-            counts, kept = _census(conn, part, completed_before, dead_before, cancelled_before)
+            counts = _census(conn, part)
+            # Kept: a status the probes do not name, or (asked again now that nothing changes it) one
+            # they find.
+            kept = any(status not in sql.PROBED_STATUSES for _, status in counts) or _holds_kept(
+                conn, part, completed_before, dead_before, cancelled_before
+            )
             if kept:
                 _attach_again(conn, part, events)
                 continue

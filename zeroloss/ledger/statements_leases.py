@@ -66,13 +66,7 @@ LEASE_COLUMNS = (
     "attempts",
     "queue_name",
     "ordering_key",
-    "lease_token",
-    "lease_expires_at",
-    "payload",
-    "max_attempts",
-    "priority",
-    "headers",
-    "available_at",
+    *_CLAIM_RETURNING,
     "created_at",
 )
 _CLAIMED = Moving(
