@@ -15,7 +15,7 @@
  *     one (ZL_FANIN=1); B's and C's one dependency each is a group of one;
  *   - the release, in the transaction of the outcome, after its fenced statement (token,
  *     processing, unexpired), of only the row that statement moved: SETTLE (the upstream's
- *     edges WHERE settled = ''), FANIN_DECREMENT (groups locked, left - n), STEP_DECREMENT
+ *     edges not settled yet: once each), FANIN_DECREMENT (groups locked, left - n), STEP_DECREMENT
  *     (steps whose group emptied locked, waiting_on - k), STEP_RELEASE (waiting with nothing
  *     left -> pending) and STEP_CANCEL (waiting -> cancelled); the edges of the steps it
  *     cancelled are settled in a next round (zeroloss.ledger.workflows.settle's loop), then
@@ -28,8 +28,11 @@
  *     step, whose own edges then settle as cancelled, for its dependents' policies);
  *   - the sweep (an expired processing row -> pending, or dead once its attempts are spent, in
  *     a transaction that releases or cancels like an outcome's), an operator's force requeue
- *     (processing -> pending, whatever the lease) and redrive (dead -> pending, attempts reset;
- *     its settled edges stay settled);
+ *     (processing -> pending, whatever the lease), redrive (dead -> pending, attempts reset;
+ *     its settled edges stay settled), cancel (a pending step, or a waiting one as
+ *     cancel_workflow does) and dead-lettering (a pending or running step), the last two
+ *     settling the step's dependents in their transaction; the sweep's and the operator's
+ *     transactions take turns (one slot);
  *   - W = 2 workers, each claiming one pending step at a time, or B and C in one batch
  *     (ZL_BATCH=1: their outcomes then recorded together, each row fenced, released in one
  *     transaction: a group counts down by two, a step by two groups); a handler returns after
@@ -51,7 +54,7 @@
  * Properties:
  *   W1 never early (assertion, every state): a step that left waiting other than cancelled has
  *      every dependency settled and counted (completed; or, under "run", dead or cancelled);
- *   W2 released at most once (assertion): no step moves waiting -> pending twice;
+ *   W2 released once (assertion): a step is released only from waiting, and only once;
  *   W3 counted right (assertions, every state): a waiting step's groups each count exactly its
  *      unsettled dependencies, the step counts exactly its non-empty groups, and a waiting step
  *      always waits for something (the sweep's safety net, STEP_RELEASE_STRANDED, is not
@@ -72,18 +75,21 @@
  *   ZL_FANIN     2: D's dependencies one group of two (default); 1: two groups of one;
  *   ZL_BATCH     1: a worker may claim B and C in one batch (default 0);
  *   ZL_MAXATT    attempts per step (default 2);
- *   ZL_CRASHES, ZL_CUTS, ZL_REQUEUES, ZL_REDRIVES  faults and operator actions (default 1, 0, 0, 1);
+ *   ZL_CRASHES, ZL_CUTS, ZL_REQUEUES, ZL_REDRIVES, ZL_CANCELS, ZL_DEADLETTERS  faults and
+ *                operator actions (default 1, 0, 0, 1, 0, 0);
  *   ZL_MUTANT    a broken variant of the protocol, which must fail a property:
  *     release_no_token    the outcome (so its release) not fenced by the lease token (W4);
  *     release_no_status   not fenced by the status, processing (W4, with a force requeue);
  *     release_no_expiry   not fenced by the lease's expiry (W4);
  *     decrement_unlocked  counters read, then written (no row lock): a lost decrement (W3;
  *                         W5, D waits for ever);
- *     settle_twice        SETTLE without "settled = ''": a redriven step counts again (W1);
+ *     settle_twice        SETTLE without its "not settled yet": a redriven step counts again (W1);
  *     cancel_unsettled    the edges of a step the release cancels are not settled: its
  *                         dependents wait for ever (W5);
  *     count_once          each counter decremented by one, whatever the batch settled in it
- *                         (W3, with batches).
+ *                         (W3, with batches);
+ *     release_not_waiting STEP_RELEASE without status = 'waiting': a step the operator
+ *                         cancelled is released when its count reaches zero (W2).
  *
  * Run (tests/process/test_workflow_model.py runs each configuration and each mutant):
  *   spin -a workflow.pml && gcc -O2 -DNFAIR=3 -o pan pan.c
@@ -111,7 +117,7 @@ static int zl_env(const char *name, int otherwise) {
 }
 static int zl_mutant(int otherwise) {
     static const char *names[] = {"", "release_no_token", "release_no_status", "release_no_expiry",
-        "decrement_unlocked", "settle_twice", "cancel_unsettled", "count_once", 0};
+        "decrement_unlocked", "settle_twice", "cancel_unsettled", "count_once", "release_not_waiting", 0};
     const char *v = getenv("ZL_MUTANT");
     int k;
     if (!v || !*v) return otherwise;
@@ -145,6 +151,12 @@ static int zl_mutant(int otherwise) {
 #ifndef ZL_REQUEUES
 #define ZL_REQUEUES 0
 #endif
+#ifndef ZL_CANCELS
+#define ZL_CANCELS 0
+#endif
+#ifndef ZL_DEADLETTERS
+#define ZL_DEADLETTERS 0
+#endif
 #ifndef ZL_REDRIVES
 #define ZL_REDRIVES 1
 #endif
@@ -160,6 +172,8 @@ byte crash_budget = ZL_CRASHES;
 byte cut_budget = ZL_CUTS;
 byte requeue_budget = ZL_REQUEUES;
 byte redrive_budget = ZL_REDRIVES;
+byte cancel_budget = ZL_CANCELS;
+byte deadletter_budget = ZL_DEADLETTERS;
 byte mutant = ZL_MUTANT;
 #define M_NO_TOKEN 1
 #define M_NO_STATUS 2
@@ -168,6 +182,7 @@ byte mutant = ZL_MUTANT;
 #define M_SETTLE_TWICE 5
 #define M_CANCEL_UNSETTLED 6
 #define M_COUNT_ONCE 7
+#define M_RELEASE_NOT_WAITING 8
 
 /* failure policies (Message.on_upstream_failure) */
 #define WAITP 0
@@ -256,6 +271,9 @@ byte crashed;
 byte cutoffs;
 byte requeues;
 byte redrives;
+byte cancels;
+byte deadletters;
+bool envop;            /* the environment's transaction is the operator's (else the sweep's) */
 
 /* -- ghosts ---------------------------------------------------------------------------------- */
 bool stale[W * NM];    /* w's lease on m: another claim since, expired, or m left processing */
@@ -314,8 +332,6 @@ inline settle() {
             att[i] = 0; tok[i] = W; lease[i] = 0
         :: else
         fi;
-        released_once = (rel[i] <= 1);
-        assert(released_once);                                                   /* W2 */
         if
         :: i > 0 && st[i] != WAIT && st[i] != CANC ->
             never_early = ALL_COUNTED(i);
@@ -466,7 +482,8 @@ inline deps(t, unlocked) {
             :: else
             fi;
             if
-            :: n > 0 && WOV(t, j) == 0 && STV(t, j) == WAIT -> txst[t * NM + j] = PEND + 1
+            :: n > 0 && WOV(t, j) == 0 && (STV(t, j) == WAIT || mutant == M_RELEASE_NOT_WAITING) ->
+                txst[t * NM + j] = PEND + 1
             :: else
             fi;
             if
@@ -525,9 +542,19 @@ inline commit(t) {
         :: HAS(txm[t], j) && txst[t * NM + j] == COMP + 1 -> MOVE(j, PROC, COMP, acknowledged); left_processing(j)
         :: HAS(txm[t], j) && txst[t * NM + j] == DEAD + 1 && t != SW -> MOVE(j, PROC, DEAD, dead_lettered); left_processing(j)
         :: HAS(txm[t], j) && txst[t * NM + j] == PEND + 1 && t != SW -> MOVE(j, PROC, PEND, failed); left_processing(j)
-        :: HAS(txm[t], j) && txst[t * NM + j] == DEAD + 1 && t == SW -> MOVE(j, PROC, DEAD, dead_lettered); left_processing(j)
-        :: HAS(txm[t], j) && txst[t * NM + j] == PEND + 1 && t == SW -> MOVE(j, PROC, PEND, lease_expired); left_processing(j)
-        :: !HAS(txm[t], j) && txst[t * NM + j] == PEND + 1 -> MOVE(j, WAIT, PEND, dependencies_completed); rel[j]++
+        :: HAS(txm[t], j) && txst[t * NM + j] == DEAD + 1 && t == SW && !envop -> MOVE(j, PROC, DEAD, dead_lettered); left_processing(j)
+        :: HAS(txm[t], j) && txst[t * NM + j] == PEND + 1 && t == SW && !envop -> MOVE(j, PROC, PEND, lease_expired); left_processing(j)
+        :: HAS(txm[t], j) && txst[t * NM + j] == CANC + 1 && st[j] == PEND -> MOVE(j, PEND, CANC, cancelled_by_operator)
+        :: HAS(txm[t], j) && txst[t * NM + j] == CANC + 1 && st[j] == WAIT -> MOVE(j, WAIT, CANC, cancelled_by_operator)
+        :: HAS(txm[t], j) && txst[t * NM + j] == DEAD + 1 && t == SW && envop && st[j] == PEND ->
+            MOVE(j, PEND, DEAD, dead_lettered_by_operator)
+        :: HAS(txm[t], j) && txst[t * NM + j] == DEAD + 1 && t == SW && envop && st[j] == PROC ->
+            MOVE(j, PROC, DEAD, dead_lettered_by_operator); left_processing(j)
+        :: !HAS(txm[t], j) && txst[t * NM + j] == PEND + 1 ->
+            released_once = (st[j] == WAIT && rel[j] == 0);
+            assert(released_once);                                               /* W2 */
+            MOVE(j, WAIT, PEND, dependencies_completed);
+            rel[j]++
         :: !HAS(txm[t], j) && txst[t * NM + j] == CANC + 1 -> MOVE(j, WAIT, CANC, upstream_failed)
         :: else
         fi;
@@ -632,10 +659,14 @@ end:
 #define ANY_ABANDONED (ABANDONED(0) || ABANDONED(1) || ABANDONED(2) || ABANDONED(3))
 #define SWEEPABLE(m) (st[m] == PROC && lease[m] == 0 && lk[m] == 0)
 #define SWEEP_ANY (SWEEPABLE(0) || SWEEPABLE(1) || SWEEPABLE(2) || SWEEPABLE(3))
+/* The operator's cancel and dead-lettering (each waits for the row's lock). */
+#define CANCELLABLE(m) ((st[m] == PEND || st[m] == WAIT) && lk[m] == 0)
+#define KILLABLE(m) ((st[m] == PEND || st[m] == PROC) && lk[m] == 0)
 
 /* The sweep: an expired processing row, not locked (SKIP LOCKED), to pending, or dead once its
  * attempts are spent, with the release of a dead step's dependents in its transaction. */
 inline sweep(m) {
+    envop = false;
     txopen[SW] = true;
     txm[SW] = BIT(m);
     lk[m] = SW + 1;
@@ -643,6 +674,24 @@ inline sweep(m) {
     :: att[m] >= maxatt -> txst[SW * NM + m] = DEAD + 1; settle_edges(SW, m, DEAD); txph[SW] = NEXT_ROUND(SW)
     :: else -> txst[SW * NM + m] = PEND + 1; txph[SW] = T_COMMIT
     fi;
+    if
+    :: txph[SW] == T_COMMIT -> commit(SW)
+    :: else
+    fi
+}
+
+/* The operator cancels a pending step (CANCEL), or a waiting one (STEP_CANCEL_BY_OPERATOR, as
+ * cancel_workflow does), or dead-letters a pending or running one (DEAD_LETTER_PENDING,
+ * DEAD_LETTER_PROCESSING, whatever its lease): in its transaction, the step's dependents are
+ * settled as for any ended step. */
+inline operator_ends(m, ns) {
+    envop = true;
+    txopen[SW] = true;
+    txm[SW] = BIT(m);
+    lk[m] = SW + 1;
+    txst[SW * NM + m] = ns + 1;
+    settle_edges(SW, m, ns);
+    txph[SW] = NEXT_ROUND(SW);
     if
     :: txph[SW] == T_COMMIT -> commit(SW)
     :: else
@@ -708,6 +757,14 @@ end:
     :: d_step { redrives < redrive_budget && st[1] == DEAD && lk[1] == 0 -> redrive(1); settle() }
     :: d_step { redrives < redrive_budget && st[2] == DEAD && lk[2] == 0 -> redrive(2); settle() }
     :: d_step { redrives < redrive_budget && st[3] == DEAD && lk[3] == 0 -> redrive(3); settle() }
+    :: d_step { !txopen[SW] && cancels < cancel_budget && CANCELLABLE(0) -> cancels++; operator_ends(0, CANC); settle() }
+    :: d_step { !txopen[SW] && cancels < cancel_budget && CANCELLABLE(1) -> cancels++; operator_ends(1, CANC); settle() }
+    :: d_step { !txopen[SW] && cancels < cancel_budget && CANCELLABLE(2) -> cancels++; operator_ends(2, CANC); settle() }
+    :: d_step { !txopen[SW] && cancels < cancel_budget && CANCELLABLE(3) -> cancels++; operator_ends(3, CANC); settle() }
+    :: d_step { !txopen[SW] && deadletters < deadletter_budget && KILLABLE(0) -> deadletters++; operator_ends(0, DEAD); settle() }
+    :: d_step { !txopen[SW] && deadletters < deadletter_budget && KILLABLE(1) -> deadletters++; operator_ends(1, DEAD); settle() }
+    :: d_step { !txopen[SW] && deadletters < deadletter_budget && KILLABLE(2) -> deadletters++; operator_ends(2, DEAD); settle() }
+    :: d_step { !txopen[SW] && deadletters < deadletter_budget && KILLABLE(3) -> deadletters++; operator_ends(3, DEAD); settle() }
     od
 }
 
@@ -723,6 +780,8 @@ init {
             now.cut_budget = zl_env("ZL_CUTS", now.cut_budget);
             now.requeue_budget = zl_env("ZL_REQUEUES", now.requeue_budget);
             now.redrive_budget = zl_env("ZL_REDRIVES", now.redrive_budget);
+            now.cancel_budget = zl_env("ZL_CANCELS", now.cancel_budget);
+            now.deadletter_budget = zl_env("ZL_DEADLETTERS", now.deadletter_budget);
             now.mutant = zl_mutant(now.mutant);
         };
         /* The workflow, stored whole: A pending; B, C, D waiting on their groups. */
