@@ -59,9 +59,10 @@
  *      unsettled dependencies, the step counts exactly its non-empty groups, and a waiting step
  *      always waits for something (the sweep's safety net, STEP_RELEASE_STRANDED, is not
  *      modelled: the protocol never needs it);
- *   W4 a stale outcome releases nothing (assertion): an outcome statement moves its row, and
- *      so settles and releases, only under the current lease (no other claim since, the row
- *      processing since, the lease not expired);
+ *   W4 a stale outcome releases nothing (assertions): an outcome statement moves its row only
+ *      under the current lease (no other claim since, the row processing since, the lease not
+ *      expired), and only a row it moved (or a step its release cancelled) has its edges
+ *      settled;
  *   W5 none waits for ever (ltl `done`, -a -f): under weak fairness every step ends completed,
  *      dead or cancelled, except a waiting one behind a dead dependency under "wait", or behind
  *      a step that waits so (a redrive that completes releases it: redrives are in the runs).
@@ -89,7 +90,9 @@
  *     count_once          each counter decremented by one, whatever the batch settled in it
  *                         (W3, with batches);
  *     release_not_waiting STEP_RELEASE without status = 'waiting': a step the operator
- *                         cancelled is released when its count reaches zero (W2).
+ *                         cancelled is released when its count reaches zero (W2);
+ *     release_refused     the release run for an acknowledged row whose outcome statement
+ *                         was refused (stale), not only for the rows it moved (W4).
  *
  * Run (tests/process/test_workflow_model.py runs each configuration and each mutant):
  *   spin -a workflow.pml && gcc -O2 -DNFAIR=3 -o pan pan.c
@@ -117,7 +120,7 @@ static int zl_env(const char *name, int otherwise) {
 }
 static int zl_mutant(int otherwise) {
     static const char *names[] = {"", "release_no_token", "release_no_status", "release_no_expiry",
-        "decrement_unlocked", "settle_twice", "cancel_unsettled", "count_once", "release_not_waiting", 0};
+        "decrement_unlocked", "settle_twice", "cancel_unsettled", "count_once", "release_not_waiting", "release_refused", 0};
     const char *v = getenv("ZL_MUTANT");
     int k;
     if (!v || !*v) return otherwise;
@@ -183,6 +186,7 @@ byte mutant = ZL_MUTANT;
 #define M_CANCEL_UNSETTLED 6
 #define M_COUNT_ONCE 7
 #define M_RELEASE_NOT_WAITING 8
+#define M_RELEASE_REFUSED 9
 
 /* failure policies (Message.on_upstream_failure) */
 #define WAITP 0
@@ -281,7 +285,7 @@ byte rel[NM];          /* releases of each step (waiting -> pending) */
 
 hidden byte i, j, k, n, s, txnext, oc, ofirst;
 /* What each assertion checks, by name (spin prints the name of a violated one). */
-hidden byte never_early, released_once, counted_right, fresh_lease;
+hidden byte never_early, released_once, counted_right, fresh_lease, from_fenced_move;
 
 /* Unsettled or not counting: what a group still waits for. */
 #define UNC(e) (COUNTS_FOR(e, sett[e]) -> 0 : 1)
@@ -382,6 +386,9 @@ inline claim(w, mask, known) {
  * dependent does not wait for a redrive. They are this round's (txnew): counted, or their
  * dependents cancelled, in the statements that follow. */
 inline settle_edges(t, x, ns) {
+    /* W4: only a row this transaction's fenced statement moved, or a step it cancelled */
+    from_fenced_move = (HAS(txm[t], x) || txst[t * NM + x] == CANC + 1);
+    assert(from_fenced_move);
     for (k : 0 .. NE - 1) {
         if
         :: EUP(k) == x && (sett[k] == 0 || mutant == M_SETTLE_TWICE) && txsv[t * NE + k] == 0 &&
@@ -593,6 +600,10 @@ inline outcome(w, oa, ob) {
                 :: oc == FAIL && att[n] >= maxatt -> txst[s * NM + n] = DEAD + 1; settle_edges(s, n, DEAD)
                 :: oc == FAIL && att[n] < maxatt -> txst[s * NM + n] = PEND + 1
                 fi
+            :: !FENCE(w, n) && mutant == M_RELEASE_REFUSED && oc == ACK ->
+                /* the release run for the row submitted, not for the rows the statement moved */
+                txopen[s] = true;
+                settle_edges(s, n, COMP)
             :: else    /* refused: this row's lease was lost */
             fi
         :: else

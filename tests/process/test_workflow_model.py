@@ -58,6 +58,7 @@ W1_NEVER_EARLY = "assertion violated never_early"
 W2_RELEASED_ONCE = "assertion violated released_once"
 W3_COUNTED_RIGHT = "assertion violated counted_right"
 W4_FRESH_LEASE = "assertion violated fresh_lease"
+W4_FROM_FENCED_MOVE = "assertion violated from_fenced_move"
 W5_CYCLE = ACCEPTANCE_CYCLE
 
 CHECKS = [
@@ -130,6 +131,12 @@ CHECKS = [
         "mutant-release-no-expiry", 2, dict(bounds(WAIT), ZL_MUTANT="release_no_expiry"), finds=W4_FRESH_LEASE
     ),
     Check(
+        "mutant-release-refused",
+        2,
+        dict(bounds(WAIT), ZL_MUTANT="release_refused"),
+        finds=W4_FROM_FENCED_MOVE,
+    ),
+    Check(
         "mutant-decrement-unlocked",
         2,
         dict(bounds(WAIT), ZL_MUTANT="decrement_unlocked"),
@@ -195,9 +202,10 @@ def test_each_mutant_is_caught_on_its_property(outcomes: dict[str, Outcome], che
 
 
 def test_each_guard_of_the_release_has_a_mutant() -> None:
-    """The outcome's three fences (token, status, expiry), the counters' row locks, the
-    settle-once filter, the settling of a cancelled step's edges, a batch's counts and the
-    release's own status fence (waiting): removing any of them is a mutant the checks above run."""
+    """The outcome's three fences (token, status, expiry), a release of only the rows the
+    outcome moved, the counters' row locks, the settle-once filter, the settling of a cancelled
+    step's edges, a batch's counts and the release's own status fence (waiting): removing any
+    of them is a mutant the checks above run."""
     mutants = {c.env.get("ZL_MUTANT") for c in CHECKS}
     declared = re.search(r'names\[\] = \{"", (.*?), 0\}', MODEL.read_text(), re.S)
     assert declared, "workflow.pml no longer declares its mutants' names (zl_mutant)"
