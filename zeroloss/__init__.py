@@ -24,9 +24,14 @@ __all__ = [
     "Retry",
     "Snooze",
     "SoftTimeLimitExceeded",
+    "Workflow",
     "ZeroLossMessageService",
     "asend",
     "cancel",
+    "cancel_workflow",
+    "chain",
+    "chord",
+    "group",
     "handler",
     "send",
     "send_many",
@@ -40,6 +45,7 @@ if TYPE_CHECKING:
     from .runtime.handlers import handler
     from .runtime.retry import Backoff, ExponentialBackoff, Fail, FixedBackoff, Retry, Snooze
     from .runtime.transports import asend, send, send_many
+    from .runtime.workflows import Workflow, cancel_workflow, chain, chord, group
 
 
 #: Where each public name is defined, imported on first use.
@@ -56,9 +62,14 @@ _LAZY = {
     "Retry": "zeroloss.runtime.retry",
     "Snooze": "zeroloss.runtime.retry",
     "SoftTimeLimitExceeded": "zeroloss.exceptions",
+    "Workflow": "zeroloss.runtime.workflows",
     "ZeroLossMessageService": "zeroloss.ledger.service",
     "asend": "zeroloss.runtime.transports",
     "cancel": "zeroloss.ledger.cancelling",
+    "cancel_workflow": "zeroloss.runtime.workflows",
+    "chain": "zeroloss.runtime.workflows",
+    "chord": "zeroloss.runtime.workflows",
+    "group": "zeroloss.runtime.workflows",
     "handler": "zeroloss.runtime.handlers",
     "send": "zeroloss.runtime.transports",
     "send_many": "zeroloss.runtime.transports",

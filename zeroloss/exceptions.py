@@ -127,3 +127,19 @@ class StorageFull(ZeroLossError, OperationalError):
         )
         self.message_id = message_id
         self.alias = alias
+
+
+class InvalidWorkflow(InvalidMessage):
+    """A workflow that cannot be stored as sent: a cycle, a dependency on an unknown step or on a
+    step of another workflow, steps on queues of different databases. Nothing was stored."""
+
+
+class WorkflowConflict(ZeroLossError):
+    """A workflow id sent again with other steps than the stored ones. Nothing was changed."""
+
+    def __init__(self, workflow_id: str, detail: str) -> None:
+        super().__init__(
+            f"Workflow {workflow_id!r} already exists with {detail}; nothing was changed. A workflow's "
+            "id makes sending it idempotent: send other steps under another id."
+        )
+        self.workflow_id = workflow_id

@@ -37,6 +37,9 @@ class Status(models.TextChoices):
     DEAD = "dead", _("Dead")
     #: Terminal: an operator cancelled it before it ran, or aborted it while it ran.
     CANCELLED = "cancelled", _("Cancelled")
+    #: A workflow's step whose dependencies have not all completed: never claimed; released to
+    #: pending in the transaction of its last dependency's outcome (docs/workflows.md).
+    WAITING = "waiting", _("Waiting for its dependencies")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ TRAITS: dict[Status, StatusTraits] = {
     Status.COMPLETED: StatusTraits(finished=True, estimated=True, finished_at="completed_at"),
     Status.DEAD: StatusTraits(finished=True, finished_at="dead_at"),
     Status.CANCELLED: StatusTraits(finished=True, finished_at="updated_at"),
+    Status.WAITING: StatusTraits(),
 }
 
 
@@ -124,6 +128,12 @@ class Reason(models.TextChoices):
     #: Its handler raised ``zeroloss.Fail``, or an exception its retry policy does not retry
     #: (``retry_on``, ``dont_retry_on``): dead at once, whatever attempts were left.
     DEAD_LETTERED_BY_HANDLER = "dead_lettered_by_handler", _("Dead-lettered by its handler (not retried)")
+    #: A workflow's step: the last of its dependencies completed (or, under ``on_upstream_failure=
+    #: "run"``, ended): pending, in the transaction of that outcome.
+    DEPENDENCIES_COMPLETED = "dependencies_completed", _("Released: its dependencies completed")
+    #: A workflow's step cancelled because a dependency ended dead or cancelled
+    #: (``on_upstream_failure="cancel"``, or a cancelled dependency under ``"wait"``).
+    UPSTREAM_FAILED = "upstream_failed", _("Cancelled: a dependency failed")
 
 
 @dataclass(frozen=True)
@@ -133,11 +143,13 @@ class Transition:
     source: str
     target: str
     reason: Reason
-    #: Who makes it: ``producer``, ``worker`` (the lease holder), ``sweep`` or ``operator``.
+    #: Who makes it: ``producer``, ``worker`` (the lease holder), ``sweep``, ``operator``, or
+    #: ``dependency`` (a workflow's step, moved with the outcome of its dependency).
     actor: str
 
 
 P, R, C, D, X = Status.PENDING, Status.PROCESSING, Status.COMPLETED, Status.DEAD, Status.CANCELLED
+W = Status.WAITING
 
 #: Every edge of the state machine. Nothing moves a message along an edge not listed here.
 TRANSITIONS: tuple[Transition, ...] = (
@@ -158,6 +170,13 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(P, X, Reason.CANCELLED_BY_OPERATOR, "operator"),
     Transition(R, X, Reason.ABORTED, "worker"),
     Transition(R, X, Reason.ABORTED, "sweep"),
+    # Workflows (docs/workflows.md). ``dependency``: in the transaction of the outcome that
+    # settled the step's last dependency, by whoever recorded it (its worker, the sweep, an
+    # operator), or by the sweep's safety net.
+    Transition("", W, Reason.PERSISTED, "producer"),
+    Transition(W, P, Reason.DEPENDENCIES_COMPLETED, "dependency"),
+    Transition(W, X, Reason.UPSTREAM_FAILED, "dependency"),
+    Transition(W, X, Reason.CANCELLED_BY_OPERATOR, "operator"),
 )
 
 

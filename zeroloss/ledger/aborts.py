@@ -13,6 +13,8 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from django.db import transaction
+
 from .base import Part
 from .types import Lease
 
@@ -50,5 +52,7 @@ class Aborts(Part):
         ``created``: the leases' creation times (empty: unknown)."""
         name = "CANCEL_ABORTED_LOCKED" if locked else "CANCEL_ABORTED"
         params = {**self.engine.batch(mid=ids, tok=tokens), **self.engine.period(created)}
-        rows = self._move(name, params, detail=_ABORTED_DETAIL)
+        with transaction.atomic(using=self.using, savepoint=False):
+            rows = self._move(name, params, detail=_ABORTED_DETAIL)
+            self.ctx.workflows.settle_moved(rows)  # a workflow's step ended: its dependents
         return [r[1] for r in rows]

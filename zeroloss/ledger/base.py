@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .outcomes import Outcomes
     from .persist import Store
     from .sweep import Recovery
+    from .workflows import Workflows
 
 logger = logging.getLogger("zeroloss")
 
@@ -126,6 +127,7 @@ class LedgerContext:
     dispatch: Dispatch
     reads: Reads
     nodes: Nodes
+    workflows: Workflows
 
     def __init__(self, *, using: str = DEFAULT_DB_ALIAS, instance_id: str | None = None, **overrides: Any):
         if overrides:

@@ -115,7 +115,8 @@ class Leases(Part):
                 priority=r[9],
                 headers=engine.to_json(r[10]) if r[10] else {},
                 available_at=engine.at(r[11]) if r[11] is not None else None,
-                created_at=engine.at(r[12]),
+                created_at=engine.at(r[13]),
+                workflow_id=r[12],
             )
             for r in rows
         ]

@@ -126,6 +126,15 @@ class Message(models.Model):
     #: Set by an operator's abort of a processing message: its handler is asked to stop, and
     #: whatever it returns, the message ends ``cancelled`` (docs/control.md).
     abort_requested_at = models.DateTimeField(_("abort requested at"), null=True, blank=True)
+    #: A workflow's step (docs/workflows.md): its workflow's id ("" for a message of its own),
+    #: its name there, how many groups of its dependencies are still unsettled, and what it
+    #: does when a dependency ends dead or cancelled (``wait``, ``cancel``, ``run``).
+    workflow_id = models.CharField(_("workflow"), max_length=255, blank=True, default="", db_default="")
+    step_name = models.CharField(_("step"), max_length=255, blank=True, default="", db_default="")
+    waiting_on = models.PositiveIntegerField(_("waiting on"), default=0, db_default=0)
+    on_upstream_failure = models.CharField(
+        _("on upstream failure"), max_length=8, blank=True, default="", db_default=""
+    )
 
     objects = MessageQuerySet.as_manager()
 
@@ -171,6 +180,9 @@ class Message(models.Model):
             ),
             models.Index(fields=["queue_name", "status"], name="zeroloss_msg_queue_status_idx"),
             models.Index(fields=["created_at"], name="zeroloss_msg_created_idx"),
+            models.Index(
+                fields=["workflow_id"], name="zeroloss_msg_workflow_idx", condition=~Q(workflow_id="")
+            ),
         ]
         constraints = [
             models.UniqueConstraint(fields=["message_id"], name="zeroloss_message_id_uniq"),

@@ -57,7 +57,9 @@ class Operator(Part):
             for start in range(0, len(ids), CHUNK):
                 chunk = ids[start : start + CHUNK]
                 chunk_params = {**(params or {}), "ids": self.engine.column(chunk)}
-                rows = self._move(name, chunk_params, detail=clean_text(detail), actor=actor)
+                with transaction.atomic(using=self.using, savepoint=False):
+                    rows = self._move(name, chunk_params, detail=clean_text(detail), actor=actor)
+                    self.ctx.workflows.settle_moved(rows)  # a workflow's step ended: its dependents
                 moved += [(r[1], r[8], r[9]) for r in rows]
             return moved
 
@@ -139,7 +141,11 @@ class Operator(Part):
         text = clean_text(detail or "cancelled by an operator")
         outcomes: dict[str, CancelOutcome] = {}
         with transaction.atomic(using=self.using):
-            moved = self._by_ids("CANCEL", ids, detail=text, actor=actor)
+            # A workflow's waiting steps first: cancelled by the operator, not as dependents of a
+            # step cancelled here (docs/workflows.md).
+            moved = self._by_ids("STEP_CANCEL_BY_OPERATOR", ids, detail=text, actor=actor)
+            done = {x[0] for x in moved}
+            moved += self._by_ids("CANCEL", [m for m in ids if m not in done], detail=text, actor=actor)
             outcomes.update(dict.fromkeys((m[0] for m in moved), CancelOutcome.CANCELLED))
             rest = [m for m in ids if m not in outcomes]
             if abort and rest:

@@ -33,8 +33,12 @@ class Outcomes(Part):
         validate_message_id(message_id)
         token = self._token(lease_token)
         encoded = None if result is None else canonical_json(result)
-        # ACK for one row, with scalar parameters (arrays cost client CPU to dump).
-        rows = self._move("ACK_ONE", {"result": encoded, "mid": message_id, "tok": token})
+        # ACK for one row, with scalar parameters (arrays cost client CPU to dump); a workflow's
+        # step settles its dependents in the same transaction.
+        with transaction.atomic(using=self.using, savepoint=False):
+            rows = self._move("ACK_ONE", {"result": encoded, "mid": message_id, "tok": token})
+            if rows:
+                self.ctx.workflows.settle_ids([(message_id, Status.COMPLETED.value)])
         if not rows:  # refused: an aborted message is recorded cancelled instead
             self.ctx.aborts.cancel_aborted([message_id], [token])
         return bool(rows)
@@ -54,7 +58,13 @@ class Outcomes(Part):
         if not rows:
             return False
         delay = self.settings.RETRY_BACKOFF.delay_for(rows[0][0])
-        if self._fail("FAIL", [message_id], [token], [clean_text(error)], [delay], [None]):
+        with transaction.atomic(using=self.using, savepoint=False):
+            moved = self._fail(
+                "FAIL", [message_id], [token], [clean_text(error)], [delay], [None], statuses=True
+            )
+            if moved:
+                self.ctx.workflows.settle_ids([(mid, status) for mid, status in moved])
+        if moved:
             return True
         self.ctx.aborts.cancel_aborted([message_id], [token])  # refused: an aborted message is cancelled
         return False
@@ -163,6 +173,8 @@ class Outcomes(Part):
                     )
                 )
                 recorded.update(report.cancelled)
+            if any(c.lease.workflow_id for c in batch):
+                self._settle_steps(batch, report)
         report.refused.extend(c.lease.message_id for c in batch if c.lease.message_id not in recorded)
         finished = {
             (c.lease.queue_name, c.lease.ordering_key)
@@ -186,6 +198,26 @@ class Outcomes(Part):
         if events.wanted(*kinds):  # told once the outcomes are durable (never for a rollback)
             self.ctx.emit(events.of_outcomes(self.using, self.instance_id, batch, report))
         return report
+
+    def _settle_steps(self, batch: list[Completion], report: CompletionReport) -> None:
+        """Workflows' steps (docs/workflows.md): what an acknowledged step added to its workflow,
+        then its dependents settled, in this transaction; only what the fenced statements moved."""
+        steps = [c for c in batch if c.lease.workflow_id]
+        done = set(report.acknowledged)
+        workflows = self.ctx.workflows
+        for c in steps:
+            if c.steps and c.lease.message_id in done:
+                workflows.add_steps(c.lease.message_id, c.lease.workflow_id, c.steps)
+        ended = {
+            **dict.fromkeys(report.acknowledged, Status.COMPLETED.value),
+            **dict.fromkeys(report.dead_lettered, Status.DEAD.value),
+            **dict.fromkeys(report.cancelled, Status.CANCELLED.value),
+        }
+        settled = [
+            (c.lease.message_id, ended[c.lease.message_id]) for c in steps if c.lease.message_id in ended
+        ]
+        if settled:
+            workflows.settle(settled)
 
     def lock_held(self, leases: Sequence[Lease]) -> set[str]:
         """Inside ``transaction.atomic``: lock the rows of ``leases`` still held (fenced, unexpired).

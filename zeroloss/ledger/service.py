@@ -59,6 +59,7 @@ from .validation import (
     validate_message_id,
     validate_queue_name,
 )
+from .workflows import Workflows
 
 __all__ = [
     "CRITICAL",
@@ -110,6 +111,7 @@ class ZeroLossMessageService:
         self.dispatch = ctx.dispatch = Dispatch(ctx)
         self.reads = ctx.reads = Reads(ctx)
         self.nodes = ctx.nodes = Nodes(ctx)
+        self.workflows = ctx.workflows = Workflows(ctx)
 
     connection = from_context[BaseDatabaseWrapper](
         "connection", "The Django connection of ``using``, this thread's."

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..core.states import TRANSITIONS, Reason, Transition
 from ..core.states import Status as S
-from . import statements_cancel, statements_control, statements_leases
+from . import statements_cancel, statements_control, statements_leases, statements_workflows
 from .catalogue import Catalogue
 from .statements_leases import *  # noqa: F403  (named statements of the catalogue)
 from .statements_leases import LEASE_COLUMNS, PLANNED_PER_CALL  # noqa: F401
@@ -32,6 +32,7 @@ WHOLE: tuple[Catalogue, ...] = (
     Catalogue("sql/inserts.sql"),
     Catalogue("sql/keys.sql"),
     Catalogue("sql/audit.sql"),
+    statements_workflows.CATALOGUE,
 )
 
 # Persisting hands back each new row's ``available_at`` (and wakes idle workers, PostgreSQL).
@@ -70,6 +71,7 @@ MOVES: dict[str, Moving] = {
     "DEAD_LETTER_PROCESSING": _dead_lettered(S.PROCESSING),
     **statements_leases.LEASE_MOVES,
     **statements_cancel.MOVES,
+    **statements_workflows.MOVES,
 }
 
 

@@ -25,6 +25,7 @@ _CLAIM_RETURNING = (
     "priority",
     "headers",
     "available_at",
+    "workflow_id",
 )
 # The claims (CLAIM, CLAIM_LIMITED, CLAIM_BY_ID) and the recovery sweep (SWEEP) are written
 # whole in sql/claims.sql.

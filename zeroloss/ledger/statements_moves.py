@@ -105,7 +105,7 @@ class Moving:
     def reason_sql(self) -> str:
         """The audit reason as SQL of the moved row's new ``status`` (a literal for one edge)."""
         *cases, last = self.edges
-        if not cases:
+        if len(self.reasons) == 1:
             return f"'{last.reason}'"
         whens = " ".join(f"WHEN status = '{e.target}' THEN '{e.reason}'" for e in cases)
         return f"CASE {whens} ELSE '{last.reason}' END"

@@ -86,7 +86,9 @@ class Recovery(Part):
                 # only write lock, so take it only when there is work.
                 break
             size = batch if limit is None else min(batch, limit - len(requeued) - len(dead) - len(cancelled))
-            rows = self._move("SWEEP", {"since": since, "limit": size}, actor=actor)
+            with transaction.atomic(using=self.using, savepoint=False):
+                rows = self._move("SWEEP", {"since": since, "limit": size}, actor=actor)
+                self.ctx.workflows.settle_moved(rows)  # a workflow's step ended: its dependents
             batches += 1
             if rows:
                 self.ctx.emit(events.of_sweep(self.using, rows))

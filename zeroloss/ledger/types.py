@@ -37,6 +37,9 @@ class Lease:
     #: When the message was stored (database time), as the claim read it; None when the lease
     #: was built otherwise. Bounds the lease holder's statements to its partition.
     created_at: dt.datetime | None = None
+    #: Its workflow's id when it is a workflow's step (docs/workflows.md): its outcome then
+    #: settles its dependents in the same transaction.
+    workflow_id: str = ""
 
     def __bool__(self) -> bool:
         return True
@@ -64,6 +67,9 @@ class Completion:
     result: Any = None
     #: Seconds before it may run again: ``FAIL`` (None: ``RETRY_BACKOFF``) and ``SNOOZE``.
     delay: float | None = None
+    #: Steps its handler added to its workflow (``delivery.workflow.step``), stored with its
+    #: acknowledgement (``zeroloss.ledger.workflows.StepSpec``); dropped with any other outcome.
+    steps: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,40 @@ class Delivery:
     def attempt(self) -> int:
         return self.lease.attempt
 
+    def _using(self) -> str:
+        if self.keeper is not None:
+            return self.keeper.service.using
+        return get_settings().QUEUE_DATABASES.get(self.queue_name, "default")
+
+    @functools.cached_property
+    def upstream(self) -> dict[str, Any]:
+        """A workflow's step: what each of its dependencies ended with, by step name and by
+        message id (``.result``: what its handler returned; ``.status``; docs/workflows.md).
+        ``{}`` for a message that is not a step or waits for nothing. Read once, when asked."""
+        if not self.lease.workflow_id:
+            return {}
+        # Deferred: the handler path imports before django.setup() (a pool child).
+        from ..ledger.service import ZeroLossMessageService
+
+        return ZeroLossMessageService(using=self._using()).workflows.upstream(self.message_id)
+
+    @functools.cached_property
+    def workflow(self) -> Any:
+        """A workflow's step: its workflow (``.id``), to which :meth:`step` adds steps, stored with
+        this step's acknowledgement (in its transaction when transactional); this step's
+        dependents then wait for them too. None for a message that is not a step."""
+        if not self.lease.workflow_id:
+            return None
+        # Deferred: runtime.workflows imports the transports (Django's app registry).
+        from .workflows import WorkflowView
+
+        return WorkflowView(self.lease.workflow_id)
+
+    def added_steps(self) -> tuple[Any, ...]:
+        """The steps the handler added to its workflow (none if it never asked for it)."""
+        view = self.__dict__.get("workflow")
+        return view.steps if view is not None else ()
+
     @property
     def lease_lost(self) -> bool:
         """True once the lease is known lost: a renewal was refused, or none succeeded before it

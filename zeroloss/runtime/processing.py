@@ -74,10 +74,12 @@ class HandlerRun:
     #: settings' backoff), ``SNOOZE`` (after ``delay``, not counted) or ``FAIL_FINAL`` (dead now).
     verdict: Verdict = Verdict.FAIL
     delay: float | None = None
+    #: Steps the handler added to its workflow (``delivery.workflow.step``).
+    steps: tuple[Any, ...] = ()
 
     def completion(self, lease: Lease) -> Completion:
         if self.ok:
-            return Completion(lease, Verdict.ACKNOWLEDGE, result=self.result)
+            return Completion(lease, Verdict.ACKNOWLEDGE, result=self.result, steps=self.steps)
         return Completion(lease, self.verdict, error=self.error, delay=self.delay)
 
 
@@ -212,8 +214,9 @@ def _returned_awaitable(spec: HandlerSpec, value: Any) -> ReturnedAwaitable:
     )
 
 
-def _result(spec: HandlerSpec, value: Any) -> Any:
-    if spec.store_result and value is not None:
+def _result(spec: HandlerSpec, value: Any, delivery: Delivery) -> Any:
+    # A workflow's step always keeps its result: its dependents read it (delivery.upstream).
+    if (spec.store_result or delivery.lease.workflow_id) and value is not None:
         canonical_json(value)  # a result that cannot be stored fails the attempt, visibly
         return value
     return None
@@ -259,13 +262,15 @@ def run_handler(
             value = spec.func(delivery)
         if inspect.isawaitable(value):
             raise _returned_awaitable(spec, value)
-        result = _result(spec, value)
+        result = _result(spec, value, delivery)
     except KeyboardInterrupt:
         _ended(handle, HandlerRun(False, time.monotonic() - started, error="KeyboardInterrupt"))
         raise  # only ever delivered to the main thread: the process is being stopped
     except BaseException as exc:
         return _ended(handle, _failed(spec, delivery, exc, started, worker), exc)
-    return _ended(handle, HandlerRun(True, time.monotonic() - started, result=result))
+    return _ended(
+        handle, HandlerRun(True, time.monotonic() - started, result=result, steps=delivery.added_steps())
+    )
 
 
 async def run_async_handler(
@@ -281,7 +286,7 @@ async def run_async_handler(
             value = await async_soft_limit(spec.func(delivery), spec.soft_time_limit)
         if inspect.isawaitable(value):
             raise _returned_awaitable(spec, value)
-        result = _result(spec, value)
+        result = _result(spec, value, delivery)
     except KeyboardInterrupt:
         _ended(handle, HandlerRun(False, time.monotonic() - started, error="KeyboardInterrupt"))
         raise
@@ -294,7 +299,9 @@ async def run_async_handler(
             timed_out.__cause__ = exc
             exc = timed_out
         return _ended(handle, _failed(spec, delivery, exc, started, worker), exc)
-    return _ended(handle, HandlerRun(True, time.monotonic() - started, result=result))
+    return _ended(
+        handle, HandlerRun(True, time.monotonic() - started, result=result, steps=delivery.added_steps())
+    )
 
 
 _thread_state = threading.local()

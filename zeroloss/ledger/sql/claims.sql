@@ -62,7 +62,7 @@ WHERE id = ANY(ARRAY(
   AND zeroloss_message.created_at <= statement_timestamp()
 RETURNING id, message_id, status, attempts, updated_at, CAST('pending' AS TEXT) AS from_status,
   'claimed' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at,
-  lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at
+  lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at, workflow_id
 
 -- SQLite: one writer at a time, so the claim locks by writing (no row locks to skip).
 -- name: CLAIM [sqlite]
@@ -90,7 +90,7 @@ WHERE id IN (
     ) c LIMIT %(limit)s)
 RETURNING id, message_id, status, attempts, updated_at, CAST('pending' AS TEXT) AS from_status,
   'claimed' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at,
-  lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at
+  lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at, workflow_id
 
 -- A claim of a queue under a concurrency limit, inside the transaction that locked the
 -- queue's control row (control.py): CLAIM, claiming at most ``most`` (the limit) less what is
@@ -124,7 +124,7 @@ WHERE id = ANY(ARRAY(
   AND zeroloss_message.created_at <= statement_timestamp()
 RETURNING id, message_id, status, attempts, updated_at, CAST('pending' AS TEXT) AS from_status,
   'claimed' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at,
-  lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at
+  lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at, workflow_id
 
 -- name: CLAIM_LIMITED [sqlite]
 UPDATE zeroloss_message SET status = 'processing', attempts = attempts + 1, lease_token = lower(hex(randomblob(16))),
@@ -154,7 +154,7 @@ WHERE id IN (
                  WHERE queue_name = %(queue)s AND status = 'processing') room))
 RETURNING id, message_id, status, attempts, updated_at, CAST('pending' AS TEXT) AS from_status,
   'claimed' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at,
-  lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at
+  lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at, workflow_id
 
 -- One pending, available message by its id.
 -- name: CLAIM_BY_ID [postgresql]
@@ -166,7 +166,7 @@ WHERE id = ANY(ARRAY(SELECT id FROM zeroloss_message
                      FOR UPDATE SKIP LOCKED))
 RETURNING id, message_id, status, attempts, updated_at, CAST('pending' AS TEXT) AS from_status,
   'claimed' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at,
-  lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at
+  lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at, workflow_id
 
 -- name: CLAIM_BY_ID [sqlite]
 UPDATE zeroloss_message SET status = 'processing', attempts = attempts + 1, lease_token = lower(hex(randomblob(16))),
@@ -178,7 +178,7 @@ WHERE id IN (SELECT id FROM zeroloss_message
                AND available_at <= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'))
 RETURNING id, message_id, status, attempts, updated_at, CAST('pending' AS TEXT) AS from_status,
   'claimed' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at,
-  lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at
+  lease_token, lease_expires_at, payload, max_attempts, priority, headers, available_at, workflow_id
 
 -- ---------------------------------------------------------------------------------------
 -- The recovery sweep: up to ``limit`` leases that expired, back to pending (dead once their

@@ -1,0 +1,235 @@
+"""Workflows (docs/workflows.md): stored whole in the sender's transaction, each step released in the
+transaction of its dependencies' fenced outcomes. Both passes (PostgreSQL and SQLite)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+import zeroloss
+from tests.support import expire_leases
+from zeroloss.exceptions import InvalidWorkflow, MessageConflict, WorkflowConflict
+from zeroloss.ledger.models import Message, MessageEvent, Status
+from zeroloss.ledger.types import Completion, Verdict
+from zeroloss.ledger.workflow_models import Dependency, FanIn, Workflow
+from zeroloss.testing import drain
+
+SEEN: list[tuple[str, Any]] = []
+
+
+@zeroloss.handler("wf.a")
+def step_a(delivery: zeroloss.runtime.delivery.Delivery) -> Any:  # type: ignore[name-defined]
+    SEEN.append((delivery.message_id, dict(delivery.upstream)))
+    return {"from": delivery.message_id}
+
+
+@zeroloss.handler("wf.b")
+def step_b(delivery: Any) -> Any:
+    SEEN.append((delivery.message_id, {k: (u.status, u.result) for k, u in delivery.upstream.items()}))
+    if delivery.payload.get("fail"):
+        raise zeroloss.Fail("told to")
+    for i in range(delivery.payload.get("fan_out", 0)):
+        delivery.workflow.step("wf.a", {"row": i}, name=f"row-{i}")
+    return delivery.payload.get("n")
+
+
+def status(mid: str) -> str:
+    return Message.objects.get(message_id=mid).status
+
+
+def reasons(mid: str) -> list[str]:
+    return list(MessageEvent.objects.for_message(mid).values_list("reason", flat=True))
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    SEEN.clear()
+
+
+def diamond(wid: str = "d", policy: str = "wait", fail_b: bool = False) -> zeroloss.Workflow:
+    flow = zeroloss.Workflow(wid)
+    a = flow.step("wf.a", {}, name="A")
+    b = flow.step("wf.b", {"n": 1, "fail": fail_b}, name="B", after=[a], max_attempts=1)
+    c = flow.step("wf.b", {"n": 2}, name="C", after=[a])
+    flow.step("wf.b", {"n": 3}, name="D", after=[b, c], on_upstream_failure=policy)
+    return flow
+
+
+def test_a_workflow_is_stored_whole_in_the_callers_transaction(db: None) -> None:
+    with transaction.atomic():
+        stored = diamond().send()
+        assert stored.created
+    assert {m: status(m) for m in stored.message_ids.values()} == {
+        "d/A": "pending",
+        "d/B": "waiting",
+        "d/C": "waiting",
+        "d/D": "waiting",
+    }
+    assert Dependency.objects.count() == 4
+    assert reasons("d/D") == ["persisted"]
+    # A rolled-back sender leaves nothing.
+    with pytest.raises(RuntimeError), transaction.atomic():
+        diamond("gone").send()
+        raise RuntimeError
+    assert not Message.objects.filter(workflow_id="gone").exists()
+    assert not Workflow.objects.filter(workflow_id="gone").exists()
+
+
+def test_steps_run_in_dependency_order_and_see_their_upstream_results(db: None) -> None:
+    diamond().send()
+    drain()
+    assert {m: status(m) for m in ("d/A", "d/B", "d/C", "d/D")} == dict.fromkeys(("d/A", "d/B", "d/C", "d/D"), "completed")
+    order = [m for m, _ in SEEN]
+    assert order[0] == "d/A" and order[-1] == "d/D"
+    d_saw = dict(SEEN)["d/D"]
+    assert d_saw["B"] == ("completed", 1) and d_saw["C"] == ("completed", 2)
+    assert reasons("d/D") == ["persisted", "dependencies_completed", "claimed", "acknowledged"]
+    assert not FanIn.objects.exclude(remaining=0).exists()
+
+
+def test_a_waiting_step_is_never_claimed(db: None) -> None:
+    diamond().send()
+    service = zeroloss.ZeroLossMessageService()
+    assert [x.message_id for x in service.claim("wf.b", limit=10)] == []
+    assert [x.message_id for x in service.claim("wf.a", limit=10)] == ["d/A"]
+
+
+def test_a_stale_outcome_releases_nothing(db: None) -> None:
+    """The release is fenced by the outcome's fence: an acknowledgement refused as stale (its
+    lease expired and was swept) settles no dependency."""
+    diamond().send()
+    service = zeroloss.ZeroLossMessageService()
+    (lease,) = service.claim("wf.a", limit=1)
+    expire_leases(["d/A"])
+    service.sweep()
+    report = service.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE)])
+    assert report.refused == ["d/A"]
+    assert status("d/B") == status("d/C") == "waiting"
+    assert not Dependency.objects.exclude(settled="").exists()
+
+
+def test_the_last_of_two_dependencies_releases_once(db: None) -> None:
+    diamond().send()
+    service = zeroloss.ZeroLossMessageService()
+    (a,) = service.claim("wf.a", limit=1)
+    service.record_outcomes([Completion(a, Verdict.ACKNOWLEDGE)])
+    b, c = sorted(service.claim("wf.b", limit=10), key=lambda x: x.message_id)
+    service.record_outcomes([Completion(b, Verdict.ACKNOWLEDGE)])
+    assert status("d/D") == "waiting"
+    assert Message.objects.get(message_id="d/D").waiting_on == 1
+    service.record_outcomes([Completion(c, Verdict.ACKNOWLEDGE)])
+    assert status("d/D") == "pending"
+    assert reasons("d/D").count("dependencies_completed") == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"), [("wait", "waiting"), ("cancel", "cancelled"), ("run", "completed")]
+)
+def test_a_dead_dependency_under_each_policy(db: None, policy: str, expected: str) -> None:
+    diamond(policy=policy, fail_b=True).send()
+    drain()
+    assert status("d/B") == "dead"
+    assert status("d/D") == expected
+    if policy == "run":
+        assert dict(SEEN)["d/D"]["B"][0] == "dead"
+    if policy == "wait":
+        # A redrive that completes releases it: nothing was thrown away.
+        Message.objects.filter(message_id="d/B").update(payload={"n": 1})
+        zeroloss.ZeroLossMessageService().redrive_messages(["d/B"], actor="op")
+        drain()
+        assert status("d/D") == "completed"
+
+
+def test_a_cancelled_workflow_cancels_every_live_step(db: None) -> None:
+    diamond().send()
+    results = zeroloss.cancel_workflow("d", actor="op")
+    assert len(results) == 4
+    assert {status(m) for m in ("d/A", "d/B", "d/C", "d/D")} == {"cancelled"}
+    assert "cancelled_by_operator" in reasons("d/D")
+
+
+def test_sending_a_workflow_again_is_idempotent_and_a_different_one_conflicts(db: None) -> None:
+    first = diamond().send()
+    again = diamond().send()
+    assert first.created and not again.created
+    assert Message.objects.filter(workflow_id="d").count() == 4
+    other = zeroloss.Workflow("d")
+    other.step("wf.a", {"x": 1}, name="A")
+    with pytest.raises(WorkflowConflict, match="'d'"):
+        other.send()
+    assert Message.objects.filter(workflow_id="d").count() == 4
+
+
+@pytest.mark.parametrize("case", ["cycle", "unknown", "other-workflow", "duplicate-name", "policy", "empty"])
+def test_invalid_workflows_raise_a_typed_error_and_store_nothing(db: None, case: str) -> None:
+    flow = zeroloss.Workflow("bad")
+    with pytest.raises(InvalidWorkflow):
+        if case == "cycle":
+            flow.step("wf.a", {}, name="x", after=["y"])
+            flow.step("wf.a", {}, name="y", after=["x"])
+        elif case == "unknown":
+            flow.step("wf.a", {}, name="x", after=["nope"])
+        elif case == "other-workflow":
+            elsewhere = zeroloss.Workflow("else").step("wf.a", {})
+            flow.step("wf.a", {}, after=[elsewhere])
+        elif case == "duplicate-name":
+            flow.step("wf.a", {}, name="x")
+            flow.step("wf.a", {}, name="x")
+        elif case == "policy":
+            flow.step("wf.a", {}, on_upstream_failure="retry")
+        flow.send()
+    assert not Message.objects.exists()
+    assert not Workflow.objects.exists()
+
+
+def test_a_step_id_taken_by_another_message_conflicts_and_stores_nothing(db: None) -> None:
+    zeroloss.send("wf.a", {}, message_id="d/C")
+    with pytest.raises(MessageConflict):
+        diamond().send()
+    assert list(Message.objects.values_list("message_id", flat=True)) == ["d/C"]
+    assert not Workflow.objects.exists()
+
+
+def test_a_running_step_adds_steps_its_dependents_wait_for(db: None) -> None:
+    flow = zeroloss.Workflow("up")
+    split = flow.step("wf.b", {"fan_out": 3}, name="split")
+    flow.step("wf.b", {"n": 9}, name="summary", after=[split])
+    flow.send()
+    drain()
+    rows = [m for m, _ in SEEN]
+    assert rows[0] == "up/split" and rows[-1] == "up/summary"
+    assert sorted(rows[1:-1]) == ["up/row-0", "up/row-1", "up/row-2"]
+    assert set(dict(SEEN)["up/summary"]) >= {"split", "row-0", "row-1", "row-2"}
+
+
+def test_a_group_of_250_then_one_callback(db: None) -> None:
+    """More dependencies than one fan-in group: the callback waits for every member."""
+    flow = zeroloss.chord([("wf.a", {"i": i}) for i in range(250)], ("wf.b", {"n": 0}), workflow_id="big")
+    flow.send()
+    assert Message.objects.get(message_id="big/callback").waiting_on == 3
+    assert FanIn.objects.count() == 3
+    drain(max_attempts=10_000)
+    assert status("big/callback") == "completed"
+    assert [m for m, _ in SEEN][-1] == "big/callback"
+
+
+def test_chain_runs_one_after_another(db: None) -> None:
+    zeroloss.chain(("wf.a", {}), ("wf.b", {"n": 1}), ("wf.a", {}), workflow_id="c").send()
+    drain()
+    assert [m for m, _ in SEEN] == ["c/wf.a-0", "c/wf.b-1", "c/wf.a-2"]
+
+
+def test_the_sweep_dead_lettering_a_step_settles_its_dependents(db: None) -> None:
+    diamond(policy="cancel").send()
+    service = zeroloss.ZeroLossMessageService()
+    (a,) = service.claim("wf.a", limit=1)
+    service.record_outcomes([Completion(a, Verdict.ACKNOWLEDGE)])
+    for lease in service.claim("wf.b", limit=10):
+        if lease.message_id == "d/B":
+            expire_leases(["d/B"])
+    service.sweep()
+    assert status("d/B") == "dead"
+    assert status("d/D") == "cancelled"
+    assert "upstream_failed" in reasons("d/D")

@@ -1,0 +1,79 @@
+"""A workflow's rows (docs/workflows.md): the workflow, its dependencies, and their fan-in groups.
+
+Its steps are ordinary :class:`~zeroloss.ledger.models.Message` rows (``workflow_id`` set). A
+dependency is an edge from an upstream step to a downstream one, settled once when the upstream's
+outcome counts for the downstream. A downstream's dependencies are counted in groups of
+:data:`FANIN_GROUP` (``FanIn``): an outcome decrements its group's row, and only the outcome that
+empties a group decrements the step (``Message.waiting_on``) — concurrent completions of a large
+group contend on a group of a hundred, never all on one row.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+#: How many of a step's dependencies share one fan-in row.
+FANIN_GROUP = 100
+
+
+class Workflow(models.Model):
+    """A workflow sent with :class:`zeroloss.Workflow`: its id makes sending it idempotent."""
+
+    workflow_id = models.CharField(_("workflow id"), max_length=255, unique=True)
+    #: SHA-256 of its steps as sent (queues, payloads, names, dependencies): a second send of the
+    #: same id must carry the same steps.
+    fingerprint = models.CharField(_("fingerprint"), max_length=64)
+    steps = models.PositiveIntegerField(_("steps"))
+    created_at = models.DateTimeField(_("created at"))
+
+    class Meta:
+        db_table = "zeroloss_workflow"
+        verbose_name = _("workflow")
+        verbose_name_plural = _("workflows")
+        permissions = [("cancel_workflow", _("Can cancel workflows"))]
+
+    def __str__(self) -> str:
+        return self.workflow_id
+
+
+class Dependency(models.Model):
+    """``downstream`` (a message's primary key) waits for ``upstream`` (a message id): two steps of
+    one workflow. The upstream by its id: the outcomes that settle it know their messages so."""
+
+    workflow_id = models.CharField(_("workflow id"), max_length=255)
+    downstream = models.BigIntegerField(_("downstream step"))
+    upstream = models.CharField(_("upstream step"), max_length=255)
+    #: Its fan-in group among the downstream's dependencies.
+    fanin = models.IntegerField(_("fan-in group"))
+    #: "" until the upstream's outcome was counted for the downstream; then the upstream's status
+    #: then (completed, dead or cancelled). Set once: a redriven step does not count twice.
+    settled = models.CharField(_("settled"), max_length=16, blank=True, default="")
+
+    class Meta:
+        db_table = "zeroloss_dependency"
+        indexes = [
+            models.Index(fields=["upstream"], name="zeroloss_dep_upstream_idx"),
+            models.Index(fields=["downstream"], name="zeroloss_dep_downstream_idx"),
+            models.Index(fields=["workflow_id"], name="zeroloss_dep_workflow_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.downstream} after {self.upstream}"
+
+
+class FanIn(models.Model):
+    """How many dependencies of one group of a step are not yet settled."""
+
+    downstream = models.BigIntegerField(_("downstream step"))
+    fanin = models.IntegerField(_("fan-in group"))
+    remaining = models.PositiveIntegerField(_("remaining"))
+
+    class Meta:
+        db_table = "zeroloss_fanin"
+        constraints = [
+            models.UniqueConstraint(fields=["downstream", "fanin"], name="zeroloss_fanin_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.downstream} group {self.fanin}: {self.remaining} left"

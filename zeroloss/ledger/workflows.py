@@ -1,0 +1,412 @@
+"""Workflows in the ledger (docs/workflows.md): storing a workflow's steps and dependencies in the
+caller's transaction, and settling a step's dependents in the transaction of its outcome.
+
+Statements: ``sql/workflows.sql``. Who calls :meth:`Workflows.settle`: the outcomes of a lease
+holder (:mod:`.outcomes`), the sweep (:mod:`.sweep`) and the operator's moves (:mod:`.operator`),
+each after its own fenced statement, in its transaction, with the messages that statement moved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from ..core.states import Status
+from ..exceptions import InvalidWorkflow, MessageConflict, WorkflowConflict
+from .base import Part
+from .validation import canonical_json, validate_message_id
+from .workflow_models import FANIN_GROUP
+
+#: ``on_upstream_failure`` values: what a step does when a dependency ends dead or cancelled.
+POLICIES = ("wait", "cancel", "run")
+_COMPLETED = Status.COMPLETED.value
+_ENDED = frozenset({Status.COMPLETED.value, Status.DEAD.value, Status.CANCELLED.value})
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One step as sent: an ordinary message of its queue, and the names of the steps it waits for."""
+
+    name: str
+    queue_name: str
+    data: Any
+    after: tuple[str, ...] = ()
+    max_attempts: int | None = None
+    priority: int = 0
+    ordering_key: str = ""
+    headers: dict[str, Any] | None = None
+    on_upstream_failure: str = "wait"
+
+
+@dataclass
+class StoredWorkflow:
+    """What sending a workflow stored (or found stored: ``created`` False)."""
+
+    workflow_id: str
+    created: bool
+    #: Each step's message id, by step name.
+    message_ids: dict[str, str] = field(default_factory=dict)
+
+
+def step_message_id(workflow_id: str, name: str) -> str:
+    return f"{workflow_id}/{name}"
+
+
+def fingerprint(steps: Sequence[StepSpec]) -> str:
+    shape = [
+        [
+            s.name,
+            s.queue_name,
+            canonical_json(s.data),
+            sorted(s.after),
+            s.priority,
+            s.ordering_key,
+            s.on_upstream_failure,
+        ]
+        for s in steps
+    ]
+    return hashlib.sha256(canonical_json(shape).encode()).hexdigest()
+
+
+def check_graph(workflow_id: str, steps: Sequence[StepSpec]) -> None:
+    """Names unique, dependencies known, policies known, no cycle; else :class:`InvalidWorkflow`."""
+    if not steps:
+        raise InvalidWorkflow(f"Workflow {workflow_id!r} has no step: add one with flow.step(...).")
+    names = [s.name for s in steps]
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InvalidWorkflow(f"Workflow {workflow_id!r} has two steps named {name!r}: name each once.")
+        seen.add(name)
+    for s in steps:
+        if s.on_upstream_failure not in POLICIES:
+            raise InvalidWorkflow(
+                f"Step {s.name!r}: on_upstream_failure must be one of {', '.join(POLICIES)}, "
+                f"got {s.on_upstream_failure!r}."
+            )
+        unknown = [a for a in s.after if a not in seen]
+        if unknown:
+            raise InvalidWorkflow(
+                f"Step {s.name!r} of workflow {workflow_id!r} waits for {unknown[0]!r}, which is not a step "
+                f"of it (its steps: {', '.join(sorted(seen)[:10])}). Nothing was stored."
+            )
+        if s.name in s.after:
+            raise InvalidWorkflow(f"Step {s.name!r} waits for itself: a cycle. Nothing was stored.")
+    # Kahn's order: whatever is left has a cycle.
+    waits = {s.name: set(s.after) for s in steps}
+    dependents: dict[str, list[str]] = defaultdict(list)
+    for s in steps:
+        for a in s.after:
+            dependents[a].append(s.name)
+    ready = [n for n, w in waits.items() if not w]
+    done = 0
+    while ready:
+        n = ready.pop()
+        done += 1
+        for d in dependents[n]:
+            waits[d].discard(n)
+            if not waits[d]:
+                ready.append(d)
+    if done < len(steps):
+        cycle = sorted(n for n, w in waits.items() if w)
+        raise InvalidWorkflow(
+            f"Workflow {workflow_id!r} has a cycle among {', '.join(cycle[:10])}: a step cannot wait, "
+            "directly or not, for itself. Nothing was stored."
+        )
+
+
+class Workflows(Part):
+    """A workflow's steps stored whole; their dependents released or cancelled by outcomes."""
+
+    def store(
+        self, workflow_id: str, steps: Sequence[StepSpec], *, actor: str | None = None
+    ) -> StoredWorkflow:
+        """Store a workflow's steps and dependencies, all or nothing, in the caller's transaction
+        (or one of its own). The same id again: the stored workflow when its steps are the same,
+        else :class:`WorkflowConflict`."""
+        workflow_id = validate_message_id(workflow_id, "workflow id")
+        check_graph(workflow_id, steps)
+        print_ = fingerprint(steps)
+        ids = {s.name: step_message_id(workflow_id, s.name) for s in steps}
+        actor = actor or self.instance_id
+        with transaction.atomic(using=self.using):
+            rows, _ = self._run(
+                "WORKFLOW_INSERT", {"wf": workflow_id, "fingerprint": print_, "steps": len(steps)}
+            )
+            if not rows:
+                stored = self._run("WORKFLOW_OF", {"wf": workflow_id})[0]
+                if stored and stored[0][0] == print_:
+                    return StoredWorkflow(workflow_id, False, ids)
+                detail = f"{stored[0][1]} other steps" if stored else "other steps"
+                raise WorkflowConflict(workflow_id, detail)
+            self._insert(workflow_id, steps, {}, actor)
+        return StoredWorkflow(workflow_id, True, ids)
+
+    def _insert(
+        self, workflow_id: str, steps: Sequence[StepSpec], known: dict[str, str], actor: str
+    ) -> dict[str, str]:
+        """Insert steps (in the caller's transaction) and their dependencies, on the new steps or
+        on ``known`` ones (name -> message id). Returns every new step's message id by name."""
+        ids = {s.name: step_message_id(workflow_id, s.name) for s in steps}
+        for mid in ids.values():
+            validate_message_id(mid, "step's message id (workflow id/step name)")
+        prepared = [
+            self.ctx.store._prepare(
+                ids[s.name], s.queue_name, s.data, s.max_attempts, s.priority, s.ordering_key, s.headers
+            )
+            for s in steps
+        ]
+        self.ctx.store.period_ready()
+        engine = self.engine
+        conflict = "another message: a step's id is its workflow's id, a slash and its name"
+        if "STEP_KEYS" in engine.sql:
+            taken = {r[0] for r in self._run("STEP_KEYS", {"mid": list(ids.values())})[0]}
+            if len(taken) < len(ids):
+                raise MessageConflict(next(m for m in ids.values() if m not in taken), conflict)
+        params = engine.batch(
+            mid=[p.message_id for p in prepared],
+            q=[p.queue_name for p in prepared],
+            payload=[p.encoded for p in prepared],
+            checksum=[p.checksum for p in prepared],
+            max_attempts=[p.max_attempts for p in prepared],
+            priority=[p.priority for p in prepared],
+            k=[p.ordering_key for p in prepared],
+            headers=[p.headers for p in prepared],
+            name=[s.name for s in steps],
+            waiting_on=[math.ceil(len(s.after) / FANIN_GROUP) for s in steps],
+            policy=[s.on_upstream_failure for s in steps],
+        )
+        with transaction.atomic(
+            using=self.using
+        ):  # a savepoint: a conflict leaves the caller's transaction usable
+            try:
+                moved = self._move("STEP_INSERT", {**params, "wf": workflow_id}, actor=actor, detail="")
+            except IntegrityError as exc:
+                raise MessageConflict(next(iter(ids.values())), conflict) from exc
+        pk = {r[1]: r[0] for r in moved}
+        every = {**known, **ids}
+        down: list[int] = []
+        up: list[str] = []
+        group: list[int] = []
+        fan: Counter[tuple[int, int]] = Counter()
+        for s in steps:
+            for n, a in enumerate(s.after):
+                d = pk[ids[s.name]]
+                down.append(d)
+                up.append(every[a])
+                group.append(n // FANIN_GROUP)
+                fan[(d, n // FANIN_GROUP)] += 1
+        if down:
+            self._run("DEPENDENCY_INSERT", {**engine.batch(down=down, up=up, fanin=group), "wf": workflow_id})
+            keys = sorted(fan)
+            self._run(
+                "FANIN_INSERT",
+                engine.batch(down=[k[0] for k in keys], fanin=[k[1] for k in keys], n=[fan[k] for k in keys]),
+            )
+        roots = [p for p, s in zip(prepared, steps, strict=True) if not s.after]
+        keyed = {(p.queue_name, p.ordering_key) for p in roots if p.ordering_key}
+        if keyed:
+            self.promote_keys(keyed)
+        if roots and engine.has_listen_notify:
+            engine.wake(self.connection, sorted({p.queue_name for p in roots}))
+        return ids
+
+    # -- settling dependents ---------------------------------------------------------------
+
+    def settle(self, ended: Iterable[tuple[str, str]]) -> list[str]:
+        """In the transaction of the outcomes that ended these steps (``(message id, status)``,
+        as their fenced statements moved them): settle their dependents' edges once, release the
+        dependents left waiting on nothing, cancel those whose policy says so (and so on down).
+        Returns the message ids released."""
+        todo = [(mid, st) for mid, st in ended if st in _ENDED]
+        released: list[str] = []
+        engine = self.engine
+        while todo:
+            rows, _ = self._run("SETTLE", engine.batch(up=[m for m, _ in todo], st=[s for _, s in todo]))
+            todo = []
+            if not rows:
+                break
+            failed = sorted({r[0] for r in rows if r[2] != _COMPLETED})
+            policy = {}
+            if failed:
+                policy = dict(self._run("STEP_POLICIES", {"ids": engine.column(failed)})[0])
+            counted: Counter[tuple[int, int]] = Counter()
+            to_cancel: set[int] = set()
+            for down, group, st in rows:
+                if st == _COMPLETED or policy.get(down) == "run":
+                    counted[(down, group)] += 1
+                else:
+                    to_cancel.add(down)
+            if counted:
+                released.extend(self._count(counted))
+            if to_cancel:
+                cancelled = self._move(
+                    "STEP_CANCEL",
+                    {"ids": engine.column(sorted(to_cancel))},
+                    detail="a dependency ended dead or cancelled (on_upstream_failure)",
+                )
+                todo = [(r[1], Status.CANCELLED.value) for r in cancelled]
+        return released
+
+    def _count(self, counted: Counter[tuple[int, int]]) -> list[str]:
+        engine = self.engine
+        keys = sorted(counted)
+        rows, _ = self._run(
+            "FANIN_DECREMENT",
+            engine.batch(down=[k[0] for k in keys], fanin=[k[1] for k in keys], n=[counted[k] for k in keys]),
+        )
+        emptied = Counter(r[0] for r in rows if r[1] == 0)
+        if not emptied:
+            return []
+        downs = sorted(emptied)
+        rows, _ = self._run("STEP_DECREMENT", engine.batch(down=downs, n=[emptied[d] for d in downs]))
+        ready = sorted(r[0] for r in rows if r[1] == 0)
+        if not ready:
+            return []
+        moved = self._move("STEP_RELEASE", {"ids": engine.column(ready)}, detail="")
+        keyed = {(r[8], r[9]) for r in moved if r[9]}
+        if keyed:
+            self.promote_keys(keyed)
+        return [r[1] for r in moved]
+
+    def settle_moved(self, rows: Sequence[Sequence[Any]]) -> None:
+        """After a sweep's or an operator's move (its moved rows, :data:`MOVED_NAMES` columns), in
+        its transaction: settle the dependents of those that are workflow steps."""
+        self.settle_ids([(r[1], r[2]) for r in rows])
+
+    def settle_ids(self, ended: Sequence[tuple[str, str]]) -> None:
+        """:meth:`settle` for messages not known to be steps (``(message id, new status)``): one
+        read finds those that are."""
+        ended = [(m, s) for m, s in ended if s in _ENDED]
+        if not ended:
+            return
+        steps, _ = self._run("STEPS_AMONG", {"ids": self.engine.column(m for m, _ in ended)})
+        if steps:
+            self.settle([(r[0], r[1]) for r in steps])
+
+    # -- a running step's fan-out ------------------------------------------------------------
+
+    def add_steps(
+        self, parent: str, workflow_id: str, steps: Sequence[StepSpec], *, actor: str | None = None
+    ) -> dict[str, str]:
+        """Steps a running step (``parent``, its message id) added to its workflow, in the
+        transaction of its outcome, before that outcome settles its edges: each of its dependents
+        then waits for every added step too. An added step may wait for other added steps and for
+        steps stored before (by name); one of those already ended counts at once."""
+        if not steps:
+            return {}
+        existing = {r[2]: r for r in self._run("WORKFLOW_STEPS", {"wf": workflow_id})[0]}
+        clash = sorted({s.name for s in steps} & set(existing))
+        if clash:
+            raise InvalidWorkflow(
+                f"Workflow {workflow_id!r} has a step named {clash[0]!r} already: name each once."
+            )
+        known = {name: r[1] for name, r in existing.items()}
+        check_graph(workflow_id, [StepSpec(n, "", None) for n in known] + list(steps))
+        engine = self.engine
+        with transaction.atomic(using=self.using, savepoint=False):
+            stored = self._insert(workflow_id, steps, known, actor or self.instance_id)
+            leaves = sorted(set(stored) - {a for s in steps for a in s.after})
+            mids = [stored[n] for n in leaves]
+            for d in sorted(r[0] for r in self._run("DEPENDENTS_OF", {"mid": parent})[0]):
+                first = self._run("NEXT_FANIN", {"id": d})[0][0][0]
+                groups = [first + i // FANIN_GROUP for i in range(len(mids))]
+                per = Counter(groups)
+                if not self._run("STEP_WAIT_MORE", {"id": d, "n": len(per)})[0]:
+                    continue  # no longer waiting (cancelled meanwhile)
+                self._run(
+                    "DEPENDENCY_INSERT",
+                    {**engine.batch(down=[d] * len(mids), up=mids, fanin=groups), "wf": workflow_id},
+                )
+                self._run(
+                    "FANIN_INSERT",
+                    engine.batch(down=[d] * len(per), fanin=sorted(per), n=[per[g] for g in sorted(per)]),
+                )
+            ended = {
+                (known[a], existing[a][4])
+                for s in steps
+                for a in s.after
+                if a in known and existing[a][4] in _ENDED
+            }
+            if ended:
+                self.settle(sorted(ended))
+        return stored
+
+    # -- reading a workflow --------------------------------------------------------------------
+
+    def steps(self, workflow_id: str) -> list[StepRow]:
+        """A workflow's steps, in the order they were stored (:class:`StepRow`); [] for none."""
+        engine = self.engine
+        rows, _ = self._run("WORKFLOW_STEPS", {"wf": workflow_id})
+        edges, _ = self._run("WORKFLOW_EDGES", {"wf": workflow_id})
+        by_pk = {r[0]: r for r in rows}
+        after: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for down, up, settled in edges:
+            after[down].append((up, settled))
+        return [
+            StepRow(
+                message_id=r[1],
+                name=r[2],
+                queue_name=r[3],
+                status=r[4],
+                attempts=r[5],
+                max_attempts=r[6],
+                result=engine.to_json(r[7]) if r[7] is not None else None,
+                last_error=r[8],
+                waiting_on=r[9],
+                on_upstream_failure=r[10],
+                after=tuple(up for up, _ in after[pk]),
+                unsettled=tuple(up for up, settled in after[pk] if not settled),
+            )
+            for pk, r in by_pk.items()
+        ]
+
+    def upstream(self, message_id: str) -> dict[str, Upstream]:
+        """What a step's dependencies ended with, by step name (and by message id)."""
+        engine = self.engine
+        rows, _ = self._run("UPSTREAM_OF", {"mid": message_id})
+        seen: dict[str, Upstream] = {}
+        for mid, name, status, result, settled in rows:
+            u = Upstream(mid, name, status, engine.to_json(result) if result is not None else None, settled)
+            seen[name] = u
+            seen[mid] = u
+        return seen
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One step of a workflow as :meth:`Workflows.steps` reads it."""
+
+    message_id: str
+    name: str
+    queue_name: str
+    status: str
+    attempts: int
+    max_attempts: int
+    result: Any
+    last_error: str
+    waiting_on: int
+    on_upstream_failure: str
+    #: The message ids it waits for, and those of them not yet settled.
+    after: tuple[str, ...]
+    unsettled: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One dependency as its dependent sees it (``delivery.upstream[name]``)."""
+
+    message_id: str
+    name: str
+    #: Its status now (``completed``; ``dead`` or ``cancelled`` under ``on_upstream_failure="run"``).
+    status: str
+    #: What its handler returned (JSON), or None.
+    result: Any
+    #: Its status when its outcome was counted for this step.
+    settled: str
