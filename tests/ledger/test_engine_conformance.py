@@ -32,6 +32,7 @@ from zeroloss.exceptions import (
 from zeroloss.ledger.models import Message, MessageEvent, PurgeRecord, Status
 from zeroloss.ledger.service import ZeroLossMessageService
 from zeroloss.ledger.types import CancelOutcome, Completion, Verdict
+from zeroloss.ledger.workflow_graph import StepSpec
 
 #: ``(from_status, to_status, reason)`` of every audit row the tests of this file wrote.
 EDGES_TAKEN: set[tuple[str, str, str]] = set()
@@ -627,6 +628,49 @@ class TestConnectionLifecycle:
         assert list(Message.objects.values_list("message_id", flat=True)) == ["first"]
         service.persist_message("second", "q", {})  # the same cursor, after its failed statement
         assert reasons("second") == ["persisted"]
+
+
+class TestWorkflows:
+    """A workflow's steps: stored waiting, released by the last dependency's outcome in its
+    transaction, cancelled by a failed dependency (policy "cancel") or by an operator."""
+
+    def _store(self, service, policy="wait"):
+        service.workflows.store(
+            "w",
+            [
+                StepSpec("A", "q", {}),
+                StepSpec("B", "q", {}),
+                StepSpec("D", "q", {}, after=("A", "B"), on_upstream_failure=policy),
+            ],
+        )
+
+    def _finish(self, service, message_id, verdict=Verdict.ACKNOWLEDGE):
+        lease = service.claim_message(message_id)
+        assert lease is not None and lease.workflow_id == "w"
+        return service.record_outcomes([Completion(lease, verdict, error="no")])
+
+    def test_a_step_waits_until_its_last_dependency_completes(self, service):
+        self._store(service)
+        assert Message.objects.get(message_id="w/D").status == Status.WAITING
+        assert reasons("w/D") == ["persisted"]
+        assert service.claim_message("w/D") is None
+        self._finish(service, "w/A")
+        assert Message.objects.get(message_id="w/D").status == Status.WAITING
+        self._finish(service, "w/B")
+        assert Message.objects.get(message_id="w/D").status == Status.PENDING
+        assert reasons("w/D") == ["persisted", "dependencies_completed"]
+
+    def test_a_failed_dependency_cancels_its_dependent_under_cancel(self, service):
+        self._store(service, policy="cancel")
+        self._finish(service, "w/A", Verdict.FAIL_FINAL)
+        assert Message.objects.get(message_id="w/D").status == Status.CANCELLED
+        assert reasons("w/D") == ["persisted", "upstream_failed"]
+
+    def test_an_operator_cancels_a_waiting_step(self, service):
+        self._store(service)
+        (result,) = service.cancel_messages(["w/D"], actor="op")
+        assert result.outcome == CancelOutcome.CANCELLED
+        assert reasons("w/D") == ["persisted", "cancelled_by_operator"]
 
 
 def test_every_edge_of_the_state_machine_is_exercised_here(request):

@@ -32,8 +32,9 @@ from django.db import connection
 from tests.support import expire_leases
 from zeroloss.ledger import statements
 from zeroloss.ledger.base import engine_for
-from zeroloss.ledger.models import Message, MessageEvent
+from zeroloss.ledger.models import Message, MessageEvent, Status
 from zeroloss.ledger.service import Completion, Lease, Verdict, ZeroLossMessageService
+from zeroloss.ledger.workflow_graph import StepSpec
 
 QUEUE = "guards"
 
@@ -204,6 +205,39 @@ def completed(svc: ZeroLossMessageService, message_id: str) -> None:
 
 
 # -- the checks: each passes while its guard holds --------------------------------------------
+
+
+def _steps(svc: ZeroLossMessageService, policy: str = "wait") -> None:
+    """A workflow ``w``: step A, and D waiting for it."""
+    svc.workflows.store(
+        "w", [StepSpec("A", QUEUE, {}), StepSpec("D", QUEUE, {}, after=("A",), on_upstream_failure=policy)]
+    )
+
+
+def step_release_leaves_cancelled(svc: ZeroLossMessageService) -> None:
+    _steps(svc)
+    svc.cancel_messages(["w/D"])
+    lease = svc.claim_message("w/A")
+    assert lease is not None and lease.workflow_id == "w"
+    svc.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE)])
+    status = Message.objects.get(message_id="w/D").status
+    expect(status == Status.CANCELLED, f"a cancelled step was released: {status}")
+
+
+def step_cancel_leaves_pending(svc: ZeroLossMessageService) -> None:
+    _steps(svc, policy="cancel")
+    forge("w/D", status=Status.PENDING)
+    lease = svc.claim_message("w/A")
+    assert lease is not None
+    with untouched("w/D"):
+        svc.record_outcomes([Completion(lease, Verdict.FAIL_FINAL, error="no")])
+
+
+def step_release_stranded_leaves_completed(svc: ZeroLossMessageService) -> None:
+    completed(svc, "m")
+    with untouched("m"):
+        svc.workflows.release_stranded([Message.objects.get(message_id="m").pk])
+
 
 # A lease-holder outcome, refused for a lease that is no longer held. Each returns whether it
 # was recorded.
@@ -549,6 +583,7 @@ class Guard:
 
 _TOKEN, _PROCESSING, _UNEXPIRED = "lease_token = b.tok", "status = 'processing'", "lease_expires_at > {now}"
 _EXPIRED, _PENDING, _AVAILABLE = "lease_expires_at < {now}", "status = 'pending'", "available_at <= {now}"
+_WAITING = "status = 'waiting'"
 
 
 def _holder_outcome(statement: str, outcome: Outcome, token: str = _TOKEN) -> list[Guard]:
@@ -589,6 +624,10 @@ GUARDS: list[Guard] = [
     Guard("ABORTS_REQUESTED", "status", _PROCESSING, left_processing_refused(_aborts_requested)),
     Guard("ABORTS_REQUESTED", "abort", "abort_requested_at IS NOT NULL", not_aborted_is_not_reported),
     Guard("CANCEL", "status", _PENDING, cancel_leaves_processing),
+    Guard("STEP_CANCEL_BY_OPERATOR", "status", _WAITING, cancel_leaves_processing),
+    Guard("STEP_RELEASE", "status", _WAITING, step_release_leaves_cancelled),
+    Guard("STEP_CANCEL", "status", _WAITING, step_cancel_leaves_pending),
+    Guard("STEP_RELEASE_STRANDED", "status", _WAITING, step_release_stranded_leaves_completed),
     Guard("ABORT_REQUEST", "status", _PROCESSING, abort_request_leaves_completed),
     Guard("ABORT_REQUEST", "abort", "abort_requested_at IS NULL", abort_request_is_recorded_once),
     Guard("LEASED_ATTEMPT", "token", "lease_token = %s", refused_before_writing(_stale_lease)),

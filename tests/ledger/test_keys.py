@@ -29,7 +29,7 @@ BLOCKED_KEY_FIELDS = {
     "detail",
     "since",
     "blocked_for",
-    "waiting",
+    "behind",
     "attempts",
     "max_attempts",
     "claimed_by",
@@ -59,7 +59,7 @@ class TestBlockedKeys:
         found = {(k.queue_name, k.ordering_key): k for k in service.blocked_keys()}
         assert set(found) == {("q", "busy"), ("q", "failing"), ("other", "busy")}
         busy = found["q", "busy"]
-        assert (busy.message_id, busy.status, busy.why, busy.waiting) == (
+        assert (busy.message_id, busy.status, busy.why, busy.behind) == (
             "b0",
             "processing",
             KeyWhy.PROCESSING,
@@ -69,7 +69,7 @@ class TestBlockedKeys:
         assert busy.since == Message.objects.get(message_id="b0").started_at
         assert busy.blocked and "processing by worker-1 (attempt 1/5)" in busy.detail
         failing = found["q", "failing"]
-        assert (failing.message_id, failing.status, failing.why, failing.waiting) == (
+        assert (failing.message_id, failing.status, failing.why, failing.behind) == (
             "f0",
             "pending",
             KeyWhy.RETRY_BACKOFF,
@@ -80,7 +80,7 @@ class TestBlockedKeys:
         assert failing.until == f0.available_at
         assert failing.last_error == "upstream said 503"
         assert "attempt 1/5 failed" in failing.detail and "upstream said 503" in failing.detail
-        assert found["other", "busy"].waiting == 1
+        assert found["other", "busy"].behind == 1
         # Longest blocked first (f0 failed after b0 and o0 were claimed).
         listed = service.blocked_keys()
         assert listed == sorted(listed, key=lambda k: (k.since, k.queue_name, k.ordering_key))
@@ -109,7 +109,7 @@ class TestBlockedKeys:
         Message.objects.filter(message_id="n0").update(available_at=None)
         lost = service.key_head("q", "lost")
         assert lost is not None
-        assert (lost.message_id, lost.why, lost.waiting) == (None, KeyWhy.NO_HEAD, 1)
+        assert (lost.message_id, lost.why, lost.behind) == (None, KeyWhy.NO_HEAD, 1)
         assert ("q", "lost") in {(k.queue_name, k.ordering_key) for k in service.blocked_keys()}
 
     def test_a_backoff_that_ended_unblocks_the_key(self):
@@ -118,13 +118,13 @@ class TestBlockedKeys:
         service = ZeroLossMessageService()
         assert ("q", "failing") not in {(k.queue_name, k.ordering_key) for k in service.blocked_keys()}
         head = service.key_head("q", "failing")
-        assert head is not None and (head.why, head.blocked, head.waiting) == (KeyWhy.CLAIMABLE, False, 2)
+        assert head is not None and (head.why, head.blocked, head.behind) == (KeyWhy.CLAIMABLE, False, 2)
 
     def test_key_head(self):
         blocked_ledger()
         service = ZeroLossMessageService()
         alone = service.key_head("q", "alone")
-        assert alone is not None and (alone.message_id, alone.waiting, alone.blocked) == ("a0", 0, False)
+        assert alone is not None and (alone.message_id, alone.behind, alone.blocked) == ("a0", 0, False)
         assert service.key_head("q", "never-used") is None
         with pytest.raises(InvalidMessage):
             service.key_head("q", "")
@@ -153,7 +153,7 @@ class TestSkipAndRequeue:
             "key skipped: poison payload",
         )
         head = op.key_head("q", "busy")
-        assert head is not None and (head.message_id, head.why, head.waiting) == ("b1", KeyWhy.CLAIMABLE, 2)
+        assert head is not None and (head.message_id, head.why, head.behind) == ("b1", KeyWhy.CLAIMABLE, 2)
         claimed = [x.message_id for x in ZeroLossMessageService(instance_id="w2").claim("q", limit=10)]
         assert "b1" in claimed and "b2" not in claimed
 
@@ -196,7 +196,7 @@ class TestSkipAndRequeue:
             "ordering key head requeued: expired lease",
         )
         head = op.key_head("q", "busy")
-        assert head is not None and (head.message_id, head.why, head.waiting) == ("b0", KeyWhy.CLAIMABLE, 3)
+        assert head is not None and (head.message_id, head.why, head.behind) == ("b0", KeyWhy.CLAIMABLE, 3)
         assert ZeroLossMessageService().claim("q", limit=10)[0].message_id in {"b0", "r0"}
 
     def test_force_requeue_a_live_head_fences_its_worker(self):
@@ -226,14 +226,14 @@ class TestStatus:
         assert set(keys) == {("q", "busy"), ("q", "failing"), ("other", "busy")}
         assert set(keys["q", "busy"]) == BLOCKED_KEY_FIELDS
         busy, failing = keys["q", "busy"], keys["q", "failing"]
-        assert (busy["head_message_id"], busy["head_status"], busy["why"], busy["waiting"]) == (
+        assert (busy["head_message_id"], busy["head_status"], busy["why"], busy["behind"]) == (
             "b0",
             "processing",
             "processing",
             3,
         )
         assert busy["claimed_by"] == "worker-1" and busy["blocked_for"] >= 0
-        assert (failing["head_message_id"], failing["why"], failing["waiting"]) == ("f0", "retry_backoff", 2)
+        assert (failing["head_message_id"], failing["why"], failing["behind"]) == ("f0", "retry_backoff", 2)
         assert failing["last_error"] == "upstream said 503"
         narrowed = json.loads(run("zeroloss_status", "--json", "--queue", "other").out)
         assert [(k["queue"], k["key"]) for k in narrowed["blocked_keys"]] == [("other", "busy")]
@@ -260,7 +260,7 @@ class TestStatus:
         text = run("zeroloss_status", "--no-cache").out
         assert "blocked ordering keys: 3\n" in text
         header = next(line for line in text.splitlines() if line.startswith("queue  key"))
-        assert header.split() == ["queue", "key", "head", "why", "for", "waiting", "detail"]
+        assert header.split() == ["queue", "key", "head", "why", "for", "behind", "detail"]
         row = next(line for line in text.splitlines() if line.startswith("q ") and " b0 " in line)
         assert row.split()[:6][:4] == ["q", "busy", "b0", "processing"]
         assert " 3 " in row and "processing by worker-1" in row

@@ -9,6 +9,7 @@ import pytest
 from django.db import transaction
 
 import zeroloss
+from tests.ledger.test_fencing_guards import GUARDS, GuardBreached, catalogue_without
 from tests.support import expire_leases
 from zeroloss.exceptions import InvalidWorkflow, MessageConflict, WorkflowConflict
 from zeroloss.ledger.models import Message, MessageEvent, Status
@@ -20,7 +21,7 @@ SEEN: list[tuple[str, Any]] = []
 
 
 @zeroloss.handler("wf.a")
-def step_a(delivery: zeroloss.runtime.delivery.Delivery) -> Any:  # type: ignore[name-defined]
+def step_a(delivery: Any) -> Any:
     SEEN.append((delivery.message_id, dict(delivery.upstream)))
     return {"from": delivery.message_id}
 
@@ -57,6 +58,12 @@ def diamond(wid: str = "d", policy: str = "wait", fail_b: bool = False) -> zerol
     return flow
 
 
+def _send_then_fail(wid: str) -> None:
+    with transaction.atomic():
+        diamond(wid).send()
+        raise RuntimeError
+
+
 def test_a_workflow_is_stored_whole_in_the_callers_transaction(db: None) -> None:
     with transaction.atomic():
         stored = diamond().send()
@@ -70,9 +77,8 @@ def test_a_workflow_is_stored_whole_in_the_callers_transaction(db: None) -> None
     assert Dependency.objects.count() == 4
     assert reasons("d/D") == ["persisted"]
     # A rolled-back sender leaves nothing.
-    with pytest.raises(RuntimeError), transaction.atomic():
-        diamond("gone").send()
-        raise RuntimeError
+    with pytest.raises(RuntimeError):
+        _send_then_fail("gone")
     assert not Message.objects.filter(workflow_id="gone").exists()
     assert not Workflow.objects.filter(workflow_id="gone").exists()
 
@@ -80,7 +86,9 @@ def test_a_workflow_is_stored_whole_in_the_callers_transaction(db: None) -> None
 def test_steps_run_in_dependency_order_and_see_their_upstream_results(db: None) -> None:
     diamond().send()
     drain()
-    assert {m: status(m) for m in ("d/A", "d/B", "d/C", "d/D")} == dict.fromkeys(("d/A", "d/B", "d/C", "d/D"), "completed")
+    assert {m: status(m) for m in ("d/A", "d/B", "d/C", "d/D")} == dict.fromkeys(
+        ("d/A", "d/B", "d/C", "d/D"), "completed"
+    )
     order = [m for m, _ in SEEN]
     assert order[0] == "d/A" and order[-1] == "d/D"
     d_saw = dict(SEEN)["d/D"]
@@ -107,7 +115,7 @@ def test_a_stale_outcome_releases_nothing(db: None) -> None:
     report = service.record_outcomes([Completion(lease, Verdict.ACKNOWLEDGE)])
     assert report.refused == ["d/A"]
     assert status("d/B") == status("d/C") == "waiting"
-    assert not Dependency.objects.exclude(settled="").exists()
+    assert not Dependency.objects.filter(settled_status__isnull=False).exists()
 
 
 def test_the_last_of_two_dependencies_releases_once(db: None) -> None:
@@ -162,32 +170,36 @@ def test_sending_a_workflow_again_is_idempotent_and_a_different_one_conflicts(db
     assert Message.objects.filter(workflow_id="d").count() == 4
 
 
+def _build_invalid(flow: zeroloss.Workflow, case: str) -> None:
+    if case == "cycle":
+        flow.step("wf.a", {}, name="x", after=["y"])
+        flow.step("wf.a", {}, name="y", after=["x"])
+    elif case == "unknown":
+        flow.step("wf.a", {}, name="x", after=["nope"])
+    elif case == "other-workflow":
+        elsewhere = zeroloss.Workflow("else").step("wf.a", {})
+        flow.step("wf.a", {}, after=[elsewhere])
+    elif case == "duplicate-name":
+        flow.step("wf.a", {}, name="x")
+        flow.step("wf.a", {}, name="x")
+    elif case == "policy":
+        flow.step("wf.a", {}, on_upstream_failure="retry")
+    flow.send()
+
+
 @pytest.mark.parametrize("case", ["cycle", "unknown", "other-workflow", "duplicate-name", "policy", "empty"])
 def test_invalid_workflows_raise_a_typed_error_and_store_nothing(db: None, case: str) -> None:
-    flow = zeroloss.Workflow("bad")
     with pytest.raises(InvalidWorkflow):
-        if case == "cycle":
-            flow.step("wf.a", {}, name="x", after=["y"])
-            flow.step("wf.a", {}, name="y", after=["x"])
-        elif case == "unknown":
-            flow.step("wf.a", {}, name="x", after=["nope"])
-        elif case == "other-workflow":
-            elsewhere = zeroloss.Workflow("else").step("wf.a", {})
-            flow.step("wf.a", {}, after=[elsewhere])
-        elif case == "duplicate-name":
-            flow.step("wf.a", {}, name="x")
-            flow.step("wf.a", {}, name="x")
-        elif case == "policy":
-            flow.step("wf.a", {}, on_upstream_failure="retry")
-        flow.send()
+        _build_invalid(zeroloss.Workflow("bad"), case)
     assert not Message.objects.exists()
     assert not Workflow.objects.exists()
 
 
 def test_a_step_id_taken_by_another_message_conflicts_and_stores_nothing(db: None) -> None:
     zeroloss.send("wf.a", {}, message_id="d/C")
+    flow = diamond()
     with pytest.raises(MessageConflict):
-        diamond().send()
+        flow.send()
     assert list(Message.objects.values_list("message_id", flat=True)) == ["d/C"]
     assert not Workflow.objects.exists()
 
@@ -233,3 +245,55 @@ def test_the_sweep_dead_lettering_a_step_settles_its_dependents(db: None) -> Non
     assert status("d/B") == "dead"
     assert status("d/D") == "cancelled"
     assert "upstream_failed" in reasons("d/D")
+
+
+# -- the release's fence is its outcome's: each guard removed from the acknowledgement lets a
+# stale outcome release a dependent (the checks below notice it) ---------------------------------
+
+
+def _stale_by_token(service: zeroloss.ZeroLossMessageService) -> Completion:
+    (stale,) = service.claim("wf.a", limit=1)
+    expire_leases(["d/A"])
+    service.sweep()
+    assert [x.message_id for x in service.claim("wf.a", limit=1)] == ["d/A"]  # held by another now
+    return Completion(stale, Verdict.ACKNOWLEDGE)
+
+
+def _stale_by_status(service: zeroloss.ZeroLossMessageService) -> Completion:
+    (lease,) = service.claim("wf.a", limit=1)
+    Message.objects.filter(message_id="d/A").update(status=Status.PENDING)  # moved on, lease columns kept
+    return Completion(lease, Verdict.ACKNOWLEDGE)
+
+
+def _stale_by_expiry(service: zeroloss.ZeroLossMessageService) -> Completion:
+    (lease,) = service.claim("wf.a", limit=1)
+    expire_leases(["d/A"])
+    return Completion(lease, Verdict.ACKNOWLEDGE)
+
+
+STALE = {"token": _stale_by_token, "status": _stale_by_status, "expiry": _stale_by_expiry}
+
+
+def _stale_ack_releases_nothing(kind: str) -> None:
+    diamond().send()
+    service = zeroloss.ZeroLossMessageService()
+    completion = STALE[kind](service)
+    service.record_outcomes([completion])
+    released = Message.objects.filter(message_id__in=["d/B", "d/C"]).exclude(status=Status.WAITING)
+    if released.exists():
+        raise GuardBreached(
+            f"a stale acknowledgement ({kind}) released {list(released.values_list('message_id'))}"
+        )
+
+
+@pytest.mark.parametrize("kind", sorted(STALE))
+def test_a_stale_acknowledgement_releases_no_dependent(db: None, kind: str) -> None:
+    _stale_ack_releases_nothing(kind)
+
+
+@pytest.mark.parametrize("kind", sorted(STALE))
+def test_each_guard_of_the_acknowledgement_fences_the_release(db: None, kind: str) -> None:
+    """Removing the ACK's token, status or expiry guard lets the stale outcome release B and C."""
+    guard = next(g for g in GUARDS if g.id == f"ACK-{kind}")
+    with catalogue_without(guard), pytest.raises(GuardBreached):
+        _stale_ack_releases_nothing(kind)

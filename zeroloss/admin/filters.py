@@ -51,7 +51,7 @@ class OrderingStateFilter(admin.SimpleListFilter):
     parameter_name = "ordering"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("head", str(_("Head of its key"))), ("waiting", str(_("Waiting for its key")))]
+        return [("head", str(_("Head of its key"))), ("behind", str(_("Behind its key's head")))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         value = self.value()
@@ -60,7 +60,7 @@ class OrderingStateFilter(admin.SimpleListFilter):
             return queryset.filter(status__in=ACTIVE_STATUSES, available_at__isnull=False).exclude(
                 ordering_key=""
             )
-        if value == "waiting":
+        if value == "behind":
             return queryset.filter(status=Status.PENDING, available_at__isnull=True)
         return queryset
 

@@ -47,7 +47,7 @@ class Keys(Part):
         key = validate_message_id(key, "ordering_key")
         rows, _ = self._run("KEY_HEAD", {"queue": queue, "key": key})
         head = self._key_head(rows[0])
-        return None if head.message_id is None and not head.waiting else head
+        return None if head.message_id is None and not head.behind else head
 
     def skip_key_head(
         self,
@@ -143,7 +143,7 @@ class Keys(Part):
             status=status,
             why=why,
             since=since,
-            waiting=int(waiting or 0),
+            behind=int(waiting or 0),
             now=now,
             attempts=int(attempts or 0),
             max_attempts=int(max_attempts or 0),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from ..core.states import ACTIVE_STATUSES, LIVE_STATUSES, Reason, Status
+from .querysets import MessageQuerySet
 from .side_tables import (
     DedupKey,
     DroppedPeriod,
@@ -39,35 +39,6 @@ __all__ = [
     "ReplicationNode",
     "Status",
 ]
-
-
-class MessageQuerySet(models.QuerySet["Message"]):
-    def pending(self) -> MessageQuerySet:
-        return self.filter(status=Status.PENDING)
-
-    def ready(self) -> MessageQuerySet:
-        """Pending and claimable now (database clock)."""
-        return self.filter(status=Status.PENDING, available_at__lte=Now())
-
-    def processing(self) -> MessageQuerySet:
-        return self.filter(status=Status.PROCESSING)
-
-    def stuck(self) -> MessageQuerySet:
-        """Processing with an expired lease: the sweep will requeue them."""
-        return self.filter(status=Status.PROCESSING, lease_expires_at__lt=Now())
-
-    def leased(self) -> MessageQuerySet:
-        """Processing under a live lease."""
-        return self.filter(status=Status.PROCESSING, lease_expires_at__gte=Now())
-
-    def completed(self) -> MessageQuerySet:
-        return self.filter(status=Status.COMPLETED)
-
-    def dead(self) -> MessageQuerySet:
-        return self.filter(status=Status.DEAD)
-
-    def cancelled(self) -> MessageQuerySet:
-        return self.filter(status=Status.CANCELLED)
 
 
 class Message(models.Model):
@@ -253,3 +224,6 @@ class MessageEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.from_status or '-'} -> {self.to_status} ({self.reason}) by {self.actor}"
+
+
+from .workflow_models import Dependency, FanIn, Workflow  # noqa: E402  (the app's models, one module)

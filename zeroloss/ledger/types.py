@@ -179,8 +179,8 @@ class KeyHead:
     #: When the head entered its state: its claim (processing) or its failure (backoff); for a
     #: key without a head, when its oldest waiting message was last moved.
     since: dt.datetime | None
-    #: Messages waiting behind the head.
-    waiting: int
+    #: Messages behind the head (pending, not claimable until it finishes).
+    behind: int
     now: dt.datetime
     attempts: int = 0
     max_attempts: int = 0
@@ -191,7 +191,7 @@ class KeyHead:
 
     @property
     def blocked(self) -> bool:
-        return self.waiting > 0 and self.why != KeyWhy.CLAIMABLE
+        return self.behind > 0 and self.why != KeyWhy.CLAIMABLE
 
     @property
     def blocked_for(self) -> float | None:
@@ -226,7 +226,7 @@ class KeyHead:
             "detail": self.detail,
             "since": None if self.since is None else self.since.isoformat(),
             "blocked_for": self.blocked_for,
-            "waiting": self.waiting,
+            "behind": self.behind,
             "attempts": self.attempts,
             "max_attempts": self.max_attempts,
             "claimed_by": self.claimed_by,
@@ -249,7 +249,7 @@ class KeyHead:
             status=data["head_status"],
             why=KeyWhy(data["why"]),
             since=at(data["since"]),
-            waiting=int(data["waiting"]),
+            behind=int(data["behind"]),
             now=now,
             attempts=int(data["attempts"]),
             max_attempts=int(data["max_attempts"]),

@@ -46,9 +46,9 @@ class Dependency(models.Model):
     upstream = models.CharField(_("upstream step"), max_length=255)
     #: Its fan-in group among the downstream's dependencies.
     fanin = models.IntegerField(_("fan-in group"))
-    #: "" until the upstream's outcome was counted for the downstream; then the upstream's status
-    #: then (completed, dead or cancelled). Set once: a redriven step does not count twice.
-    settled = models.CharField(_("settled"), max_length=16, blank=True, default="")
+    #: NULL until the upstream's outcome was counted for the downstream; then the upstream's
+    #: status then (completed, dead or cancelled). Set once: a redriven step does not count twice.
+    settled_status = models.CharField(_("settled as"), max_length=16, null=True, blank=True)
 
     class Meta:
         db_table = "zeroloss_dependency"

@@ -8,117 +8,23 @@ each after its own fenced statement, in its transaction, with the messages that 
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from ..core.states import Status
+from ..core.states import FINISHED_STATUSES, Status
 from ..exceptions import InvalidWorkflow, MessageConflict, WorkflowConflict
 from .base import Part
-from .validation import canonical_json, validate_message_id
+from .validation import validate_message_id
+from .workflow_graph import StepSpec, StoredWorkflow, check_graph, fingerprint, step_message_id
 from .workflow_models import FANIN_GROUP
 
-#: ``on_upstream_failure`` values: what a step does when a dependency ends dead or cancelled.
-POLICIES = ("wait", "cancel", "run")
 _COMPLETED = Status.COMPLETED.value
-_ENDED = frozenset({Status.COMPLETED.value, Status.DEAD.value, Status.CANCELLED.value})
-
-
-@dataclass(frozen=True)
-class StepSpec:
-    """One step as sent: an ordinary message of its queue, and the names of the steps it waits for."""
-
-    name: str
-    queue_name: str
-    data: Any
-    after: tuple[str, ...] = ()
-    max_attempts: int | None = None
-    priority: int = 0
-    ordering_key: str = ""
-    headers: dict[str, Any] | None = None
-    on_upstream_failure: str = "wait"
-
-
-@dataclass
-class StoredWorkflow:
-    """What sending a workflow stored (or found stored: ``created`` False)."""
-
-    workflow_id: str
-    created: bool
-    #: Each step's message id, by step name.
-    message_ids: dict[str, str] = field(default_factory=dict)
-
-
-def step_message_id(workflow_id: str, name: str) -> str:
-    return f"{workflow_id}/{name}"
-
-
-def fingerprint(steps: Sequence[StepSpec]) -> str:
-    shape = [
-        [
-            s.name,
-            s.queue_name,
-            canonical_json(s.data),
-            sorted(s.after),
-            s.priority,
-            s.ordering_key,
-            s.on_upstream_failure,
-        ]
-        for s in steps
-    ]
-    return hashlib.sha256(canonical_json(shape).encode()).hexdigest()
-
-
-def check_graph(workflow_id: str, steps: Sequence[StepSpec]) -> None:
-    """Names unique, dependencies known, policies known, no cycle; else :class:`InvalidWorkflow`."""
-    if not steps:
-        raise InvalidWorkflow(f"Workflow {workflow_id!r} has no step: add one with flow.step(...).")
-    names = [s.name for s in steps]
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise InvalidWorkflow(f"Workflow {workflow_id!r} has two steps named {name!r}: name each once.")
-        seen.add(name)
-    for s in steps:
-        if s.on_upstream_failure not in POLICIES:
-            raise InvalidWorkflow(
-                f"Step {s.name!r}: on_upstream_failure must be one of {', '.join(POLICIES)}, "
-                f"got {s.on_upstream_failure!r}."
-            )
-        unknown = [a for a in s.after if a not in seen]
-        if unknown:
-            raise InvalidWorkflow(
-                f"Step {s.name!r} of workflow {workflow_id!r} waits for {unknown[0]!r}, which is not a step "
-                f"of it (its steps: {', '.join(sorted(seen)[:10])}). Nothing was stored."
-            )
-        if s.name in s.after:
-            raise InvalidWorkflow(f"Step {s.name!r} waits for itself: a cycle. Nothing was stored.")
-    # Kahn's order: whatever is left has a cycle.
-    waits = {s.name: set(s.after) for s in steps}
-    dependents: dict[str, list[str]] = defaultdict(list)
-    for s in steps:
-        for a in s.after:
-            dependents[a].append(s.name)
-    ready = [n for n, w in waits.items() if not w]
-    done = 0
-    while ready:
-        n = ready.pop()
-        done += 1
-        for d in dependents[n]:
-            waits[d].discard(n)
-            if not waits[d]:
-                ready.append(d)
-    if done < len(steps):
-        cycle = sorted(n for n, w in waits.items() if w)
-        raise InvalidWorkflow(
-            f"Workflow {workflow_id!r} has a cycle among {', '.join(cycle[:10])}: a step cannot wait, "
-            "directly or not, for itself. Nothing was stored."
-        )
+_ENDED = frozenset(s.value for s in FINISHED_STATUSES)
 
 
 class Workflows(Part):
@@ -181,6 +87,7 @@ class Workflows(Part):
             name=[s.name for s in steps],
             waiting_on=[math.ceil(len(s.after) / FANIN_GROUP) for s in steps],
             policy=[s.on_upstream_failure for s in steps],
+            status=[(Status.WAITING if s.after else Status.PENDING).value for s in steps],
         )
         with transaction.atomic(
             using=self.using
@@ -228,12 +135,12 @@ class Workflows(Part):
         released: list[str] = []
         engine = self.engine
         while todo:
-            rows, _ = self._run("SETTLE", engine.batch(up=[m for m, _ in todo], st=[s for _, s in todo]))
+            rows, _ = self._run("SETTLE", engine.batch(up=[m for m, _ in todo], status=[s for _, s in todo]))
             todo = []
             if not rows:
                 break
             failed = sorted({r[0] for r in rows if r[2] != _COMPLETED})
-            policy = {}
+            policy: dict[int, str] = {}
             if failed:
                 policy = dict(self._run("STEP_POLICIES", {"ids": engine.column(failed)})[0])
             counted: Counter[tuple[int, int]] = Counter()
@@ -337,6 +244,33 @@ class Workflows(Part):
             if ended:
                 self.settle(sorted(ended))
         return stored
+
+    # -- the invariants -------------------------------------------------------------------------
+
+    def stranded(self, limit: int = 1000) -> list[tuple[int, str]]:
+        """Waiting steps none of whose dependencies is left to settle (``(pk, message id)``): each
+        should have been released by its last dependency's outcome. Expected: none."""
+        return [(r[0], r[1]) for r in self._run("STRANDED_STEPS", {"limit": limit})[0]]
+
+    def released_early(self, limit: int = 1000) -> list[str]:
+        """Steps pending or processing while one of their dependencies is unsettled. Expected: none."""
+        return [r[0] for r in self._run("RELEASED_EARLY", {"limit": limit})[0]]
+
+    def release_stranded(self, pks: Sequence[int], *, actor: str | None = None) -> list[str]:
+        """The sweep's safety net: release these waiting steps (found by :meth:`stranded`)."""
+        if not pks:
+            return []
+        with transaction.atomic(using=self.using, savepoint=False):
+            moved = self._move(
+                "STEP_RELEASE_STRANDED",
+                {"ids": self.engine.column(pks)},
+                actor=actor,
+                detail="released by the sweep: every dependency had settled",
+            )
+            keyed = {(r[8], r[9]) for r in moved if r[9]}
+            if keyed:
+                self.promote_keys(keyed)
+        return [r[1] for r in moved]
 
     # -- reading a workflow --------------------------------------------------------------------
 

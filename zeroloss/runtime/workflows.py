@@ -21,7 +21,7 @@ from ..core.states import LIVE_STATUSES, Status
 from ..exceptions import InvalidWorkflow
 from ..ledger.service import ZeroLossMessageService
 from ..ledger.types import CancelResult
-from ..ledger.workflows import POLICIES, StepSpec, StoredWorkflow, step_message_id
+from ..ledger.workflow_graph import POLICIES, StepSpec, StoredWorkflow, step_message_id
 from .handlers import default_max_attempts
 from .transports import _check_queue, _check_transaction, database_for
 

@@ -41,7 +41,8 @@ SELECT (SELECT COUNT(*) FROM zeroloss_messageevent WHERE reason = 'persisted'),
        (SELECT COUNT(*) FROM zeroloss_message WHERE status = 'processing'),
        (SELECT COUNT(*) FROM zeroloss_message WHERE status = 'completed'),
        (SELECT COUNT(*) FROM zeroloss_message WHERE status = 'dead'),
-       (SELECT COUNT(*) FROM zeroloss_message WHERE status = 'cancelled')
+       (SELECT COUNT(*) FROM zeroloss_message WHERE status = 'cancelled'),
+       (SELECT COUNT(*) FROM zeroloss_message WHERE status = 'waiting')
 
 -- name: CONSERVATION_OF_QUEUE
 SELECT (SELECT COUNT(*) FROM zeroloss_messageevent e JOIN zeroloss_message m ON m.id = e.message_id
@@ -51,7 +52,8 @@ SELECT (SELECT COUNT(*) FROM zeroloss_messageevent e JOIN zeroloss_message m ON 
        (SELECT COUNT(*) FROM zeroloss_message WHERE status = 'processing' AND queue_name = %(queue)s),
        (SELECT COUNT(*) FROM zeroloss_message WHERE status = 'completed' AND queue_name = %(queue)s),
        (SELECT COUNT(*) FROM zeroloss_message WHERE status = 'dead' AND queue_name = %(queue)s),
-       (SELECT COUNT(*) FROM zeroloss_message WHERE status = 'cancelled' AND queue_name = %(queue)s)
+       (SELECT COUNT(*) FROM zeroloss_message WHERE status = 'cancelled' AND queue_name = %(queue)s),
+       (SELECT COUNT(*) FROM zeroloss_message WHERE status = 'waiting' AND queue_name = %(queue)s)
 
 -- ---------------------------------------------------------------------------------------
 -- Liveness, and the system checks' readings (all but PING: PostgreSQL).

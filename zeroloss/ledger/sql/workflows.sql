@@ -37,14 +37,14 @@ ON CONFLICT DO NOTHING RETURNING message_id
 INSERT INTO zeroloss_message (message_id, queue_name, payload, checksum, status, attempts, max_attempts,
   priority, ordering_key, available_at, claimed_by, last_error, replication_targets, created_at,
   updated_at, headers, workflow_id, step_name, waiting_on, on_upstream_failure)
-SELECT b.mid, b.q, b.payload::jsonb, b.checksum, CASE WHEN b.waiting_on > 0 THEN 'waiting' ELSE 'pending' END,
+SELECT b.mid, b.q, b.payload::jsonb, b.checksum, b.status,
   0, b.max_attempts, b.priority, b.k,
   CASE WHEN b.waiting_on > 0 OR b.k <> '' THEN NULL ELSE statement_timestamp() END, '', '', '[]'::jsonb,
   statement_timestamp(), statement_timestamp(), b.headers::jsonb, %(wf)s, b.name, b.waiting_on, b.policy
 FROM unnest(%(mid)s::text[], %(q)s::text[], %(payload)s::text[], %(checksum)s::text[], %(max_attempts)s::int[],
   %(priority)s::int[], %(k)s::text[], %(headers)s::text[], %(name)s::text[], %(waiting_on)s::int[],
-  %(policy)s::text[]) WITH ORDINALITY AS b(mid, q, payload, checksum, max_attempts, priority, k, headers, name,
-  waiting_on, policy, n)
+  %(policy)s::text[], %(status)s::text[]) WITH ORDINALITY AS b(mid, q, payload, checksum, max_attempts, priority, k,
+  headers, name, waiting_on, policy, status, n)
 ORDER BY b.n
 RETURNING id, message_id, status, attempts, updated_at, CAST('' AS TEXT) AS from_status,
   'persisted' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at
@@ -53,7 +53,7 @@ RETURNING id, message_id, status, attempts, updated_at, CAST('' AS TEXT) AS from
 INSERT INTO zeroloss_message (message_id, queue_name, payload, checksum, status, attempts, max_attempts,
   priority, ordering_key, available_at, claimed_by, last_error, replication_targets, created_at,
   updated_at, headers, workflow_id, step_name, waiting_on, on_upstream_failure)
-SELECT b.mid, b.q, b.payload, b.checksum, CASE WHEN b.waiting_on > 0 THEN 'waiting' ELSE 'pending' END,
+SELECT b.mid, b.q, b.payload, b.checksum, b.status,
   0, b.max_attempts, b.priority, b.k,
   CASE WHEN b.waiting_on > 0 OR b.k <> '' THEN NULL ELSE strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') END,
   '', '', '[]', strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'),
@@ -63,20 +63,21 @@ FROM (SELECT json_extract(value, '$.mid') AS mid, json_extract(value, '$.q') AS 
   json_extract(value, '$.max_attempts') AS max_attempts, json_extract(value, '$.priority') AS priority,
   json_extract(value, '$.k') AS k, json_extract(value, '$.headers') AS headers,
   json_extract(value, '$.name') AS name, json_extract(value, '$.waiting_on') AS waiting_on,
-  json_extract(value, '$.policy') AS policy, key AS n FROM json_each(%(rows)s)) AS b
+  json_extract(value, '$.policy') AS policy, json_extract(value, '$.status') AS status, key AS n
+  FROM json_each(%(rows)s)) AS b
 WHERE true ORDER BY b.n
 RETURNING id, message_id, status, attempts, updated_at, CAST('' AS TEXT) AS from_status,
   'persisted' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at
 
 -- The dependencies (downstream, by its primary key, waits for upstream, by its message id).
 -- name: DEPENDENCY_INSERT [postgresql]
-INSERT INTO zeroloss_dependency (workflow_id, downstream, upstream, fanin, settled)
-SELECT %(wf)s, b.down, b.up, b.fanin, ''
+INSERT INTO zeroloss_dependency (workflow_id, downstream, upstream, fanin)
+SELECT %(wf)s, b.down, b.up, b.fanin
 FROM unnest(%(down)s::bigint[], %(up)s::text[], %(fanin)s::int[]) AS b(down, up, fanin)
 
 -- name: DEPENDENCY_INSERT [sqlite]
-INSERT INTO zeroloss_dependency (workflow_id, downstream, upstream, fanin, settled)
-SELECT %(wf)s, json_extract(value, '$.down'), json_extract(value, '$.up'), json_extract(value, '$.fanin'), ''
+INSERT INTO zeroloss_dependency (workflow_id, downstream, upstream, fanin)
+SELECT %(wf)s, json_extract(value, '$.down'), json_extract(value, '$.up'), json_extract(value, '$.fanin')
 FROM json_each(%(rows)s)
 
 -- name: FANIN_INSERT [postgresql]
@@ -94,20 +95,20 @@ FROM json_each(%(rows)s)
 -- (it cannot be redriven). The caller counts "completed" and the "run" ones, and cancels the
 -- others' downstream steps.
 -- name: SETTLE [postgresql]
-UPDATE zeroloss_dependency SET settled = b.st
-FROM unnest(%(up)s::text[], %(st)s::text[]) AS b(up, st)
-WHERE zeroloss_dependency.upstream = b.up AND zeroloss_dependency.settled = ''
-  AND (b.st <> 'dead' OR EXISTS (SELECT 1 FROM zeroloss_message d
+UPDATE zeroloss_dependency SET settled_status = b.status
+FROM unnest(%(up)s::text[], %(status)s::text[]) AS b(up, status)
+WHERE zeroloss_dependency.upstream = b.up AND zeroloss_dependency.settled_status IS NULL
+  AND (b.status <> 'dead' OR EXISTS (SELECT 1 FROM zeroloss_message d
     WHERE d.id = zeroloss_dependency.downstream AND d.on_upstream_failure <> 'wait'))
-RETURNING zeroloss_dependency.downstream, zeroloss_dependency.fanin, zeroloss_dependency.settled
+RETURNING zeroloss_dependency.downstream, zeroloss_dependency.fanin, zeroloss_dependency.settled_status
 
 -- name: SETTLE [sqlite]
-UPDATE zeroloss_dependency SET settled = b.st
-FROM (SELECT json_extract(value, '$.up') AS up, json_extract(value, '$.st') AS st FROM json_each(%(rows)s)) AS b
-WHERE zeroloss_dependency.upstream = b.up AND zeroloss_dependency.settled = ''
-  AND (b.st <> 'dead' OR EXISTS (SELECT 1 FROM zeroloss_message d
+UPDATE zeroloss_dependency SET settled_status = b.status
+FROM (SELECT json_extract(value, '$.up') AS up, json_extract(value, '$.status') AS status FROM json_each(%(rows)s)) AS b
+WHERE zeroloss_dependency.upstream = b.up AND zeroloss_dependency.settled_status IS NULL
+  AND (b.status <> 'dead' OR EXISTS (SELECT 1 FROM zeroloss_message d
     WHERE d.id = zeroloss_dependency.downstream AND d.on_upstream_failure <> 'wait'))
-RETURNING zeroloss_dependency.downstream, zeroloss_dependency.fanin, zeroloss_dependency.settled
+RETURNING zeroloss_dependency.downstream, zeroloss_dependency.fanin, zeroloss_dependency.settled_status
 
 -- What each of these steps does when a dependency fails.
 -- name: STEP_POLICIES [postgresql]
@@ -207,17 +208,17 @@ SELECT id, message_id, step_name, queue_name, status, attempts, max_attempts, re
 FROM zeroloss_message WHERE workflow_id = %(wf)s ORDER BY id
 
 -- name: WORKFLOW_EDGES
-SELECT downstream, upstream, settled FROM zeroloss_dependency WHERE workflow_id = %(wf)s ORDER BY id
+SELECT downstream, upstream, settled_status FROM zeroloss_dependency WHERE workflow_id = %(wf)s ORDER BY id
 
 -- What a step's handler sees of its dependencies (delivery.upstream).
 -- name: UPSTREAM_OF
-SELECT u.message_id, u.step_name, u.status, u.result, d.settled FROM zeroloss_dependency d
+SELECT u.message_id, u.step_name, u.status, u.result, d.settled_status FROM zeroloss_dependency d
 JOIN zeroloss_message u ON u.message_id = d.upstream
 WHERE d.downstream = (SELECT id FROM zeroloss_message WHERE message_id = %(mid)s) ORDER BY u.id
 
 -- A running step's dependents that still wait for it (its fan-out is added to them).
 -- name: DEPENDENTS_OF
-SELECT DISTINCT downstream FROM zeroloss_dependency WHERE upstream = %(mid)s AND settled = ''
+SELECT DISTINCT downstream FROM zeroloss_dependency WHERE upstream = %(mid)s AND settled_status IS NULL
 
 -- The next fan-in group of a step that gets more dependencies, and the step counted for it.
 -- name: NEXT_FANIN
@@ -233,12 +234,12 @@ RETURNING id
 -- name: STRANDED_STEPS
 SELECT m.id, m.message_id FROM zeroloss_message m WHERE m.workflow_id <> '' AND m.status = 'waiting'
   AND NOT EXISTS (SELECT 1 FROM zeroloss_dependency d WHERE d.downstream = m.id
-    AND (d.settled = '' OR (d.settled <> 'completed' AND m.on_upstream_failure <> 'run')))
+    AND (d.settled_status IS NULL OR (d.settled_status <> 'completed' AND m.on_upstream_failure <> 'run')))
 ORDER BY m.id LIMIT %(limit)s
 
 -- name: RELEASED_EARLY
 SELECT DISTINCT m.message_id FROM zeroloss_message m JOIN zeroloss_dependency d ON d.downstream = m.id
-WHERE m.workflow_id <> '' AND m.status IN ('pending', 'processing') AND d.settled = ''
+WHERE m.workflow_id <> '' AND m.status IN ('pending', 'processing') AND d.settled_status IS NULL
 ORDER BY m.message_id LIMIT %(limit)s
 
 -- The sweep's safety net: a stranded waiting step released (expected never to happen).

@@ -246,12 +246,12 @@ class Command(ZeroLossCommand):
                 k["head_message_id"] or "-",
                 k["why"],
                 format_duration(k["blocked_for"]),
-                k["waiting"],
+                k["behind"],
                 k["detail"] if len(k["detail"]) <= 80 else k["detail"][:79] + "…",
             ]
             for k in keys[:SHOWN_BLOCKED_KEYS]
         ]
-        self.table([_("queue"), _("key"), _("head"), _("why"), _("for"), _("waiting"), _("detail")], rows)
+        self.table([_("queue"), _("key"), _("head"), _("why"), _("for"), _("behind"), _("detail")], rows)
         if len(keys) > SHOWN_BLOCKED_KEYS:
             self.stdout.write(
                 _("  ... %(count)s more (--json lists up to 100)")
