@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.db import models
 from django.db.models.functions import Now
 
 from ..core.states import Status
+
+if TYPE_CHECKING:
+    from .models import Message
 
 
 class MessageQuerySet(models.QuerySet["Message"]):
