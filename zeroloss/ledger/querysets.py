@@ -10,7 +10,7 @@ from django.db.models.functions import Now
 from ..core.states import Status
 
 if TYPE_CHECKING:
-    from .models import Message
+    pass
 
 
 class MessageQuerySet(models.QuerySet["Message"]):
