@@ -10,7 +10,7 @@ from django.db.models.functions import Now
 from ..core.states import Status
 
 if TYPE_CHECKING:
-    pass
+    from .models import Message  # noqa: F401  (the queryset's type argument, a string)
 
 
 class MessageQuerySet(models.QuerySet["Message"]):

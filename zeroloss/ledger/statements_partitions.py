@@ -101,7 +101,8 @@ HOLDS_KEPT = (
     "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'processing') "
     "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'completed' AND (completed_at >= %s OR completed_at IS NULL)) "
     "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'cancelled' AND updated_at >= %s) "
-    "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'dead'{dead})"
+    "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'dead'{dead}) "
+    "OR EXISTS (SELECT 1 FROM {part} WHERE workflow_id <> '' AND status = 'waiting')"
 )
 #: The statuses HOLDS_KEPT decides about, read from its text: the census keeps a period holding
 #: any other (one a later version adds and these probes do not know yet), whatever ``Status`` says.
