@@ -25,7 +25,9 @@ __all__ = [
     "ACTIVE_STATUSES",
     "LIVE_STATUSES",
     "DedupKey",
+    "Dependency",
     "DroppedPeriod",
+    "FanIn",
     "MaintenanceTurn",
     "Message",
     "MessageEvent",
@@ -38,6 +40,7 @@ __all__ = [
     "Reason",
     "ReplicationNode",
     "Status",
+    "Workflow",
 ]
 
 
