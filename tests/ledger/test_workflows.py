@@ -297,3 +297,65 @@ def test_each_guard_of_the_acknowledgement_fences_the_release(db: None, kind: st
     guard = next(g for g in GUARDS if g.id == f"ACK-{kind}")
     with catalogue_without(guard), pytest.raises(GuardBreached):
         _stale_ack_releases_nothing(kind)
+
+
+@pytest.mark.postgres_only  # SQLite has one writer: two transactions never interleave there
+@pytest.mark.django_db(transaction=True)
+def test_two_steps_adding_steps_to_one_dependent_at_once_both_land() -> None:
+    """Two running steps that the same dependent waits for each add a step, in transactions that
+    overlap: the second waits for the first's lock on the dependent, then takes the next group."""
+    import threading
+
+    from django.db import connection, connections
+
+    from tests.support.waiting import wait_until
+    from zeroloss.ledger.workflow_graph import StepSpec
+
+    service = zeroloss.ZeroLossMessageService()
+    service.workflows.store(
+        "fan",
+        [
+            StepSpec("s1", "wf.a", {}),
+            StepSpec("s2", "wf.a", {}),
+            StepSpec("d", "wf.a", {}, after=("s1", "s2")),
+        ],
+    )
+    first_added = threading.Event()
+    errors: list[BaseException] = []
+
+    def add(parent: str, name: str, hold: bool) -> None:
+        try:
+            with transaction.atomic():
+                zeroloss.ZeroLossMessageService().workflows.add_steps(
+                    f"fan/{parent}", "fan", [StepSpec(name, "wf.a", {})]
+                )
+                if hold:
+                    first_added.set()
+                    # Hold the dependent's lock until the other transaction waits for it.
+                    with connection.cursor() as cursor:
+                        wait_until(lambda: _a_lock_is_awaited(cursor), timeout=10)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    t1 = threading.Thread(target=add, args=("s1", "x1", True))
+    t1.start()
+    assert first_added.wait(10)
+    t2 = threading.Thread(target=add, args=("s2", "x2", False))
+    t2.start()
+    t1.join(20)
+    t2.join(20)
+    assert not errors, errors
+    d = Message.objects.get(message_id="fan/d")
+    assert d.waiting_on == 3  # its first group, and one group per added step
+    assert sorted(FanIn.objects.filter(downstream=d.pk).values_list("fanin", "remaining")) == [
+        (0, 2),
+        (1, 1),
+        (2, 1),
+    ]
+
+
+def _a_lock_is_awaited(cursor: Any) -> bool:
+    cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+    return bool(cursor.fetchone()[0])

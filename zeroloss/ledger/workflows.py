@@ -221,12 +221,15 @@ class Workflows(Part):
             stored = self._insert(workflow_id, steps, known, actor or self.instance_id)
             leaves = sorted(set(stored) - {a for s in steps for a in s.after})
             mids = [stored[n] for n in leaves]
+            count = math.ceil(len(mids) / FANIN_GROUP)
             for d in sorted(r[0] for r in self._run("DEPENDENTS_OF", {"mid": parent})[0]):
+                # The dependent's row first (locked until commit): two steps adding to it at once
+                # take their group numbers one after the other.
+                if not mids or not self._run("STEP_WAIT_MORE", {"id": d, "n": count})[0]:
+                    continue  # no longer waiting (cancelled meanwhile)
                 first = self._run("NEXT_FANIN", {"id": d})[0][0][0]
                 groups = [first + i // FANIN_GROUP for i in range(len(mids))]
                 per = Counter(groups)
-                if not self._run("STEP_WAIT_MORE", {"id": d, "n": len(per)})[0]:
-                    continue  # no longer waiting (cancelled meanwhile)
                 self._run(
                     "DEPENDENCY_INSERT",
                     {**engine.batch(down=[d] * len(mids), up=mids, fanin=groups), "wf": workflow_id},
