@@ -359,3 +359,23 @@ def test_two_steps_adding_steps_to_one_dependent_at_once_both_land() -> None:
 def _a_lock_is_awaited(cursor: Any) -> bool:
     cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
     return bool(cursor.fetchone()[0])
+
+
+@pytest.mark.parametrize("verdict", ["acknowledge", "fail"])
+def test_the_one_at_a_time_outcomes_settle_a_step_too(db: None, verdict: str) -> None:
+    """service.acknowledge / service.fail (one message, no lease object): a step's dependents are
+    settled in the same transaction as with record_outcomes."""
+    flow = zeroloss.Workflow("one")
+    a = flow.step("wf.a", {}, name="A", max_attempts=1)
+    flow.step("wf.a", {}, name="X", after=[a], on_upstream_failure="cancel")
+    flow.send()
+    service = zeroloss.ZeroLossMessageService()
+    lease = service.claim_message("one/A")
+    assert lease is not None
+    if verdict == "acknowledge":
+        assert service.acknowledge("one/A", lease.token)
+        assert status("one/X") == "pending"
+    else:
+        assert service.fail("one/A", lease.token, "no")
+        assert status("one/A") == "dead"
+        assert status("one/X") == "cancelled"

@@ -33,12 +33,17 @@ class Outcomes(Part):
         validate_message_id(message_id)
         token = self._token(lease_token)
         encoded = None if result is None else canonical_json(result)
-        # ACK for one row, with scalar parameters (arrays cost client CPU to dump); a workflow's
-        # step settles its dependents in the same transaction.
-        with transaction.atomic(using=self.using, savepoint=False):
-            rows = self._move("ACK_ONE", {"result": encoded, "mid": message_id, "tok": token})
-            if rows:
-                self.ctx.workflows.settle_ids([(message_id, Status.COMPLETED.value)])
+        # ACK for one row, with scalar parameters (arrays cost client CPU to dump). A workflow's
+        # step (its id has the workflow's id and a slash before its name) settles its dependents
+        # in the same transaction; any other message is one statement, in autocommit.
+        params = {"result": encoded, "mid": message_id, "tok": token}
+        if "/" not in message_id:
+            rows = self._move("ACK_ONE", params)
+        else:
+            with transaction.atomic(using=self.using, savepoint=False):
+                rows = self._move("ACK_ONE", params)
+                if rows:
+                    self.ctx.workflows.settle_ids([(message_id, Status.COMPLETED.value)])
         if not rows:  # refused: an aborted message is recorded cancelled instead
             self.ctx.aborts.cancel_aborted([message_id], [token])
         return bool(rows)
@@ -58,11 +63,12 @@ class Outcomes(Part):
         if not rows:
             return False
         delay = self.settings.RETRY_BACKOFF.delay_for(rows[0][0])
-        with transaction.atomic(using=self.using, savepoint=False):
-            moved = self._fail(
-                "FAIL", [message_id], [token], [clean_text(error)], [delay], [None], statuses=True
-            )
-            if moved:
+        failed = ([message_id], [token], [clean_text(error)], [delay], [None])
+        if "/" not in message_id:  # not a workflow's step: one statement (see acknowledge())
+            moved = self._fail("FAIL", *failed, statuses=True)
+        else:
+            with transaction.atomic(using=self.using, savepoint=False):
+                moved = self._fail("FAIL", *failed, statuses=True)
                 self.ctx.workflows.settle_ids([(mid, status) for mid, status in moved])
         if moved:
             return True
