@@ -36,6 +36,20 @@ def step_b(delivery: Any) -> Any:
     return delivery.payload.get("n")
 
 
+@zeroloss.handler("wf.tx", transactional=True)
+def step_tx(delivery: Any) -> Any:
+    # A write in the handler's transaction: committed with the acknowledgement and the release.
+    zeroloss.send("wf.effects", {}, message_id=f"effect-{delivery.message_id.replace('/', '-')}")
+    if delivery.payload.get("fail"):
+        raise zeroloss.Fail("told to")
+    return "done"
+
+
+@zeroloss.handler("wf.effects")
+def effects(delivery: Any) -> None:
+    pass
+
+
 def status(mid: str) -> str:
     return Message.objects.get(message_id=mid).status
 
@@ -379,3 +393,34 @@ def test_the_one_at_a_time_outcomes_settle_a_step_too(db: None, verdict: str) ->
         assert service.fail("one/A", lease.token, "no")
         assert status("one/A") == "dead"
         assert status("one/X") == "cancelled"
+
+
+def test_steps_on_queues_of_two_databases_are_refused(db: None, settings: Any) -> None:
+    """A step is released in its dependencies' outcome's transaction: one database per workflow."""
+    settings.ZEROLOSS = {**settings.ZEROLOSS, "QUEUE_DATABASES": {"wf.b": "elsewhere"}}
+    flow = zeroloss.Workflow("split")
+    flow.step("wf.a", {}, name="A")
+    with pytest.raises(InvalidWorkflow, match="share one database"):
+        flow.step("wf.b", {}, name="B", after=["A"])
+    assert not Message.objects.exists()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_transactional_steps_writes_acknowledgement_and_release_commit_together(
+    db: None, fail: bool
+) -> None:
+    flow = zeroloss.Workflow("tx")
+    first = flow.step("wf.tx", {"fail": fail}, name="first", max_attempts=1)
+    flow.step("wf.a", {}, name="then", after=[first])
+    flow.send()
+    drain("wf.tx")
+    effect = Message.objects.filter(message_id="effect-tx-first")
+    if fail:
+        assert status("tx/first") == "dead"
+        assert not effect.exists()  # rolled back with the handler's transaction
+        assert status("tx/then") == "waiting"
+    else:
+        assert status("tx/first") == "completed"
+        assert effect.count() == 1
+        assert status("tx/then") == "pending"
+        assert Message.objects.get(message_id="tx/first").result == "done"
