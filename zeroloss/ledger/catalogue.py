@@ -7,7 +7,10 @@ takes the same with a dict of values). A statement the two databases spell diffe
 one section per database, side by side: ``-- name: NAME [postgresql]`` and
 ``-- name: NAME [sqlite]``; one that runs on one database only (a PostgreSQL session
 setting) has that database's section alone. Lines starting with ``--`` are comments for the reader, and are
-not sent. Nothing is spliced into a text: what is written is what runs.
+not sent. Nothing is spliced into a text: what is written is what runs. The one composition is
+PostgreSQL's audit wrapper (``PostgresEngine.audit_wrapper``), which puts a moving statement in
+a CTE followed by two sections of the ledger's catalogue that are CTEs, not statements
+(``AUDIT_ROWS`` and ``PROMOTE_FINISHED``, each saying so).
 """
 
 from __future__ import annotations
