@@ -155,6 +155,7 @@ def test_severity_comes_from_the_code_not_the_text(monkeypatch):
 def test_every_code_the_command_emits_has_a_severity():
     codes = {"orphan_event", "missing_persisted_event", "duplicate_persisted_event", "status_mismatch"}
     codes |= {"unbalanced", "dead_letters", "replication_requirement", "disallowed_transition"}
+    codes |= {"workflow_step_stranded", "workflow_step_released_early"}
     codes |= set(verify_checks._INTEGRITY_CODES)
     assert codes == set(verify_checks.SEVERITY)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 
@@ -27,6 +28,11 @@ _LONG_AGO = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
 PARTITIONS_EVERY = 60.0
 #: When each database's partitions were last looked at by this process (monotonic clock).
 PARTITIONS_CHECKED: dict[str, float] = {}
+#: How often a sweeping process looks for stranded workflow steps, in seconds: a read over the
+#: waiting steps, for what should never happen (the release is in the outcome's transaction).
+STRANDED_EVERY = 60.0
+#: When each database's stranded steps were last looked for by this process (monotonic clock).
+STRANDED_CHECKED: dict[str, float] = {}
 
 
 class Recovery(Part):
@@ -69,6 +75,9 @@ class Recovery(Part):
                     cancelled=report.cancelled + more.cancelled,
                 )
         self._partitions_ahead()
+        stranded = self._release_stranded()
+        if stranded:
+            report = dataclasses.replace(report, released_stranded=stranded)
         return report
 
     def _recover_batches(self, batch: int, limit: int | None) -> RecoveryReport:
@@ -147,6 +156,30 @@ class Recovery(Part):
             self._run("HEAD_LOCK", batch)
             self._run("HEAD_STALE", batch)
         return self.promote_keys(keys)
+
+    def _release_stranded(self) -> list[str]:
+        """The safety net of workflows, at most every STRANDED_EVERY seconds a process: release
+        the waiting steps whose every dependency settled (their release was missed). Expected:
+        none; each found is logged."""
+        now = time.monotonic()
+        if now - STRANDED_CHECKED.get(self.using, -STRANDED_EVERY) < STRANDED_EVERY:
+            return []
+        STRANDED_CHECKED[self.using] = now
+        found = self.ctx.workflows.stranded()
+        if not found:
+            return []
+        released = self.ctx.workflows.release_stranded(
+            [pk for pk, _ in found], actor=f"sweep@{self.instance_id}"
+        )
+        if released:
+            logger.warning(
+                "zeroloss: sweep released %d workflow step(s) left waiting with every dependency "
+                "settled on %r (expected none; please report it): %s",
+                len(released),
+                self.using,
+                ", ".join(released),
+            )
+        return released
 
     def ensure_partitions(self) -> list[str]:
         """A partitioned ledger (PostgreSQL): create the partitions missing from now's period to

@@ -99,6 +99,9 @@ class RecoveryReport:
     keys_repaired: int = 0
     #: Expired leases of aborted messages: recorded ``cancelled``, never run again.
     cancelled: list[str] = field(default_factory=list)
+    #: Workflow steps left ``waiting`` although every dependency had settled, released by the
+    #: sweep's safety net (docs/workflows.md). Expected to stay empty.
+    released_stranded: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:

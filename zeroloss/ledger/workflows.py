@@ -255,9 +255,18 @@ class Workflows(Part):
         should have been released by its last dependency's outcome. Expected: none."""
         return [(r[0], r[1]) for r in self._run("STRANDED_STEPS", {"limit": limit})[0]]
 
-    def released_early(self, limit: int = 1000) -> list[str]:
-        """Steps pending or processing while one of their dependencies is unsettled. Expected: none."""
-        return [r[0] for r in self._run("RELEASED_EARLY", {"limit": limit})[0]]
+    def invariants(self, queue: str | None = None, limit: int = 1000) -> Invariants:
+        """What ``zeroloss_verify`` checks of workflows (of ``queue``'s steps, or every queue's):
+        the stranded steps (see :meth:`stranded`) and the steps released early (pending,
+        processing, completed or dead while a dependency is unsettled), each counted and listed
+        (at most ``limit``). Expected: none of either."""
+        params = {"queue": queue, "limit": limit}
+        return Invariants(
+            stranded=self._run("STRANDED_COUNT", params)[0][0][0],
+            stranded_ids=[r[0] for r in self._run("STRANDED_OF", params)[0]],
+            released_early=self._run("RELEASED_EARLY_COUNT", params)[0][0][0],
+            released_early_rows=[(r[0], r[1], r[2]) for r in self._run("RELEASED_EARLY", params)[0]],
+        )
 
     def release_stranded(self, pks: Sequence[int], *, actor: str | None = None) -> list[str]:
         """The sweep's safety net: release these waiting steps (found by :meth:`stranded`)."""
@@ -314,6 +323,17 @@ class Workflows(Part):
             seen[name] = u
             seen[mid] = u
         return seen
+
+
+@dataclass(frozen=True)
+class Invariants:
+    """:meth:`Workflows.invariants`: counts, and the first steps of each (ids; for a step released
+    early, ``(its id, an unsettled dependency's id, its status)``)."""
+
+    stranded: int
+    stranded_ids: list[str]
+    released_early: int
+    released_early_rows: list[tuple[str, str, str]]
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,10 @@ SEVERITY: dict[str, str] = {
     "status_mismatch": CRITICAL,
     "unbalanced": CRITICAL,
     "disallowed_transition": CRITICAL,
+    # workflows: a step left waiting with every dependency settled (the sweep releases it), and
+    # a step that left waiting while a dependency was unsettled (it may have run too early)
+    "workflow_step_stranded": WARNING,
+    "workflow_step_released_early": CRITICAL,
     # the ledger as a whole
     "dead_letters": WARNING,
     "replication_requirement": CRITICAL,
@@ -310,6 +314,29 @@ class Verification:
                 {"count": dead_count, "max": max_dead},
             )
         return {"count": dead_count, "max": max_dead}
+
+    def workflows(self) -> dict[str, int]:
+        """The invariants of workflows' steps (of the queue): none stranded, none released early."""
+        found = self.service.workflows.invariants(self.queue, limit=self.max_issues)
+        for mid in found.stranded_ids:
+            self.add_found(
+                "workflow_step_stranded",
+                gettext_noop(
+                    "waiting although every dependency settled: its release was missed (the sweep releases it)"
+                ),
+                {},
+                mid,
+            )
+        self.count_only("workflow_step_stranded", found.stranded - len(found.stranded_ids))
+        for mid, upstream, status in found.released_early_rows:
+            self.add_found(
+                "workflow_step_released_early",
+                gettext_noop("%(status)s while its dependency %(upstream)s is not settled"),
+                {"status": status, "upstream": upstream},
+                mid,
+            )
+        self.count_only("workflow_step_released_early", found.released_early - len(found.released_early_rows))
+        return {"stranded": found.stranded, "released_early": found.released_early}
 
     def replication(self) -> dict[str, Any]:
         """The replication requirement: standbys required and streaming."""

@@ -229,24 +229,49 @@ UPDATE zeroloss_message SET waiting_on = waiting_on + %(n)s WHERE id = %(id)s AN
 RETURNING id
 
 -- Invariants (zeroloss_verify, and the sweep's safety net): waiting steps none of whose
--- dependencies is unsettled or failed-and-not-run (they should have been released), and steps
--- that left waiting while a dependency was unsettled (released early).
+-- dependencies is unsettled or failed-and-not-run (they should have been released: stranded),
+-- and steps that left waiting other than by a cancel (pending, processing, completed or dead)
+-- while a dependency is unsettled (released early). Each as a list (at most ``limit``) and a
+-- count; ``queue``: of one queue's steps, or NULL for every queue.
 -- name: STRANDED_STEPS
 SELECT m.id, m.message_id FROM zeroloss_message m WHERE m.workflow_id <> '' AND m.status = 'waiting'
   AND NOT EXISTS (SELECT 1 FROM zeroloss_dependency d WHERE d.downstream = m.id
     AND (d.settled_status IS NULL OR (d.settled_status <> 'completed' AND m.on_upstream_failure <> 'run')))
 ORDER BY m.id LIMIT %(limit)s
 
--- name: RELEASED_EARLY
-SELECT DISTINCT m.message_id FROM zeroloss_message m JOIN zeroloss_dependency d ON d.downstream = m.id
-WHERE m.workflow_id <> '' AND m.status IN ('pending', 'processing') AND d.settled_status IS NULL
-ORDER BY m.message_id LIMIT %(limit)s
+-- name: STRANDED_OF
+SELECT m.message_id FROM zeroloss_message m WHERE m.workflow_id <> '' AND m.status = 'waiting'
+  AND (m.queue_name = %(queue)s OR %(queue)s IS NULL)
+  AND NOT EXISTS (SELECT 1 FROM zeroloss_dependency d WHERE d.downstream = m.id
+    AND (d.settled_status IS NULL OR (d.settled_status <> 'completed' AND m.on_upstream_failure <> 'run')))
+ORDER BY m.id LIMIT %(limit)s
 
--- The sweep's safety net: a stranded waiting step released (expected never to happen).
+-- name: STRANDED_COUNT
+SELECT count(*) FROM zeroloss_message m WHERE m.workflow_id <> '' AND m.status = 'waiting'
+  AND (m.queue_name = %(queue)s OR %(queue)s IS NULL)
+  AND NOT EXISTS (SELECT 1 FROM zeroloss_dependency d WHERE d.downstream = m.id
+    AND (d.settled_status IS NULL OR (d.settled_status <> 'completed' AND m.on_upstream_failure <> 'run')))
+
+-- name: RELEASED_EARLY
+SELECT m.message_id, min(d.upstream), m.status FROM zeroloss_message m
+JOIN zeroloss_dependency d ON d.downstream = m.id
+WHERE m.workflow_id <> '' AND m.status <> 'waiting' AND m.status <> 'cancelled' AND d.settled_status IS NULL
+  AND (m.queue_name = %(queue)s OR %(queue)s IS NULL)
+GROUP BY m.id, m.message_id, m.status ORDER BY m.id LIMIT %(limit)s
+
+-- name: RELEASED_EARLY_COUNT
+SELECT count(*) FROM zeroloss_message m WHERE m.workflow_id <> '' AND m.status <> 'waiting'
+  AND m.status <> 'cancelled' AND (m.queue_name = %(queue)s OR %(queue)s IS NULL)
+  AND EXISTS (SELECT 1 FROM zeroloss_dependency d WHERE d.downstream = m.id AND d.settled_status IS NULL)
+
+-- The sweep's safety net: a stranded waiting step released (expected never to happen); the
+-- condition read again under the row's lock, so a step that gained a dependency since stays.
 -- name: STEP_RELEASE_STRANDED [postgresql]
 UPDATE zeroloss_message SET status = 'pending', waiting_on = 0,
   available_at = CASE WHEN ordering_key <> '' THEN NULL ELSE statement_timestamp() END, updated_at = statement_timestamp()
 WHERE id IN (SELECT b.id FROM unnest(%(ids)s::bigint[]) AS b(id)) AND status = 'waiting'
+  AND NOT EXISTS (SELECT 1 FROM zeroloss_dependency d WHERE d.downstream = zeroloss_message.id
+    AND (d.settled_status IS NULL OR (d.settled_status <> 'completed' AND zeroloss_message.on_upstream_failure <> 'run')))
 RETURNING id, message_id, status, attempts, updated_at, CAST('waiting' AS TEXT) AS from_status,
   'dependencies_completed' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at
 
@@ -255,5 +280,7 @@ UPDATE zeroloss_message SET status = 'pending', waiting_on = 0,
   available_at = CASE WHEN ordering_key <> '' THEN NULL ELSE strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') END,
   updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
 WHERE id IN (SELECT value FROM json_each(%(ids)s)) AND status = 'waiting'
+  AND NOT EXISTS (SELECT 1 FROM zeroloss_dependency d WHERE d.downstream = zeroloss_message.id
+    AND (d.settled_status IS NULL OR (d.settled_status <> 'completed' AND zeroloss_message.on_upstream_failure <> 'run')))
 RETURNING id, message_id, status, attempts, updated_at, CAST('waiting' AS TEXT) AS from_status,
   'dependencies_completed' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at

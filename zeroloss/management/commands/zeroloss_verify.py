@@ -14,6 +14,9 @@ statement so concurrent transitions never make it disagree with itself:
 - persisted = pending + processing + completed + dead + purged, where *persisted* is the
   ``persisted`` events still present plus the messages counted by purge records.
 
+Workflows (docs/workflows.md): no step left ``waiting`` when every dependency settled (stranded:
+a warning, the sweep releases it), none released while a dependency is unsettled (critical).
+
 Plus: dead letters above ``HEALTH_MAX_DEAD`` and the replication requirement.
 
 Severity comes from each issue's code (:data:`zeroloss.management.verify.SEVERITY`), never from
@@ -28,9 +31,10 @@ full rows in batches of at most ``BATCH_PAYLOAD_BYTES`` (32 MiB) of payload JSON
 ``--verbosity 0`` prints the verdict and the issues only; 2 adds how the run went (batches,
 largest batch, seconds per phase).
 
-Exit codes (a monitor can page on them): 0 OK; 1 warning (stuck messages, dead letters
-above ``HEALTH_MAX_DEAD``); 2 critical (checksum mismatch, attempts beyond max, any
-conservation discrepancy, insufficient replication, replication requirement unmet) or bad
+Exit codes (a monitor can page on them): 0 OK; 1 warning (stuck messages, stranded workflow
+steps, dead letters above ``HEALTH_MAX_DEAD``); 2 critical (checksum mismatch, attempts beyond
+max, any conservation discrepancy, a step released early, insufficient replication,
+replication requirement unmet) or bad
 arguments; 4 the ledger could not be reached. JSON schema: docs/operations.md.
 """
 
@@ -101,6 +105,7 @@ class Command(ZeroLossCommand):
         integrity_seconds = time.perf_counter() - began
         conservation = checks.conservation(checked_pks if sample else None)
         dead_letters = checks.dead_letters()
+        workflows = checks.workflows()
         replication_result = checks.replication()
 
         status, code = checks.verdict()
@@ -114,6 +119,7 @@ class Command(ZeroLossCommand):
             "integrity": integrity,
             "conservation": conservation,
             "dead_letters": dead_letters,
+            "workflows": workflows,
             "replication": replication_result,
             "issue_counts": dict(sorted(checks.issue_counts.items())),
             "issues": [i.as_dict() for i in checks.issues],
