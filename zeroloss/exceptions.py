@@ -45,6 +45,14 @@ class MessageNotFound(ZeroLossError, LookupError):
         self.message_id = message_id
 
 
+class WorkflowNotFound(ZeroLossError, LookupError):
+    """No workflow has this id (``zeroloss_status --workflow``, the admin's workflow page)."""
+
+    def __init__(self, workflow_id: str) -> None:
+        super().__init__(f"No workflow with id {workflow_id!r}: it was never sent, or its steps were purged.")
+        self.workflow_id = workflow_id
+
+
 class InvalidHandler(ZeroLossError, TypeError):
     """A handler was registered with options it cannot honour (refused at registration)."""
 

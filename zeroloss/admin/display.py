@@ -9,11 +9,12 @@ import datetime as dt
 import json
 
 from django.contrib import admin
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from ..ledger.models import Message, Status
+from ..ledger.models import Message, Status, Workflow
 from ..ops import dashboard
 from . import why
 from .base import MessagePermissions, get_service
@@ -135,6 +136,24 @@ class MessageColumns(MessagePermissions):
     @admin.display(description=_("last error"))
     def last_error_full(self, obj: Message) -> SafeString | str:
         return format_html('<pre class="zl-pre">{}</pre>', obj.last_error) if obj.last_error else "-"
+
+    @admin.display(description=_("workflow"))
+    def workflow_link(self, obj: Message) -> SafeString | str:
+        """A step's workflow: its page, and the step's name in it."""
+        if not obj.workflow_id:
+            return "-"
+        text = _("%(workflow)s (step %(step)s)") % {"workflow": obj.workflow_id, "step": obj.step_name}
+        pk = (
+            Workflow.objects.using(obj._state.db)
+            .filter(workflow_id=obj.workflow_id)
+            .values_list("pk", flat=True)
+            .first()
+        )
+        try:
+            url = reverse(f"{self.admin_site.name}:zeroloss_workflow_change", args=[pk]) if pk else ""
+        except NoReverseMatch:  # a site without the workflow admin
+            url = ""
+        return format_html('<a href="{}" id="zl-workflow-link">{}</a>', url, text) if url else text
 
     @admin.display(description=_("retry policy"))
     def policy_display(self, obj: Message) -> str:

@@ -104,6 +104,7 @@ class MessageAdmin(MessageColumns, DeskViews):
         "why_display",
         "policy_display",
         "last_error_full",
+        "workflow_link",
         "payload_pretty",
         "headers_pretty",
         "checksum",
@@ -128,6 +129,16 @@ class MessageAdmin(MessageColumns, DeskViews):
         if match is not None and (match.url_name or "").endswith("_changelist"):
             qs = qs.defer("payload", "headers", "replication_targets")
         return qs
+
+    def get_fieldsets(self, request: HttpRequest, obj: Message | None = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not obj.workflow_id:
+            return fieldsets
+        # A workflow's step: its workflow, right under its id.
+        (name, first), *rest = fieldsets
+        fields = list(first["fields"])
+        fields.insert(fields.index("message_id") + 1, "workflow_link")
+        return [(name, {**first, "fields": fields}), *rest]
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Message], search_term: str

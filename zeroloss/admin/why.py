@@ -92,6 +92,10 @@ def why_text(message: Message, events: Sequence[MessageEvent], now: dt.datetime)
             **when,
             "next": message.attempts + 1,
         }
+    elif status == Status.WAITING:
+        text = _(
+            "waiting for its dependencies (steps of workflow %(workflow)s) to complete: not claimable until then"
+        ) % {"workflow": message.workflow_id}
     elif status == Status.PROCESSING:
         text = _("running attempt %(n)s of %(max)s") % when
     elif status == Status.DEAD and reason == Reason.DEAD_LETTERED_BY_HANDLER:

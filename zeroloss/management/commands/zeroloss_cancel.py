@@ -1,4 +1,6 @@
 """``manage.py zeroloss_cancel ID... [--abort]``: stop messages before they run, or while they run.
+``zeroloss_cancel --workflow ID``: every step of a workflow not yet finished (``zeroloss.cancel_workflow``:
+waiting and pending steps cancelled, running ones aborted).
 
 Every id is checked first: a malformed or unknown one is exit code 2 and nothing is changed.
 Then each message on its own (one transaction for all of them): a pending one (claimable,
@@ -9,7 +11,7 @@ Completed, dead and already cancelled messages are reported, unchanged.
 
 Exit codes: 0 every message is now cancelled (by this call or before it) or, with ``--abort``,
 asked to abort (by this call or before it); 1 some are not (running without ``--abort``, or
-finished); 2 bad arguments (a malformed or unknown id); 4 the ledger could not be reached
+finished); 2 bad arguments (a malformed or unknown message or workflow id); 4 the ledger could not be reached
 (nothing changed). JSON schema: docs/control.md.
 """
 
@@ -22,10 +24,11 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from ...exceptions import InvalidMessage, MessageNotFound
-from ...ledger.models import Message
+from ...ledger.models import Message, Workflow
 from ...ledger.service import validate_message_id
 from ...ledger.types import CancelOutcome, CancelResult
 from ...ops.snapshot import invalidate
+from ...runtime.workflows import cancel_workflow
 from ..base import Incomplete, ZeroLossCommand
 
 BATCH = 500
@@ -53,11 +56,20 @@ def settled(result: CancelResult, abort: bool) -> bool:
 
 class Command(ZeroLossCommand):
     help = gettext_noop(
-        "Cancel pending messages by ID; with --abort also stop running ones (their outcome is cancelled)."
+        "Cancel pending messages by ID; with --abort also stop running ones (their outcome is cancelled). "
+        "--workflow ID cancels every unfinished step of a workflow, aborting running ones."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("ids", nargs="+", metavar="ID", help=_("Message IDs to cancel."))
+        parser.add_argument("ids", nargs="*", metavar="ID", help=_("Message IDs to cancel."))
+        parser.add_argument(
+            "--workflow",
+            metavar="ID",
+            help=_(
+                "Cancel every step of this workflow not yet finished: waiting and pending ones at once, "
+                "running ones aborted (implies --abort)."
+            ),
+        )
         parser.add_argument(
             "--abort",
             action="store_true",
@@ -66,7 +78,16 @@ class Command(ZeroLossCommand):
             ),
         )
 
-    def handle(self, *, ids: list[str], abort: bool, json: bool, **options: Any) -> None:
+    def handle(
+        self, *, ids: list[str], workflow: str | None, abort: bool, json: bool, **options: Any
+    ) -> None:
+        if workflow is not None:
+            if ids:
+                self.usage_error(_("give message IDs or --workflow ID, not both"))
+            self.cancel_workflow(workflow, json, options)
+            return
+        if not ids:
+            self.usage_error(_("give the IDs of the messages to cancel, or --workflow ID"))
         ids = list(dict.fromkeys(ids))  # de-duplicated, order kept
         for mid in ids:
             try:
@@ -97,11 +118,37 @@ class Command(ZeroLossCommand):
                 % {"failed": len(failed), "total": len(results)}
             )
 
-    def report(self, results: list[CancelResult], *, abort: bool, as_json: bool) -> None:
+    def cancel_workflow(self, workflow_id: str, as_json: bool, options: dict[str, Any]) -> None:
+        """Exit codes as for IDs with ``--abort``: 0 every step is finished, cancelled or asked to
+        abort; 1 some step finished otherwise meanwhile; 2 a malformed or unknown workflow id."""
+        try:
+            validate_message_id(workflow_id, "workflow id")
+        except InvalidMessage as exc:
+            self.usage_error(str(exc))
+        service = self.service(options)
+        if not Workflow.objects.using(service.using).filter(workflow_id=workflow_id).exists():
+            self.usage_error(
+                _("unknown workflow id: %(id)s; nothing was changed") % {"id": repr(workflow_id)}
+            )
+        results = cancel_workflow(workflow_id, using=service.using, actor=self.actor())
+        if any(r.ok for r in results):
+            invalidate(service)
+        self.report(results, abort=True, as_json=as_json, workflow=workflow_id)
+        failed = [r for r in results if not settled(r, True)]
+        if failed:
+            raise Incomplete(
+                _("%(failed)s of %(total)s step(s) of workflow %(id)s were not cancelled")
+                % {"failed": len(failed), "total": len(results), "id": workflow_id}
+            )
+
+    def report(
+        self, results: list[CancelResult], *, abort: bool, as_json: bool, workflow: str | None = None
+    ) -> None:
         counts = {o.value: sum(r.outcome == o for r in results) for o in CancelOutcome}
         if as_json:
             self.emit_json(
                 {
+                    **({"workflow": workflow} if workflow is not None else {}),
                     "abort": abort,
                     "results": [r.as_dict() for r in results],
                     "counts": counts,
@@ -109,6 +156,10 @@ class Command(ZeroLossCommand):
                 }
             )
             return
+        if workflow is not None and not results:
+            self.stdout.write(
+                _("workflow %(id)s: every step had finished already; nothing to cancel") % {"id": workflow}
+            )
         for r in results:
             self.stdout.write(f"{r.message_id}: {_(SAYS[r.outcome])} ({r.status})")
         self.stdout.write(

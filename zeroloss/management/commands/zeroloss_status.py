@@ -1,5 +1,6 @@
 """``manage.py zeroloss_status``: messages per queue x status, stuck, dead, nodes, replication,
-blocked ordering keys.
+blocked ordering keys. ``--workflow ID``: one workflow's steps instead (by level, with status,
+attempts, result or last error, what each waits for, and the dead steps that block it).
 
 Reads only, from the snapshot cache (``CACHE_TIMEOUT``) unless ``--no-cache``. ``--watch
 SECONDS`` reads the database at every refresh until Ctrl-C/SIGTERM (or ``--count``
@@ -8,7 +9,7 @@ refreshes); with ``--json`` it then prints one JSON document per line.
 ``--verbosity 0`` prints the queue table only; 2 adds how the snapshot was read (fresh or
 cached, how long it took, whether completed counts are estimated).
 
-Exit codes: 0 done; 2 bad arguments (unknown queue or database alias, malformed number);
+Exit codes: 0 done; 2 bad arguments (unknown queue, workflow or database alias, malformed number);
 4 the ledger could not be reached; 141 stdout was closed (``--watch ... | head -1``).
 JSON schema: docs/operations.md.
 """
@@ -30,6 +31,7 @@ from ...ops.snapshot import format_duration, get_snapshot
 from ...ops.snapshot_types import Snapshot
 from ...runtime.sweep_loop import StopFlag
 from ..base import ZeroLossCommand, positive_float, positive_int
+from ..workflows import read_report, show_workflow
 
 #: Blocked keys listed in the text output (``--json`` has up to ``snapshot.MAX_BLOCKED_KEYS``).
 SHOWN_BLOCKED_KEYS = 10
@@ -45,6 +47,14 @@ class Command(ZeroLossCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--queue", help=_("Only this queue (it must have messages in the ledger; default: every queue).")
+        )
+        parser.add_argument(
+            "--workflow",
+            metavar="ID",
+            help=_(
+                "Show this workflow's steps instead: by level, with status, attempts, result or last "
+                "error, what each waits for, and the dead steps that block it."
+            ),
         )
         parser.add_argument(
             "--watch",
@@ -67,6 +77,7 @@ class Command(ZeroLossCommand):
         self,
         *,
         queue: str | None,
+        workflow: str | None,
         watch: float | None,
         count: int | None,
         no_cache: bool,
@@ -75,8 +86,14 @@ class Command(ZeroLossCommand):
     ) -> None:
         if count is not None and watch is None:
             self.usage_error(_("--count needs --watch"))
+        if workflow is not None and queue is not None:
+            self.usage_error(_("--workflow shows one workflow: leave out --queue"))
         service = self.service(options)
         queue = self.check_queue(service, queue)
+        if workflow is not None and watch is None:
+            # A workflow's steps are read from the database (never cached).
+            show_workflow(self, read_report(self, service, workflow), as_json=json, compact=False)
+            return
         if watch is None:
             self.show(service, queue, use_cache=not no_cache, as_json=json, compact=False)
             return
@@ -86,7 +103,10 @@ class Command(ZeroLossCommand):
             while not stop:
                 # Watching asks for fresh numbers: every refresh reads the database (and refreshes
                 # the cached snapshot other readers get).
-                self.show(service, queue, use_cache=False, as_json=json, compact=True)
+                if workflow is not None:
+                    show_workflow(self, read_report(self, service, workflow), as_json=json, compact=True)
+                else:
+                    self.show(service, queue, use_cache=False, as_json=json, compact=True)
                 shown += 1
                 if count is not None and shown >= count:
                     break
