@@ -108,3 +108,19 @@ def test_sqlite_replication_checks_say_what_happens():
     )
     assert warning.id == "zeroloss.W011"
     assert checks.backend_messages("default", "postgresql", {}, cfg) == []
+
+
+def test_a_replicated_workflow_without_standbys_raises_after_commit_and_keeps_its_steps(live_service):
+    """A workflow's steps are confirmed as a send's are: committed, then ReplicationTimeout."""
+    from zeroloss.ledger.workflow_graph import StepSpec
+
+    service = ZeroLossMessageService(
+        persistence_level="replicated", replication_factor=2, replication_timeout=0.3
+    )
+    steps = [StepSpec("a", "q", {}), StepSpec("b", "q", {}, after=("a",))]
+    with pytest.raises(ReplicationTimeout, match=r"only 1/2 copies"):
+        service.workflows.store("rep", steps)
+    assert sorted(Message.objects.filter(workflow_id="rep").values_list("message_id", flat=True)) == [
+        "rep/a",
+        "rep/b",
+    ]

@@ -19,6 +19,7 @@ from django.db import IntegrityError, transaction
 from ..core.states import FINISHED_STATUSES, Status
 from ..exceptions import InvalidWorkflow, MessageConflict, WorkflowConflict
 from .base import Part
+from .models import Message
 from .validation import validate_message_id
 from .workflow_graph import StepSpec, StoredWorkflow, check_graph, fingerprint, step_message_id
 from .workflow_models import FANIN_GROUP
@@ -122,6 +123,8 @@ class Workflows(Part):
             self.promote_keys(keyed)
         if roots and engine.has_listen_notify:
             engine.wake(self.connection, sorted({p.queue_name for p in roots}))
+        # PERSISTENCE_LEVEL "replicated": confirmed as a send's are, once the transaction commits.
+        self.ctx.store.confirm_replicated([Message(pk=pk[mid], message_id=mid) for mid in ids.values()])
         return ids
 
     # -- settling dependents ---------------------------------------------------------------
