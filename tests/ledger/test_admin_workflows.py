@@ -182,3 +182,19 @@ def test_waiting_is_a_status_of_the_list_filter_and_the_queue_page() -> None:
         assert row, page
         counts = re.findall(r'<td class="zl-num">(\d+)</td>', row.group(1))[: len(Status.values)]
         assert counts[Status.values.index(Status.WAITING)] == "2", (page, counts)
+
+
+@pytest.mark.parametrize(
+    ("lang", "phrases"),
+    [
+        ("de", ["Ebene 0", "wartet auf", "toter Schritt"]),
+        ("fr", ["Niveau 0", "attend", "étape en lettre morte"]),
+    ],
+)
+def test_the_workflow_page_speaks_the_language(settings: Any, lang: str, phrases: list[str]) -> None:
+    blocked_workflow()
+    settings.LANGUAGE_CODE = lang
+    client = client_for(make_user("root", superuser=True), headers={"accept-language": lang})
+    html = client.get(page_url()).content.decode()
+    assert all(p in html for p in phrases), [p for p in phrases if p not in html]
+    assert "Level 0" not in html and "waits for" not in html
