@@ -44,8 +44,9 @@ MORE_WORKLOADS = ["batched", "bulksend", "celery", "peers", "e2e", "ordered"]
 #: benchmarks/abort.py: abort latency on both databases, its own databases, a minute;
 #: benchmarks/telemetry.py: each telemetry backend against off, 24 drains, minutes a run;
 #: benchmarks/wal_life.py: WAL a message writes over its life, on a private server, issue 31;
-#: benchmarks/idle.py: an idle worker's transactions a second on both databases, issue 49).
-OPT_IN = ["retention", "pressure", "pool", "limits", "abort", "telemetry", "wal_life", "idle"]
+#: benchmarks/idle.py: an idle worker's transactions a second on both databases, issue 49;
+#: benchmarks/workflows.py: fan-in, release latency and chains against plain drains, issue 47).
+OPT_IN = ["retention", "pressure", "pool", "limits", "abort", "telemetry", "wal_life", "idle", "workflows"]
 #: Run only when named: the fault suite's soak (minutes; its own servers; benchmarks/faults.py).
 ON_REQUEST = ["faults"]
 
@@ -91,6 +92,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         metavar="N",
         help="With retained: this many completed messages retained (default 1,000,000; --quick 100,000).",
+    )
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        metavar="DIR",
+        help="With --only workflows: a checkout of the code before workflows, with its own .venv, "
+        "whose plain drain is measured beside this code's.",
     )
     parser.add_argument("--json", type=Path, help="Also save every figure and the machine to this file.")
     parser.add_argument(
@@ -220,6 +228,10 @@ def _run_suite(args: argparse.Namespace) -> int:
                     from .limits import run_in_suite as run_limits
 
                     run_limits(suite, quick=args.quick)
+                elif name == "workflows":
+                    from .workflows import run_in_suite as run_workflows
+
+                    run_workflows(suite, quick=args.quick, baseline_tree=args.baseline_tree)
                 elif name == "idle":
                     from .idle import run_in_suite as run_idle
 

@@ -77,13 +77,22 @@ class WorkerProcess:
     """One real ``manage.py zeroloss_worker`` process, output to a file, in its own session."""
 
     def __init__(
-        self, url: str, queue: str, logdir: Path, *extra_args: str, env: dict[str, str] | None = None
+        self,
+        url: str,
+        queue: str,
+        logdir: Path,
+        *extra_args: str,
+        env: dict[str, str] | None = None,
+        tree: Path = ROOT,
+        python: str = sys.executable,
     ):
+        """``tree`` and ``python``: another checkout of zeroloss and its interpreter (the code
+        before a change, measured beside it)."""
         self.log_path = Path(tempfile.mkstemp(prefix="worker-", suffix=".log", dir=logdir)[1])
         self._log = self.log_path.open("w")
         self.popen = subprocess.Popen(
-            [sys.executable, "manage.py", "zeroloss_worker", "--queue", queue, *extra_args],
-            cwd=ROOT,
+            [python, "manage.py", "zeroloss_worker", "--queue", queue, *extra_args],
+            cwd=tree,
             env=env or child_env(url),
             stdout=self._log,
             stderr=subprocess.STDOUT,
