@@ -11,7 +11,12 @@ pg_wal's fsyncs, fills SQLite's file's filesystem, and prints
 the table of docs/guarantees.md ("Storage faults, tested"; tests/faults/storage.py). Exits 1 if any check failed or a
 target was missed.
 
-``python -m benchmarks.faults [--profile soak|ci] [--seed N] [--scenario database celery recovery partitions storage]
+The ``workflows`` scenario (issue 47) sends a group with a transactional callback and a chain of
+diamonds, then SIGKILLs a worker every few seconds and restarts PostgreSQL once while three
+workers drain them (tests/faults/workflows.py), and prints the table of docs/guarantees.md
+("Workflows under faults").
+
+``python -m benchmarks.faults [--profile soak|ci] [--seed N] [--scenario database celery recovery workflows partitions storage]
 [--storage disk-full wal-full fsync-stalls fsync-stall sqlite-full]``
 """
 
@@ -26,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SCENARIOS = ("database", "celery", "recovery", "partitions", "storage")
+SCENARIOS = ("database", "celery", "recovery", "workflows", "partitions", "storage")
 
 
 def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
@@ -42,6 +47,8 @@ def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
     from tests.faults.storage import RUNNERS as STORAGE_SCENARIOS
     from tests.faults.storage import report as storage_report
     from tests.faults.storage import run_scenarios as run_storage
+    from tests.faults.workflows import WF_PROFILES, run_workflows
+    from tests.faults.workflows import report as workflow_report
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.faults", description=__doc__)
     parser.add_argument("--profile", choices=sorted(PROFILES), default=profile)
@@ -69,6 +76,7 @@ def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
     results = []
     net_results = []
     storage_results = []
+    workflow_results = []
     on_cluster = [name for name in args.scenario if name not in ("partitions", "storage")]
     if on_cluster:
         cluster = FaultCluster()
@@ -77,6 +85,17 @@ def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
             runners = {"database": run_database, "celery": run_celery, "recovery": measure_recovery}
             for name in on_cluster:
                 print(f"- {name} ...", flush=True)
+                if name == "workflows":
+                    workflow_results.append(
+                        run_workflows(
+                            cluster,
+                            WF_PROFILES[chosen.name],
+                            seed,
+                            base,
+                            lambda line: print(line, flush=True),
+                        )
+                    )
+                    continue
                 results.append(
                     runners[name](cluster, chosen, seed, base, lambda line: print(line, flush=True))
                 )
@@ -92,10 +111,13 @@ def main(argv: list[str] | None = None, *, profile: str = "soak") -> int:
         all(r.ok for r in results)
         and not any(r.misses() for r in net_results)
         and all(r.ok for r in storage_results)
+        and all(r.ok for r in workflow_results)
     )
     print()
     if results:
         print(report(results, profile=chosen, seed=seed))
+    if workflow_results:
+        print(f"\n{workflow_report(workflow_results)}")
     if net_results:
         print(f"\n{partition_report(net_results)}")
     if storage_results:

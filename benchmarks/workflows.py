@@ -22,7 +22,9 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,57 @@ SELECT d.downstream, extract(epoch FROM claim.t - max(ack.t))
 FROM zeroloss_dependency d JOIN ack ON ack.message_id = d.upstream JOIN claim ON claim.id = d.downstream
 WHERE d.workflow_id = %(wf)s GROUP BY d.downstream, claim.t
 """
+
+
+#: Statements told apart by a piece of their text (sql/workflows.sql, sql/outcomes.sql, ...).
+STATEMENTS = [
+    ("zeroloss_dependency SET settled_status", "SETTLE"),
+    ("UPDATE zeroloss_fanin", "FANIN_DECREMENT"),
+    ("SET waiting_on = zeroloss_message.waiting_on", "STEP_DECREMENT"),
+    ("status = 'waiting' AND waiting_on = 0", "STEP_RELEASE"),
+    ("workflow_id <> ''", "STEPS_AMONG"),
+    ("SET status = 'completed'", "acknowledge"),
+    ("SET status = 'processing'", "claim"),
+    ("INSERT INTO zeroloss_messageevent", "audit rows"),
+]
+
+
+def statement(query: str) -> str:
+    for needle, name in STATEMENTS:
+        if needle in query:
+            return name
+    return " ".join(query.split())[:50]
+
+
+class ActivitySampler(threading.Thread):
+    """Samples what the database's other sessions are doing every few milliseconds: by statement
+    and wait (``CPU`` when running, ``client`` when idle in a transaction, between statements)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.counts: Counter[str] = Counter()
+        self.samples = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self._halt.wait(0.005):
+                rows = conn.execute(
+                    "SELECT state, wait_event_type, wait_event, query FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "AND state IN ('active', 'idle in transaction')"
+                ).fetchall()
+                self.samples += 1
+                for state, kind, event, query in rows:
+                    where = "client" if state != "active" else (f"{kind}:{event}" if kind else "CPU")
+                    self.counts[f"{statement(query)} [{where}]"] += 1
+
+    def stop(self) -> dict[str, Any]:
+        self._halt.set()
+        self.join(timeout=10)
+        top = self.counts.most_common(12)
+        return {"samples": self.samples, "top": [(k, round(n / max(self.samples, 1), 2)) for k, n in top]}
 
 
 def reset(conn: psycopg.Connection[Any], *, workflows: bool = True) -> None:
@@ -130,16 +183,20 @@ class WorkflowBench:
 
     # -- drains ---------------------------------------------------------------------------
 
-    def plain(self, base: bool = False) -> tuple[float, bool]:
+    def plain(self, base: bool = False, sampler: ActivitySampler | None = None) -> tuple[float, bool]:
         """Seconds to drain ``members`` plain messages (backlog first), and the exactly-once check."""
         conn = self.base_conn if base else self.suite.conn
         assert conn is not None
         reset(conn, workflows=not base)
         self.suite.load_pending(QUEUE, self.members, conn)
         workers = self._workers(base)
+        if sampler is not None:
+            sampler.start()
         try:
             self.suite.wait_drained(QUEUE, self.members, conn)
         finally:
+            if sampler is not None:
+                sampler.stop()
             for w in workers:
                 w.stop()
         window, checks = self.suite.drain_window(QUEUE, conn)
@@ -311,6 +368,12 @@ class WorkflowBench:
             f"({len(chords)} chords); chain link p50 {link_fig.values[-1]:.1f} ms p99 "
             f"{link_fig.info['p99_ms']:.1f} ms ({len(links)} links)"
         )
+        # Where the time goes: one more drain of each, sampled (not in the figures above).
+        for key, drain in (("plain", self.plain), ("fan-in", self.fan_in)):
+            sampler = ActivitySampler(suite.url)
+            drain(sampler=sampler)  # type: ignore[operator]
+            fan_fig.info[f"activity_{key}"] = profile = sampler.stop()
+            _log(f"workflows: {key} drain, sessions' share of {profile['samples']} samples: {profile['top']}")
         reset(suite.conn)
 
     def close(self) -> None:

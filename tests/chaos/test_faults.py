@@ -54,6 +54,8 @@ from tests.faults.partitions import report as partition_report
 from tests.faults.scenario import CI, measure_recovery, report, run_celery, run_database
 from tests.faults.storage import CI_STORAGE, StorageRun, run_scenarios, sqlite_on_failing_disk
 from tests.faults.storage import report as storage_report
+from tests.faults.workflows import WF_CI, run_workflows
+from tests.faults.workflows import report as workflow_report
 from tests.faults.workload import WorkerPool, child_env, producer
 from tests.infra.netns import SUBNET_PREFIX, NetnsLab
 from tests.support.waiting import hold_for, pause, wait_until
@@ -486,6 +488,22 @@ def test_database_workload_under_faults(fault_cluster: FaultCluster, tmp_path: P
     assert any(
         s["expired"] and s["claimed_again_by_another"] and s["late_outcomes_refused"] for s in findings.stops
     ), findings.stops
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_workflows_fan_in_exactly_once_under_kills_and_a_restart(fault_cluster: FaultCluster, tmp_path: Path):
+    """A group and its transactional callback, and a chain of diamonds, drained by three workers
+    SIGKILLed in turn with a PostgreSQL restart halfway: every step completed, the callback's
+    effect committed once and only after every member completed (tests/faults/workflows.py)."""
+    seed = _seed()
+    result = run_workflows(fault_cluster, WF_CI, seed, tmp_path)
+    print(workflow_report([result]))
+    kinds = Counter(f.kind for f in result.faults)
+    assert kinds["sigkill"] >= WF_CI.kills and kinds["restart-immediate"] == 1, kinds
+    assert result.violations == [], f"logs in {result.run_dir}"
+    assert result.callback_effects == 1 and result.callback_claimed_after_members_s is not None
+    assert result.completed == result.expected_steps == WF_CI.members + 1 + 4 * WF_CI.diamonds
 
 
 @pytest.mark.slow

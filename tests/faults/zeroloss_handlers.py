@@ -79,3 +79,30 @@ def effect_plain(delivery: Delivery) -> None:
     note("start", "plain", delivery)
     _work(delivery)
     note("end", "plain", delivery)
+
+
+#: The workflow fault run (tests/faults/workflows.py): its steps, and the callback of its group.
+WF_QUEUE = "faults.wf"
+WF_CALLBACK_QUEUE = "faults.wf.callback"
+
+
+@zeroloss.handler(WF_QUEUE)
+def workflow_step(delivery: Delivery) -> None:
+    """A step of the workflow run: at-least-once, recorded in the run log."""
+    note("start", "wf", delivery)
+    _work(delivery)
+    note("end", "wf", delivery)
+
+
+@zeroloss.handler(WF_CALLBACK_QUEUE, transactional=True)
+def workflow_callback(delivery: Delivery) -> None:
+    """The group's callback: its effect row commits with its acknowledgement, so it must exist
+    exactly once however often the callback started."""
+    note("start", "wf-callback", delivery)
+    _work(delivery)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {EFFECT_TABLE} (message_id, attempt, pid, token) VALUES (%s, %s, %s, %s)",
+            [delivery.message_id, delivery.attempt, os.getpid(), str(delivery.lease.token)],
+        )
+    note("end", "wf-callback", delivery)
