@@ -202,7 +202,7 @@ class WorkflowBench:
         window, checks = self.suite.drain_window(QUEUE, conn)
         return window, all(checks.values())
 
-    def fan_in(self) -> tuple[float, float, bool]:
+    def fan_in(self, sampler: ActivitySampler | None = None) -> tuple[float, float, bool]:
         """A chord of ``members`` + 1 callback, sent, then drained: (window s, last member's
         acknowledgement to the callback's claim s, exactly once)."""
         import zeroloss
@@ -215,9 +215,13 @@ class WorkflowBench:
         )
         db.analyze(conn)
         workers = self._workers()
+        if sampler is not None:
+            sampler.start()
         try:
             self.suite.wait_drained(QUEUE, self.members + 1, conn)
         finally:
+            if sampler is not None:
+                sampler.stop()
             for w in workers:
                 w.stop()
         window, checks = self.suite.drain_window(QUEUE, conn)
@@ -369,9 +373,12 @@ class WorkflowBench:
             f"{link_fig.info['p99_ms']:.1f} ms ({len(links)} links)"
         )
         # Where the time goes: one more drain of each, sampled (not in the figures above).
-        for key, drain in (("plain", self.plain), ("fan-in", self.fan_in)):
+        for key in ("plain", "fan-in"):
             sampler = ActivitySampler(suite.url)
-            drain(sampler=sampler)  # type: ignore[operator]
+            if key == "plain":
+                self.plain(sampler=sampler)
+            else:
+                self.fan_in(sampler=sampler)
             fan_fig.info[f"activity_{key}"] = profile = sampler.stop()
             _log(f"workflows: {key} drain, sessions' share of {profile['samples']} samples: {profile['top']}")
         reset(suite.conn)
