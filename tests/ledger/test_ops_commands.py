@@ -83,6 +83,7 @@ VERIFY_KEYS = {
     "integrity",
     "conservation",
     "dead_letters",
+    "workflows",
     "replication",
     "issue_counts",
     "issues",

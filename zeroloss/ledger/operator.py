@@ -16,6 +16,7 @@ from .base import Part
 from .models import PurgeRecord, Status
 from .types import CancelOutcome, CancelResult
 from .validation import clean_text, seconds, validate_count, validate_message_id, validate_queue_name
+from .workflow_retention import purge_workflows
 
 #: The cut-off that keeps every period holding a message of a status kept for ever.
 _KEPT = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
@@ -203,10 +204,22 @@ class Operator(Part):
         if queue_name is not None:
             validate_queue_name(queue_name)
         actor = validate_message_id(actor, "actor") if actor is not None else self.instance_id
-        purged = 0
+        # A workflow goes whole (docs/workflows.md#retention): here, once every step has this
+        # status (of this queue) and is older than the age; first, so that its period can go.
+        steps = purge_workflows(
+            self,
+            lambda q, st: age if st == status and queue_name in (None, q) else None,
+            shortest=age,
+            actor=actor,
+            batch_size=batch_size,
+            limit=limit,
+        )
+        purged = sum(steps.values())
         if status == Status.COMPLETED and queue_name is None and limit is None:
             purged += self._drop_expired_periods(age, actor)
-        purged += self._purge_rows(status, age, queue_name, (), batch_size, actor, limit)
+        left = None if limit is None else limit - purged
+        if left is None or left > 0:
+            purged += self._purge_rows(status, age, queue_name, (), batch_size, actor, left)
         self._run("DEDUP_PURGE", {})
         return purged
 
@@ -330,6 +343,20 @@ class Operator(Part):
         default = cfg.retention_of(None)
         own = {q: cfg.retention_of(q) for q, declared in cfg.QUEUES.items() if declared.retention}
         removed: dict[str, int] = {str(s): 0 for s in FINISHED_STATUSES}
+        # Finished workflows first, whole, once each step is past its status's and queue's
+        # retention (docs/workflows.md#retention): a period holding a step is never dropped.
+        ages = [a for policy in (default, *own.values()) for a in policy.values() if a is not None]
+        if ages:
+            steps = purge_workflows(
+                self,
+                lambda q, st: cfg.retention_of(q).get(st),
+                shortest=min(ages),
+                actor=actor,
+                batch_size=batch_size,
+                deadline=deadline,
+            )
+            for name, n in steps.items():
+                removed[name] = removed.get(name, 0) + n
         if self.engine.partitions_by_period:
             # A period goes whole only once past the longest retention any queue has.
             now = self.database_now()

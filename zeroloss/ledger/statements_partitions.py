@@ -92,7 +92,9 @@ CENSUS = "SELECT queue_name, status, count(*) FROM {part} GROUP BY queue_name, s
 #: Whether a period holds a message a drop may not take, read from the partial indexes (no scan
 #: of the period): asked before the detach, and again of the detached table, where nothing
 #: changes it any more, with the census (which keeps a period holding a status the ledger does
-#: not write, a status no probe names: looking for it here would scan the period). ``{dead}``: ``DEAD_KEPT`` or,
+#: not write, a status no probe names: looking for it here would scan the period). A period
+#: holding a workflow's step is kept whatever its status: a workflow goes whole, by the purge of
+#: finished workflows (:mod:`.workflow_retention`), never with a period. ``{dead}``: ``DEAD_KEPT`` or,
 #: with a dead letters' retention, ``DEAD_KEPT_BEFORE`` (parameters: the completed messages'
 #: cut-off, twice; then the dead letters').
 HOLDS_KEPT = (
@@ -102,7 +104,8 @@ HOLDS_KEPT = (
     "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'completed' AND (completed_at >= %s OR completed_at IS NULL)) "
     "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'cancelled' AND updated_at >= %s) "
     "OR EXISTS (SELECT 1 FROM {part} WHERE status = 'dead'{dead}) "
-    "OR EXISTS (SELECT 1 FROM {part} WHERE workflow_id <> '' AND status = 'waiting')"
+    "OR EXISTS (SELECT 1 FROM {part} WHERE workflow_id <> '' AND status = 'waiting') "
+    "OR EXISTS (SELECT 1 FROM {part} WHERE workflow_id <> '')"
 )
 #: The statuses HOLDS_KEPT decides about, read from its text: the census keeps a period holding
 #: any other (one a later version adds and these probes do not know yet), whatever ``Status`` says.

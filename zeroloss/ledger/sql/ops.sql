@@ -6,109 +6,110 @@
 -- The purge: the oldest finished messages of a status, by the time of their last move (a
 -- cancelled message's last move is its cancellation: nothing moves it after), ``age``
 -- seconds before the database clock at most; of one queue (_OF_QUEUE), or of every queue
--- but those with a retention of their own (_EXCEPT_QUEUES: a batch of names).
+-- but those with a retention of their own (_EXCEPT_QUEUES: a batch of names). A workflow's
+-- steps are not picked: a workflow goes whole (zeroloss.ledger.workflow_retention).
 -- PostgreSQL locks what it picks, skipping what another purge holds; SQLite's purge holds
 -- the database's one write lock.
 
 -- name: PURGE_PICK_COMPLETED [postgresql]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND completed_at < (statement_timestamp() + %(age)s * interval '1 second')
+WHERE status = %(status)s AND workflow_id = '' AND completed_at < (statement_timestamp() + %(age)s * interval '1 second')
 ORDER BY completed_at LIMIT %(size)s FOR UPDATE SKIP LOCKED
 
 -- name: PURGE_PICK_COMPLETED [sqlite]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND completed_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
+WHERE status = %(status)s AND workflow_id = '' AND completed_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
 ORDER BY completed_at LIMIT %(size)s
 
 -- name: PURGE_PICK_COMPLETED_OF_QUEUE [postgresql]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND completed_at < (statement_timestamp() + %(age)s * interval '1 second')
+WHERE status = %(status)s AND workflow_id = '' AND completed_at < (statement_timestamp() + %(age)s * interval '1 second')
   AND queue_name = %(queue)s
 ORDER BY completed_at LIMIT %(size)s FOR UPDATE SKIP LOCKED
 
 -- name: PURGE_PICK_COMPLETED_OF_QUEUE [sqlite]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND completed_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
+WHERE status = %(status)s AND workflow_id = '' AND completed_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
   AND queue_name = %(queue)s
 ORDER BY completed_at LIMIT %(size)s
 
 -- name: PURGE_PICK_COMPLETED_EXCEPT_QUEUES [postgresql]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND completed_at < (statement_timestamp() + %(age)s * interval '1 second')
+WHERE status = %(status)s AND workflow_id = '' AND completed_at < (statement_timestamp() + %(age)s * interval '1 second')
   AND queue_name NOT IN (SELECT b.q FROM unnest(%(queues)s::text[]) AS b(q))
 ORDER BY completed_at LIMIT %(size)s FOR UPDATE SKIP LOCKED
 
 -- name: PURGE_PICK_COMPLETED_EXCEPT_QUEUES [sqlite]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND completed_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
+WHERE status = %(status)s AND workflow_id = '' AND completed_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
   AND queue_name NOT IN (SELECT b.q FROM (SELECT value AS q FROM json_each(%(queues)s)) AS b)
 ORDER BY completed_at LIMIT %(size)s
 
 -- name: PURGE_PICK_DEAD [postgresql]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND dead_at < (statement_timestamp() + %(age)s * interval '1 second')
+WHERE status = %(status)s AND workflow_id = '' AND dead_at < (statement_timestamp() + %(age)s * interval '1 second')
 ORDER BY dead_at LIMIT %(size)s FOR UPDATE SKIP LOCKED
 
 -- name: PURGE_PICK_DEAD [sqlite]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND dead_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
+WHERE status = %(status)s AND workflow_id = '' AND dead_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
 ORDER BY dead_at LIMIT %(size)s
 
 -- name: PURGE_PICK_DEAD_OF_QUEUE [postgresql]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND dead_at < (statement_timestamp() + %(age)s * interval '1 second')
+WHERE status = %(status)s AND workflow_id = '' AND dead_at < (statement_timestamp() + %(age)s * interval '1 second')
   AND queue_name = %(queue)s
 ORDER BY dead_at LIMIT %(size)s FOR UPDATE SKIP LOCKED
 
 -- name: PURGE_PICK_DEAD_OF_QUEUE [sqlite]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND dead_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
+WHERE status = %(status)s AND workflow_id = '' AND dead_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
   AND queue_name = %(queue)s
 ORDER BY dead_at LIMIT %(size)s
 
 -- name: PURGE_PICK_DEAD_EXCEPT_QUEUES [postgresql]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND dead_at < (statement_timestamp() + %(age)s * interval '1 second')
+WHERE status = %(status)s AND workflow_id = '' AND dead_at < (statement_timestamp() + %(age)s * interval '1 second')
   AND queue_name NOT IN (SELECT b.q FROM unnest(%(queues)s::text[]) AS b(q))
 ORDER BY dead_at LIMIT %(size)s FOR UPDATE SKIP LOCKED
 
 -- name: PURGE_PICK_DEAD_EXCEPT_QUEUES [sqlite]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND dead_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
+WHERE status = %(status)s AND workflow_id = '' AND dead_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
   AND queue_name NOT IN (SELECT b.q FROM (SELECT value AS q FROM json_each(%(queues)s)) AS b)
 ORDER BY dead_at LIMIT %(size)s
 
 -- name: PURGE_PICK_CANCELLED [postgresql]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND updated_at < (statement_timestamp() + %(age)s * interval '1 second')
+WHERE status = %(status)s AND workflow_id = '' AND updated_at < (statement_timestamp() + %(age)s * interval '1 second')
 ORDER BY updated_at LIMIT %(size)s FOR UPDATE SKIP LOCKED
 
 -- name: PURGE_PICK_CANCELLED [sqlite]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND updated_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
+WHERE status = %(status)s AND workflow_id = '' AND updated_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
 ORDER BY updated_at LIMIT %(size)s
 
 -- name: PURGE_PICK_CANCELLED_OF_QUEUE [postgresql]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND updated_at < (statement_timestamp() + %(age)s * interval '1 second')
+WHERE status = %(status)s AND workflow_id = '' AND updated_at < (statement_timestamp() + %(age)s * interval '1 second')
   AND queue_name = %(queue)s
 ORDER BY updated_at LIMIT %(size)s FOR UPDATE SKIP LOCKED
 
 -- name: PURGE_PICK_CANCELLED_OF_QUEUE [sqlite]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND updated_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
+WHERE status = %(status)s AND workflow_id = '' AND updated_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
   AND queue_name = %(queue)s
 ORDER BY updated_at LIMIT %(size)s
 
 -- name: PURGE_PICK_CANCELLED_EXCEPT_QUEUES [postgresql]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND updated_at < (statement_timestamp() + %(age)s * interval '1 second')
+WHERE status = %(status)s AND workflow_id = '' AND updated_at < (statement_timestamp() + %(age)s * interval '1 second')
   AND queue_name NOT IN (SELECT b.q FROM unnest(%(queues)s::text[]) AS b(q))
 ORDER BY updated_at LIMIT %(size)s FOR UPDATE SKIP LOCKED
 
 -- name: PURGE_PICK_CANCELLED_EXCEPT_QUEUES [sqlite]
 SELECT id, queue_name FROM zeroloss_message
-WHERE status = %(status)s AND updated_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
+WHERE status = %(status)s AND workflow_id = '' AND updated_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))
   AND queue_name NOT IN (SELECT b.q FROM (SELECT value AS q FROM json_each(%(queues)s)) AS b)
 ORDER BY updated_at LIMIT %(size)s
 

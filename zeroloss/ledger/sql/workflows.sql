@@ -284,3 +284,58 @@ WHERE id IN (SELECT value FROM json_each(%(ids)s)) AND status = 'waiting'
     AND (d.settled_status IS NULL OR (d.settled_status <> 'completed' AND zeroloss_message.on_upstream_failure <> 'run')))
 RETURNING id, message_id, status, attempts, updated_at, CAST('waiting' AS TEXT) AS from_status,
   'dependencies_completed' AS reason, CAST(%(detail)s AS TEXT) AS detail, queue_name, ordering_key, created_at
+
+-- Retention (zeroloss.ledger.workflow_retention): a workflow goes whole once finished. The
+-- candidates after workflow ``after``: every step finished, none of them within ``age`` seconds
+-- (a negative number: the shortest retention that applies) of the database clock.
+-- name: WORKFLOW_PURGE_CANDIDATES [postgresql]
+SELECT w.id, w.workflow_id FROM zeroloss_workflow w
+WHERE w.id > %(after)s AND NOT EXISTS (SELECT 1 FROM zeroloss_message m WHERE m.workflow_id = w.workflow_id
+  AND (m.status IN ('pending', 'processing', 'waiting')
+    OR coalesce(CASE WHEN m.status = 'completed' THEN m.completed_at WHEN m.status = 'dead' THEN m.dead_at END,
+      m.updated_at) >= statement_timestamp() + %(age)s * interval '1 second'))
+ORDER BY w.id LIMIT %(size)s
+
+-- name: WORKFLOW_PURGE_CANDIDATES [sqlite]
+SELECT w.id, w.workflow_id FROM zeroloss_workflow w
+WHERE w.id > %(after)s AND NOT EXISTS (SELECT 1 FROM zeroloss_message m WHERE m.workflow_id = w.workflow_id
+  AND (m.status IN ('pending', 'processing', 'waiting')
+    OR coalesce(CASE WHEN m.status = 'completed' THEN m.completed_at WHEN m.status = 'dead' THEN m.dead_at END,
+      m.updated_at) >= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.6f seconds', %(age)s))))
+ORDER BY w.id LIMIT %(size)s
+
+-- The steps of these workflows, locked (a redrive waits for the purge, or the purge sees it):
+-- each one's queue, status and seconds since it finished.
+-- name: WORKFLOW_PURGE_STEPS [postgresql]
+SELECT m.id, m.workflow_id, m.queue_name, m.status,
+  extract(epoch FROM statement_timestamp() - coalesce(CASE WHEN m.status = 'completed' THEN m.completed_at
+    WHEN m.status = 'dead' THEN m.dead_at END, m.updated_at))::float8
+FROM zeroloss_message m WHERE m.workflow_id IN (SELECT b.wf FROM unnest(%(wf)s::text[]) AS b(wf))
+ORDER BY m.id FOR UPDATE OF m
+
+-- name: WORKFLOW_PURGE_STEPS [sqlite]
+SELECT m.id, m.workflow_id, m.queue_name, m.status,
+  (julianday('now') - julianday(coalesce(CASE WHEN m.status = 'completed' THEN m.completed_at
+    WHEN m.status = 'dead' THEN m.dead_at END, m.updated_at))) * 86400.0
+FROM zeroloss_message m WHERE m.workflow_id IN (SELECT value FROM json_each(%(wf)s))
+ORDER BY m.id
+
+-- A purged workflow's rows besides its steps: its fan-in groups (by their steps' ids), its
+-- dependencies, itself.
+-- name: FANIN_PURGE [postgresql]
+DELETE FROM zeroloss_fanin WHERE downstream IN (SELECT b.id FROM unnest(%(ids)s::bigint[]) AS b(id))
+
+-- name: FANIN_PURGE [sqlite]
+DELETE FROM zeroloss_fanin WHERE downstream IN (SELECT value FROM json_each(%(ids)s))
+
+-- name: DEPENDENCY_PURGE [postgresql]
+DELETE FROM zeroloss_dependency WHERE workflow_id IN (SELECT b.wf FROM unnest(%(wf)s::text[]) AS b(wf))
+
+-- name: DEPENDENCY_PURGE [sqlite]
+DELETE FROM zeroloss_dependency WHERE workflow_id IN (SELECT value FROM json_each(%(wf)s))
+
+-- name: WORKFLOW_PURGE [postgresql]
+DELETE FROM zeroloss_workflow WHERE workflow_id IN (SELECT b.wf FROM unnest(%(wf)s::text[]) AS b(wf))
+
+-- name: WORKFLOW_PURGE [sqlite]
+DELETE FROM zeroloss_workflow WHERE workflow_id IN (SELECT value FROM json_each(%(wf)s))
