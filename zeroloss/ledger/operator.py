@@ -345,12 +345,12 @@ class Operator(Part):
         removed: dict[str, int] = {str(s): 0 for s in FINISHED_STATUSES}
         # Finished workflows first, whole, once each step is past its status's and queue's
         # retention (docs/workflows.md#retention): a period holding a step is never dropped.
-        ages = [a for policy in (default, *own.values()) for a in policy.values() if a is not None]
-        if ages:
+        kept_for = [a for policy in (default, *own.values()) for a in policy.values() if a is not None]
+        if kept_for:
             steps = purge_workflows(
                 self,
                 lambda q, st: cfg.retention_of(q).get(st),
-                shortest=min(ages),
+                shortest=min(kept_for),
                 actor=actor,
                 batch_size=batch_size,
                 deadline=deadline,
