@@ -47,7 +47,7 @@ class MessageAdmin(MessageColumns, DeskViews):
     search_fields = ("message_id", "queue_name")
     search_help_text = _(
         "Exact message id or queue name (id:… for an id only); key:… an exact ordering key; "
-        "error:… searches the last errors (slower)."
+        "workflow:… the steps of a workflow; error:… searches the last errors (slower)."
     )
     ordering = ("-id",)
     list_per_page = 50

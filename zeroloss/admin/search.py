@@ -8,7 +8,8 @@ the operator asks for one with a prefix.
 Messages: ``term`` is an exact message id or an exact queue name; ``id:term`` only a message
 id; ``error:text`` searches the last error (case-insensitive, a scan); ``key:name`` the messages
 of an exact ordering key (with the queue filter, the ordering indexes serve its live messages;
-across retained history it is a scan). Audit events: ``term``
+across retained history it is a scan); ``workflow:id`` the steps of a workflow (its partial
+index). Audit events: ``term``
 (or ``id:term``) is an exact message id; ``actor:name`` an exact actor (a scan).
 """
 
@@ -22,6 +23,7 @@ ID_PREFIX = "id:"
 ERROR_PREFIX = "error:"
 KEY_PREFIX = "key:"
 ACTOR_PREFIX = "actor:"
+WORKFLOW_PREFIX = "workflow:"
 
 
 def _after(term: str, prefix: str) -> str | None:
@@ -39,6 +41,9 @@ def search_messages(queryset: QuerySet[Message], term: str) -> QuerySet[Message]
     key = _after(term, KEY_PREFIX)
     if key is not None:
         return queryset.filter(ordering_key=key) if key else queryset.none()
+    workflow = _after(term, WORKFLOW_PREFIX)
+    if workflow is not None:
+        return queryset.filter(workflow_id=workflow) if workflow else queryset.none()
     message_id = _after(term, ID_PREFIX)
     if message_id is not None:
         return queryset.filter(message_id=message_id)

@@ -15,11 +15,12 @@ of every audit row, like the message actions (:mod:`zeroloss.admin.actions`):
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import BadRequest, PermissionDenied
-from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models import Count, F, IntegerField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -33,7 +34,7 @@ from ..core.states import FINISHED_STATUSES, Status
 from ..exceptions import WorkflowNotFound
 from ..ledger.models import Message, Workflow
 from ..ledger.types import CancelOutcome
-from ..ops.workflows import BLOCKED, WorkflowReport, workflow_report
+from ..ops.workflows import WorkflowReport, workflow_report
 from ..runtime.workflows import cancel_workflow
 from .base import PERMISSIONS, ReadOnlyAdmin, actor, get_service
 
@@ -54,8 +55,33 @@ def _steps_with(status: Any) -> Coalesce:
     return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
 
 
+class ProgressFilter(admin.SimpleListFilter):
+    """Workflows by their steps' progress (counted per workflow over the workflow-id index)."""
+
+    title = _("progress")
+    parameter_name = "progress"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("dead", str(_("With a dead step"))),
+            ("unfinished", str(_("Not finished"))),
+            ("finished", str(_("Finished"))),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value == "dead":
+            return queryset.filter(dead__gt=0)
+        if value == "unfinished":
+            return queryset.filter(finished__lt=F("steps"))
+        if value == "finished":
+            return queryset.filter(finished__gte=F("steps"))
+        return queryset
+
+
 class WorkflowAdmin(ReadOnlyAdmin):
     list_display = ("workflow_id", "steps", "created_at", "progress")
+    list_filter = (ProgressFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("workflow_id",)
     search_help_text = _("The start of a workflow id.")
     ordering = ("-id",)
@@ -178,7 +204,9 @@ class WorkflowAdmin(ReadOnlyAdmin):
             **self._context(request, obj, _("Workflow %(id)s") % {"id": obj.workflow_id}),
             "report": report,
             "levels": levels,
-            "blocked": report is not None and report.state == BLOCKED,
+            "steps_url": reverse(f"{self.admin_site.name}:zeroloss_message_changelist")
+            + "?"
+            + urlencode({"q": f"workflow:{obj.workflow_id}"}),
             "can_redrive": bool(report and report.dead) and self.has_redrive_permission(request),
             "can_cancel": bool(report and report.live) and self.has_cancel_workflow_permission(request),
             **(extra_context or {}),
