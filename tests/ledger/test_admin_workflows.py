@@ -67,7 +67,7 @@ def test_the_workflow_list_shows_each_with_its_progress() -> None:
     drain()
     listed = reverse("admin:zeroloss_workflow_changelist")
     for progress, shown in (
-        ("dead", {"ops"}),
+        ("dead_steps", {"ops"}),
         ("unfinished", {"ops"}),
         ("finished", {"fine"}),
         ("", {"ops", "fine"}),

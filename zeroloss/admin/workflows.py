@@ -63,14 +63,14 @@ class ProgressFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [
-            ("dead", str(_("With a dead step"))),
+            ("dead_steps", str(_("With a dead step"))),
             ("unfinished", str(_("Not finished"))),
             ("finished", str(_("Finished"))),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         value = self.value()
-        if value == "dead":
+        if value == "dead_steps":
             return queryset.filter(dead__gt=0)
         if value == "unfinished":
             return queryset.filter(finished__lt=F("steps"))
