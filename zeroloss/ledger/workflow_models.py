@@ -2,10 +2,10 @@
 
 Its steps are ordinary :class:`~zeroloss.ledger.models.Message` rows (``workflow_id`` set). A
 dependency is an edge from an upstream step to a downstream one, settled once when the upstream's
-outcome counts for the downstream. A downstream's dependencies are counted in groups of
-:data:`FANIN_GROUP` (``FanIn``): an outcome decrements its group's row, and only the outcome that
-empties a group decrements the step (``Message.waiting_on``) — concurrent completions of a large
-group contend on a group of a hundred, never all on one row.
+outcome counts for the downstream. A downstream's dependencies are counted in groups of at most
+:data:`FANIN_GROUP`, striped (``FanIn``, :func:`fanin_groups`): an outcome decrements its group's
+row, and only the outcome that empties a group decrements the step (``Message.waiting_on``) —
+concurrent completions of a large group contend on different rows, never all on one.
 """
 
 from __future__ import annotations
@@ -13,8 +13,15 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-#: How many of a step's dependencies share one fan-in row.
+#: How many of a step's dependencies share one fan-in row, at most.
 FANIN_GROUP = 100
+
+
+def fanin_groups(dependencies: int) -> int:
+    """How many fan-in rows a step's ``dependencies`` are counted in (at least one). Dependency
+    ``n`` goes to row ``n % groups``: members stored one after another, claimed one after another
+    by several workers at once, decrement different rows."""
+    return max(1, -(-dependencies // FANIN_GROUP))
 
 
 class Workflow(models.Model):

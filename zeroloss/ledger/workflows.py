@@ -8,7 +8,6 @@ each after its own fenced statement, in its transaction, with the messages that 
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from .base import Part
 from .models import Message
 from .validation import validate_message_id
 from .workflow_graph import StepSpec, StoredWorkflow, check_graph, fingerprint, step_message_id
-from .workflow_models import FANIN_GROUP
+from .workflow_models import fanin_groups
 
 _COMPLETED = Status.COMPLETED.value
 _ENDED = frozenset(s.value for s in FINISHED_STATUSES)
@@ -86,7 +85,7 @@ class Workflows(Part):
             k=[p.ordering_key for p in prepared],
             headers=[p.headers for p in prepared],
             name=[s.name for s in steps],
-            waiting_on=[math.ceil(len(s.after) / FANIN_GROUP) for s in steps],
+            waiting_on=[fanin_groups(len(s.after)) if s.after else 0 for s in steps],
             policy=[s.on_upstream_failure for s in steps],
             status=[(Status.WAITING if s.after else Status.PENDING).value for s in steps],
         )
@@ -104,12 +103,13 @@ class Workflows(Part):
         group: list[int] = []
         fan: Counter[tuple[int, int]] = Counter()
         for s in steps:
+            groups = fanin_groups(len(s.after))
             for n, a in enumerate(s.after):
                 d = pk[ids[s.name]]
                 down.append(d)
                 up.append(every[a])
-                group.append(n // FANIN_GROUP)
-                fan[(d, n // FANIN_GROUP)] += 1
+                group.append(n % groups)
+                fan[(d, n % groups)] += 1
         if down:
             self._run("DEPENDENCY_INSERT", {**engine.batch(down=down, up=up, fanin=group), "wf": workflow_id})
             keys = sorted(fan)
@@ -224,14 +224,14 @@ class Workflows(Part):
             stored = self._insert(workflow_id, steps, known, actor or self.instance_id)
             leaves = sorted(set(stored) - {a for s in steps for a in s.after})
             mids = [stored[n] for n in leaves]
-            count = math.ceil(len(mids) / FANIN_GROUP)
+            count = fanin_groups(len(mids))
             for d in sorted(r[0] for r in self._run("DEPENDENTS_OF", {"mid": parent})[0]):
                 # The dependent's row first (locked until commit): two steps adding to it at once
                 # take their group numbers one after the other.
                 if not mids or not self._run("STEP_WAIT_MORE", {"id": d, "n": count})[0]:
                     continue  # no longer waiting (cancelled meanwhile)
                 first = self._run("NEXT_FANIN", {"id": d})[0][0][0]
-                groups = [first + i // FANIN_GROUP for i in range(len(mids))]
+                groups = [first + i % count for i in range(len(mids))]
                 per = Counter(groups)
                 self._run(
                     "DEPENDENCY_INSERT",
