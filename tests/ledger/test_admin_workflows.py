@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from tests.support.admin import CHANGELIST, client_for, confirm_form, feedback, make_user
 from tests.support.workflows import HEALED, blocked_workflow, statuses
@@ -217,3 +218,13 @@ def test_the_workflow_page_speaks_the_language(settings: Any, lang: str, phrases
     html = client.get(page_url()).content.decode()
     assert all(p in html for p in phrases), [p for p in phrases if p not in html]
     assert "Level 0" not in html and "waits for" not in html
+
+
+def test_a_workflow_whose_steps_are_gone_says_so_and_offers_nothing() -> None:
+    Workflow.objects.create(workflow_id="gone", fingerprint="0" * 64, steps=3, created_at=timezone.now())
+    client = client_for(make_user("root", superuser=True))
+    html = client.get(page_url("gone")).content.decode()
+    assert "No step of this workflow is in the ledger any more (purged)." in html
+    assert "zl-workflow-actions" not in html
+    assert "nothing to cancel" in feedback(client, client.post(action_url("cancel", "gone")))
+    assert "no dead step to redrive" in feedback(client, client.post(action_url("redrive", "gone")))
