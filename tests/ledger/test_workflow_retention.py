@@ -216,3 +216,18 @@ def test_a_period_holding_a_step_is_kept_and_goes_once_its_workflow_went_whole()
     assert len(steps_of("live")) == 4 and Message.objects.get(message_id="live/A").status == "completed"
     assert gone_whole("done")
     verify_ok()
+
+
+def test_zeroloss_purge_counts_what_it_takes_and_takes_it(retained: None) -> None:
+    diamond("done")
+    diamond("blocked", fail_b=True)
+    zeroloss.send("ret.a", {}, message_id="plain")
+    drain()
+    age([*steps_of("done"), *steps_of("blocked"), "plain"], 2 * HOUR)
+    dry = json.loads(run("zeroloss_purge", "--older-than", "1h", "--dry-run", "--json").out)
+    assert dry["matched"] == 5  # done's four steps and "plain"; not blocked's completed A and C
+    result = run("zeroloss_purge", "--older-than", "1h", "--yes", "--json")
+    assert result.code == 0, result.err
+    assert (json.loads(result.out)["matched"], json.loads(result.out)["purged"]) == (5, 5)
+    assert gone_whole("done") and kept_whole("blocked")
+    verify_ok()

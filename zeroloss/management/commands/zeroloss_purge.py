@@ -21,7 +21,7 @@ import datetime as dt
 from typing import Any
 
 from django.core.management.base import CommandParser
-from django.db.models import Count, Sum
+from django.db.models import Count, Exists, OuterRef, Q, Sum
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, pgettext
 
@@ -82,9 +82,13 @@ class Command(ZeroLossCommand):
         stamp = TRAITS[Status(status)].finished_at
         now = service.database_now()
         cutoff = now - dt.timedelta(seconds=older_than)
-        qs = Message.objects.using(service.using).filter(status=status, **{f"{stamp}__lt": cutoff})
+        matching = Q(status=status, **{f"{stamp}__lt": cutoff})
         if queue is not None:
-            qs = qs.filter(queue_name=queue)
+            matching &= Q(queue_name=queue)
+        messages = Message.objects.using(service.using)
+        # A workflow's step goes only with its whole workflow, when every step matches.
+        holds = messages.filter(workflow_id=OuterRef("workflow_id")).exclude(matching)
+        qs = messages.filter(matching).exclude(~Q(workflow_id="") & Exists(holds))
         by_queue = {
             row["queue_name"]: row["n"] for row in qs.order_by().values("queue_name").annotate(n=Count("id"))
         }
