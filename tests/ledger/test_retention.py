@@ -208,8 +208,12 @@ def test_whole_periods_go_when_every_message_is_past_retention_and_none_holding_
     gone = before - {p.name for p in partitions.partitions(connection)}
     named = {f"zeroloss_message_p{day - dt.timedelta(days=d):%Y%m%d}" for d in (12, 11, 10)}
     yesterday = f"zeroloss_message_p{day - dt.timedelta(days=1):%Y%m%d}"  # migrate's, empty
-    # the empty day, the completed day, the old dead letter's; not the live ones'
-    assert gone == named | ({yesterday} & before)
+    # the empty day, the completed day, the old dead letter's; not the live ones'. Yesterday's
+    # empty period (migrate's) ends at midnight: it goes once midnight is past the retention
+    # cut-off, so in the first hours of the day it may still be kept.
+    assert gone - {yesterday} == named
+    if partitions.database_now(connection) - day > dt.timedelta(hours=3):
+        assert gone == named | ({yesterday} & before)
     assert set(Message.objects.values_list("message_id", flat=True)) == {"old-live", "recent-dead"}
     assert sorted(PurgeRecord.objects.values_list("status", "count", "actor")) == [
         ("completed", 2, "retention@maint"),
