@@ -40,20 +40,22 @@ WORKFLOW_TABLES = ("zeroloss_workflow", "zeroloss_dependency", "zeroloss_fanin")
 WORKERS = 4
 WORKER_ARGS = ("--batch-size", "10", "--poll-interval", "0.1")
 
-#: Per downstream step of a workflow: seconds from its last dependency's acknowledgement to its
-#: first claim (the audit rows' times).
+#: Per downstream step of a workflow, seconds to its first claim from its last dependency's
+#: acknowledgement, and from its own release (``dependencies_completed``: the last statement
+#: before the outcome's commit, so an upper bound of commit to claim); the audit rows' times.
 RELEASE_TO_CLAIM = f"""
 WITH ack AS (
   SELECT m.message_id, max(e.created_at) AS t FROM {MSG} m
   JOIN {EVT} e ON e.message_id = m.id AND e.reason = 'acknowledged'
   WHERE m.workflow_id = %(wf)s GROUP BY m.message_id),
 claim AS (
-  SELECT m.id, min(e.created_at) AS t FROM {MSG} m
-  JOIN {EVT} e ON e.message_id = m.id AND e.reason = 'claimed'
+  SELECT m.id, min(e.created_at) FILTER (WHERE e.reason = 'claimed') AS t,
+    min(e.created_at) FILTER (WHERE e.reason = 'dependencies_completed') AS released FROM {MSG} m
+  JOIN {EVT} e ON e.message_id = m.id
   WHERE m.workflow_id = %(wf)s GROUP BY m.id)
-SELECT d.downstream, extract(epoch FROM claim.t - max(ack.t))
+SELECT d.downstream, extract(epoch FROM claim.t - max(ack.t)), extract(epoch FROM claim.t - claim.released)
 FROM zeroloss_dependency d JOIN ack ON ack.message_id = d.upstream JOIN claim ON claim.id = d.downstream
-WHERE d.workflow_id = %(wf)s GROUP BY d.downstream, claim.t
+WHERE d.workflow_id = %(wf)s GROUP BY d.downstream, claim.t, claim.released
 """
 
 
@@ -225,9 +227,9 @@ class WorkflowBench:
             for w in workers:
                 w.stop()
         window, checks = self.suite.drain_window(QUEUE, conn)
-        latency = [float(r[1]) for r in conn.execute(RELEASE_TO_CLAIM, {"wf": wf}).fetchall()]
+        latency = _latencies(conn, wf)
         assert len(latency) == 1, latency
-        return window, latency[0], all(checks.values())
+        return window, latency[0][0], all(checks.values())
 
     def _wait_done(self, wf: str, steps: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -241,7 +243,7 @@ class WorkflowBench:
                 raise RuntimeError(f"workflow {wf}: {row[0] if row else 0}/{steps} completed in {timeout}s")
             time.sleep(0.01)
 
-    def chords_in_turn(self, workers_running: bool) -> list[float]:
+    def chords_in_turn(self, workers_running: bool) -> list[tuple[float, float]]:
         """Chords of ``chord_members`` sent one after another (each once the one before it
         completed): the release-to-claim latency of each callback, seconds."""
         import zeroloss
@@ -256,17 +258,17 @@ class WorkflowBench:
                 )
             )
             self._wait_done(wf, self.chord_members + 1, 120)
-            out += [float(r[1]) for r in self.suite.conn.execute(RELEASE_TO_CLAIM, {"wf": wf}).fetchall()]
+            out += _latencies(self.suite.conn, wf)
         return out
 
-    def chain(self) -> list[float]:
+    def chain(self) -> list[tuple[float, float]]:
         """A chain of ``chain_steps``: per link, the step's acknowledgement to the next's claim, s."""
         import zeroloss
 
         wf = self._wf("chain")
         self._send(zeroloss.chain(*[(QUEUE, {"n": i}) for i in range(self.chain_steps)], workflow_id=wf))
         self._wait_done(wf, self.chain_steps, 120 + self.chain_steps * 0.5)
-        return [float(r[1]) for r in self.suite.conn.execute(RELEASE_TO_CLAIM, {"wf": wf}).fetchall()]
+        return _latencies(self.suite.conn, wf)
 
     # -- the run --------------------------------------------------------------------------
 
@@ -325,6 +327,26 @@ class WorkflowBench:
             higher_is_better=False,
             target=Target("<= 5", "max", 5),
         )
+        # The same from each step's release (its dependencies_completed row, the release's own
+        # statement, last before the outcome's commit): at most commit to claim.
+        rel_p50 = suite.figure(
+            "workflows.chord_released_p50",
+            "chord: the callback's release to its claim, p50",
+            "ms",
+            higher_is_better=False,
+        )
+        rel_p99 = suite.figure(
+            "workflows.chord_released_p99",
+            "chord: the callback's release to its claim, p99",
+            "ms",
+            higher_is_better=False,
+        )
+        link_rel = suite.figure(
+            "workflows.chain_released_p50",
+            "chain: a step's release to its claim, p50",
+            "ms",
+            higher_is_better=False,
+        )
         plain_ok = fan_ok = base_ok = True
         plain_s: list[float] = []
         for run in range(suite.runs):
@@ -353,11 +375,19 @@ class WorkflowBench:
         reset(suite.conn)
         workers = self._workers()
         try:
-            chords = sorted(x * 1000 for x in self.chords_in_turn(True))
-            links = sorted(x * 1000 for x in self.chain())
+            chord_pairs = self.chords_in_turn(True)
+            link_pairs = self.chain()
         finally:
             for w in workers:
                 w.stop()
+        chords = sorted(a * 1000 for a, _ in chord_pairs)
+        links = sorted(a * 1000 for a, _ in link_pairs)
+        chords_released = sorted(r * 1000 for _, r in chord_pairs)
+        links_released = sorted(r * 1000 for _, r in link_pairs)
+        rel_p50.values.append(_pct(chords_released, 0.5))
+        rel_p99.values.append(_pct(chords_released, 0.99))
+        link_rel.values.append(_pct(links_released, 0.5))
+        link_rel.info = {"p99_ms": _pct(links_released, 0.99)}
         p50_fig.values.append(_pct(chords, 0.5))
         p99_fig.values.append(_pct(chords, 0.99))
         p50_fig.info = {"samples": len(chords), "max_ms": chords[-1] if chords else None}
@@ -388,6 +418,10 @@ class WorkflowBench:
             self.base_conn.close()
         if self.base_db is not None:
             self.base_db.drop()
+
+
+def _latencies(conn: psycopg.Connection[Any], wf: str) -> list[tuple[float, float]]:
+    return [(float(r[1]), float(r[2])) for r in conn.execute(RELEASE_TO_CLAIM, {"wf": wf}).fetchall()]
 
 
 def _revision(tree: Path) -> str:
