@@ -29,7 +29,10 @@ def send(members: int, diamonds: int, member_sleep_ms: float, diamond_sleep_ms: 
             )
             for i in range(members)
         ]
-        group.step(WF_CALLBACK_QUEUE, {}, name="callback", after=picks, max_attempts=MAX_ATTEMPTS)
+        # Its first attempt waits to be SIGKILLed mid-handler (the run does it).
+        group.step(
+            WF_CALLBACK_QUEUE, {"hang_first": True}, name="callback", after=picks, max_attempts=MAX_ATTEMPTS
+        )
         group.send()
         chain = zeroloss.Workflow(DIAMONDS)
         previous: list[Any] = []

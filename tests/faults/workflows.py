@@ -7,7 +7,9 @@ process of the run's database (``tests/faults/workflow_sender.py``). The checks,
 the ledger once everything ended:
 
 - every step of both workflows exists (none lost) and completed (terminal);
-- the callback's effect row (written in its handler's transaction) exists exactly once;
+- the callback's effect row (written in its handler's transaction) exists exactly once, although
+  its first attempt is SIGKILLed mid-handler (it waits for that; the run kills it once the
+  fault schedule is over);
 - no step was claimed before every step it depends on had completed: its first ``claimed``
   audit row is later than each dependency's ``completed_at`` (the callback's against all the
   group's members), and each waiting step was released once (one ``dependencies_completed``
@@ -35,7 +37,7 @@ from .cluster import FaultCluster
 from .injector import Fault, Injector
 from .scenario import LoadSampler, _count
 from .workload import ROOT, Proc, WorkerPool, child_env
-from .zeroloss_handlers import EFFECT_TABLE, WF_CALLBACK_QUEUE, WF_QUEUE
+from .zeroloss_handlers import CALLBACK_MARKER, EFFECT_TABLE, WF_CALLBACK_QUEUE, WF_QUEUE
 
 GROUP = "faults-group"
 DIAMONDS = "faults-diamonds"
@@ -104,6 +106,8 @@ class WorkflowResult:
             v.append(f"{self.completed}/{self.expected_steps} completed, {self.not_terminal} not terminal")
         if self.callback_effects != 1:
             v.append(f"the callback's effect committed {self.callback_effects} times")
+        if self.callback_starts < 2:
+            v.append(f"the callback started {self.callback_starts} times: its first attempt was not killed")
         if self.callback_claimed_after_members_s is None or self.callback_claimed_after_members_s < 0:
             v.append(
                 f"the callback was claimed before its last member completed ({self.callback_claimed_after_members_s})"
@@ -199,6 +203,7 @@ def run_workflows(
         injector.join(timeout=profile.kills * (profile.kill_every + 10) + 120)
         injector.halt()
         waited = time.monotonic()
+        _kill_the_callback(pool, run_dir, injector.faults, profile.drain_timeout, log)
         wait_until(
             lambda: _count(url, UNFINISHED, [GROUP, DIAMONDS]) == 0, profile.drain_timeout, interval=0.25
         )
@@ -224,6 +229,28 @@ def run_workflows(
         if injector is not None:
             injector.halt()
         pool.kill_all()
+
+
+def _kill_the_callback(
+    pool: WorkerPool, run_dir: Path, faults: list[Fault], timeout: float, log: Callable[[str], None]
+) -> None:
+    """SIGKILL the worker running the callback's first attempt, mid-handler (it waits for it)."""
+    marker = run_dir / CALLBACK_MARKER
+    if not wait_until(marker.exists, timeout, interval=0.1):
+        raise RuntimeError(f"the callback's first attempt did not start in {timeout}s")
+    pid = int(marker.read_text())
+    slot = next((s for s in range(pool.count) if pool.pid(s) == pid), None)
+    if slot is None:  # a kill of the schedule already ended it (the injector favours lease holders)
+        log(f"  the callback's first attempt (pid {pid}) was already ended by a scheduled fault")
+        return
+    began = time.time()
+    generation = pool.kill(slot)
+    fault = Fault(
+        "sigkill", began, time.time(), slot, generation.pids, {"victim": "the callback, mid-handler"}
+    )
+    pool.restart(slot)
+    faults.append(fault)
+    log(f"  fault {len(faults):>2}: {fault.describe()}")
 
 
 def _check(url: str, run_dir: Path, r: WorkflowResult) -> None:

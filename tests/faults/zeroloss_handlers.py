@@ -84,6 +84,8 @@ def effect_plain(delivery: Delivery) -> None:
 #: The workflow fault run (tests/faults/workflows.py): its steps, and the callback of its group.
 WF_QUEUE = "faults.wf"
 WF_CALLBACK_QUEUE = "faults.wf.callback"
+#: Written (the worker's pid) by the callback's first attempt, which then waits to be killed.
+CALLBACK_MARKER = "callback-first-attempt.pid"
 
 
 @zeroloss.handler(WF_QUEUE)
@@ -99,6 +101,13 @@ def workflow_callback(delivery: Delivery) -> None:
     """The group's callback: its effect row commits with its acknowledgement, so it must exist
     exactly once however often the callback started."""
     note("start", "wf-callback", delivery)
+    if delivery.attempt == 1 and isinstance(delivery.payload, dict) and delivery.payload.get("hang_first"):
+        # The run kills this worker here, mid-handler (tests/faults/workflows.py); bounded all the same.
+        marker = Path(os.environ[DIR_ENV]) / CALLBACK_MARKER
+        marker.write_text(str(os.getpid()))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
     _work(delivery)
     with connection.cursor() as cursor:
         cursor.execute(
