@@ -138,7 +138,14 @@ class Workflows(Part):
         released: list[str] = []
         engine = self.engine
         while todo:
-            rows, _ = self._run("SETTLE", engine.batch(up=[m for m, _ in todo], status=[s for _, s in todo]))
+            if all(st == _COMPLETED for _, st in todo):
+                rows, _ = self._run(
+                    "SETTLE_COMPLETED", {"up": engine.column(m for m, _ in todo)}, prepare=True
+                )
+            else:
+                rows, _ = self._run(
+                    "SETTLE", engine.batch(up=[m for m, _ in todo], status=[s for _, s in todo])
+                )
             todo = []
             if not rows:
                 break
@@ -170,12 +177,15 @@ class Workflows(Part):
         rows, _ = self._run(
             "FANIN_DECREMENT",
             engine.batch(down=[k[0] for k in keys], fanin=[k[1] for k in keys], n=[counted[k] for k in keys]),
+            prepare=True,
         )
         emptied = Counter(r[0] for r in rows if r[1] == 0)
         if not emptied:
             return []
         downs = sorted(emptied)
-        rows, _ = self._run("STEP_DECREMENT", engine.batch(down=downs, n=[emptied[d] for d in downs]))
+        rows, _ = self._run(
+            "STEP_DECREMENT", engine.batch(down=downs, n=[emptied[d] for d in downs]), prepare=True
+        )
         ready = sorted(r[0] for r in rows if r[1] == 0)
         if not ready:
             return []
@@ -196,7 +206,7 @@ class Workflows(Part):
         ended = [(m, s) for m, s in ended if s in _ENDED]
         if not ended:
             return
-        steps, _ = self._run("STEPS_AMONG", {"ids": self.engine.column(m for m, _ in ended)})
+        steps, _ = self._run("STEPS_AMONG", {"ids": self.engine.column(m for m, _ in ended)}, prepare=True)
         if steps:
             self.settle([(r[0], r[1]) for r in steps])
 

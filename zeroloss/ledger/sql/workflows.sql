@@ -110,6 +110,18 @@ WHERE zeroloss_dependency.upstream = b.up AND zeroloss_dependency.settled_status
     WHERE d.id = zeroloss_dependency.downstream AND d.on_upstream_failure <> 'wait'))
 RETURNING zeroloss_dependency.downstream, zeroloss_dependency.fanin, zeroloss_dependency.settled_status
 
+-- The same for upstream steps that all completed (the common case): every edge settles, and no
+-- dependent's policy needs reading.
+-- name: SETTLE_COMPLETED [postgresql]
+UPDATE zeroloss_dependency SET settled_status = 'completed'
+WHERE upstream = ANY(%(up)s::text[]) AND settled_status IS NULL
+RETURNING downstream, fanin, settled_status
+
+-- name: SETTLE_COMPLETED [sqlite]
+UPDATE zeroloss_dependency SET settled_status = 'completed'
+WHERE upstream IN (SELECT value FROM json_each(%(up)s)) AND settled_status IS NULL
+RETURNING downstream, fanin, settled_status
+
 -- What each of these steps does when a dependency fails.
 -- name: STEP_POLICIES [postgresql]
 SELECT id, on_upstream_failure FROM zeroloss_message WHERE id IN (SELECT b.id FROM unnest(%(ids)s::bigint[]) AS b(id))
