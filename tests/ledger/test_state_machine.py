@@ -2,9 +2,10 @@
 
 Hypothesis drives random sequences of every public move (persist with and without ordering
 and deduplication keys, claims, renewals, fenced outcomes one at a time and batched, lease
-expiry, elapsed backoffs, the sweep, operator requeue / redrive / dead-letter, purges) on the
-database of this pass (PostgreSQL or SQLite). After every step the database must equal the
-model, message by message and audit row by audit row, and the ledger's invariants must hold.
+expiry, elapsed backoffs, the sweep, operator requeue / redrive / dead-letter, purges, small
+workflows whose steps wait for each other) on the database of this pass (PostgreSQL or SQLite).
+After every step the database must equal the model, message by message and audit row by audit
+row (and dependency by dependency), and the ledger's invariants must hold.
 
 Time never passes by itself here: leases are long (600 s) and backoffs and delays are 1000 s;
 a lease expires when :func:`tests.support.expire_leases` moves it into the past, a backoff
@@ -18,6 +19,7 @@ import io
 import json
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,11 +39,23 @@ from hypothesis.stateful import (
 )
 
 from tests.support import expire_leases, make_available
-from zeroloss.core.states import TRANSITIONS, Status, is_allowed
-from zeroloss.exceptions import InvalidMessage, MessageConflict, MessageNotFound
-from zeroloss.ledger.models import DedupKey, Message, MessageEvent, MessageKey, OrderingHead, PurgeRecord
+from zeroloss.core.states import TRANSITIONS, is_allowed
+from zeroloss.exceptions import InvalidMessage, MessageConflict, MessageNotFound, WorkflowConflict
+from zeroloss.ledger.models import (
+    DedupKey,
+    Dependency,
+    FanIn,
+    Message,
+    MessageEvent,
+    MessageKey,
+    OrderingHead,
+    PurgeRecord,
+    Workflow,
+)
 from zeroloss.ledger.service import ZeroLossMessageService
-from zeroloss.ledger.types import Completion, Lease, Verdict
+from zeroloss.ledger.types import CancelResult, Completion, Lease, Verdict
+from zeroloss.ledger.workflow_graph import StepSpec
+from zeroloss.runtime.workflows import cancel_workflow
 
 IDS = [f"m{i}" for i in range(8)]
 QUEUES = ["qa", "qb"]
@@ -75,14 +89,37 @@ VERDICTS = [
 MAX_SNOOZES = 2
 
 #: Operator actions, weighed: dead-lettering by hand is the rarest (it ends what it touches).
-OPERATOR_ACTIONS = ["requeue", "requeue", "redrive", "redrive", "dead_letter", "cancel", "unknown"]
+OPERATOR_ACTIONS = [
+    "requeue",
+    "requeue",
+    "redrive",
+    "redrive",
+    "dead_letter",
+    "cancel",
+    "cancel_workflow",
+    "unknown",
+]
 
 PENDING, PROCESSING, COMPLETED, DEAD, CANCELLED = "pending", "processing", "completed", "dead", "cancelled"
+#: A workflow's step whose dependencies have not all completed (the status, not an availability).
+BLOCKED = "waiting"
+ENDED = (COMPLETED, DEAD, CANCELLED)
 #: Availability of a pending message: claimable now, later (a backoff or delay), or waiting
 #: behind the head of its ordering key.
 READY, LATER, WAITING = "ready", "later", "waiting"
 
 Event = tuple[str, str, str, int]  # from_status, to_status, reason, attempt
+
+#: Workflows' shapes: each step's name and the names it waits for, in the order they are stored.
+SHAPES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "chain": (("a", ()), ("b", ("a",))),
+    "chain3": (("a", ()), ("b", ("a",)), ("c", ("b",))),
+    "diamond": (("a", ()), ("b", ("a",)), ("c", ("a",)), ("d", ("b", "c"))),
+    "fan-in": (("a", ()), ("b", ()), ("c", ("a", "b"))),
+}
+#: A few workflows an example, each a new id (a send again is drawn after a new one).
+WORKFLOW_IDS = ["w0", "w1", "w2"]
+POLICIES = ["wait", "cancel", "run"]
 
 #: What the run exercised: audit edges (from, to, reason) and steps. The test asserts that every
 #: edge of the state machine was taken, so a change that starves a rule cannot go unnoticed.
@@ -111,6 +148,12 @@ class Model:
     #: Times its handler snoozed it (its ``snoozed`` audit rows).
     snoozes: int = 0
     events: list[Event] = field(default_factory=list)
+    #: A workflow's step: its workflow, the message ids it waits for, its on_upstream_failure,
+    #: and each dependency settled so far with the status it was settled as.
+    workflow: str = ""
+    after: tuple[str, ...] = ()
+    policy: str = ""
+    settled: dict[str, str] = field(default_factory=dict)
 
     def move(self, to: str, reason: str) -> None:
         OBSERVED[(self.status, to, reason)] += 1
@@ -121,6 +164,11 @@ class Model:
             self.expired = False
         if to == DEAD:
             self.ever_dead = True
+
+
+def variant_label(data: Any) -> str:
+    """The label of a payload as sent (the first of its spellings that is equal to it)."""
+    return next(label for label, p in PAYLOADS if p == data)
 
 
 def _table_sql(column: str) -> str:
@@ -141,7 +189,17 @@ def backdate(column: str) -> None:
 
 def clean_ledger() -> None:
     with connection.cursor() as cursor:
-        for model in (MessageEvent, Message, MessageKey, OrderingHead, PurgeRecord, DedupKey):
+        for model in (
+            MessageEvent,
+            Message,
+            MessageKey,
+            OrderingHead,
+            PurgeRecord,
+            DedupKey,
+            Workflow,
+            Dependency,
+            FanIn,
+        ):
             cursor.execute(f"DELETE FROM {model._meta.db_table}")
 
 
@@ -161,6 +219,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.dedup: dict[tuple[str, str], str] = {}
         self.purged: dict[str, int] = defaultdict(int)
         self.seq = 0
+        #: Each workflow stored: what makes a second send of its id the same (its fingerprint).
+        self.workflows: dict[str, list[tuple[Any, ...]]] = {}
+        self.shapes: dict[str, str] = {}
 
     # -- the model's rules ----------------------------------------------------------------
 
@@ -199,7 +260,7 @@ class LedgerMachine(RuleBasedStateMachine):
         m.token = lease.token
         m.expired = False
         assert (lease.attempt, lease.max_attempts, lease.queue_name) == (m.attempts, m.max_attempts, m.queue)
-        assert (lease.ordering_key, lease.priority) == (m.key, m.priority)
+        assert (lease.ordering_key, lease.priority, lease.workflow_id) == (m.key, m.priority, m.workflow)
         assert lease.payload == STORED[m.payload]
         self.leases.append(lease)
 
@@ -227,7 +288,39 @@ class LedgerMachine(RuleBasedStateMachine):
             m.move(PENDING, "released")
             m.availability = READY
         self.promote(m.queue, m.key)
+        self.settle([m.mid])
         return m.status
+
+    def settle(self, ended: list[str]) -> None:
+        """docs/workflows.md, as the model reads it. A message that ended (completed, dead or
+        cancelled) settles each edge of a step that waits for it, once: every edge when it
+        completed or was cancelled; when it is dead, only the edges of steps whose policy is not
+        "wait" (a redrive that completes settles the others). A waiting step with an edge settled
+        as failed is cancelled ("upstream_failed") unless its policy is "run", and its own
+        dependents settle in turn; one whose every edge has settled is released (pending)."""
+        while ended:
+            for up in ended:
+                u = self.msgs[up]
+                if u.status not in ENDED:
+                    continue
+                for d in self.msgs.values():
+                    if (
+                        up in d.after
+                        and up not in d.settled
+                        and not (u.status == DEAD and d.policy == "wait")
+                    ):
+                        d.settled[up] = u.status
+            ended = []
+            for d in sorted(self.msgs.values(), key=lambda x: x.seq):
+                if d.status != BLOCKED:
+                    continue
+                if d.policy != "run" and any(s != COMPLETED for s in d.settled.values()):
+                    d.move(CANCELLED, "upstream_failed")
+                    ended.append(d.mid)
+                elif len(d.settled) == len(d.after):
+                    d.move(PENDING, "dependencies_completed")
+                    d.availability = WAITING if d.key else READY
+                    self.promote(d.queue, d.key)
 
     def current_leases(self) -> list[Lease]:
         return [
@@ -276,6 +369,8 @@ class LedgerMachine(RuleBasedStateMachine):
                 0,
                 False,
             )
+        if data.draw(st.booleans(), label="a workflow"):  # in half the examples from the start
+            self.send_workflow(data, data.draw(st.sampled_from(sorted(SHAPES)), label="shape"))
         for queue in QUEUES:  # and a message under a lease in most examples (none if none is ready)
             self.claim_next(queue, 1)
 
@@ -368,6 +463,91 @@ class LedgerMachine(RuleBasedStateMachine):
             self.service.persist_message(m.mid, queue, other)
         with pytest.raises(MessageConflict):  # the same through the batch API
             self.service.persist_messages([(m.mid, queue, other)])
+
+    # -- workflows -------------------------------------------------------------------------
+
+    @precondition(lambda self: len(self.workflows) < len(WORKFLOW_IDS))
+    @rule(data=st.data(), shape=st.sampled_from(sorted(SHAPES)))
+    def send_workflow(self, data: Any, shape: str) -> None:
+        """A new small workflow; then maybe one of those stored sent again."""
+        self.store_workflow(data, WORKFLOW_IDS[len(self.workflows)], shape)
+        if data.draw(st.booleans(), label="send one again"):
+            wf = data.draw(st.sampled_from(sorted(self.workflows)), label="workflow")
+            self.store_workflow(data, wf, data.draw(st.sampled_from(sorted(SHAPES)), label="shape"))
+
+    def store_workflow(self, data: Any, wf: str, shape: str) -> None:
+        """A small workflow stored whole: its roots pending, the others waiting (each step with
+        its own queue, attempts and on_upstream_failure). Its id again: the stored workflow when
+        the steps are the same (max_attempts and the payload's spelling are not part of that),
+        else refused; either way nothing moves."""
+        stored = self.workflows.get(wf)
+        again = stored is not None and data.draw(st.booleans(), label="the same steps")
+        if again:
+            shape = self.shapes[wf]
+        specs: list[StepSpec] = []
+        for n, (name, after) in enumerate(SHAPES[shape]):
+            if again:
+                assert stored is not None
+                _, queue, label, _, priority, _, policy = stored[n]
+                payload = next(p for p in PAYLOADS if p[0] == label)
+            else:
+                queue = data.draw(st.sampled_from(QUEUES), label="queue")
+                payload = data.draw(st.sampled_from(PAYLOADS), label="payload")
+                priority = data.draw(st.sampled_from([0, 5]), label="priority")
+                policy = (
+                    data.draw(st.sampled_from(POLICIES), label="on_upstream_failure") if after else "wait"
+                )
+            variant = data.draw(
+                st.sampled_from([p for p in PAYLOADS if p[0] == payload[0]]), label="spelling"
+            )
+            max_attempts = data.draw(st.sampled_from([None, 1, 2]), label="max_attempts")
+            specs.append(
+                StepSpec(
+                    name,
+                    queue,
+                    variant[1],
+                    after,
+                    max_attempts=max_attempts,
+                    priority=priority,
+                    on_upstream_failure=policy,
+                )
+            )
+        shape_of = [
+            (s.name, s.queue_name, variant_label(s.data), s.after, s.priority, "", s.on_upstream_failure)
+            for s in specs
+        ]
+        if stored is not None and shape_of != stored:
+            with pytest.raises(WorkflowConflict):
+                self.service.workflows.store(wf, specs)
+            OBSERVED["workflow_conflict"] += 1
+            return
+        result = self.service.workflows.store(wf, specs, actor="prop")
+        assert result.created is (stored is None), (wf, result)
+        assert result.message_ids == {s.name: f"{wf}/{s.name}" for s in specs}
+        if stored is not None:
+            OBSERVED["workflow_again"] += 1
+            return
+        self.workflows[wf] = shape_of
+        self.shapes[wf] = shape
+        for s in specs:
+            self.seq += 1
+            status = BLOCKED if s.after else PENDING
+            m = Model(
+                f"{wf}/{s.name}",
+                s.queue_name,
+                variant_label(s.data),
+                "",
+                DEFAULT_MAX_ATTEMPTS if s.max_attempts is None else s.max_attempts,
+                s.priority,
+                self.seq,
+                status=status,
+                workflow=wf,
+                after=tuple(f"{wf}/{a}" for a in s.after),
+                policy=s.on_upstream_failure,
+            )
+            m.events.append(("", status, "persisted", 0))
+            OBSERVED[("", status, "persisted")] += 1
+            self.msgs[m.mid] = m
 
     # -- claims ---------------------------------------------------------------------------
 
@@ -524,6 +704,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     m.availability = READY
                     requeued.add(m.mid)
                 self.promote(m.queue, m.key)
+        self.settle(sorted(dead | cancelled))
         assert (set(report.requeued), set(report.dead_lettered)) == (requeued, dead)
         assert set(report.cancelled) == cancelled
         assert len(report.requeued) + len(report.dead_lettered) == len(requeued | dead)
@@ -545,10 +726,16 @@ class LedgerMachine(RuleBasedStateMachine):
             targets = self.ids_with(PROCESSING) + self.ids_with(PENDING, PROCESSING)
             mids = self.pick_ids(data, targets or sorted(self.msgs))
             self.dead_letter(mids, data.draw(st.sampled_from(["bad address", NUL_REASON]), label="reason"))
-        elif action == "cancel":
+        elif action == "cancel_workflow" and self.workflows:
+            wf = data.draw(st.sampled_from(sorted(self.workflows)), label="workflow")
+            steps = sorted((m for m in self.msgs.values() if m.workflow == wf), key=lambda m: m.seq)
+            live = [m.mid for m in steps if m.status == BLOCKED]
+            live += [m.mid for m in steps if m.status in (PENDING, PROCESSING)]
+            self.cancel(live, True, lambda: cancel_workflow(wf, actor="op") if live else [])
+        elif action in ("cancel", "cancel_workflow"):
             # Processing messages weigh triple, and mostly aborted: a cancel of a pending one
             # ends it, and would starve the edges that need it to run.
-            targets = self.ids_with(PROCESSING) * 3 + self.ids_with(PENDING)
+            targets = self.ids_with(PROCESSING) * 3 + self.ids_with(PENDING) + self.ids_with(BLOCKED) * 2
             mids = self.pick_ids(data, targets or sorted(self.msgs))
             self.cancel(mids, data.draw(st.sampled_from([True, True, False]), label="abort"))
         else:
@@ -560,6 +747,19 @@ class LedgerMachine(RuleBasedStateMachine):
                 label="method",
             )
             self.operator_with_unknown_ids(mids, method)
+
+    @precondition(lambda self: self.ids_with(PROCESSING))
+    @rule(data=st.data(), action=st.sampled_from(["requeue", "dead_letter", "cancel"]))
+    def operator_on_running(self, data: Any, action: str) -> None:
+        """An operator revoking a running message's lease (requeue), ending it, or aborting it:
+        the edges that need a claim first, which the rule above takes least often."""
+        mids = self.pick_ids(data, self.ids_with(PROCESSING))
+        if action == "requeue":
+            self.requeue(mids, data.draw(st.booleans(), label="force"))
+        elif action == "dead_letter":
+            self.dead_letter(mids, data.draw(st.sampled_from(["bad address", NUL_REASON]), label="reason"))
+        else:
+            self.cancel(mids, True)
 
     def requeue(self, mids: list[str], force: bool) -> None:
         moved = self.service.requeue_messages(mids, force=force, actor="op")
@@ -601,16 +801,30 @@ class LedgerMachine(RuleBasedStateMachine):
             self.promote(self.msgs[mid].queue, self.msgs[mid].key)
             stored = Message.objects.get(message_id=mid).last_error
             assert stored == reason.replace("\x00", "\\x00")
+        self.settle(sorted(expected))
         assert sorted(moved) == sorted(expected)
 
-    def cancel(self, mids: list[str], abort: bool) -> None:
-        results = self.service.cancel_messages(mids, abort=abort, actor="op")
+    def cancel(
+        self, mids: list[str], abort: bool, call: Callable[[], list[CancelResult]] | None = None
+    ) -> None:
+        """``cancel_messages(mids)``, or ``call`` (which should cancel ``mids``: cancel_workflow)."""
+        results = call() if call else self.service.cancel_messages(mids, abort=abort, actor="op")
         expected = {}
+        # Waiting steps first, all at once: cancelled by the operator, not as dependents of a
+        # step cancelled by this same call.
+        blocked = [mid for mid in mids if self.msgs[mid].status == BLOCKED]
+        for mid in blocked:
+            self.msgs[mid].move(CANCELLED, "cancelled_by_operator")
+            expected[mid] = "cancelled"
+        self.settle(blocked)
         for mid in mids:
             m = self.msgs[mid]
+            if mid in expected:
+                continue
             if m.status == PENDING:
                 m.move(CANCELLED, "cancelled_by_operator")
                 self.promote(m.queue, m.key)
+                self.settle([mid])
                 expected[mid] = "cancelled"
             elif m.status == PROCESSING and abort and not m.aborted:
                 m.aborted = True
@@ -656,6 +870,9 @@ class LedgerMachine(RuleBasedStateMachine):
         stuck = any(m.status == PROCESSING and m.expired for m in self.msgs.values())
         assert code == (1 if stuck else 0), (code, report["issues"])
         assert report["conservation"]["balanced"], report["conservation"]
+        assert set(Workflow.objects.values_list("workflow_id", flat=True)) == set(self.workflows)
+        assert self.service.workflows.stranded() == []
+        assert self.service.workflows.released_early() == []
         assert {i["check"] for i in report["issues"]} <= {"stuck"}, report["issues"]
 
     # -- invariants (after every step) ---------------------------------------------------------
@@ -682,6 +899,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self.check_message(rows[mid], m, events[rows[mid].pk], now)
         self.check_ordering(rows, events, acks, by_pk)
         self.check_dedup_and_purges()
+        self.check_workflows(rows)
 
     def check_message(self, row: Message, m: Model, events: list[Event], now: Any) -> None:
         """Status, attempts, lease and availability as the model says; its audit rows exactly."""
@@ -742,6 +960,20 @@ class LedgerMachine(RuleBasedStateMachine):
         for order in done.values():
             assert order == sorted(order), order
 
+    def check_workflows(self, rows: dict[str, Message]) -> None:
+        """Each step's dependencies, and which of them settled as what, as the model says."""
+        edges: dict[int, dict[str, str | None]] = defaultdict(dict)
+        for down, up, settled in Dependency.objects.values_list("downstream", "upstream", "settled_status"):
+            assert up not in edges[down], (down, up)
+            edges[down][up] = settled
+        for mid, m in self.msgs.items():
+            row = rows[mid]
+            assert (row.workflow_id, row.on_upstream_failure) == (m.workflow, m.policy), (mid, m)
+            got = edges.pop(row.pk, {})
+            assert sorted(got) == sorted(m.after), (mid, got, m)
+            assert {u: st for u, st in got.items() if st is not None} == m.settled, (mid, got, m)
+        # What is left: the edges of purged steps.
+
     def check_dedup_and_purges(self) -> None:
         """One message per deduplication key within its window: the window names the first one."""
         windows = {
@@ -771,25 +1003,16 @@ MACHINE_SETTINGS = settings(
 )
 
 
-#: Workflows' edges (a step stored waiting, released or cancelled with its dependency's outcome)
-#: are not in this model yet: tests/ledger/test_workflows.py and the engine conformance suite
-#: take each of them, the lease model (tests/model/) checks the release.
-NOT_IN_THE_MODEL_YET = frozenset({Status.WAITING.value})
-
-
 @pytest.mark.django_db(transaction=True)
 def test_service_matches_the_model() -> None:
     OBSERVED.clear()
     run_state_machine_as_test(LedgerMachine, settings=MACHINE_SETTINGS)
     taken = {edge for edge in OBSERVED if isinstance(edge, tuple)}
-    every = {
-        (t.source, t.target, t.reason.value)
-        for t in TRANSITIONS
-        if not NOT_IN_THE_MODEL_YET & {t.source, t.target}
-    }
+    every = {(t.source, t.target, t.reason.value) for t in TRANSITIONS}
     assert every <= taken, f"edges never taken: {sorted(every - taken)}; observed {OBSERVED}"
     assert OBSERVED["duplicate_absorbed"], OBSERVED
     assert OBSERVED["abort_requested"], OBSERVED
+    assert OBSERVED["workflow_again"] and OBSERVED["workflow_conflict"], OBSERVED
     print(f"state machine run: {sorted(OBSERVED.items(), key=str)}")
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..exceptions import InvalidWorkflow
-from .validation import canonical_json
+from .validation import canonical_json, checksum_text
 
 #: ``on_upstream_failure`` values: what a step does when a dependency ends dead or cancelled.
 POLICIES = ("wait", "cancel", "run")
@@ -46,11 +46,13 @@ def step_message_id(workflow_id: str, name: str) -> str:
 
 
 def fingerprint(steps: Sequence[StepSpec]) -> str:
+    """What makes two sends of a workflow the same: each step's payload as a message's checksum
+    compares it (numbers by value: ``1.0`` and ``1`` are one payload), and its shape."""
     shape = [
         [
             s.name,
             s.queue_name,
-            canonical_json(s.data),
+            checksum_text(canonical_json(s.data)),
             sorted(s.after),
             s.priority,
             s.ordering_key,
