@@ -184,6 +184,17 @@ def test_sending_a_workflow_again_is_idempotent_and_a_different_one_conflicts(db
     assert Message.objects.filter(workflow_id="d").count() == 4
 
 
+def test_a_workflow_sent_again_with_its_numbers_spelled_otherwise_is_the_same(db: None) -> None:
+    """As for a message (its checksum): 1 and 1.0 are one payload, and so are 2 and "2" as keys."""
+    sent = []
+    for payload in ({"v": 1, 2: "a"}, {"v": 1.0, "2": "a"}):
+        flow = zeroloss.Workflow("n")
+        flow.step("wf.a", payload, name="A")
+        sent.append(flow.send())
+    assert sent[0].created and not sent[1].created
+    assert Message.objects.get(message_id="n/A").payload == {"v": 1, "2": "a"}
+
+
 def _build_invalid(flow: zeroloss.Workflow, case: str) -> None:
     if case == "cycle":
         flow.step("wf.a", {}, name="x", after=["y"])
