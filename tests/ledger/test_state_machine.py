@@ -470,7 +470,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), shape=st.sampled_from(sorted(SHAPES)))
     def send_workflow(self, data: Any, shape: str) -> None:
         """A new small workflow; then maybe one of those stored sent again."""
-        self.store_workflow(data, WORKFLOW_IDS[len(self.workflows)], shape)
+        self.store_workflow(data, next(w for w in WORKFLOW_IDS if w not in self.workflows), shape)
         if data.draw(st.booleans(), label="send one again"):
             wf = data.draw(st.sampled_from(sorted(self.workflows)), label="workflow")
             self.store_workflow(data, wf, data.draw(st.sampled_from(sorted(SHAPES)), label="shape"))
@@ -749,14 +749,12 @@ class LedgerMachine(RuleBasedStateMachine):
             self.operator_with_unknown_ids(mids, method)
 
     @precondition(lambda self: self.ids_with(PROCESSING))
-    @rule(data=st.data(), action=st.sampled_from(["requeue", "dead_letter", "cancel"]))
+    @rule(data=st.data(), action=st.sampled_from(["dead_letter", "cancel"]))
     def operator_on_running(self, data: Any, action: str) -> None:
-        """An operator revoking a running message's lease (requeue), ending it, or aborting it:
-        the edges that need a claim first, which the rule above takes least often."""
+        """An operator ending a running message or aborting it: the edges that need a claim
+        first, which the rule above takes least often."""
         mids = self.pick_ids(data, self.ids_with(PROCESSING))
-        if action == "requeue":
-            self.requeue(mids, data.draw(st.booleans(), label="force"))
-        elif action == "dead_letter":
+        if action == "dead_letter":
             self.dead_letter(mids, data.draw(st.sampled_from(["bad address", NUL_REASON]), label="reason"))
         else:
             self.cancel(mids, True)
@@ -851,7 +849,18 @@ class LedgerMachine(RuleBasedStateMachine):
     def purge(self, status: str, older_than: int) -> None:
         backdate("completed_at" if status == COMPLETED else "dead_at")
         purged = self.service.purge_messages(status=status, older_than=older_than, actor="op")
-        gone = [m for m in self.msgs.values() if m.status == status] if older_than == 0 else []
+        gone = (
+            [m for m in self.msgs.values() if m.status == status and not m.workflow]
+            if older_than == 0
+            else []
+        )
+        # A workflow goes whole (its row and dependencies too), once every step has this status.
+        for wf in sorted(self.workflows) if older_than == 0 else []:
+            steps = [m for m in self.msgs.values() if m.workflow == wf]
+            if all(m.status == status for m in steps):
+                gone += steps
+                del self.workflows[wf], self.shapes[wf]
+                OBSERVED["workflow_purged"] += 1
         assert purged == len(gone)
         for m in gone:
             del self.msgs[m.mid]
@@ -871,8 +880,8 @@ class LedgerMachine(RuleBasedStateMachine):
         assert code == (1 if stuck else 0), (code, report["issues"])
         assert report["conservation"]["balanced"], report["conservation"]
         assert set(Workflow.objects.values_list("workflow_id", flat=True)) == set(self.workflows)
-        assert self.service.workflows.stranded() == []
-        assert self.service.workflows.released_early() == []
+        found = self.service.workflows.invariants()  # no step stranded, none released early
+        assert (found.stranded, found.released_early) == (0, 0), found
         assert {i["check"] for i in report["issues"]} <= {"stuck"}, report["issues"]
 
     # -- invariants (after every step) ---------------------------------------------------------
@@ -972,7 +981,7 @@ class LedgerMachine(RuleBasedStateMachine):
             got = edges.pop(row.pk, {})
             assert sorted(got) == sorted(m.after), (mid, got, m)
             assert {u: st for u, st in got.items() if st is not None} == m.settled, (mid, got, m)
-        # What is left: the edges of purged steps.
+        assert not edges, f"dependencies of steps that do not exist: {dict(edges)}"
 
     def check_dedup_and_purges(self) -> None:
         """One message per deduplication key within its window: the window names the first one."""
