@@ -488,12 +488,13 @@ class LedgerMachine(RuleBasedStateMachine):
         for n, (name, after) in enumerate(SHAPES[shape]):
             if again:
                 assert stored is not None
-                _, queue, label, _, priority, _, policy = stored[n]
+                _, queue, label, _, priority, key, policy = stored[n]
                 payload = next(p for p in PAYLOADS if p[0] == label)
             else:
                 queue = data.draw(st.sampled_from(QUEUES), label="queue")
                 payload = data.draw(st.sampled_from(PAYLOADS), label="payload")
                 priority = data.draw(st.sampled_from([0, 5]), label="priority")
+                key = data.draw(st.sampled_from(ORDERING_KEYS), label="ordering_key")
                 policy = (
                     data.draw(st.sampled_from(POLICIES), label="on_upstream_failure") if after else "wait"
                 )
@@ -509,11 +510,20 @@ class LedgerMachine(RuleBasedStateMachine):
                     after,
                     max_attempts=max_attempts,
                     priority=priority,
+                    ordering_key=key,
                     on_upstream_failure=policy,
                 )
             )
         shape_of = [
-            (s.name, s.queue_name, variant_label(s.data), s.after, s.priority, "", s.on_upstream_failure)
+            (
+                s.name,
+                s.queue_name,
+                variant_label(s.data),
+                s.after,
+                s.priority,
+                s.ordering_key,
+                s.on_upstream_failure,
+            )
             for s in specs
         ]
         if stored is not None and shape_of != stored:
@@ -536,11 +546,12 @@ class LedgerMachine(RuleBasedStateMachine):
                 f"{wf}/{s.name}",
                 s.queue_name,
                 variant_label(s.data),
-                "",
+                s.ordering_key,
                 DEFAULT_MAX_ATTEMPTS if s.max_attempts is None else s.max_attempts,
                 s.priority,
                 self.seq,
                 status=status,
+                availability=WAITING if s.ordering_key else READY,
                 workflow=wf,
                 after=tuple(f"{wf}/{a}" for a in s.after),
                 policy=s.on_upstream_failure,
@@ -548,6 +559,9 @@ class LedgerMachine(RuleBasedStateMachine):
             m.events.append(("", status, "persisted", 0))
             OBSERVED[("", status, "persisted")] += 1
             self.msgs[m.mid] = m
+        for s in specs:  # a keyed root joins its key's line as a message sent now does
+            if not s.after:
+                self.promote(s.queue_name, s.ordering_key)
 
     # -- claims ---------------------------------------------------------------------------
 
@@ -748,7 +762,7 @@ class LedgerMachine(RuleBasedStateMachine):
             )
             self.operator_with_unknown_ids(mids, method)
 
-    @precondition(lambda self: self.ids_with(PROCESSING))
+    @precondition(lambda self: len(self.ids_with(PROCESSING)) >= 2)  # the workers' outcomes first
     @rule(data=st.data(), action=st.sampled_from(["dead_letter", "cancel"]))
     def operator_on_running(self, data: Any, action: str) -> None:
         """An operator ending a running message or aborting it: the edges that need a claim
@@ -964,7 +978,8 @@ class LedgerMachine(RuleBasedStateMachine):
         done: dict[tuple[str, str], list[int]] = defaultdict(list)
         for pk in acks:
             row = by_pk[pk]
-            if row.ordering_key and not any(e[1] == DEAD for e in events[pk]):
+            # A step released by its dependencies joined its key's line then, not when stored.
+            if row.ordering_key and not any(e[1] == DEAD or e[0] == BLOCKED for e in events[pk]):
                 done[(row.queue_name, row.ordering_key)].append(pk)
         for order in done.values():
             assert order == sorted(order), order
