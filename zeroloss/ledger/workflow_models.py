@@ -15,13 +15,24 @@ from django.utils.translation import gettext_lazy as _
 
 #: How many of a step's dependencies share one fan-in row, at most.
 FANIN_GROUP = 100
+#: Dependencies stored one after another share a row in blocks of this many, and the blocks take
+#: the rows in turn: a claim of a few members, or a batch of a hundred, decrements one or a few
+#: rows, and the claims several workers make side by side decrement different ones.
+FANIN_BLOCK = 8
+#: At least this many rows for a large enough step (when it has this many blocks), so that side
+#: by side claims find different rows even when the step has fewer than 6,400 dependencies.
+FANIN_MIN_GROUPS = 64
 
 
 def fanin_groups(dependencies: int) -> int:
-    """How many fan-in rows a step's ``dependencies`` are counted in (at least one). Dependency
-    ``n`` goes to row ``n % groups``: members stored one after another, claimed one after another
-    by several workers at once, decrement different rows."""
-    return max(1, -(-dependencies // FANIN_GROUP))
+    """How many fan-in rows a step's ``dependencies`` are counted in (at least one)."""
+    blocks = -(-dependencies // FANIN_BLOCK)
+    return max(1, -(-dependencies // FANIN_GROUP), min(FANIN_MIN_GROUPS, blocks))
+
+
+def fanin_group(n: int, groups: int) -> int:
+    """The fan-in row of a step's dependency ``n`` (its position among them)."""
+    return (n // FANIN_BLOCK) % groups
 
 
 class Workflow(models.Model):

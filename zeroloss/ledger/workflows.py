@@ -21,7 +21,7 @@ from .base import Part
 from .models import Message
 from .validation import validate_message_id
 from .workflow_graph import StepSpec, StoredWorkflow, check_graph, fingerprint, step_message_id
-from .workflow_models import fanin_groups
+from .workflow_models import fanin_group, fanin_groups
 
 _COMPLETED = Status.COMPLETED.value
 _ENDED = frozenset(s.value for s in FINISHED_STATUSES)
@@ -108,8 +108,8 @@ class Workflows(Part):
                 d = pk[ids[s.name]]
                 down.append(d)
                 up.append(every[a])
-                group.append(n % groups)
-                fan[(d, n % groups)] += 1
+                group.append(fanin_group(n, groups))
+                fan[(d, fanin_group(n, groups))] += 1
         if down:
             self._run("DEPENDENCY_INSERT", {**engine.batch(down=down, up=up, fanin=group), "wf": workflow_id})
             keys = sorted(fan)
@@ -241,7 +241,7 @@ class Workflows(Part):
                 if not mids or not self._run("STEP_WAIT_MORE", {"id": d, "n": count})[0]:
                     continue  # no longer waiting (cancelled meanwhile)
                 first = self._run("NEXT_FANIN", {"id": d})[0][0][0]
-                groups = [first + i % count for i in range(len(mids))]
+                groups = [first + fanin_group(i, count) for i in range(len(mids))]
                 per = Counter(groups)
                 self._run(
                     "DEPENDENCY_INSERT",
